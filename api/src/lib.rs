@@ -1,0 +1,1 @@
+//! The `multigres.com/v1alpha1` API.

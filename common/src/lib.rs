@@ -1,0 +1,1 @@
+//! Runtime plumbing shared by the handler binaries.

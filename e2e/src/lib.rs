@@ -1,0 +1,1 @@
+//! Local control plane harness.

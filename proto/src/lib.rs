@@ -1,0 +1,9 @@
+//! Protocol messages shared by the handlers: the `HandlerInfo` gRPC service and, in `topo`, the
+//! Multigres topology records the data-handler writes to etcd.
+
+/// `multigres.operator.v1`: the HandlerInfo service.
+pub mod operator {
+    pub mod v1 {
+        tonic::include_proto!("multigres.operator.v1");
+    }
+}
