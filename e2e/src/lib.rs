@@ -1,1 +1,6 @@
-//! Local control plane harness.
+//! A real local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler, kwok) on loopback, for end-to-end tests and `just demo`; plus a standalone etcd
+//! launcher used as the Multigres topology server in component tests.
+
+pub mod etcd;
+pub mod toolchain;

@@ -1,0 +1,1 @@
+//! Standalone etcd on loopback.
