@@ -1,0 +1,39 @@
+# Multigres operator: everyday commands. `just demo` runs the operator; `just test` runs every test.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# List the recipes.
+default:
+    @just --list
+
+# Build every crate.
+build:
+    cargo build --workspace --all-targets
+
+# Regenerate deploy/crds/*.yaml from the Rust types.
+crds:
+    cargo run -q -p multigres-api --bin crdgen
+
+# Formatting check and clippy with warnings denied.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# Build (once per machine, cached outside the repo) the real control-plane binaries; prints their directory.
+toolchain:
+    bash e2e/toolchain/build.sh
+
+# Unit and component tests (real etcd on loopback for the topology tests).
+unit:
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" cargo test --workspace --exclude multigres-e2e
+
+# End-to-end tests against a real local control plane (kube-apiserver, controllers, kwok, etcd).
+e2e:
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/run-e2e.sh
+
+# Everything: lint, unit + component, end to end.
+test: lint unit e2e
+
+# Run the operator and apply a sample cluster: against KUBECONFIG if set, else a local control plane.
+demo:
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash deploy/demo.sh
