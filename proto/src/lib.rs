@@ -7,3 +7,9 @@ pub mod operator {
         tonic::include_proto!("multigres.operator.v1");
     }
 }
+
+/// `clustermetadata`: the Multigres topology records (Cell, Database, Multipooler, ...) as stored
+/// in etcd, byte-compatible with what Multigres components read and write.
+pub mod topo {
+    tonic::include_proto!("clustermetadata");
+}
