@@ -2,5 +2,9 @@
 //! kube-scheduler, kwok) on loopback, for end-to-end tests and `just demo`; plus a standalone etcd
 //! launcher used as the Multigres topology server in component tests.
 
+pub mod cluster;
 pub mod etcd;
+pub mod manifest;
+pub mod pki;
+pub mod process;
 pub mod toolchain;

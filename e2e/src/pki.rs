@@ -1,0 +1,194 @@
+//! Per-cluster certificates for the local control plane: a CA, the API server's serving
+//! certificate, an admin client certificate (`O=system:masters`) and the ServiceAccount signing
+//! key. Generated fresh for every cluster so nothing secret is committed or shared between runs.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+
+/// Errors generating or writing the certificates.
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("generating {what}: {source}")]
+    Generate {
+        what: &'static str,
+        source: rcgen::Error,
+    },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// DNS names the API server answers to, besides the loopback IP.
+const APISERVER_DNS_NAMES: &[&str] = &[
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+];
+
+/// Paths of the PEM files written by [`Pki::generate`].
+#[derive(Debug, Clone)]
+pub struct Pki {
+    /// Self-signed CA certificate: `--client-ca-file`, `--root-ca-file`, kubeconfig CA.
+    pub ca_cert: PathBuf,
+    /// CA private key (kept for signing further certificates, e.g. webhook serving certs).
+    pub ca_key: PathBuf,
+    /// API server serving certificate (serverAuth, IP SAN 127.0.0.1 plus the kubernetes DNS names).
+    pub apiserver_cert: PathBuf,
+    /// API server serving key.
+    pub apiserver_key: PathBuf,
+    /// Admin client certificate (clientAuth, `CN=admin, O=system:masters`).
+    pub admin_cert: PathBuf,
+    /// Admin client key.
+    pub admin_key: PathBuf,
+    /// ServiceAccount token signing key (private, PKCS#8).
+    pub sa_key: PathBuf,
+    /// ServiceAccount token verification key (public, SPKI).
+    pub sa_pub: PathBuf,
+}
+
+impl Pki {
+    /// Generates every certificate and key into `dir` (which must exist), for an API server
+    /// listening on `ip`.
+    pub fn generate(dir: &Path, ip: Ipv4Addr) -> Result<Pki, PkiError> {
+        let pki = Pki {
+            ca_cert: dir.join("ca.crt"),
+            ca_key: dir.join("ca.key"),
+            apiserver_cert: dir.join("apiserver.crt"),
+            apiserver_key: dir.join("apiserver.key"),
+            admin_cert: dir.join("admin.crt"),
+            admin_key: dir.join("admin.key"),
+            sa_key: dir.join("sa.key"),
+            sa_pub: dir.join("sa.pub"),
+        };
+
+        let ca_key = key("CA key")?;
+        let mut ca_params = CertificateParams::default();
+        ca_params.distinguished_name = name("multigres-e2e-ca", None);
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca_params
+            .self_signed(&ca_key)
+            .map_err(|source| PkiError::Generate {
+                what: "CA certificate",
+                source,
+            })?;
+        write(&pki.ca_cert, &ca_cert.pem())?;
+        write(&pki.ca_key, &ca_key.serialize_pem())?;
+        let issuer = Issuer::new(ca_params, ca_key);
+
+        let server_key = key("API server key")?;
+        let mut server = leaf("kube-apiserver", None, ExtendedKeyUsagePurpose::ServerAuth);
+        server.subject_alt_names = vec![SanType::IpAddress(IpAddr::V4(ip))];
+        for dns in APISERVER_DNS_NAMES {
+            let dns = (*dns).try_into().map_err(|source| PkiError::Generate {
+                what: "API server DNS name",
+                source,
+            })?;
+            server.subject_alt_names.push(SanType::DnsName(dns));
+        }
+        let server_cert =
+            server
+                .signed_by(&server_key, &issuer)
+                .map_err(|source| PkiError::Generate {
+                    what: "API server certificate",
+                    source,
+                })?;
+        write(&pki.apiserver_cert, &server_cert.pem())?;
+        write(&pki.apiserver_key, &server_key.serialize_pem())?;
+
+        let admin_key = key("admin key")?;
+        let admin = leaf(
+            "admin",
+            Some("system:masters"),
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        let admin_cert =
+            admin
+                .signed_by(&admin_key, &issuer)
+                .map_err(|source| PkiError::Generate {
+                    what: "admin certificate",
+                    source,
+                })?;
+        write(&pki.admin_cert, &admin_cert.pem())?;
+        write(&pki.admin_key, &admin_key.serialize_pem())?;
+
+        let sa_key = key("ServiceAccount key")?;
+        write(&pki.sa_key, &sa_key.serialize_pem())?;
+        write(&pki.sa_pub, &sa_key.public_key_pem())?;
+        Ok(pki)
+    }
+}
+
+fn key(what: &'static str) -> Result<KeyPair, PkiError> {
+    KeyPair::generate().map_err(|source| PkiError::Generate { what, source })
+}
+
+fn name(common_name: &str, organization: Option<&str>) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    if let Some(org) = organization {
+        dn.push(DnType::OrganizationName, org);
+    }
+    dn
+}
+
+fn leaf(
+    common_name: &str,
+    organization: Option<&str>,
+    usage: ExtendedKeyUsagePurpose,
+) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name(common_name, organization);
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![usage];
+    params.use_authority_key_identifier_extension = true;
+    params
+}
+
+fn write(path: &Path, pem: &str) -> Result<(), PkiError> {
+    std::fs::write(path, pem).map_err(|source| PkiError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_every_file_as_pem() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::generate(dir.path(), Ipv4Addr::LOCALHOST).unwrap();
+        for (path, header) in [
+            (&pki.ca_cert, "-----BEGIN CERTIFICATE-----"),
+            (&pki.apiserver_cert, "-----BEGIN CERTIFICATE-----"),
+            (&pki.admin_cert, "-----BEGIN CERTIFICATE-----"),
+            (&pki.ca_key, "-----BEGIN PRIVATE KEY-----"),
+            (&pki.apiserver_key, "-----BEGIN PRIVATE KEY-----"),
+            (&pki.admin_key, "-----BEGIN PRIVATE KEY-----"),
+            (&pki.sa_key, "-----BEGIN PRIVATE KEY-----"),
+            (&pki.sa_pub, "-----BEGIN PUBLIC KEY-----"),
+        ] {
+            let text = std::fs::read_to_string(path).unwrap();
+            assert!(text.starts_with(header), "{}: {text}", path.display());
+        }
+    }
+}
