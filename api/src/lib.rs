@@ -1,1 +1,33 @@
-//! The `multigres.com/v1alpha1` API.
+//! The `multigres.com/v1alpha1` API: CRD types, generated CustomResourceDefinitions and the
+//! well-known names Multigres imposes. Pure: no I/O.
+
+pub mod crd;
+mod schema;
+pub mod v1alpha1;
+
+/// API group of every kind.
+pub const GROUP: &str = "multigres.com";
+
+/// The only API version, served and stored.
+pub const VERSION: &str = "v1alpha1";
+
+/// `apiVersion` of every object of this API.
+pub const API_VERSION: &str = "multigres.com/v1alpha1";
+
+/// Category of every kind, so `kubectl get multigres` lists them all.
+pub const CATEGORY: &str = "multigres";
+
+/// The only database Multigres supports today.
+pub const DEFAULT_DATABASE: &str = "postgres";
+
+/// The only table group Multigres supports today (the database's default one).
+pub const DEFAULT_TABLEGROUP: &str = "default";
+
+/// The only shard Multigres supports today: the whole key range.
+pub const DEFAULT_SHARD: &str = "0-inf";
+
+/// Name of the pool created when a shard defines none.
+pub const DEFAULT_POOL: &str = "default";
+
+/// Name of the namespace template (Core, Cell or Shard) used when a cluster names none.
+pub const DEFAULT_TEMPLATE: &str = "default";

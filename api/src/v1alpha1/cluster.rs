@@ -1,0 +1,705 @@
+//! MultigresCluster: the resource users write. The operator resolves it (with templates) into
+//! TopoServer, Cell, TableGroup and Shard children.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::core::v1::LocalObjectReference, apimachinery::pkg::apis::meta::v1::Condition,
+};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    cell::MultigatewaySpec,
+    common::{
+        BackupConfig, CellName, ComponentLogLevels, DatabaseName, ImagePullPolicy, ImageRef,
+        InitdbArgs, InternalTlsConfig, IpAddress, ObservabilityConfig, Phase, PodPlacementSpec,
+        PoolName, PostgresConfigRef, PostgresPasswordSecretRef, PvcDeletionPolicy, Region,
+        ShardName, StatelessSpec, TableGroupName, TemplateRef, TopologyPruningConfig, ZoneId,
+    },
+    rules,
+    shard::{MultiorchSpec, PoolSpec},
+    toposerver::{GlobalTopoServerSpec, LocalTopoServerSpec},
+};
+use crate::schema::{embedded_list, is_false};
+
+/// Desired state of a MultigresCluster: the whole topology of one sharded PostgreSQL system.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "multigres.com",
+    version = "v1alpha1",
+    kind = "MultigresCluster",
+    namespaced,
+    status = "MultigresClusterStatus",
+    shortname = "mgc",
+    category = "multigres",
+    doc = "MultigresCluster is a sharded PostgreSQL system managed by the operator: its global topology server, admin, cells (failure domains) and databases with their table groups and shards. Components come from inline specs or Core/Cell/ShardTemplates.",
+    validation = Rule::new("self.metadata.name.size() <= 25")
+        .message("MultigresCluster name must be at most 25 characters"),
+    printcolumn(name = "Available", type_ = "string", json_path = ".status.conditions[?(@.type=='Available')].status"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Images", type_ = "string", json_path = ".status.images.appliedRevision", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MultigresClusterSpec {
+    /// Images and pull settings of every component. Unset images come from the operator's
+    /// defaults, chosen at reconcile time and never written here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<ClusterImages>,
+
+    /// When the cluster adopts a changed operator-default image set. Images set in `images`
+    /// are not affected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_update_policy: Option<ImageUpdatePolicy>,
+
+    /// `--log-level` of each data-plane component; unset means `info`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_levels: Option<ComponentLogLevels>,
+
+    /// Templates used by components that name none themselves. Unset: the template named
+    /// `default` in the namespace, if any, then built-in defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_defaults: Option<TemplateDefaults>,
+
+    /// The cluster-wide topology server: an inline etcd, an external etcd, or a CoreTemplate.
+    /// Unset: from the default CoreTemplate, else a 3-member etcd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_topo_server: Option<GlobalTopoServerSpec>,
+
+    /// The multiadmin component: an inline spec or a CoreTemplate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiadmin: Option<MultiadminConfig>,
+
+    /// The multiadmin web UI: an inline spec or a CoreTemplate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiadmin_web: Option<MultiadminWebConfig>,
+
+    /// Cells (failure domains), keyed by name, at most 50. Cells can be added but never removed
+    /// or renamed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    #[x_kube(validation = Rule::new("oldSelf.all(c, c.name in self.map(x, x.name))")
+        .message("Cells cannot be removed or renamed (Append-Only)"))]
+    pub cells: Vec<CellConfig>,
+
+    /// Logical databases with their table groups and shards. In v1alpha1 at most one: `postgres`
+    /// with `default: true`. Unset: that database with table group `default` and shard `0-inf`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    #[x_kube(validation = Rule::new("self.all(db, db.name == 'postgres' && has(db.default) && db.default)")
+        .message("in v1alpha1, only the single system database named 'postgres' (marked default: true) is supported"))]
+    pub databases: Vec<DatabaseConfig>,
+
+    /// PVC lifecycle of every stateful component, overridable per level. `whenDeleted` and
+    /// `whenScaled` each default to `Retain` when set nowhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_deletion_policy: Option<PvcDeletionPolicy>,
+
+    /// OpenTelemetry settings of data-plane pods. Unset: pods inherit the operator's own
+    /// `OTEL_*` environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observability: Option<ObservabilityConfig>,
+
+    /// Backups of every shard, overridable per database, table group and shard. Default:
+    /// filesystem at `/backups` on a 10Gi PVC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupConfig>,
+
+    /// External exposure of the global multigateway Service. Unset or disabled: ClusterIP only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_gateway: Option<ExternalServiceConfig>,
+
+    /// External exposure of the global multiadmin-web Service. Unset or disabled: ClusterIP
+    /// only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_admin_web: Option<ExternalServiceConfig>,
+
+    /// Pruning of stale topology entries. Default enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_pruning: Option<TopologyPruningConfig>,
+
+    /// Default durability policy of every database, written to the topology: `AT_LEAST_2`
+    /// (default; any two nodes acknowledge writes) or `MULTI_CELL_AT_LEAST_2` (two nodes in
+    /// different cells).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability_policy: Option<String>,
+
+    /// Name of the Postgres superuser role (at most 63 characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63), extend("default" = "postgres"))]
+    pub postgres_superuser: Option<String>,
+
+    /// Existing Secret holding the Postgres superuser password. Required.
+    pub postgres_password_secret_ref: PostgresPasswordSecretRef,
+
+    /// Mutual TLS between Multigres components. Default disabled.
+    #[serde(default, rename = "internalTLS", skip_serializing_if = "Option::is_none")]
+    pub internal_tls: Option<InternalTlsConfig>,
+
+    /// DNS name (common name and SAN) of the public PostgreSQL TLS certificate served by
+    /// multigateway, e.g. `db.example.com`. Set: a cert-manager Certificate is created and the
+    /// gateway serves TLS. Unset: no TLS for client connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_common_name: Option<String>,
+
+    /// cert-manager ClusterIssuer of the certificates this cluster creates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_name: Option<String>,
+}
+
+/// Images and pull settings of every component of a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterImages {
+    /// Image pull policy of every pod: `Always`, `Never` or `IfNotPresent` (default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+
+    /// Secrets used to pull the images, in the same namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "embedded_list::<LocalObjectReference>")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+
+    /// Image of multigateway. Default: the operator's multigres image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multigateway: Option<ImageRef>,
+
+    /// Image of multiorch. Default: the operator's multigres image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiorch: Option<ImageRef>,
+
+    /// Image of multipooler. Default: the operator's multigres image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multipooler: Option<ImageRef>,
+
+    /// Image of multiadmin. Default: the operator's multigres image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiadmin: Option<ImageRef>,
+
+    /// Image of the multiadmin web UI. Default: the operator's multiadmin-web image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiadmin_web: Option<ImageRef>,
+
+    /// Image of pgctld with PostgreSQL and pgBackRest. Default: the operator's pgctld image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<ImageRef>,
+}
+
+/// How a cluster adopts a new operator-default image set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = crate::schema::field_described)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageUpdateStrategy {
+    /// Adopt a changed default set on the next reconcile.
+    Immediate,
+    /// Keep the running set until `acknowledgedRevision` names the new one.
+    Lazy,
+}
+
+/// When a cluster adopts a changed operator-default image set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageUpdatePolicy {
+    /// `immediate` or `lazy`. Unset: the operator's `--image-update-strategy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<ImageUpdateStrategy>,
+
+    /// Revision (lowercase hex, at most 64 characters) of the default image set the cluster may
+    /// adopt under the lazy strategy; copy it from `status.images.availableRevision`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), regex(pattern = "^[0-9a-f]*$"))]
+    pub acknowledged_revision: Option<String>,
+}
+
+/// A concrete image for every Multigres component.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentImages {
+    /// Image of multigateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multigateway: Option<ImageRef>,
+
+    /// Image of multiorch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiorch: Option<ImageRef>,
+
+    /// Image of multipooler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multipooler: Option<ImageRef>,
+
+    /// Image of multiadmin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiadmin: Option<ImageRef>,
+
+    /// Image of the multiadmin web UI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiadmin_web: Option<ImageRef>,
+
+    /// Image of pgctld with PostgreSQL and pgBackRest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<ImageRef>,
+}
+
+/// Templates used by components that name none themselves.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateDefaults {
+    /// CoreTemplate for the global topology server and multiadmin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_template: Option<TemplateRef>,
+
+    /// CellTemplate for cells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell_template: Option<TemplateRef>,
+
+    /// ShardTemplate for shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_template: Option<TemplateRef>,
+}
+
+/// multiadmin: an inline spec or a CoreTemplate (one of the two).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.spec) || has(self.templateRef)")
+    .message("must specify either 'spec' or 'templateRef'"))]
+#[x_kube(validation = rules::not_both("spec", "templateRef"))]
+pub struct MultiadminConfig {
+    /// Inline settings (default 1 replica, 100m CPU, 128Mi memory, limit 256Mi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<StatelessSpec>,
+
+    /// CoreTemplate whose `multiadmin` to use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_ref: Option<TemplateRef>,
+
+    /// Scheduling of the multiadmin pods, whichever of spec or template is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PodPlacementSpec>,
+}
+
+/// The multiadmin web UI: an inline spec or a CoreTemplate (one of the two).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.spec) || has(self.templateRef)")
+    .message("must specify either 'spec' or 'templateRef'"))]
+#[x_kube(validation = rules::not_both("spec", "templateRef"))]
+pub struct MultiadminWebConfig {
+    /// Inline settings (default 1 replica, 50m CPU, 64Mi memory, limit 128Mi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<StatelessSpec>,
+
+    /// CoreTemplate whose `multiadminWeb` to use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_ref: Option<TemplateRef>,
+}
+
+/// A cell (failure domain) of the cluster: where it runs and how its gateway is configured
+/// (inline `spec`, or `cellTemplate` plus `overrides`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = rules::not_both("spec", "cellTemplate"))]
+#[x_kube(validation = rules::not_both("spec", "overrides"))]
+#[x_kube(validation = rules::zone_or_region_exclusive())]
+#[x_kube(validation = rules::zone_or_region_required())]
+#[x_kube(validation = Rule::new(
+    "has(self.zoneId) == has(oldSelf.zoneId) && (!has(self.zoneId) || self.zoneId == oldSelf.zoneId)")
+    .message("zoneId is immutable: it cannot be added, removed or changed after the cell is created"))]
+#[x_kube(validation = Rule::new(
+    "has(self.region) == has(oldSelf.region) && (!has(self.region) || self.region == oldSelf.region)")
+    .message("region is immutable: it cannot be added, removed or changed after the cell is created"))]
+pub struct CellConfig {
+    /// Name of the cell: a DNS label of at most 30 characters (no `_`). Cannot change.
+    pub name: CellName,
+
+    /// Availability zone ID the cell's pods run in (e.g. `use1-az1`), matched against the nodes'
+    /// `topology.kubernetes.io/zone` label. Exactly one of `zoneId` and `region`; immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone_id: Option<ZoneId>,
+
+    /// Region the cell's pods run in (e.g. `us-east-1`), matched against the nodes'
+    /// `topology.kubernetes.io/region` label. Exactly one of `zoneId` and `region`; immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<Region>,
+
+    /// Opaque document copied verbatim into the cell's topology record for administrative
+    /// clients (at most 4096 characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub metadata: Option<String>,
+
+    /// CellTemplate to start from. Exclusive with `spec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell_template: Option<TemplateRef>,
+
+    /// Changes applied on top of the template. Exclusive with `spec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<CellOverrides>,
+
+    /// Inline settings, used instead of a template. Exclusive with `cellTemplate` and
+    /// `overrides`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<CellInlineSpec>,
+}
+
+/// Changes applied on top of a CellTemplate.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CellOverrides {
+    /// multigateway settings merged over the template's: scalars replace, pod annotations and
+    /// labels merge by key, resources and affinity replace as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multigateway: Option<MultigatewaySpec>,
+
+    /// Scheduling of the multigateway pods; replaces the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multigateway_placement: Option<PodPlacementSpec>,
+}
+
+/// Inline settings of a cell.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CellInlineSpec {
+    /// multigateway settings (default 1 replica, 100m CPU, 128Mi memory, limit 256Mi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multigateway: Option<MultigatewaySpec>,
+
+    /// Scheduling of the multigateway pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multigateway_placement: Option<PodPlacementSpec>,
+
+    /// A cell-local topology server. Unset: the cell's topology lives in the global topology
+    /// server under `/multigres/<cell>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_topo_server: Option<LocalTopoServerSpec>,
+}
+
+/// A logical database.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseConfig {
+    /// Name of the database; only `postgres` in v1alpha1.
+    pub name: DatabaseName,
+
+    /// Whether this is the system default database; must be true in v1alpha1.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub default: bool,
+
+    /// Table groups, keyed by name (at most 20). Exactly one is the default, and it is named
+    /// `default`. Unset: table group `default` with shard `0-inf`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    #[x_kube(validation = Rule::new("self.filter(x, has(x.default) && x.default).size() == 1")
+        .message("every database must have exactly one tablegroup marked as default"))]
+    pub tablegroups: Vec<TableGroupConfig>,
+
+    /// Backups of this database's shards, merged over the cluster's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupConfig>,
+
+    /// Durability policy of this database, overriding the cluster's (`AT_LEAST_2` or
+    /// `MULTI_CELL_AT_LEAST_2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability_policy: Option<String>,
+}
+
+/// A table group within a database.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.default) || !self.default || self.name == 'default'")
+    .message("the default tablegroup must be named 'default'"))]
+pub struct TableGroupConfig {
+    /// Name of the table group (DNS label, at most 25 characters).
+    pub name: TableGroupName,
+
+    /// Whether this is the database's default (unsharded) table group; it must be named
+    /// `default`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub default: bool,
+
+    /// Shards, keyed by name (at most 32). In v1alpha1 the only shard is `0-inf`. Unset: shard
+    /// `0-inf`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub shards: Vec<ShardConfig>,
+
+    /// Backups of this table group's shards, merged over the database's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupConfig>,
+
+    /// PVC lifecycle of this table group's shards, overriding the cluster's per field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_deletion_policy: Option<PvcDeletionPolicy>,
+}
+
+/// A shard of a table group: inline `spec`, or `shardTemplate` plus `overrides`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = rules::not_both("spec", "shardTemplate"))]
+#[x_kube(validation = rules::not_both("spec", "overrides"))]
+pub struct ShardConfig {
+    /// Name of the shard; must be `0-inf` in v1alpha1 (one shard covering the whole key range).
+    #[x_kube(validation = Rule::new("self == '0-inf'")
+        .message("shardName must be strictly equal to '0-inf' in this version"))]
+    pub name: ShardName,
+
+    /// ShardTemplate to start from. Exclusive with `spec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_template: Option<TemplateRef>,
+
+    /// Changes applied on top of the template. Exclusive with `spec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<ShardOverrides>,
+
+    /// Inline settings, used instead of a template. Exclusive with `shardTemplate` and
+    /// `overrides`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<ShardInlineSpec>,
+
+    /// Backups of this shard, merged over the table group's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupConfig>,
+}
+
+/// Changes applied on top of a ShardTemplate.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardOverrides {
+    /// multiorch settings merged over the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiorch: Option<MultiorchSpec>,
+
+    /// initdb arguments replacing the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb_args: Option<InitdbArgs>,
+
+    /// Deprecated ConfigMap of extra postgresql.conf lines, replacing the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_config_ref: Option<PostgresConfigRef>,
+
+    /// PostgreSQL parameters (at most 200) merged by key over the template's. Parameters the
+    /// operator manages (e.g. `port`, `wal_level`) are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 200))]
+    pub postgres_config: BTreeMap<String, String>,
+
+    /// Pools merged by name over the template's (a new name adds a pool); at most 8. Pools
+    /// cannot be removed or renamed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 8))]
+    #[x_kube(validation = rules::pool_name_length())]
+    #[x_kube(validation = rules::pool_name_pattern())]
+    #[x_kube(validation = rules::pools_append_only())]
+    pub pools: BTreeMap<PoolName, PoolSpec>,
+}
+
+/// Inline settings of a shard.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardInlineSpec {
+    /// multiorch settings (default 1 replica per cell, 50m CPU, 64Mi memory, limit 128Mi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiorch: Option<MultiorchSpec>,
+
+    /// Extra initdb arguments (e.g. `--locale-provider=icu --icu-locale=en_US.UTF-8`), used
+    /// when a pod initializes a new data directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb_args: Option<InitdbArgs>,
+
+    /// Deprecated ConfigMap of extra postgresql.conf lines; prefer `postgresConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_config_ref: Option<PostgresConfigRef>,
+
+    /// PostgreSQL parameters (at most 200), rendered over the operator's defaults and
+    /// `postgresConfigRef`. Parameters the operator manages (e.g. `port`, `wal_level`) are
+    /// refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 200))]
+    pub postgres_config: BTreeMap<String, String>,
+
+    /// Pools by name, at most 8. Pools cannot be removed or renamed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 8))]
+    #[x_kube(validation = rules::pool_name_length())]
+    #[x_kube(validation = rules::pool_name_pattern())]
+    #[x_kube(validation = rules::pools_append_only())]
+    pub pools: BTreeMap<PoolName, PoolSpec>,
+
+    /// PVC lifecycle of this shard's pool volumes, overriding table group and cluster per
+    /// field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_deletion_policy: Option<PvcDeletionPolicy>,
+}
+
+/// External exposure of a global Service (multigateway or multiadmin-web). The Service stays
+/// ClusterIP; reachability comes from the external IPs and the platform's networking.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = rules::no_reserved_annotations())]
+pub struct ExternalServiceConfig {
+    /// Enables external exposure.
+    pub enabled: bool,
+
+    /// Externally routable IPv4 or IPv6 addresses set as the Service's `externalIPs` (at most
+    /// 10).
+    #[serde(default, rename = "externalIPs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub external_ips: Vec<IpAddress>,
+
+    /// Annotations of the Service (at most 20), e.g. for a load balancer. Keys under
+    /// `multigres.com/` are reserved.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 20))]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Observed state of a MultigresCluster, aggregated from its children.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MultigresClusterStatus {
+    /// The `metadata.generation` this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Latest observations (e.g. `Available`, `ImageRolloutPending`), one per type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "embedded_list::<Condition>")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+
+    /// Lifecycle state: Initializing, Progressing, Healthy, Degraded or Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// Details about the phase, e.g. what is wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+
+    /// Summary of each cell (at most 50).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 50))]
+    pub cells: BTreeMap<CellName, CellStatusSummary>,
+
+    /// External gateway endpoint; absent when `externalGateway` is unset or disabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<ExternalEndpointStatus>,
+
+    /// External admin web endpoint; absent when `externalAdminWeb` is unset or disabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_web: Option<ExternalEndpointStatus>,
+
+    /// Summary of each database (at most 50).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 50))]
+    pub databases: BTreeMap<DatabaseName, DatabaseStatusSummary>,
+
+    /// Templates used by the last successful reconcile, so template changes requeue only their
+    /// users.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_templates: Option<ResolvedTemplates>,
+
+    /// Effective images and the rollout state of operator-default images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<ImagesStatus>,
+}
+
+/// Summary of one cell.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CellStatusSummary {
+    /// Whether the cell's gateways are available.
+    pub ready: bool,
+
+    /// Number of multigateway pods of the cell.
+    pub gateway_replicas: i32,
+}
+
+/// Summary of one database.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseStatusSummary {
+    /// Shards of the database that are healthy.
+    pub ready_shards: i32,
+
+    /// Shards of the database.
+    pub total_shards: i32,
+}
+
+/// State of an externally exposed Service.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalEndpointStatus {
+    /// Hostname or IP of the external endpoint, from `externalIPs` or the load balancer's
+    /// ingress. Empty until provisioned.
+    pub external_endpoint: String,
+}
+
+/// Templates resolved by the last successful reconcile (sorted, no duplicates).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedTemplates {
+    /// CoreTemplate names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub core_templates: Vec<TemplateRef>,
+
+    /// CellTemplate names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cell_templates: Vec<TemplateRef>,
+
+    /// ShardTemplate names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shard_templates: Vec<TemplateRef>,
+}
+
+/// How the effective images were chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = crate::schema::field_described)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageSource {
+    /// Every image is set in `spec.images`.
+    Explicit,
+    /// Every image comes from the operator's defaults.
+    Defaults,
+    /// Some images are set in `spec.images`, the rest come from the defaults.
+    Mixed,
+}
+
+/// Effective images and the rollout state of operator-default images.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImagesStatus {
+    /// Strategy in effect: `spec.imageUpdatePolicy.strategy`, else the operator's flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<ImageUpdateStrategy>,
+
+    /// The complete image set given to the children.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective: Option<ComponentImages>,
+
+    /// Where the effective images come from: `explicit`, `defaults` or `mixed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ImageSource>,
+
+    /// Operator-default images committed for the components not set in `spec.images`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<ComponentImages>,
+
+    /// Revision of the applied default set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_revision: Option<String>,
+
+    /// The operator's current default image set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available: Option<ComponentImages>,
+
+    /// Revision of the current default set; when it differs from `appliedRevision` a new set
+    /// waits to be adopted (under `lazy`, set `spec.imageUpdatePolicy.acknowledgedRevision` to
+    /// it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_revision: Option<String>,
+}

@@ -1,0 +1,293 @@
+//! Shard: one shard of a table group, running multiorch and the PostgreSQL pools; plus the
+//! multiorch and pool specs users write in the cluster and in ShardTemplates.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::core::v1::{Affinity, Toleration},
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    cell::CellTopologyLabels,
+    common::{
+        BackupConfig, CellName, ComponentLogLevels, ContainerConfig, DatabaseName,
+        GlobalTopoServerRef, InitdbArgs, InternalTlsConfig, ObservabilityConfig, Phase,
+        PodPlacementSpec, PoolName, PoolType, PostgresConfigRef, PostgresPasswordSecretRef,
+        PvcDeletionPolicy, ShardImages, ShardName, StatelessSpec, StorageSpec, TableGroupName,
+        TopologyPruningConfig,
+    },
+    rules,
+};
+use crate::schema::{embedded, embedded_list};
+
+/// The multiorch of a shard: the stateless settings plus placement and the cells it watches.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MultiorchSpec {
+    /// Replicas (per cell, default 1), resources, affinity, pod annotations and labels.
+    #[serde(flatten)]
+    pub stateless: StatelessSpec,
+
+    /// Scheduling of the multiorch pods; replaces the template's as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PodPlacementSpec>,
+
+    /// Cells that get a multiorch (at most 50). Empty: every cell the shard's pools use.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub cells: Vec<CellName>,
+}
+
+/// A pool: one StatefulSet per cell of pods running PostgreSQL (via pgctld) and multipooler.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSpec {
+    /// Pool type; only `readWrite` (the default) exists today.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<PoolType>,
+
+    /// Cells the pool runs in (1 to 10, distinct). Cells can be added but never removed.
+    /// Empty: every cell of the cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 10))]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    #[x_kube(validation = Rule::new("oldSelf.all(c, c in self)")
+        .message("Cells cannot be removed from a pool (Append-Only)"))]
+    pub cells: Vec<CellName>,
+
+    /// Pods per cell, 1 to 32. Default 2 when the pool spans a single cell (so a primary can be
+    /// elected with durability `AT_LEAST_2`), otherwise 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32))]
+    pub replicas_per_cell: Option<i32>,
+
+    /// Data volume of each pod (default 1Gi, ReadWriteOnce). Size, class and access modes merge
+    /// one by one over the template's. The size cannot be decreased.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageSpec>,
+
+    /// The postgres (pgctld) container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<ContainerConfig>,
+
+    /// The multipooler container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multipooler: Option<ContainerConfig>,
+
+    /// Node and pod affinity of the pool's pods; replaces the template's as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "embedded::<Affinity>")]
+    pub affinity: Option<Affinity>,
+
+    /// Tolerations of the pool's pods; replace the template's when not empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "embedded_list::<Toleration>")]
+    pub tolerations: Vec<Toleration>,
+
+    /// Pod-level fsGroup (at least 1), for shared volume and socket access between the pool's
+    /// containers. Unset: the runtime's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub fs_group: Option<i64>,
+
+    /// PVC lifecycle of this pool's volumes; overrides shard, table group and cluster per field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_deletion_policy: Option<PvcDeletionPolicy>,
+}
+
+/// Desired state of a Shard: the fully resolved orchestrator and pools of one shard.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "multigres.com",
+    version = "v1alpha1",
+    kind = "Shard",
+    namespaced,
+    status = "ShardStatus",
+    shortname = "srd",
+    category = "multigres",
+    doc = "Shard is one shard of a table group: its multiorch and PostgreSQL pools. Created and owned by the operator from a TableGroup; do not edit.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.readyReplicas"
+    ),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type=='Available')].status"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardSpec {
+    /// Database the shard belongs to.
+    pub database_name: DatabaseName,
+
+    /// Table group the shard belongs to.
+    pub table_group_name: TableGroupName,
+
+    /// Name of the shard in the topology (`0-inf`).
+    pub shard_name: ShardName,
+
+    /// Images and pull settings of the shard's pods.
+    pub images: ShardImages,
+
+    /// Where the global topology lives.
+    pub global_topo_server: GlobalTopoServerRef,
+
+    /// The resolved multiorch settings.
+    pub multiorch: MultiorchSpec,
+
+    /// Extra initdb arguments, used when a pod initializes a new data directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb_args: Option<InitdbArgs>,
+
+    /// Deprecated ConfigMap of extra postgresql.conf lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_config_ref: Option<PostgresConfigRef>,
+
+    /// Resolved PostgreSQL parameters (at most 200), rendered over the operator's defaults and
+    /// `postgresConfigRef`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 200))]
+    pub postgres_config: BTreeMap<String, String>,
+
+    /// Resolved pools by name (at most 8).
+    #[schemars(extend("maxProperties" = 8))]
+    #[x_kube(validation = rules::resolved_pool_name_length())]
+    pub pools: BTreeMap<PoolName, PoolSpec>,
+
+    /// PVC lifecycle of the pools' volumes, inherited from table group and cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_deletion_policy: Option<PvcDeletionPolicy>,
+
+    /// Internal mutual TLS, inherited from the cluster.
+    #[serde(default, rename = "internalTLS", skip_serializing_if = "Option::is_none")]
+    pub internal_tls: Option<InternalTlsConfig>,
+
+    /// OpenTelemetry settings, inherited from the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observability: Option<ObservabilityConfig>,
+
+    /// Log levels, inherited from the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_levels: Option<ComponentLogLevels>,
+
+    /// Resolved backup configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupConfig>,
+
+    /// Topology pruning, inherited from the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_pruning: Option<TopologyPruningConfig>,
+
+    /// Resolved durability policy of the database, e.g. `AT_LEAST_2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability_policy: Option<String>,
+
+    /// Postgres superuser name, inherited from the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub postgres_superuser: Option<String>,
+
+    /// Secret with the Postgres superuser password, inherited from the cluster.
+    pub postgres_password_secret_ref: PostgresPasswordSecretRef,
+
+    /// Node labels of each cell, so pool pods are placed without reading Cell objects.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cell_topology_labels: CellTopologyLabels,
+
+    /// Total desired pool pods (sum of `replicasPerCell` times cells); read by the scale
+    /// subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+}
+
+/// Kind of a completed pgBackRest backup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = crate::schema::field_described)]
+#[serde(rename_all = "lowercase")]
+pub enum BackupKind {
+    /// A full backup.
+    Full,
+    /// A differential backup (changes since the last full one).
+    Diff,
+    /// An incremental backup (changes since the last backup).
+    Incr,
+}
+
+/// Rollout state of the rendered postgresql.conf.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresConfigStatus {
+    /// True while the desired config has not reached every pool pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_progress: Option<bool>,
+
+    /// When the config last settled on every pool pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_applied_at: Option<Time>,
+
+    /// Why the config could not be rendered or read, e.g. a missing ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Observed state of a Shard. Several handlers write it, each its own fields and condition
+/// types.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardStatus {
+    /// The `metadata.generation` this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Rollout state of the rendered postgresql.conf.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_config: Option<PostgresConfigStatus>,
+
+    /// Latest observations (e.g. `Available`, `BackupHealthy`), one per type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "embedded_list::<Condition>")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+
+    /// Lifecycle state: Initializing, Progressing, Healthy, Degraded or Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// Details about the phase, e.g. what is wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+
+    /// Cells the shard runs in (at most 50).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub cells: Vec<CellName>,
+
+    /// Whether multiorch is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orch_ready: Option<bool>,
+
+    /// Whether every pool is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pools_ready: Option<bool>,
+
+    /// When the last backup completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_time: Option<Time>,
+
+    /// Kind of the last completed backup: `full`, `diff` or `incr`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_type: Option<BackupKind>,
+
+    /// Database role of each pod, read from the topology: `PRIMARY`, `REPLICA` or `QUARANTINED`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_roles: BTreeMap<String, String>,
+
+    /// Ready pool pods across all pools; read by the scale subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+}
