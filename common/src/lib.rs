@@ -1,1 +1,22 @@
-//! Runtime plumbing shared by the handler binaries.
+//! Runtime plumbing shared by the four handler binaries: flags, logging, metrics, the gRPC
+//! health and HandlerInfo server, the Kubernetes client, leader election, graceful shutdown,
+//! and the small helpers every controller needs (server-side apply, conditions, backoff).
+//!
+//! A binary's `main.rs` parses its flags with [`cli::parse`], starts a [`HandlerRuntime`] and
+//! hands it the work to run.
+
+pub mod apply;
+pub mod backoff;
+pub mod cli;
+pub mod client;
+pub mod conditions;
+pub mod grpc;
+pub mod leader;
+pub mod metrics;
+pub mod runtime;
+pub mod servers;
+pub mod shutdown;
+pub mod state;
+pub mod telemetry;
+
+pub use runtime::{HandlerContext, HandlerRuntime, RuntimeError};

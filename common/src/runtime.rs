@@ -1,0 +1,229 @@
+//! [`HandlerRuntime`]: everything a handler binary does besides its controllers, so `main.rs`
+//! stays a few lines.
+//!
+//! Order at start: logging and crypto provider, signal handlers, metrics recorder, gRPC and
+//! metrics listeners (health answers NOT_SERVING from here on), Kubernetes client (checked
+//! against the API server). [`HandlerRuntime::run`] then campaigns for the Lease when asked,
+//! runs the binary's work while acting, and on SIGTERM/SIGINT stops the work, releases the
+//! Lease and stops the servers, in that order.
+
+use std::error::Error as StdError;
+
+use kube::Client;
+use tokio::sync::watch;
+
+use crate::cli::{CommonArgs, HandlerSpec, LeaderElectionArgs};
+use crate::client::ClientError;
+use crate::leader::{LeaderElector, LeaderError, LeaseConfig};
+use crate::servers::{ServerError, Servers};
+use crate::shutdown::Shutdown;
+use crate::state::{HandlerState, LeaderState};
+use crate::telemetry::TelemetryError;
+
+/// Why a handler could not start or did not end cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Logging could not be set up.
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
+    /// The metrics recorder could not be installed.
+    #[error("cannot install the metrics recorder: {0}")]
+    Metrics(#[from] metrics_exporter_prometheus::BuildError),
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    /// A server could not start or failed.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// No usable Kubernetes client.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The leader-election flags are inconsistent.
+    #[error("invalid leader election flags: {0}")]
+    LeaderElectionFlags(String),
+    /// Leadership was lost while acting; the process must restart as a standby.
+    #[error(transparent)]
+    Leadership(#[from] LeaderError),
+    /// The leader-election task panicked.
+    #[error("leader election task failed: {0}")]
+    LeaderTask(#[source] tokio::task::JoinError),
+    /// The binary's own work failed.
+    #[error("{0}")]
+    Work(#[source] Box<dyn StdError + Send + Sync>),
+}
+
+/// What the binary's work gets: the client, the shared state to report progress in, and the
+/// shutdown latch to stop on (SIGTERM, SIGINT, or lost leadership).
+#[derive(Clone)]
+pub struct HandlerContext {
+    /// Client checked against the API server.
+    pub client: Client,
+    /// Readiness, synced kinds, reconcile counts.
+    pub state: HandlerState,
+    /// Fires when the work must stop.
+    pub shutdown: Shutdown,
+}
+
+/// A started handler: servers listening, client connected.
+pub struct HandlerRuntime {
+    spec: HandlerSpec,
+    client: Client,
+    state: HandlerState,
+    servers: Servers,
+    shutdown: Shutdown,
+}
+
+impl HandlerRuntime {
+    /// Sets up logging, signals, metrics and gRPC servers, and the client.
+    pub async fn start(spec: HandlerSpec, args: &CommonArgs) -> Result<Self, RuntimeError> {
+        crate::telemetry::init(args.log_format, args.log_level.as_deref())?;
+        tracing::info!(handler = spec.name, version = spec.version, "starting");
+        let shutdown = Shutdown::new();
+        crate::shutdown::trigger_on_signal(shutdown.clone()).map_err(RuntimeError::Signals)?;
+        let metrics = match args.metrics_bind_address.addr() {
+            Some(addr) => Some((addr, crate::metrics::install()?)),
+            None => None,
+        };
+        let state = HandlerState::new(spec.name, spec.version).await;
+        let servers = Servers::start(args.grpc_bind_address, metrics, state.clone()).await?;
+        let client = match crate::client::connect(args.kubeconfig.as_deref()).await {
+            Ok(client) => client,
+            Err(error) => {
+                if let Err(stop_error) = servers.stop().await {
+                    tracing::warn!(error = %stop_error, "servers did not stop cleanly");
+                }
+                return Err(error.into());
+            }
+        };
+        Ok(Self {
+            spec,
+            client,
+            state,
+            servers,
+            shutdown,
+        })
+    }
+
+    /// The connected client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The shared state served by HandlerInfo and grpc.health.v1.
+    pub fn state(&self) -> &HandlerState {
+        &self.state
+    }
+
+    /// Runs `work` until it returns, then stops the servers.
+    ///
+    /// With `leader` given and `--leader-elect` on, the replica first campaigns for the Lease
+    /// (reporting SERVING while it stands by, since a healthy standby is ready), runs `work`
+    /// only once it leads, and returns [`RuntimeError::Leadership`] if it loses the Lease, after
+    /// `work` has stopped. Otherwise `work` starts at once (`LEADER_STATE_NOT_ELECTED`).
+    ///
+    /// `work` must return soon after `HandlerContext::shutdown` fires, and report readiness
+    /// itself with `state.set_serving(true)`.
+    pub async fn run<F, Fut, E>(
+        self,
+        leader: Option<&LeaderElectionArgs>,
+        work: F,
+    ) -> Result<(), RuntimeError>
+    where
+        F: FnOnce(HandlerContext) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: Into<Box<dyn StdError + Send + Sync>>,
+    {
+        let context = HandlerContext {
+            client: self.client.clone(),
+            state: self.state.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        let result = match leader.filter(|args| args.leader_elect) {
+            Some(args) => self.run_elected(args, context, work).await,
+            None => {
+                self.state.set_leader_state(LeaderState::NotElected);
+                work(context)
+                    .await
+                    .map_err(|e| RuntimeError::Work(e.into()))
+            }
+        };
+        self.state.set_serving(false).await;
+        let stopped = self.servers.stop().await;
+        match &result {
+            Ok(()) => tracing::info!(handler = self.spec.name, "stopped"),
+            Err(error) => {
+                tracing::error!(handler = self.spec.name, %error, "stopped with an error")
+            }
+        }
+        result.and(stopped.map_err(RuntimeError::from))
+    }
+
+    async fn run_elected<F, Fut, E>(
+        &self,
+        args: &LeaderElectionArgs,
+        context: HandlerContext,
+        work: F,
+    ) -> Result<(), RuntimeError>
+    where
+        F: FnOnce(HandlerContext) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: Into<Box<dyn StdError + Send + Sync>>,
+    {
+        args.validate().map_err(RuntimeError::LeaderElectionFlags)?;
+        let config = LeaseConfig {
+            namespace: args
+                .leader_election_namespace
+                .clone()
+                .filter(|ns| !ns.is_empty())
+                .unwrap_or_else(|| self.client.default_namespace().to_owned()),
+            name: args.leader_election_id.clone(),
+            identity: crate::leader::default_identity(),
+            lease_duration: args.leader_election_lease_duration,
+            renew_deadline: args.leader_election_renew_deadline,
+            retry_period: args.leader_election_retry_period,
+        };
+        let (leading_tx, mut leading) = watch::channel(false);
+        let elector_stop = Shutdown::new();
+        let mut elector = tokio::spawn(LeaderElector::new(self.client.clone(), config).run(
+            self.state.clone(),
+            leading_tx,
+            elector_stop.clone(),
+        ));
+        self.state.set_serving(true).await;
+
+        let join = |joined: Result<Result<(), LeaderError>, tokio::task::JoinError>| {
+            joined
+                .map_err(RuntimeError::LeaderTask)?
+                .map_err(RuntimeError::from)
+        };
+
+        tokio::select! {
+            () = self.shutdown.wait() => {
+                elector_stop.trigger();
+                return join(elector.await);
+            }
+            joined = &mut elector => return join(joined),
+            Ok(_) = leading.wait_for(|leads| *leads) => {}
+        }
+
+        let work = work(context);
+        tokio::pin!(work);
+        let (work_result, lost) = tokio::select! {
+            result = &mut work => (result, None),
+            joined = &mut elector => {
+                // Leadership ended while acting: make the work stop before anything else.
+                self.shutdown.trigger();
+                (work.await, Some(joined))
+            }
+        };
+        let elector_result = match lost {
+            Some(joined) => join(joined),
+            None => {
+                elector_stop.trigger();
+                join(elector.await)
+            }
+        };
+        elector_result?;
+        work_result.map_err(|e| RuntimeError::Work(e.into()))
+    }
+}

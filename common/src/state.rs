@@ -1,0 +1,246 @@
+//! What a handler is doing, shared between its controllers (which update it) and the gRPC
+//! server (which reports it through grpc.health.v1 and `HandlerInfo`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use multigres_proto::operator::v1::{ControllerCounts, GetInfoResponse};
+use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::{HealthReporter, HealthService};
+
+pub use multigres_proto::operator::v1::LeaderState;
+
+/// The Lease a replica campaigns for, reported by `HandlerInfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// `<namespace>/<name>` of the Lease.
+    pub lease: String,
+    /// This replica's holder identity.
+    pub identity: String,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    reconciles: u64,
+    errors: u64,
+}
+
+#[derive(Debug)]
+struct Mutable {
+    serving: bool,
+    leader_state: LeaderState,
+    lease: Option<LeaseInfo>,
+    lease_holder: Option<String>,
+    synced_kinds: BTreeSet<String>,
+    controllers: BTreeMap<String, Counts>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    name: String,
+    version: String,
+    health: HealthReporter,
+    mutable: Mutex<Mutable>,
+}
+
+/// Shared, cheaply cloneable handle on a handler's state.
+#[derive(Debug, Clone)]
+pub struct HandlerState {
+    inner: Arc<Inner>,
+}
+
+impl HandlerState {
+    /// A handler that is not serving yet, acting (leader election off), with nothing synced.
+    pub async fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
+        let health = HealthReporter::new();
+        // The reporter starts the overall service ("") as SERVING; probes must not pass until
+        // the handler says it is ready.
+        health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        let state = Self {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                version: version.into(),
+                health,
+                mutable: Mutex::new(Mutable {
+                    serving: false,
+                    leader_state: LeaderState::NotElected,
+                    lease: None,
+                    lease_holder: None,
+                    synced_kinds: BTreeSet::new(),
+                    controllers: BTreeMap::new(),
+                }),
+            }),
+        };
+        crate::metrics::set_leader(state.name(), true);
+        state
+    }
+
+    /// Binary name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Mutable> {
+        // No code path panics while holding the lock; recover the data if one ever does.
+        self.inner
+            .mutable
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The grpc.health.v1 service reporting this state's readiness as the overall service `""`.
+    pub fn health_service(&self) -> HealthServer<HealthService> {
+        HealthServer::new(HealthService::from_health_reporter(
+            self.inner.health.clone(),
+        ))
+    }
+
+    /// Sets what grpc.health.v1 reports: SERVING once controllers' caches have synced (or,
+    /// for the webhook, once its certificate is loaded).
+    pub async fn set_serving(&self, serving: bool) {
+        self.lock().serving = serving;
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        self.inner.health.set_service_status("", status).await;
+    }
+
+    /// Whether grpc.health.v1 reports SERVING.
+    pub fn is_serving(&self) -> bool {
+        self.lock().serving
+    }
+
+    /// Records this replica's leadership, also published as the `multigres_operator_leader`
+    /// gauge (1 when acting: leader or leader election off).
+    pub fn set_leader_state(&self, leader_state: LeaderState) {
+        self.lock().leader_state = leader_state;
+        let acting = matches!(leader_state, LeaderState::Leader | LeaderState::NotElected);
+        crate::metrics::set_leader(self.name(), acting);
+    }
+
+    /// This replica's leadership.
+    pub fn leader_state(&self) -> LeaderState {
+        self.lock().leader_state
+    }
+
+    /// Records the Lease this replica campaigns for.
+    pub fn set_lease(&self, lease: LeaseInfo) {
+        self.lock().lease = Some(lease);
+    }
+
+    /// Records the Lease holder last observed (`None` when released or unknown).
+    pub fn set_lease_holder(&self, holder: Option<String>) {
+        self.lock().lease_holder = holder;
+    }
+
+    /// Marks a watched kind as synced (its initial list is in the cache).
+    pub fn mark_synced(&self, kind: impl Into<String>) {
+        self.lock().synced_kinds.insert(kind.into());
+    }
+
+    /// Records one reconcile in the counters `HandlerInfo` reports and in the Prometheus
+    /// metrics; `outcome` is `Err(category)` with a short error category on failure.
+    pub fn record_reconcile(&self, controller: &str, outcome: Result<(), &str>, elapsed: Duration) {
+        {
+            let mut mutable = self.lock();
+            let counts = mutable
+                .controllers
+                .entry(controller.to_owned())
+                .or_default();
+            counts.reconciles += 1;
+            if outcome.is_err() {
+                counts.errors += 1;
+            }
+        }
+        crate::metrics::record_reconcile(controller, outcome, elapsed);
+    }
+
+    /// The `HandlerInfo` answer for the current state.
+    pub fn info(&self) -> GetInfoResponse {
+        let mutable = self.lock();
+        let (lease, identity) = mutable
+            .lease
+            .as_ref()
+            .map(|l| (l.lease.clone(), l.identity.clone()))
+            .unwrap_or_default();
+        GetInfoResponse {
+            name: self.inner.name.clone(),
+            version: self.inner.version.clone(),
+            leader_state: mutable.leader_state.into(),
+            synced_kinds: mutable.synced_kinds.iter().cloned().collect(),
+            controllers: mutable
+                .controllers
+                .iter()
+                .map(|(controller, counts)| ControllerCounts {
+                    controller: controller.clone(),
+                    reconciles: counts.reconciles,
+                    errors: counts.errors,
+                })
+                .collect(),
+            lease,
+            identity,
+            lease_holder: mutable.lease_holder.clone().unwrap_or_default(),
+            serving: mutable.serving,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn info_reflects_updates() {
+        let state = HandlerState::new("cluster-handler", "1.2.3").await;
+        let info = state.info();
+        assert_eq!(info.name, "cluster-handler");
+        assert_eq!(info.version, "1.2.3");
+        assert_eq!(info.leader_state(), LeaderState::NotElected);
+        assert!(!info.serving);
+        assert!(info.lease.is_empty());
+
+        state.mark_synced("Shard");
+        state.mark_synced("Cell");
+        state.mark_synced("Shard");
+        state.record_reconcile("shard", Ok(()), Duration::from_millis(1));
+        state.record_reconcile("shard", Err("kube_api"), Duration::from_millis(1));
+        state.record_reconcile("cell", Ok(()), Duration::from_millis(1));
+        state.set_lease(LeaseInfo {
+            lease: "ops/my-lease".to_owned(),
+            identity: "pod-a_1234".to_owned(),
+        });
+        state.set_lease_holder(Some("pod-b_5678".to_owned()));
+        state.set_leader_state(LeaderState::Standby);
+        state.set_serving(true).await;
+
+        let info = state.info();
+        assert_eq!(info.synced_kinds, ["Cell", "Shard"]);
+        assert_eq!(
+            info.controllers,
+            [
+                ControllerCounts {
+                    controller: "cell".to_owned(),
+                    reconciles: 1,
+                    errors: 0
+                },
+                ControllerCounts {
+                    controller: "shard".to_owned(),
+                    reconciles: 2,
+                    errors: 1
+                },
+            ]
+        );
+        assert_eq!(info.lease, "ops/my-lease");
+        assert_eq!(info.identity, "pod-a_1234");
+        assert_eq!(info.lease_holder, "pod-b_5678");
+        assert_eq!(info.leader_state(), LeaderState::Standby);
+        assert!(info.serving);
+        assert!(state.is_serving());
+    }
+}
