@@ -16,7 +16,8 @@ wanted=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok 
 
 missing=()
 for b in "${wanted[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
-if [ ${#missing[@]} -eq 0 ]; then
+stages="$bin/../kwok-stages"
+if [ ${#missing[@]} -eq 0 ] && [ -d "$stages" ]; then
   echo "$bin"
   exit 0
 fi
@@ -54,7 +55,6 @@ if [ ! -x "$bin/helm" ]; then
     -o "$bin/helm" helm.sh/helm/v3/cmd/helm)
 fi
 # kwok's stage files ship in its module; keep a copy beside the binaries so the harness needs no Go.
-stages="$bin/../kwok-stages"
 if [ ! -d "$stages" ]; then
   src=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
   mkdir -p "$stages"
