@@ -1,0 +1,3 @@
+//! The data handler: keeps the Multigres topology in etcd in line with the cluster's resources.
+
+pub mod topo;

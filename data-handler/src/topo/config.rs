@@ -1,0 +1,68 @@
+//! How to reach the global topology.
+
+use std::time::Duration;
+
+use super::paths::DEFAULT_GLOBAL_ROOT;
+
+/// Default time to establish a connection to an etcd endpoint.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default bound on one topology operation (each etcd request, including waiting for a
+/// connection).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connection settings for the global topology (and, with the same TLS material and timeouts,
+/// for cell topologies on other etcd clusters).
+#[derive(Debug, Clone)]
+pub struct TopoConfig {
+    /// etcd endpoints: `host:port`, or `http://` / `https://` URLs.
+    pub endpoints: Vec<String>,
+    /// Key prefix of the global records (`--topo-global-root` of the Multigres components).
+    pub global_root: String,
+    /// Client TLS; `None` means plaintext.
+    pub tls: Option<TlsPem>,
+    /// Time allowed to establish a connection.
+    pub connect_timeout: Duration,
+    /// Time allowed for each operation; past it the call fails with a transient `Timeout`.
+    pub request_timeout: Duration,
+}
+
+impl TopoConfig {
+    /// Plaintext settings with the default root and timeouts.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            global_root: DEFAULT_GLOBAL_ROOT.to_string(),
+            tls: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+}
+
+/// PEM material for TLS to etcd, as found in Kubernetes Secrets (`ca.crt`, `tls.crt`, `tls.key`).
+#[derive(Clone, Default)]
+pub struct TlsPem {
+    /// CA bundle that signed the etcd server certificates (required: system roots are not used).
+    pub ca: Vec<u8>,
+    /// Client certificate chain for etcd client-certificate authentication.
+    pub client_cert: Option<Vec<u8>>,
+    /// Private key of `client_cert`.
+    pub client_key: Option<Vec<u8>>,
+    /// Name to verify in the server certificate when it differs from the endpoint host.
+    pub server_name: Option<String>,
+}
+
+impl std::fmt::Debug for TlsPem {
+    // Keeps the private key out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsPem")
+            .field("ca_bytes", &self.ca.len())
+            .field("client_cert", &self.client_cert.is_some())
+            .field(
+                "client_key",
+                &self.client_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}

@@ -1,0 +1,21 @@
+//! The Multigres topology in etcd, as the operator sees it.
+//!
+//! The operator writes the global `Cell` and `Database` records Multigres components read at
+//! start-up, and reads the `Multipooler` records poolers publish in their cell topology. The pure
+//! parts (key layout, merging a spec into stored bytes) are in [`paths`] and [`records`]; the
+//! etcd I/O is [`TopoStore`].
+
+mod config;
+mod error;
+pub mod paths;
+mod pooler;
+pub mod records;
+mod store;
+mod wire;
+
+pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, TlsPem, TopoConfig};
+pub use error::{RecordError, TopoError};
+pub use pooler::PoolerRecord;
+pub use records::{BackupSpec, CellSpec, DatabaseSpec, DurabilityPolicyName};
+pub use store::{Expected, Plan, Registration, TopoStore, WritePlan};
+pub use wire::WireError;
