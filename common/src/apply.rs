@@ -23,7 +23,7 @@ pub enum ApplyError {
         kind: String,
     },
     /// The status could not be turned into JSON.
-    #[error("cannot serialize the status of {kind} {name}: {source}")]
+    #[error("cannot serialize the status of {kind} {name}")]
     Serialize {
         /// Kind of the object.
         kind: String,
@@ -34,7 +34,7 @@ pub enum ApplyError {
         source: serde_json::Error,
     },
     /// The API server refused or could not be reached.
-    #[error("server-side apply of {kind} {name} failed: {source}")]
+    #[error("server-side apply of {kind} {name} failed")]
     Kube {
         /// Kind of the object.
         kind: String,

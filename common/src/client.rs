@@ -10,7 +10,7 @@ use kube::{Client, Config};
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// `--kubeconfig` names a file that cannot be read or used.
-    #[error("kubeconfig {path} is not usable: {source}")]
+    #[error("kubeconfig {path} is not usable")]
     Kubeconfig {
         /// The file.
         path: PathBuf,
@@ -20,14 +20,14 @@ pub enum ClientError {
     },
     /// Neither a kubeconfig nor an in-cluster service account was found.
     #[error(
-        "no Kubernetes configuration found: set KUBECONFIG, pass --kubeconfig, or run in a pod with a service account ({0})"
+        "no Kubernetes configuration found: set KUBECONFIG, pass --kubeconfig, or run in a pod with a service account"
     )]
     NoConfig(#[source] InferConfigError),
     /// The configuration could not be turned into a client (bad TLS material, bad proxy).
-    #[error("cannot build a Kubernetes client: {0}")]
+    #[error("cannot build a Kubernetes client")]
     Build(#[source] kube::Error),
     /// The API server did not answer `/version`.
-    #[error("cannot reach the Kubernetes API server at {url}: {source}")]
+    #[error("cannot reach the Kubernetes API server at {url}")]
     Unreachable {
         /// The server URL from the configuration.
         url: String,

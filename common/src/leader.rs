@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::shutdown::Shutdown;
 use crate::state::{HandlerState, LeaderState, LeaseInfo};
+use crate::telemetry::ErrorChain;
 
 /// Where and how to campaign.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -311,8 +312,9 @@ impl LeaderElector {
                     })
                 }
                 Ok(Err(error)) => {
+                    let error = ErrorChain(&error).to_string();
                     tracing::warn!(%lease, %error, "cannot acquire or renew the Lease");
-                    self.deadline_passed(last_renewed, now, &error.to_string())
+                    self.deadline_passed(last_renewed, now, &error)
                 }
                 Err(_) => {
                     tracing::warn!(%lease, "acquiring or renewing the Lease timed out");
@@ -339,7 +341,9 @@ impl LeaderElector {
                     state.set_lease_holder(None);
                     tracing::info!(%lease, "released leadership");
                 }
-                Ok(Err(error)) => tracing::warn!(%lease, %error, "cannot release the Lease"),
+                Ok(Err(error)) => {
+                    tracing::warn!(%lease, error = %ErrorChain(&error), "cannot release the Lease");
+                }
                 Err(_) => tracing::warn!(%lease, "releasing the Lease timed out"),
             }
         }

@@ -18,7 +18,7 @@ use crate::leader::{LeaderElector, LeaderError, LeaseConfig};
 use crate::servers::{ServerError, Servers};
 use crate::shutdown::Shutdown;
 use crate::state::{HandlerState, LeaderState};
-use crate::telemetry::TelemetryError;
+use crate::telemetry::{ErrorChain, TelemetryError};
 
 /// Why a handler could not start or did not end cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -27,10 +27,10 @@ pub enum RuntimeError {
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
     /// The metrics recorder could not be installed.
-    #[error("cannot install the metrics recorder: {0}")]
+    #[error("cannot install the metrics recorder")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
     /// Signal handlers could not be installed.
-    #[error("cannot install signal handlers: {0}")]
+    #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
     /// A server could not start or failed.
     #[error(transparent)]
@@ -45,11 +45,11 @@ pub enum RuntimeError {
     #[error(transparent)]
     Leadership(#[from] LeaderError),
     /// The leader-election task panicked.
-    #[error("leader election task failed: {0}")]
+    #[error("leader election task failed")]
     LeaderTask(#[source] tokio::task::JoinError),
     /// The binary's own work failed.
-    #[error("{0}")]
-    Work(#[source] Box<dyn StdError + Send + Sync>),
+    #[error(transparent)]
+    Work(Box<dyn StdError + Send + Sync>),
 }
 
 /// What the binary's work gets: the client, the shared state to report progress in, and the
@@ -89,8 +89,9 @@ impl HandlerRuntime {
         let client = match crate::client::connect(args.kubeconfig.as_deref()).await {
             Ok(client) => client,
             Err(error) => {
+                tracing::error!(error = %ErrorChain(&error), "cannot connect to Kubernetes");
                 if let Err(stop_error) = servers.stop().await {
-                    tracing::warn!(error = %stop_error, "servers did not stop cleanly");
+                    tracing::warn!(error = %ErrorChain(&stop_error), "servers did not stop cleanly");
                 }
                 return Err(error.into());
             }

@@ -13,7 +13,7 @@ use crate::state::HandlerState;
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The listen address could not be bound (in use, not local, no permission).
-    #[error("cannot listen for {server} on {addr}: {source}")]
+    #[error("cannot listen for {server} on {addr}")]
     Bind {
         /// Which server.
         server: &'static str,
@@ -24,13 +24,13 @@ pub enum ServerError {
         source: std::io::Error,
     },
     /// The gRPC server failed while serving.
-    #[error("gRPC server failed: {0}")]
+    #[error("gRPC server failed")]
     Grpc(#[from] tonic::transport::Error),
     /// The metrics server failed while serving.
-    #[error("metrics server failed: {0}")]
+    #[error("metrics server failed")]
     Metrics(#[source] std::io::Error),
     /// A server task panicked.
-    #[error("{server} server task failed: {source}")]
+    #[error("{server} server task failed")]
     Task {
         /// Which server.
         server: &'static str,
@@ -84,7 +84,11 @@ impl Servers {
             None => (None, None),
         };
         let grpc = tokio::spawn(crate::grpc::serve(grpc_listener, state, stop.wait()));
-        tracing::info!(%grpc_addr, ?metrics_addr, "servers listening");
+        tracing::info!(
+            %grpc_addr,
+            metrics_addr = %metrics_addr.map_or_else(|| "disabled".to_owned(), |a| a.to_string()),
+            "servers listening"
+        );
         Ok(Self {
             grpc_addr,
             metrics_addr,

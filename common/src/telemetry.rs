@@ -10,7 +10,7 @@ use crate::cli::LogFormat;
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     /// `--log-level` or RUST_LOG is not a valid filter.
-    #[error("invalid log filter {filter:?}: {source}")]
+    #[error("invalid log filter {filter:?}")]
     InvalidFilter {
         /// The filter as given.
         filter: String,
@@ -21,6 +21,28 @@ pub enum TelemetryError {
     /// A global subscriber was already installed in this process.
     #[error("a tracing subscriber is already installed: {0}")]
     AlreadyInstalled(String),
+}
+
+/// Displays an error with its sources, `outer: inner: root`, so one log line says everything.
+/// A source whose message the line already contains (many errors repeat their source in their
+/// own message) is skipped.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut line = self.0.to_string();
+        let mut source = self.0.source();
+        while let Some(error) = source {
+            let message = error.to_string();
+            if !line.contains(&message) {
+                line.push_str(": ");
+                line.push_str(&message);
+            }
+            source = error.source();
+        }
+        f.write_str(&line)
+    }
 }
 
 /// Installs ring as the process-wide rustls provider.
@@ -94,5 +116,19 @@ mod tests {
     fn invalid_filter_is_reported() {
         let err = build_filter(Some("kube=notalevel"), None).unwrap_err();
         assert!(err.to_string().contains("kube=notalevel"), "{err}");
+    }
+
+    #[test]
+    fn error_chain_shows_every_source() {
+        let err = build_filter(Some("kube=notalevel"), None).unwrap_err();
+        let source = std::error::Error::source(&err).unwrap().to_string();
+        assert!(
+            !err.to_string().contains(&source),
+            "source repeated in {err}"
+        );
+        assert_eq!(
+            ErrorChain(&err).to_string(),
+            format!("invalid log filter \"kube=notalevel\": {source}")
+        );
     }
 }

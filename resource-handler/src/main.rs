@@ -1,1 +1,56 @@
-fn main() {}
+//! resource-handler: runs the workloads behind TopoServer, Cell, Shard and MultigresCluster
+//! (etcd and Multigres StatefulSets, Deployments, Services, PDBs) and reports their readiness.
+
+use std::convert::Infallible;
+
+use clap::Parser;
+use multigres_common::HandlerRuntime;
+use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
+
+const SPEC: HandlerSpec = HandlerSpec {
+    name: "resource-handler",
+    version: env!("CARGO_PKG_VERSION"),
+    grpc_bind_address: ":9442",
+    metrics_bind_address: ":8082",
+    leader_election_id: "multigres-operator-resource-handler",
+};
+
+/// Flags of the resource-handler.
+#[derive(Debug, Parser)]
+#[command(name = "resource-handler", version, about)]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    leader: LeaderElectionArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli: Cli = cli::parse(&SPEC);
+    let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
+    runtime
+        .run(Some(&cli.leader), |ctx| async move {
+            ctx.state.set_serving(true).await;
+            ctx.shutdown.wait().await;
+            Ok::<(), Infallible>(())
+        })
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_with_this_binary_defaults() {
+        let cli: Cli = cli::try_parse_from(&SPEC, ["resource-handler"]).unwrap();
+        assert_eq!(cli.common.grpc_bind_address.port(), 9442);
+        assert_eq!(cli.common.metrics_bind_address.addr().unwrap().port(), 8082);
+        assert_eq!(
+            cli.leader.leader_election_id,
+            "multigres-operator-resource-handler"
+        );
+    }
+}
