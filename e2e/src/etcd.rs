@@ -6,31 +6,33 @@
 //! The process can be stopped and restarted on the same ports and data directory, which is how
 //! tests simulate an etcd outage, and it is killed when the handle is dropped.
 
-use std::fs::{File, OpenOptions};
-use std::io::Read;
 use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::process::{ProcessError, Supervised};
 use crate::toolchain::{self, ToolchainError};
 
 /// Environment variable naming an etcd binary to use instead of the toolchain's, e.g. Debian's
 /// `/usr/bin/etcd` for quick local experiments.
 pub const ETCD_BIN_ENV: &str = "MULTIGRES_ETCD_BIN";
 
-/// How many bytes of the etcd log an error message quotes.
-const LOG_TAIL_BYTES: usize = 4000;
+/// How many log lines an error message quotes.
+const LOG_TAIL_LINES: usize = 40;
+/// How long `stop` lets etcd shut down after SIGTERM before killing it.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Errors starting or stopping etcd.
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
     #[error("locating the etcd binary: {0}")]
     Binary(#[from] ToolchainError),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -46,17 +48,19 @@ pub enum EtcdError {
     },
 }
 
-impl EtcdError {
-    fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io {
-            context: context.into(),
-            source,
-        }
-    }
+/// Server certificate files for serving the client port over TLS.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// Serving certificate (PEM); must name `127.0.0.1`.
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
+    /// When set, clients must present a certificate signed by this CA (`--client-cert-auth`).
+    pub client_ca_file: Option<PathBuf>,
 }
 
-/// How to launch etcd. `EtcdConfig::default()` gives a single-member etcd on a temporary data
-/// directory, using `$MULTIGRES_ETCD_BIN` or else the toolchain's etcd.
+/// How to launch etcd. `EtcdConfig::default()` gives a single plaintext member on a temporary
+/// data directory, using `$MULTIGRES_ETCD_BIN` or else the toolchain's etcd.
 #[derive(Debug, Clone)]
 pub struct EtcdConfig {
     /// The etcd binary; `None` means `$MULTIGRES_ETCD_BIN`, else `toolchain::binary("etcd")`.
@@ -65,7 +69,9 @@ pub struct EtcdConfig {
     pub data_dir: Option<PathBuf>,
     /// Member name (`--name`).
     pub name: String,
-    /// Arguments appended after the ones the launcher sets (TLS, quotas, log level, ...).
+    /// Serve the client port over TLS; `None` means plain HTTP.
+    pub tls: Option<EtcdTls>,
+    /// Arguments appended after the ones the launcher sets (quotas, log level, ...).
     pub extra_args: Vec<String>,
     /// How long to wait for `/health` to report healthy after each (re)start.
     pub startup_timeout: Duration,
@@ -77,24 +83,27 @@ impl Default for EtcdConfig {
             binary: None,
             data_dir: None,
             name: "default".to_string(),
+            tls: None,
             extra_args: Vec::new(),
             startup_timeout: Duration::from_secs(30),
         }
     }
 }
 
-/// A running (or stopped) etcd member. Dropping it kills the process.
+/// A running (or stopped) etcd member. Dropping it stops the process.
 #[derive(Debug)]
 pub struct EtcdProcess {
-    child: Option<Child>,
+    // Declared first so the process is stopped before the work directory is removed.
+    child: Option<Supervised>,
     binary: PathBuf,
     config: EtcdConfig,
     data_dir: PathBuf,
-    log_path: PathBuf,
+    launches: u32,
     client_port: u16,
     peer_port: u16,
-    // Holds the log file and, by default, the data directory; removed on drop.
-    _work_dir: tempfile::TempDir,
+    health_port: u16,
+    // Holds the logs and, by default, the data directory; removed on drop.
+    work_dir: tempfile::TempDir,
 }
 
 impl EtcdProcess {
@@ -110,31 +119,37 @@ impl EtcdProcess {
         let work_dir = tempfile::Builder::new()
             .prefix("etcd-")
             .tempdir()
-            .map_err(|e| EtcdError::io("creating a temporary directory", e))?;
+            .map_err(|source| EtcdError::Io {
+                context: "creating a temporary directory".into(),
+                source,
+            })?;
         let data_dir = config
             .data_dir
             .clone()
             .unwrap_or_else(|| work_dir.path().join("data"));
-        let log_path = work_dir.path().join("etcd.log");
-        let client_port = free_port()?;
-        let peer_port = free_port()?;
         let mut etcd = Self {
             child: None,
             binary,
             config,
             data_dir,
-            log_path,
-            client_port,
-            peer_port,
-            _work_dir: work_dir,
+            launches: 0,
+            client_port: free_port()?,
+            peer_port: free_port()?,
+            health_port: free_port()?,
+            work_dir,
         };
         etcd.launch().await?;
         Ok(etcd)
     }
 
-    /// The client URL, `http://127.0.0.1:<port>`.
+    /// The client URL, `http://127.0.0.1:<port>` (`https://` with TLS).
     pub fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// The client address as `host:port`, the form Multigres topology records use.
@@ -152,81 +167,78 @@ impl EtcdProcess {
         self.peer_port
     }
 
+    /// Plain-HTTP URL serving `/health` and `/metrics`, also when the client port uses TLS.
+    pub fn health_url(&self) -> String {
+        format!("http://127.0.0.1:{}/health", self.health_port)
+    }
+
     /// The data directory, kept across `stop`/`restart`.
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
 
-    /// The file receiving etcd's stdout and stderr (appended to across restarts).
-    pub fn log_path(&self) -> &Path {
-        &self.log_path
+    /// The log (stdout and stderr) of the current or latest run; each run has its own file.
+    pub fn log_path(&self) -> PathBuf {
+        self.work_dir
+            .path()
+            .join(format!("etcd-{}.log", self.launches))
     }
 
     /// The process id while running.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child.as_ref().map(Supervised::pid)
     }
 
     /// Whether the etcd process is still alive.
-    pub fn is_running(&mut self) -> bool {
-        match self.child.as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
-            None => false,
-        }
+    pub fn is_running(&self) -> bool {
+        self.child
+            .as_ref()
+            .is_some_and(|child| child.exit_status().is_none())
     }
 
-    /// Kills etcd abruptly (like a crash or a node loss) and waits for it to exit. The data
-    /// directory and ports are kept for `restart`. Stopping a stopped etcd does nothing.
-    pub fn stop(&mut self) -> Result<(), EtcdError> {
-        if let Some(mut child) = self.child.take() {
-            kill_and_reap(&mut child).map_err(|e| EtcdError::io("killing etcd", e))?;
+    /// Stops etcd (SIGTERM, then SIGKILL after a short grace) and waits for it to exit. The
+    /// data directory and ports are kept for `restart`. Stopping a stopped etcd does nothing.
+    pub fn stop(&mut self) {
+        if let Some(child) = self.child.take() {
+            child.stop(STOP_GRACE);
         }
-        Ok(())
     }
 
     /// Starts etcd again on the same ports and data directory (stopping it first if running) and
     /// waits until it is healthy.
     pub async fn restart(&mut self) -> Result<(), EtcdError> {
-        self.stop()?;
+        self.stop();
         self.launch().await
     }
 
     async fn launch(&mut self) -> Result<(), EtcdError> {
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .map_err(|e| EtcdError::io(format!("opening {}", self.log_path.display()), e))?;
-        let log_err = log
-            .try_clone()
-            .map_err(|e| EtcdError::io("duplicating the log file handle", e))?;
+        self.launches += 1;
         let client_url = self.client_url();
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new(&self.binary)
-            .arg("--name")
-            .arg(&self.config.name)
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--listen-client-urls")
-            .arg(&client_url)
-            .arg("--advertise-client-urls")
-            .arg(&client_url)
-            .arg("--listen-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-advertise-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-cluster")
-            .arg(format!("{}={peer_url}", self.config.name))
-            .arg("--unsafe-no-fsync")
-            .args(&self.config.extra_args)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
-            // Its own process group, so a terminal's Ctrl-C reaches the test first and the test's
-            // drop handlers do the cleanup.
-            .process_group(0)
-            .spawn()
-            .map_err(|e| EtcdError::io(format!("spawning {}", self.binary.display()), e))?;
+        let mut args = vec![
+            format!("--name={}", self.config.name),
+            format!("--data-dir={}", self.data_dir.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster={}={peer_url}", self.config.name),
+            format!(
+                "--listen-metrics-urls=http://127.0.0.1:{}",
+                self.health_port
+            ),
+            "--unsafe-no-fsync".to_string(),
+        ];
+        if let Some(tls) = &self.config.tls {
+            args.push(format!("--cert-file={}", tls.cert_file.display()));
+            args.push(format!("--key-file={}", tls.key_file.display()));
+            if let Some(ca) = &tls.client_ca_file {
+                args.push(format!("--trusted-ca-file={}", ca.display()));
+                args.push("--client-cert-auth".to_string());
+            }
+        }
+        args.extend(self.config.extra_args.iter().cloned());
+        let child = Supervised::spawn("etcd", &self.binary, &args, &[], &self.log_path())?;
         self.child = Some(child);
         self.wait_healthy().await
     }
@@ -235,24 +247,21 @@ impl EtcdProcess {
         let timeout = self.config.startup_timeout;
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
+            if let Some(status) = self.child.as_ref().and_then(Supervised::exit_status) {
+                let log = self.log_tail();
                 self.child = None;
-                return Err(EtcdError::Exited {
-                    status,
-                    log: self.log_tail(),
-                });
+                return Err(EtcdError::Exited { status, log });
             }
-            if health_ok(self.client_port).await {
+            if health_ok(self.health_port).await {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                self.stop()?;
+                let log = self.log_tail();
+                self.stop();
                 return Err(EtcdError::Unhealthy {
-                    url: self.client_url(),
+                    url: self.health_url(),
                     timeout,
-                    log: self.log_tail(),
+                    log,
                 });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -260,42 +269,17 @@ impl EtcdProcess {
     }
 
     fn log_tail(&self) -> String {
-        let mut text = String::new();
-        if let Ok(mut file) = File::open(&self.log_path) {
-            let mut bytes = Vec::new();
-            if file.read_to_end(&mut bytes).is_ok() {
-                let start = bytes.len().saturating_sub(LOG_TAIL_BYTES);
-                text = String::from_utf8_lossy(&bytes[start..]).into_owned();
-            }
-        }
-        text
+        crate::process::tail(&self.log_path(), LOG_TAIL_LINES)
     }
-}
-
-impl Drop for EtcdProcess {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // Nothing useful can be done with a failure here; the process is gone or unkillable.
-            let _ = kill_and_reap(&mut child);
-        }
-    }
-}
-
-fn kill_and_reap(child: &mut Child) -> std::io::Result<()> {
-    if child.try_wait()?.is_none() {
-        child.kill()?;
-    }
-    child.wait().map(|_| ())
 }
 
 fn free_port() -> Result<u16, EtcdError> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| EtcdError::io("binding a free loopback port", e))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| EtcdError::io("reading the bound port", e))?
-        .port();
-    Ok(port)
+    let io = |source| EtcdError::Io {
+        context: "picking a free loopback port".into(),
+        source,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io)?;
+    Ok(listener.local_addr().map_err(io)?.port())
 }
 
 /// One plain HTTP/1.1 `GET /health`; true when etcd answers `"health":"true"`.
@@ -318,7 +302,10 @@ async fn health_ok(port: u16) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
+    use crate::pki::Pki;
 
     fn process_exists(pid: u32) -> bool {
         Path::new(&format!("/proc/{pid}")).exists()
@@ -330,13 +317,16 @@ mod tests {
             .await
             .expect("etcd starts");
         assert!(etcd.is_running());
-        assert!(health_ok(etcd.client_port()).await);
+        assert!(
+            health_ok(etcd.client_port()).await,
+            "plain client port serves /health"
+        );
         assert!(etcd.data_dir().join("member").is_dir());
         let url = etcd.client_url();
         assert_eq!(url, format!("http://{}", etcd.client_addr()));
 
         let first_pid = etcd.pid().expect("running etcd has a pid");
-        etcd.stop().expect("etcd stops");
+        etcd.stop();
         assert!(!etcd.is_running());
         assert!(!process_exists(first_pid));
         assert!(!health_ok(etcd.client_port()).await);
@@ -344,11 +334,12 @@ mod tests {
         etcd.restart().await.expect("etcd restarts");
         assert_eq!(etcd.client_url(), url, "restart keeps the client port");
         assert!(health_ok(etcd.client_port()).await);
+        assert!(etcd.log_path().ends_with("etcd-2.log"));
 
         let pid = etcd.pid().expect("restarted etcd has a pid");
         let work_dir = etcd.log_path().parent().map(Path::to_path_buf);
         drop(etcd);
-        assert!(!process_exists(pid), "drop kills etcd");
+        assert!(!process_exists(pid), "drop stops etcd");
         assert!(
             work_dir.is_some_and(|d| !d.exists()),
             "drop removes the work dir"
@@ -372,6 +363,29 @@ mod tests {
         assert!(
             data_dir.is_dir(),
             "a caller's data dir outlives the process"
+        );
+    }
+
+    #[tokio::test]
+    async fn tls_client_port_and_plain_health_port() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = Pki::generate(dir.path(), Ipv4Addr::LOCALHOST).expect("certificates");
+        let config = EtcdConfig {
+            tls: Some(EtcdTls {
+                cert_file: pki.apiserver_cert.clone(),
+                key_file: pki.apiserver_key.clone(),
+                client_ca_file: Some(pki.ca_cert.clone()),
+            }),
+            ..EtcdConfig::default()
+        };
+        let etcd = EtcdProcess::start(config)
+            .await
+            .expect("etcd starts with TLS");
+        assert_eq!(etcd.client_url(), format!("https://{}", etcd.client_addr()));
+        assert!(etcd.health_url().starts_with("http://"));
+        assert!(
+            !health_ok(etcd.client_port()).await,
+            "the client port does not answer plain HTTP"
         );
     }
 
