@@ -315,13 +315,13 @@ pub struct CellConfig {
     /// Name of the cell: a DNS label of at most 30 characters (no `_`). Cannot change.
     pub name: CellName,
 
-    /// Availability zone ID the cell's pods run in (e.g. `use1-az1`), matched against the nodes'
-    /// `topology.kubernetes.io/zone` label. Exactly one of `zoneId` and `region`; immutable.
+    /// Availability zone ID the cell's pods are pinned to (e.g. `use1-az1`). Exactly one of
+    /// `zoneId` and `region`; immutable once the cell exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone_id: Option<ZoneId>,
 
-    /// Region the cell's pods run in (e.g. `us-east-1`), matched against the nodes'
-    /// `topology.kubernetes.io/region` label. Exactly one of `zoneId` and `region`; immutable.
+    /// Region the cell's pods are pinned to (e.g. `us-east-1`). Exactly one of `zoneId` and
+    /// `region`; immutable once the cell exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<Region>,
 

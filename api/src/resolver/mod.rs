@@ -1,0 +1,882 @@
+//! Template resolution: one pure function from a MultigresCluster and the templates of its
+//! namespace to the fully resolved specs of every child. Shared by the cluster-handler (which
+//! applies the children) and the webhook (which shows users the defaults).
+//!
+//! For each component the chain is, from strongest to weakest:
+//! 1. the inline spec (and `overrides`) on the component, over an explicit template reference;
+//! 2. the template named in `spec.templateDefaults`;
+//! 3. the namespace template named `default`;
+//! 4. built-in defaults ([`defaults`]).
+//!
+//! Only one template applies per component: the explicit reference, else `templateDefaults`, else
+//! `default`. A template that is named (explicitly or in `templateDefaults`) but does not exist is
+//! an error listing every such reference; a missing `default` template is not. Levels are laid over
+//! each other with the rules in [`merge`].
+
+pub mod defaults;
+pub mod merge;
+mod pvc;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::LocalObjectReference;
+
+use crate::v1alpha1::{
+    BackupConfig, BackupType, CellConfig, CellImages, CellName, CellSpec, CellTemplateSpec,
+    ComponentLogLevels, ContainerConfig, CoreTemplateSpec, DatabaseConfig, EtcdSpec,
+    ExternalTopoServerSpec, FilesystemBackupConfig, GatewayBufferConfig, GlobalTopoServerRef,
+    ImagePullPolicy, ImageRef, LocalTopoServerSpec, LogLevel, MultigatewaySpec, MultigresCluster,
+    MultiorchSpec, PodPlacementSpec, PoolName, PoolSpec, PoolType, PvcDeletionPolicy,
+    ResolvedTemplates, ShardConfig, ShardImages, ShardResolvedSpec, ShardSpec, ShardTemplateSpec,
+    StatelessSpec, StorageSpec, TableGroupConfig, TableGroupSpec, TemplateRef,
+    TopologyPruningConfig, TopologyReconciliation, TopoServerSpec,
+};
+use crate::{DEFAULT_DATABASE, DEFAULT_POOL, DEFAULT_SHARD, DEFAULT_TABLEGROUP, DEFAULT_TEMPLATE};
+use merge::{Overlay, merge_map, merge_pools, overlay_opt, replace};
+pub use pvc::resolve_pvc_policy;
+
+/// Node label used to pin a cell's pods to its zone id.
+pub const ZONE_ID_NODE_LABEL: &str = "topology.k8s.aws/zone-id";
+/// Node label used to pin a cell's pods to its region.
+pub const REGION_NODE_LABEL: &str = "topology.kubernetes.io/region";
+
+/// The templates of one namespace, by name.
+#[derive(Clone, Debug, Default)]
+pub struct Templates {
+    pub core: BTreeMap<String, CoreTemplateSpec>,
+    pub cell: BTreeMap<String, CellTemplateSpec>,
+    pub shard: BTreeMap<String, ShardTemplateSpec>,
+}
+
+/// Which kind of template a reference names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TemplateKind {
+    Core,
+    Cell,
+    Shard,
+}
+
+impl std::fmt::Display for TemplateKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TemplateKind::Core => "CoreTemplate",
+            TemplateKind::Cell => "CellTemplate",
+            TemplateKind::Shard => "ShardTemplate",
+        })
+    }
+}
+
+/// A template reference that names nothing.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MissingTemplate {
+    pub kind: TemplateKind,
+    pub name: String,
+    /// Where the reference is, e.g. `spec.cells[1].cellTemplate`.
+    pub field: String,
+}
+
+/// Why a cluster cannot be resolved. Every variant is a problem in the user's spec.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ResolveError {
+    #[error("{}", missing_message(.0))]
+    MissingTemplates(Vec<MissingTemplate>),
+    #[error("{field}: durability policy {value:?} is not supported; allowed: {}", defaults::DURABILITY_POLICIES.join(", "))]
+    UnsupportedDurabilityPolicy { field: String, value: String },
+}
+
+fn missing_message(missing: &[MissingTemplate]) -> String {
+    let parts: Vec<String> = missing
+        .iter()
+        .map(|m| {
+            format!(
+                "{}: {} {:?} does not exist in this namespace",
+                m.field, m.kind, m.name
+            )
+        })
+        .collect();
+    format!(
+        "{}; create the template or change the reference",
+        parts.join("; ")
+    )
+}
+
+/// The global topology server: created by the operator, or an existing etcd.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GlobalTopo {
+    Managed(TopoServerSpec),
+    External(ExternalTopoServerSpec),
+}
+
+/// Concrete images and pull settings for every component.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedImages {
+    pub pull_policy: ImagePullPolicy,
+    pub pull_secrets: Vec<LocalObjectReference>,
+    pub multigateway: ImageRef,
+    pub multiorch: ImageRef,
+    pub multipooler: ImageRef,
+    pub multiadmin: ImageRef,
+    pub multiadmin_web: ImageRef,
+    pub postgres: ImageRef,
+}
+
+/// A cell: the spec of its Cell child, and of its local TopoServer when the operator runs one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedCell {
+    pub spec: CellSpec,
+    pub local_topo: Option<TopoServerSpec>,
+}
+
+/// Everything the cluster resolves to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedCluster {
+    pub global_topo: GlobalTopo,
+    /// How every process reaches the global topology.
+    pub topo_ref: GlobalTopoServerRef,
+    pub multiadmin: StatelessSpec,
+    pub multiadmin_placement: Option<PodPlacementSpec>,
+    pub multiadmin_web: StatelessSpec,
+    pub images: ResolvedImages,
+    pub log_levels: ComponentLogLevels,
+    pub cells: Vec<ResolvedCell>,
+    pub table_groups: Vec<TableGroupSpec>,
+    /// PVC policy of the cluster level, both halves resolved.
+    pub pvc_deletion_policy: PvcDeletionPolicy,
+}
+
+/// Every template a cluster depends on, sorted: explicit references, `templateDefaults`, and the
+/// namespace `default` of each kind (whose creation or edit changes the result too). Recorded in
+/// the cluster's status so a template change re-resolves exactly the clusters that use it.
+pub fn referenced_templates(cluster: &MultigresCluster) -> ResolvedTemplates {
+    let spec = &cluster.spec;
+    let mut core = BTreeSet::from([DEFAULT_TEMPLATE.to_string()]);
+    let mut cell = core.clone();
+    let mut shard = core.clone();
+    let defaults = spec.template_defaults.clone().unwrap_or_default();
+    let add = |set: &mut BTreeSet<String>, r: &Option<TemplateRef>| {
+        if let Some(r) = r {
+            set.insert(r.as_str().to_string());
+        }
+    };
+    add(&mut core, &defaults.core_template);
+    add(&mut cell, &defaults.cell_template);
+    add(&mut shard, &defaults.shard_template);
+    if let Some(g) = &spec.global_topo_server {
+        add(&mut core, &g.template_ref);
+    }
+    if let Some(m) = &spec.multiadmin {
+        add(&mut core, &m.template_ref);
+    }
+    if let Some(m) = &spec.multiadmin_web {
+        add(&mut core, &m.template_ref);
+    }
+    for c in &spec.cells {
+        add(&mut cell, &c.cell_template);
+    }
+    for db in &spec.databases {
+        for tg in &db.tablegroups {
+            for s in &tg.shards {
+                add(&mut shard, &s.shard_template);
+            }
+        }
+    }
+    let to_refs = |s: BTreeSet<String>| s.into_iter().map(TemplateRef::new).collect();
+    ResolvedTemplates {
+        core_templates: to_refs(core),
+        cell_templates: to_refs(cell),
+        shard_templates: to_refs(shard),
+    }
+}
+
+/// Picks the one template of a component and records references that name nothing.
+struct Picker<'a> {
+    templates: &'a Templates,
+    missing: Vec<MissingTemplate>,
+}
+
+impl<'a> Picker<'a> {
+    /// `explicit`, else `cluster_default`, else the namespace `default` (absent is fine).
+    fn pick<T>(
+        &mut self,
+        kind: TemplateKind,
+        map: &'a BTreeMap<String, T>,
+        explicit: Option<(&TemplateRef, String)>,
+        cluster_default: Option<(&TemplateRef, String)>,
+    ) -> Option<&'a T> {
+        if let Some((name, field)) = explicit.or(cluster_default) {
+            let found = map.get(name.as_str());
+            if found.is_none() {
+                self.missing.push(MissingTemplate {
+                    kind,
+                    name: name.as_str().to_string(),
+                    field,
+                });
+            }
+            return found;
+        }
+        map.get(DEFAULT_TEMPLATE)
+    }
+}
+
+/// Resolves a cluster against the templates of its namespace.
+pub fn resolve(
+    cluster: &MultigresCluster,
+    templates: &Templates,
+) -> Result<ResolvedCluster, ResolveError> {
+    let spec = &cluster.spec;
+    let name = cluster.metadata.name.as_deref().unwrap_or_default();
+    let namespace = cluster.metadata.namespace.as_deref().unwrap_or_default();
+    let tdefaults = spec.template_defaults.clone().unwrap_or_default();
+    let mut picker = Picker {
+        templates,
+        missing: Vec::new(),
+    };
+    let core_default = tdefaults
+        .core_template
+        .as_ref()
+        .map(|r| (r, "spec.templateDefaults.coreTemplate".to_string()));
+
+    let cluster_pvc = resolve_pvc_policy(&[spec.pvc_deletion_policy.as_ref()]);
+    let images = resolve_images(cluster);
+    let log_levels = resolve_log_levels(spec.log_levels.as_ref());
+
+    // Global topology server.
+    let gts = spec.global_topo_server.clone().unwrap_or_default();
+    let topo_template = picker.pick(
+        TemplateKind::Core,
+        &picker.templates.core,
+        gts.template_ref
+            .as_ref()
+            .map(|r| (r, "spec.globalTopoServer.templateRef".to_string())),
+        core_default.clone(),
+    );
+    let global_topo = match &gts.external {
+        Some(external) => GlobalTopo::External(external.clone()),
+        None => {
+            let base = topo_template.and_then(|t| t.global_topo_server.clone());
+            let mut etcd = base.as_ref().and_then(|t| t.etcd.clone()).unwrap_or_default();
+            if let Some(inline) = &gts.etcd {
+                etcd.overlay(inline);
+            }
+            let mut placement = base.as_ref().and_then(|t| t.placement.clone());
+            replace(&mut placement, &gts.placement);
+            let pvc = resolve_pvc_policy(&[
+                etcd.pvc_deletion_policy.as_ref(),
+                gts.pvc_deletion_policy.as_ref(),
+                base.as_ref().and_then(|t| t.pvc_deletion_policy.as_ref()),
+                spec.pvc_deletion_policy.as_ref(),
+            ]);
+            let etcd = etcd_with_defaults(etcd, defaults::GLOBAL_ROOT, &pvc);
+            GlobalTopo::Managed(TopoServerSpec {
+                etcd: Some(etcd),
+                pvc_deletion_policy: Some(pvc),
+                placement,
+            })
+        }
+    };
+    let topo_ref = match &global_topo {
+        GlobalTopo::Managed(t) => GlobalTopoServerRef {
+            address: crate::names::topo_client_address(
+                &crate::names::global_topo_server(name),
+                namespace,
+            ),
+            root_path: t
+                .etcd
+                .as_ref()
+                .and_then(|e| e.root_path.clone())
+                .unwrap_or_else(|| defaults::GLOBAL_ROOT.to_string()),
+            implementation: defaults::TOPO_IMPLEMENTATION.to_string(),
+        },
+        GlobalTopo::External(e) => GlobalTopoServerRef {
+            address: e
+                .endpoints
+                .iter()
+                .map(|u| host_port(u.as_str()))
+                .collect::<Vec<_>>()
+                .join(","),
+            root_path: e
+                .root_path
+                .clone()
+                .unwrap_or_else(|| defaults::GLOBAL_ROOT.to_string()),
+            implementation: e
+                .implementation
+                .clone()
+                .unwrap_or_else(|| defaults::TOPO_IMPLEMENTATION.to_string()),
+        },
+    };
+
+    // multiadmin and its web UI.
+    let admin = spec.multiadmin.clone().unwrap_or_default();
+    let admin_template = picker.pick(
+        TemplateKind::Core,
+        &picker.templates.core,
+        admin
+            .template_ref
+            .as_ref()
+            .map(|r| (r, "spec.multiadmin.templateRef".to_string())),
+        core_default.clone(),
+    );
+    let mut multiadmin = admin_template
+        .and_then(|t| t.multiadmin.clone())
+        .unwrap_or_default();
+    if let Some(inline) = &admin.spec {
+        multiadmin.overlay(inline);
+    }
+    let multiadmin = stateless_with_defaults(
+        multiadmin,
+        defaults::MULTIADMIN_REPLICAS,
+        defaults::multiadmin_resources,
+    );
+    let mut multiadmin_placement = admin_template.and_then(|t| t.multiadmin_placement.clone());
+    replace(&mut multiadmin_placement, &admin.placement);
+
+    let web = spec.multiadmin_web.clone().unwrap_or_default();
+    let web_template = picker.pick(
+        TemplateKind::Core,
+        &picker.templates.core,
+        web.template_ref
+            .as_ref()
+            .map(|r| (r, "spec.multiadminWeb.templateRef".to_string())),
+        core_default,
+    );
+    let mut multiadmin_web = web_template
+        .and_then(|t| t.multiadmin_web.clone())
+        .unwrap_or_default();
+    if let Some(inline) = &web.spec {
+        multiadmin_web.overlay(inline);
+    }
+    let multiadmin_web = stateless_with_defaults(
+        multiadmin_web,
+        defaults::MULTIADMIN_WEB_REPLICAS,
+        defaults::multiadmin_web_resources,
+    );
+
+    // Cells.
+    let all_cells: Vec<CellName> = {
+        let mut v: Vec<CellName> = spec.cells.iter().map(|c| c.name.clone()).collect();
+        v.sort();
+        v
+    };
+    let pruning = TopologyPruningConfig {
+        enabled: Some(
+            spec.topology_pruning
+                .as_ref()
+                .and_then(|p| p.enabled)
+                .unwrap_or(true),
+        ),
+    };
+    let cells = spec
+        .cells
+        .iter()
+        .enumerate()
+        .map(|(i, cell)| {
+            let template = picker.pick(
+                TemplateKind::Cell,
+                &picker.templates.cell,
+                cell.cell_template
+                    .as_ref()
+                    .map(|r| (r, format!("spec.cells[{i}].cellTemplate"))),
+                tdefaults
+                    .cell_template
+                    .as_ref()
+                    .map(|r| (r, "spec.templateDefaults.cellTemplate".to_string())),
+            );
+            resolve_cell(
+                cell,
+                template,
+                &CellContext {
+                    images: &images,
+                    topo_ref: &topo_ref,
+                    all_cells: &all_cells,
+                    prune: pruning.enabled == Some(true),
+                    log_levels: &log_levels,
+                    cluster: spec,
+                },
+            )
+        })
+        .collect();
+
+    // Databases, table groups and their shards.
+    let cluster_backup = spec.backup.clone().unwrap_or_else(default_backup);
+    let cluster_durability = spec.durability_policy.as_deref();
+    let databases = effective_databases(&spec.databases);
+    let mut table_groups = Vec::new();
+    let mut bad_durability = None;
+    for (di, db) in databases.iter().enumerate() {
+        let durability = db
+            .durability_policy
+            .as_deref()
+            .or(cluster_durability)
+            .unwrap_or(defaults::DURABILITY_POLICY)
+            .to_string();
+        if !defaults::DURABILITY_POLICIES.contains(&durability.as_str()) {
+            let field = if db.durability_policy.is_some() {
+                format!("spec.databases[{di}].durabilityPolicy")
+            } else {
+                "spec.durabilityPolicy".to_string()
+            };
+            bad_durability.get_or_insert(ResolveError::UnsupportedDurabilityPolicy {
+                field,
+                value: durability.clone(),
+            });
+        }
+        let mut db_backup = cluster_backup.clone();
+        if let Some(b) = &db.backup {
+            db_backup.overlay(b);
+        }
+        for (ti, tg) in db.tablegroups.iter().enumerate() {
+            let mut tg_backup = db_backup.clone();
+            if let Some(b) = &tg.backup {
+                tg_backup.overlay(b);
+            }
+            let tg_pvc = resolve_pvc_policy(&[
+                tg.pvc_deletion_policy.as_ref(),
+                spec.pvc_deletion_policy.as_ref(),
+            ]);
+            let shards = effective_shards(&tg.shards)
+                .iter()
+                .enumerate()
+                .map(|(si, shard)| {
+                    let template = picker.pick(
+                        TemplateKind::Shard,
+                        &picker.templates.shard,
+                        shard.shard_template.as_ref().map(|r| {
+                            (
+                                r,
+                                format!(
+                                    "spec.databases[{di}].tablegroups[{ti}].shards[{si}].shardTemplate"
+                                ),
+                            )
+                        }),
+                        tdefaults
+                            .shard_template
+                            .as_ref()
+                            .map(|r| (r, "spec.templateDefaults.shardTemplate".to_string())),
+                    );
+                    resolve_shard(shard, template, &tg_backup, &tg_pvc, &all_cells)
+                })
+                .collect();
+            table_groups.push(TableGroupSpec {
+                database_name: db.name.clone(),
+                table_group_name: tg.name.clone(),
+                default: tg.default,
+                images: ShardImages {
+                    image_pull_policy: Some(images.pull_policy),
+                    image_pull_secrets: images.pull_secrets.clone(),
+                    multiorch: images.multiorch.clone(),
+                    multipooler: images.multipooler.clone(),
+                    postgres: images.postgres.clone(),
+                },
+                global_topo_server: topo_ref.clone(),
+                shards,
+                pvc_deletion_policy: Some(tg_pvc),
+                internal_tls: spec.internal_tls.clone(),
+                observability: spec.observability.clone(),
+                log_levels: Some(log_levels.clone()),
+                backup: Some(tg_backup),
+                cell_topology_labels: cell_topology_labels(&spec.cells),
+                topology_pruning: Some(pruning.clone()),
+                durability_policy: Some(durability.clone()),
+                postgres_superuser: Some(
+                    spec.postgres_superuser
+                        .clone()
+                        .unwrap_or_else(|| defaults::POSTGRES_SUPERUSER.to_string()),
+                ),
+                postgres_password_secret_ref: spec.postgres_password_secret_ref.clone(),
+            });
+        }
+    }
+
+    if !picker.missing.is_empty() {
+        let mut missing = picker.missing;
+        missing.sort();
+        missing.dedup();
+        return Err(ResolveError::MissingTemplates(missing));
+    }
+    if let Some(err) = bad_durability {
+        return Err(err);
+    }
+    Ok(ResolvedCluster {
+        global_topo,
+        topo_ref,
+        multiadmin,
+        multiadmin_placement,
+        multiadmin_web,
+        images,
+        log_levels,
+        cells,
+        table_groups,
+        pvc_deletion_policy: cluster_pvc,
+    })
+}
+
+/// The spec of one Shard child, from its TableGroup and its resolved entry there.
+pub fn shard_spec(tg: &TableGroupSpec, shard: &ShardResolvedSpec) -> ShardSpec {
+    let replicas = shard
+        .pools
+        .values()
+        .map(|p| p.replicas_per_cell.unwrap_or(1) * p.cells.len() as i32)
+        .sum();
+    let pvc = resolve_pvc_policy(&[
+        shard.pvc_deletion_policy.as_ref(),
+        tg.pvc_deletion_policy.as_ref(),
+    ]);
+    ShardSpec {
+        database_name: tg.database_name.clone(),
+        table_group_name: tg.table_group_name.clone(),
+        shard_name: crate::v1alpha1::ShardName::new(shard.name.clone()),
+        images: tg.images.clone(),
+        global_topo_server: tg.global_topo_server.clone(),
+        multiorch: shard.multiorch.clone(),
+        initdb_args: shard.initdb_args.clone(),
+        postgres_config_ref: shard.postgres_config_ref.clone(),
+        postgres_config: shard.postgres_config.clone(),
+        pools: shard.pools.clone(),
+        pvc_deletion_policy: Some(pvc),
+        internal_tls: tg.internal_tls.clone(),
+        observability: tg.observability.clone(),
+        log_levels: tg.log_levels.clone(),
+        backup: shard.backup.clone().or_else(|| tg.backup.clone()),
+        topology_pruning: tg.topology_pruning.clone(),
+        durability_policy: tg.durability_policy.clone(),
+        postgres_superuser: tg.postgres_superuser.clone(),
+        postgres_password_secret_ref: tg.postgres_password_secret_ref.clone(),
+        cell_topology_labels: tg.cell_topology_labels.clone(),
+        replicas: Some(replicas),
+    }
+}
+
+fn host_port(url: &str) -> String {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or(url);
+    rest.trim_end_matches('/').to_string()
+}
+
+fn resolve_images(cluster: &MultigresCluster) -> ResolvedImages {
+    let i = cluster.spec.images.clone().unwrap_or_default();
+    let or = |v: Option<ImageRef>, d: &str| v.unwrap_or_else(|| ImageRef::new(d));
+    ResolvedImages {
+        pull_policy: i.image_pull_policy.unwrap_or(ImagePullPolicy::IfNotPresent),
+        pull_secrets: i.image_pull_secrets,
+        multigateway: or(i.multigateway, defaults::MULTIGRES_IMAGE),
+        multiorch: or(i.multiorch, defaults::MULTIGRES_IMAGE),
+        multipooler: or(i.multipooler, defaults::MULTIGRES_IMAGE),
+        multiadmin: or(i.multiadmin, defaults::MULTIGRES_IMAGE),
+        multiadmin_web: or(i.multiadmin_web, defaults::MULTIADMIN_WEB_IMAGE),
+        postgres: or(i.postgres, defaults::POSTGRES_IMAGE),
+    }
+}
+
+fn resolve_log_levels(levels: Option<&ComponentLogLevels>) -> ComponentLogLevels {
+    let l = levels.cloned().unwrap_or_default();
+    let info = Some(LogLevel::Info);
+    ComponentLogLevels {
+        pgctld: l.pgctld.or(info),
+        multipooler: l.multipooler.or(info),
+        multiorch: l.multiorch.or(info),
+        multiadmin: l.multiadmin.or(info),
+        multigateway: l.multigateway.or(info),
+    }
+}
+
+fn stateless_with_defaults(
+    mut s: StatelessSpec,
+    replicas: i32,
+    resources: fn() -> k8s_openapi::api::core::v1::ResourceRequirements,
+) -> StatelessSpec {
+    s.replicas.get_or_insert(replicas);
+    s.resources.get_or_insert_with(resources);
+    s
+}
+
+fn storage_with_defaults(storage: Option<StorageSpec>, size: &str) -> StorageSpec {
+    let mut s = storage.unwrap_or_default();
+    s.size.get_or_insert_with(|| size.to_string());
+    if s.access_modes.is_empty() {
+        s.access_modes = vec![defaults::ACCESS_MODE.to_string()];
+    }
+    s
+}
+
+fn etcd_with_defaults(mut etcd: EtcdSpec, root: &str, pvc: &PvcDeletionPolicy) -> EtcdSpec {
+    etcd.image
+        .get_or_insert_with(|| ImageRef::new(defaults::ETCD_IMAGE));
+    etcd.replicas.get_or_insert(defaults::ETCD_REPLICAS);
+    etcd.storage = Some(storage_with_defaults(etcd.storage, defaults::ETCD_STORAGE));
+    etcd.resources.get_or_insert_with(defaults::etcd_resources);
+    etcd.root_path.get_or_insert_with(|| root.to_string());
+    etcd.pvc_deletion_policy = Some(pvc.clone());
+    etcd
+}
+
+struct CellContext<'a> {
+    images: &'a ResolvedImages,
+    topo_ref: &'a GlobalTopoServerRef,
+    all_cells: &'a [CellName],
+    prune: bool,
+    log_levels: &'a ComponentLogLevels,
+    cluster: &'a crate::v1alpha1::MultigresClusterSpec,
+}
+
+fn resolve_cell(
+    cell: &CellConfig,
+    template: Option<&CellTemplateSpec>,
+    ctx: &CellContext,
+) -> ResolvedCell {
+    let mut gateway = template
+        .and_then(|t| t.multigateway.clone())
+        .unwrap_or_default();
+    let mut placement = template.and_then(|t| t.multigateway_placement.clone());
+    let mut local = template.and_then(|t| t.local_topo_server.clone());
+    if let Some(o) = &cell.overrides {
+        if let Some(g) = &o.multigateway {
+            gateway.overlay(g);
+        }
+        replace(&mut placement, &o.multigateway_placement);
+    }
+    if let Some(inline) = &cell.spec {
+        if let Some(g) = &inline.multigateway {
+            gateway.overlay(g);
+        }
+        replace(&mut placement, &inline.multigateway_placement);
+        replace(&mut local, &inline.local_topo_server);
+    }
+    gateway.stateless = stateless_with_defaults(
+        gateway.stateless,
+        defaults::MULTIGATEWAY_REPLICAS,
+        defaults::multigateway_resources,
+    );
+    let mut buffer = gateway.buffer.take().unwrap_or_default();
+    buffer.enabled.get_or_insert(true);
+    gateway.buffer = Some(buffer);
+
+    let cell_root = defaults::cell_root(cell.name.as_str());
+    let mut local_topo = None;
+    let topo_server = local.map(|l| match (l.etcd, l.external) {
+        (Some(etcd), _) => {
+            let pvc = resolve_pvc_policy(&[etcd.pvc_deletion_policy.as_ref()]);
+            let etcd = etcd_with_defaults(etcd, &cell_root, &pvc);
+            local_topo = Some(TopoServerSpec {
+                etcd: Some(etcd.clone()),
+                pvc_deletion_policy: Some(pvc),
+                placement: None,
+            });
+            LocalTopoServerSpec {
+                etcd: Some(etcd),
+                external: None,
+            }
+        }
+        (None, external) => LocalTopoServerSpec {
+            etcd: None,
+            external: external.map(|mut e| {
+                e.root_path.get_or_insert_with(|| cell_root.clone());
+                e.implementation
+                    .get_or_insert_with(|| defaults::TOPO_IMPLEMENTATION.to_string());
+                e
+            }),
+        },
+    });
+
+    ResolvedCell {
+        spec: CellSpec {
+            name: cell.name.clone(),
+            zone_id: cell.zone_id.clone(),
+            region: cell.region.clone(),
+            metadata: cell.metadata.clone(),
+            images: CellImages {
+                image_pull_policy: Some(ctx.images.pull_policy),
+                image_pull_secrets: ctx.images.pull_secrets.clone(),
+                multigateway: ctx.images.multigateway.clone(),
+            },
+            multigateway: gateway,
+            multigateway_placement: placement,
+            global_topo_server: ctx.topo_ref.clone(),
+            topo_server,
+            all_cells: ctx.all_cells.to_vec(),
+            topology_reconciliation: Some(TopologyReconciliation {
+                register_cell: true,
+                prune_poolers: ctx.prune,
+            }),
+            observability: ctx.cluster.observability.clone(),
+            log_levels: Some(ctx.log_levels.clone()),
+            internal_tls: ctx.cluster.internal_tls.clone(),
+            cert_common_name: ctx.cluster.cert_common_name.clone(),
+        },
+        local_topo,
+    }
+}
+
+fn resolve_shard(
+    shard: &ShardConfig,
+    template: Option<&ShardTemplateSpec>,
+    inherited_backup: &BackupConfig,
+    tg_pvc: &PvcDeletionPolicy,
+    all_cells: &[CellName],
+) -> ShardResolvedSpec {
+    let t = template.cloned().unwrap_or_default();
+    let mut multiorch = t.multiorch.unwrap_or_default();
+    let mut pools = t.pools;
+    let mut initdb_args = t.initdb_args;
+    let mut postgres_config_ref = t.postgres_config_ref;
+    let mut postgres_config = t.postgres_config;
+    let mut pvc = t.pvc_deletion_policy;
+    if let Some(o) = &shard.overrides {
+        if let Some(m) = &o.multiorch {
+            multiorch.overlay(m);
+        }
+        merge_pools(&mut pools, &o.pools);
+        replace(&mut initdb_args, &o.initdb_args);
+        replace(&mut postgres_config_ref, &o.postgres_config_ref);
+        merge_map(&mut postgres_config, &o.postgres_config);
+    }
+    if let Some(inline) = &shard.spec {
+        if let Some(m) = &inline.multiorch {
+            multiorch.overlay(m);
+        }
+        merge_pools(&mut pools, &inline.pools);
+        replace(&mut initdb_args, &inline.initdb_args);
+        replace(&mut postgres_config_ref, &inline.postgres_config_ref);
+        merge_map(&mut postgres_config, &inline.postgres_config);
+        overlay_opt(&mut pvc, &inline.pvc_deletion_policy);
+    }
+    let mut backup = inherited_backup.clone();
+    if let Some(b) = &shard.backup {
+        backup.overlay(b);
+    }
+
+    multiorch.stateless = stateless_with_defaults(
+        multiorch.stateless,
+        defaults::MULTIORCH_REPLICAS,
+        defaults::multiorch_resources,
+    );
+    if multiorch.cells.is_empty() {
+        multiorch.cells = all_cells.to_vec();
+    }
+    if pools.is_empty() {
+        pools.insert(PoolName::new(DEFAULT_POOL), PoolSpec::default());
+    }
+    let shard_pvc = resolve_pvc_policy(&[pvc.as_ref(), Some(tg_pvc)]);
+    let pools = pools
+        .into_iter()
+        .map(|(name, pool)| (name, pool_with_defaults(pool, all_cells, &shard_pvc)))
+        .collect();
+    ShardResolvedSpec {
+        name: shard.name.as_str().to_string(),
+        multiorch,
+        initdb_args,
+        postgres_config_ref,
+        postgres_config,
+        pools,
+        pvc_deletion_policy: Some(shard_pvc),
+        backup: Some(backup),
+    }
+}
+
+fn pool_with_defaults(
+    mut pool: PoolSpec,
+    all_cells: &[CellName],
+    shard_pvc: &PvcDeletionPolicy,
+) -> PoolSpec {
+    pool.type_.get_or_insert(PoolType::ReadWrite);
+    if pool.cells.is_empty() {
+        pool.cells = all_cells.to_vec();
+    }
+    pool.replicas_per_cell
+        .get_or_insert(defaults::pool_replicas_per_cell(pool.cells.len()));
+    pool.storage = Some(storage_with_defaults(pool.storage, defaults::POOL_STORAGE));
+    let with_resources = |c: Option<ContainerConfig>, r: fn() -> _| {
+        let mut c = c.unwrap_or_default();
+        c.resources.get_or_insert_with(r);
+        Some(c)
+    };
+    pool.postgres = with_resources(pool.postgres, defaults::postgres_resources);
+    pool.multipooler = with_resources(pool.multipooler, defaults::multipooler_resources);
+    pool.pvc_deletion_policy = Some(resolve_pvc_policy(&[
+        pool.pvc_deletion_policy.as_ref(),
+        Some(shard_pvc),
+    ]));
+    pool
+}
+
+/// The default backup: a filesystem repository on a 10Gi volume at `/backups`.
+fn default_backup() -> BackupConfig {
+    BackupConfig {
+        type_: BackupType::Filesystem,
+        filesystem: Some(FilesystemBackupConfig {
+            path: Some(defaults::BACKUP_PATH.to_string()),
+            storage: Some(StorageSpec {
+                size: Some(defaults::BACKUP_STORAGE.to_string()),
+                class: None,
+                access_modes: vec![defaults::ACCESS_MODE.to_string()],
+            }),
+        }),
+        s3: None,
+        pgbackrest_tls: None,
+        encryption: None,
+    }
+}
+
+/// The databases a cluster runs: as written, or the single `postgres` database with its
+/// `default` table group when none is written.
+fn effective_databases(dbs: &[DatabaseConfig]) -> Vec<DatabaseConfig> {
+    if !dbs.is_empty() {
+        return dbs
+            .iter()
+            .map(|db| {
+                let mut db = db.clone();
+                if db.tablegroups.is_empty() {
+                    db.tablegroups = vec![default_table_group()];
+                }
+                db
+            })
+            .collect();
+    }
+    vec![DatabaseConfig {
+        name: crate::v1alpha1::DatabaseName::new(DEFAULT_DATABASE),
+        default: true,
+        tablegroups: vec![default_table_group()],
+        backup: None,
+        durability_policy: None,
+    }]
+}
+
+fn default_table_group() -> TableGroupConfig {
+    TableGroupConfig {
+        name: crate::v1alpha1::TableGroupName::new(DEFAULT_TABLEGROUP),
+        default: true,
+        shards: Vec::new(),
+        backup: None,
+        pvc_deletion_policy: None,
+    }
+}
+
+/// The shards of a table group: as written, or the single `0-inf` shard when none is written.
+fn effective_shards(shards: &[ShardConfig]) -> Vec<ShardConfig> {
+    if shards.is_empty() {
+        vec![ShardConfig {
+            name: crate::v1alpha1::ShardName::new(DEFAULT_SHARD),
+            ..Default::default()
+        }]
+    } else {
+        shards.to_vec()
+    }
+}
+
+fn cell_topology_labels(cells: &[CellConfig]) -> crate::v1alpha1::CellTopologyLabels {
+    cells
+        .iter()
+        .filter_map(|c| {
+            let labels = match (&c.zone_id, &c.region) {
+                (Some(z), _) => BTreeMap::from([(ZONE_ID_NODE_LABEL.to_string(), z.as_str().to_string())]),
+                (None, Some(r)) => BTreeMap::from([(REGION_NODE_LABEL.to_string(), r.as_str().to_string())]),
+                (None, None) => return None,
+            };
+            Some((c.name.clone(), labels))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
