@@ -1,0 +1,3 @@
+//! Admission latency benchmark (being written).
+
+fn main() {}
