@@ -568,6 +568,15 @@ impl LocalCluster {
         Client::try_from(self.config.clone()).map_err(ClusterError::kube("building a kube client"))
     }
 
+    /// A client authenticating with another kubeconfig, e.g. one from
+    /// [`LocalCluster::service_account_kubeconfig`].
+    pub async fn client_for_kubeconfig(&self, path: &Path) -> Result<Client, ClusterError> {
+        Client::try_from(load_config(path).await?).map_err(ClusterError::kube(format!(
+            "building a client from {}",
+            path.display()
+        )))
+    }
+
     /// The admin client configuration.
     pub fn config(&self) -> &Config {
         &self.config

@@ -294,3 +294,75 @@ async fn kubectl_get_multigres_lists_every_kind() {
     let got: BTreeSet<String> = out.lines().map(str::to_string).collect();
     assert_eq!(got, expected, "kubectl get multigres -n {ns}");
 }
+
+#[tokio::test]
+async fn service_account_kubeconfig_authenticates_under_rbac() {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    use k8s_openapi::api::core::v1::{ConfigMap, Node};
+    use kube::api::{Api, ListParams, PostParams};
+
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "sa-identity").await;
+    let path = cluster
+        .service_account_kubeconfig(&ns, "handler", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let as_sa = cluster.client_for_kubeconfig(&path).await.unwrap();
+
+    let review: SelfSubjectReview = serde_json::from_value(serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+    }))
+    .unwrap();
+    let me = Api::<SelfSubjectReview>::all(as_sa.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    let username = me.status.and_then(|s| s.user_info).and_then(|u| u.username);
+    assert_eq!(
+        username.as_deref(),
+        Some(format!("system:serviceaccount:{ns}:handler").as_str())
+    );
+
+    fn forbidden<T>(result: Result<T, kube::Error>) -> bool {
+        matches!(result, Err(kube::Error::Api(status)) if status.code == 403)
+    }
+    let configmaps: Api<ConfigMap> = Api::namespaced(as_sa.clone(), &ns);
+    assert!(forbidden(configmaps.list(&ListParams::default()).await));
+    assert!(forbidden(
+        Api::<Node>::all(as_sa.clone())
+            .list(&ListParams::default())
+            .await
+    ));
+
+    // Granting a Role makes exactly that allowed; Nodes stay forbidden.
+    let admin = cluster.client().unwrap();
+    for doc in [
+        serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "read-configmaps", "namespace": ns},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}],
+        }),
+        serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "read-configmaps", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-configmaps"},
+            "subjects": [{"kind": "ServiceAccount", "name": "handler", "namespace": ns}],
+        }),
+    ] {
+        let obj: DynamicObject = serde_json::from_value(doc).unwrap();
+        manifest::apply(&admin, &obj, Some(&ns), Mode::Apply)
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while configmaps.list(&ListParams::default()).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the RoleBinding never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(forbidden(
+        Api::<Node>::all(as_sa).list(&ListParams::default()).await
+    ));
+}
