@@ -141,7 +141,10 @@ mod tests {
         assert_eq!(l[SHARD], "0-inf");
         assert!(!l.contains_key(CELL));
         let s = selector("prod", Component::Shard, &at);
-        assert!(!s.contains_key(MANAGED_BY), "selectors carry only identity labels");
+        assert!(
+            !s.contains_key(MANAGED_BY),
+            "selectors carry only identity labels"
+        );
         assert!(s.iter().all(|(k, v)| l.get(k) == Some(v)));
     }
 
@@ -151,7 +154,10 @@ mod tests {
             (COMPONENT.to_string(), "evil".to_string()),
             ("team".to_string(), "db".to_string()),
         ]);
-        let l = merge_user(labels("prod", Component::Cell, &Placement::default()), &user);
+        let l = merge_user(
+            labels("prod", Component::Cell, &Placement::default()),
+            &user,
+        );
         assert_eq!(l[COMPONENT], "cell");
         assert_eq!(l["team"], "db");
     }

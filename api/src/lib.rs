@@ -2,6 +2,9 @@
 //! well-known names Multigres imposes. Pure: no I/O.
 
 pub mod crd;
+pub mod labels;
+pub mod names;
+pub mod resolver;
 mod schema;
 pub mod v1alpha1;
 

@@ -94,7 +94,10 @@ pub fn topo_peer_service(topo_server: &str) -> String {
 
 /// The in-cluster client address (`host:port`) of a managed TopoServer.
 pub fn topo_client_address(topo_server: &str, namespace: &str) -> String {
-    format!("{topo_server}.{namespace}.svc:{}", crate::resolver::defaults::ETCD_CLIENT_PORT)
+    format!(
+        "{topo_server}.{namespace}.svc:{}",
+        crate::resolver::defaults::ETCD_CLIENT_PORT
+    )
 }
 
 #[cfg(test)]
@@ -113,7 +116,10 @@ mod tests {
     #[test]
     fn short_names_are_plain_joins() {
         assert_eq!(join(&["prod", "zone-a"], MAX_DNS_LABEL), "prod-zone-a");
-        assert_eq!(shard("prod", "postgres", "default", "0-inf"), "prod-postgres-default-0-inf");
+        assert_eq!(
+            shard("prod", "postgres", "default", "0-inf"),
+            "prod-postgres-default-0-inf"
+        );
         assert_eq!(global_topo_server("prod"), "prod-global-topo");
     }
 
@@ -147,7 +153,10 @@ mod tests {
 
     #[test]
     fn statefulset_limit_is_respected() {
-        let n = join(&["x".repeat(40).as_str(), "pool-default", "zone-a"], MAX_STATEFULSET);
+        let n = join(
+            &["x".repeat(40).as_str(), "pool-default", "zone-a"],
+            MAX_STATEFULSET,
+        );
         assert!(n.len() <= MAX_STATEFULSET);
         assert!(is_dns_label(&n));
     }

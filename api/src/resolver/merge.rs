@@ -70,7 +70,10 @@ impl Overlay for GatewayBufferConfig {
     fn overlay(&mut self, upper: &Self) {
         replace(&mut self.enabled, &upper.enabled);
         replace(&mut self.window, &upper.window);
-        replace(&mut self.max_failover_duration, &upper.max_failover_duration);
+        replace(
+            &mut self.max_failover_duration,
+            &upper.max_failover_duration,
+        );
         replace(
             &mut self.min_time_between_failovers,
             &upper.min_time_between_failovers,
@@ -254,7 +257,11 @@ mod tests {
             resources: Some(req("2")),
             ..Default::default()
         });
-        assert_eq!(base.resources, Some(req("2")), "template limits do not survive");
+        assert_eq!(
+            base.resources,
+            Some(req("2")),
+            "template limits do not survive"
+        );
     }
 
     #[test]

@@ -24,12 +24,11 @@ use k8s_openapi::api::core::v1::LocalObjectReference;
 use crate::v1alpha1::{
     BackupConfig, BackupType, CellConfig, CellImages, CellName, CellSpec, CellTemplateSpec,
     ComponentLogLevels, ContainerConfig, CoreTemplateSpec, DatabaseConfig, EtcdSpec,
-    ExternalTopoServerSpec, FilesystemBackupConfig, GatewayBufferConfig, GlobalTopoServerRef,
-    ImagePullPolicy, ImageRef, LocalTopoServerSpec, LogLevel, MultigatewaySpec, MultigresCluster,
-    MultiorchSpec, PodPlacementSpec, PoolName, PoolSpec, PoolType, PvcDeletionPolicy,
-    ResolvedTemplates, ShardConfig, ShardImages, ShardResolvedSpec, ShardSpec, ShardTemplateSpec,
-    StatelessSpec, StorageSpec, TableGroupConfig, TableGroupSpec, TemplateRef,
-    TopologyPruningConfig, TopologyReconciliation, TopoServerSpec,
+    ExternalTopoServerSpec, FilesystemBackupConfig, GlobalTopoServerRef, ImagePullPolicy, ImageRef,
+    LocalTopoServerSpec, LogLevel, MultigresCluster, PodPlacementSpec, PoolName, PoolSpec,
+    PoolType, PvcDeletionPolicy, ResolvedTemplates, ShardConfig, ShardImages, ShardResolvedSpec,
+    ShardSpec, ShardTemplateSpec, StatelessSpec, StorageSpec, TableGroupConfig, TableGroupSpec,
+    TemplateRef, TopoServerSpec, TopologyPruningConfig, TopologyReconciliation,
 };
 use crate::{DEFAULT_DATABASE, DEFAULT_POOL, DEFAULT_SHARD, DEFAULT_TABLEGROUP, DEFAULT_TEMPLATE};
 use merge::{Overlay, merge_map, merge_pools, overlay_opt, replace};
@@ -103,7 +102,7 @@ fn missing_message(missing: &[MissingTemplate]) -> String {
 /// The global topology server: created by the operator, or an existing etcd.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GlobalTopo {
-    Managed(TopoServerSpec),
+    Managed(Box<TopoServerSpec>),
     External(ExternalTopoServerSpec),
 }
 
@@ -254,7 +253,10 @@ pub fn resolve(
         Some(external) => GlobalTopo::External(external.clone()),
         None => {
             let base = topo_template.and_then(|t| t.global_topo_server.clone());
-            let mut etcd = base.as_ref().and_then(|t| t.etcd.clone()).unwrap_or_default();
+            let mut etcd = base
+                .as_ref()
+                .and_then(|t| t.etcd.clone())
+                .unwrap_or_default();
             if let Some(inline) = &gts.etcd {
                 etcd.overlay(inline);
             }
@@ -267,11 +269,11 @@ pub fn resolve(
                 spec.pvc_deletion_policy.as_ref(),
             ]);
             let etcd = etcd_with_defaults(etcd, defaults::GLOBAL_ROOT, &pvc);
-            GlobalTopo::Managed(TopoServerSpec {
+            GlobalTopo::Managed(Box::new(TopoServerSpec {
                 etcd: Some(etcd),
                 pvc_deletion_policy: Some(pvc),
                 placement,
-            })
+            }))
         }
     };
     let topo_ref = match &global_topo {
@@ -869,8 +871,12 @@ fn cell_topology_labels(cells: &[CellConfig]) -> crate::v1alpha1::CellTopologyLa
         .iter()
         .filter_map(|c| {
             let labels = match (&c.zone_id, &c.region) {
-                (Some(z), _) => BTreeMap::from([(ZONE_ID_NODE_LABEL.to_string(), z.as_str().to_string())]),
-                (None, Some(r)) => BTreeMap::from([(REGION_NODE_LABEL.to_string(), r.as_str().to_string())]),
+                (Some(z), _) => {
+                    BTreeMap::from([(ZONE_ID_NODE_LABEL.to_string(), z.as_str().to_string())])
+                }
+                (None, Some(r)) => {
+                    BTreeMap::from([(REGION_NODE_LABEL.to_string(), r.as_str().to_string())])
+                }
                 (None, None) => return None,
             };
             Some((c.name.clone(), labels))

@@ -7,7 +7,8 @@ use crate::v1alpha1::PvcDeletionPolicy;
 
 /// Resolves a policy from `levels`, most specific first (e.g. pool, shard, table group, cluster).
 pub fn resolve_pvc_policy(levels: &[Option<&PvcDeletionPolicy>]) -> PvcDeletionPolicy {
-    let first = |half: fn(&PvcDeletionPolicy) -> Option<_>| levels.iter().flatten().find_map(|p| half(p));
+    let first =
+        |half: fn(&PvcDeletionPolicy) -> Option<_>| levels.iter().flatten().find_map(|p| half(p));
     PvcDeletionPolicy {
         when_deleted: Some(first(|p| p.when_deleted).unwrap_or(defaults::PVC_WHEN_DELETED)),
         when_scaled: Some(first(|p| p.when_scaled).unwrap_or(defaults::PVC_WHEN_SCALED)),
@@ -19,13 +20,22 @@ mod tests {
     use super::*;
     use crate::v1alpha1::PvcRetentionPolicyType::{Delete, Retain};
 
-    fn p(d: Option<crate::v1alpha1::PvcRetentionPolicyType>, s: Option<crate::v1alpha1::PvcRetentionPolicyType>) -> PvcDeletionPolicy {
-        PvcDeletionPolicy { when_deleted: d, when_scaled: s }
+    fn p(
+        d: Option<crate::v1alpha1::PvcRetentionPolicyType>,
+        s: Option<crate::v1alpha1::PvcRetentionPolicyType>,
+    ) -> PvcDeletionPolicy {
+        PvcDeletionPolicy {
+            when_deleted: d,
+            when_scaled: s,
+        }
     }
 
     #[test]
     fn nothing_set_means_retain_retain() {
-        assert_eq!(resolve_pvc_policy(&[None, None]), p(Some(Retain), Some(Retain)));
+        assert_eq!(
+            resolve_pvc_policy(&[None, None]),
+            p(Some(Retain), Some(Retain))
+        );
         assert_eq!(resolve_pvc_policy(&[]), p(Some(Retain), Some(Retain)));
     }
 
