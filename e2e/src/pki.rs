@@ -171,24 +171,71 @@ fn write(path: &Path, pem: &str) -> Result<(), PkiError> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use rustls::RootCertStore;
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::server::WebPkiClientVerifier;
+
     use super::*;
 
+    fn cert(path: &Path) -> CertificateDer<'static> {
+        CertificateDer::from_pem_file(path).unwrap()
+    }
+
+    fn roots(pki: &Pki) -> Arc<RootCertStore> {
+        let mut roots = RootCertStore::empty();
+        roots.add(cert(&pki.ca_cert)).unwrap();
+        Arc::new(roots)
+    }
+
+    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    fn verify_as_server(pki: &Pki, leaf: &Path, name: &str) -> Result<(), rustls::Error> {
+        let verifier = WebPkiServerVerifier::builder_with_provider(roots(pki), provider())
+            .build()
+            .unwrap();
+        let name = ServerName::try_from(name.to_string()).unwrap();
+        verifier
+            .verify_server_cert(&cert(leaf), &[], &name, &[], UnixTime::now())
+            .map(|_| ())
+    }
+
     #[test]
-    fn writes_every_file_as_pem() {
+    fn serving_certificate_verifies_for_loopback_and_kubernetes_names() {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::generate(dir.path(), Ipv4Addr::LOCALHOST).unwrap();
-        for (path, header) in [
-            (&pki.ca_cert, "-----BEGIN CERTIFICATE-----"),
-            (&pki.apiserver_cert, "-----BEGIN CERTIFICATE-----"),
-            (&pki.admin_cert, "-----BEGIN CERTIFICATE-----"),
-            (&pki.ca_key, "-----BEGIN PRIVATE KEY-----"),
-            (&pki.apiserver_key, "-----BEGIN PRIVATE KEY-----"),
-            (&pki.admin_key, "-----BEGIN PRIVATE KEY-----"),
-            (&pki.sa_key, "-----BEGIN PRIVATE KEY-----"),
-            (&pki.sa_pub, "-----BEGIN PUBLIC KEY-----"),
-        ] {
-            let text = std::fs::read_to_string(path).unwrap();
-            assert!(text.starts_with(header), "{}: {text}", path.display());
+        for name in ["127.0.0.1", "localhost", "kubernetes.default.svc"] {
+            verify_as_server(&pki, &pki.apiserver_cert, name)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
         }
+        assert!(verify_as_server(&pki, &pki.apiserver_cert, "127.0.0.2").is_err());
+        // The admin certificate is for client auth only.
+        assert!(verify_as_server(&pki, &pki.admin_cert, "127.0.0.1").is_err());
+    }
+
+    #[test]
+    fn admin_certificate_verifies_as_a_client_of_the_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::generate(dir.path(), Ipv4Addr::LOCALHOST).unwrap();
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots(&pki), provider())
+            .build()
+            .unwrap();
+        verifier
+            .verify_client_cert(&cert(&pki.admin_cert), &[], UnixTime::now())
+            .unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let other = Pki::generate(other.path(), Ipv4Addr::LOCALHOST).unwrap();
+        assert!(
+            verifier
+                .verify_client_cert(&cert(&other.admin_cert), &[], UnixTime::now())
+                .is_err(),
+            "a certificate from another cluster's CA was accepted"
+        );
     }
 }
