@@ -288,8 +288,12 @@ impl LeaderElector {
 
         let mut last_renewed: Option<Instant> = None;
         loop {
-            let attempt =
-                tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew()).await;
+            // While leading, an attempt may only use what is left of the renew deadline, so a
+            // hanging API server cannot keep this replica acting past it.
+            let budget = last_renewed.map_or(self.config.renew_deadline, |renewed| {
+                self.config.renew_deadline.saturating_sub(renewed.elapsed())
+            });
+            let attempt = tokio::time::timeout(budget, self.try_acquire_or_renew()).await;
             let now = Instant::now();
             let lost_reason = match attempt {
                 Ok(Ok(Attempt::Held)) => {

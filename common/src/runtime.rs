@@ -110,11 +110,6 @@ impl HandlerRuntime {
         &self.client
     }
 
-    /// The shared state served by HandlerInfo and grpc.health.v1.
-    pub fn state(&self) -> &HandlerState {
-        &self.state
-    }
-
     /// Runs `work` until it returns, then stops the servers.
     ///
     /// With `leader` given and `--leader-elect` on, the replica first campaigns for the Lease

@@ -52,7 +52,7 @@ pub struct HandlerState {
 }
 
 impl HandlerState {
-    /// A handler that is not serving yet, acting (leader election off), with nothing synced.
+    /// A handler that is not serving yet, with leadership not decided yet and nothing synced.
     pub async fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
         let health = HealthReporter::new();
         // The reporter starts the overall service ("") as SERVING; probes must not pass until
@@ -60,23 +60,21 @@ impl HandlerState {
         health
             .set_service_status("", ServingStatus::NotServing)
             .await;
-        let state = Self {
+        Self {
             inner: Arc::new(Inner {
                 name: name.into(),
                 version: version.into(),
                 health,
                 mutable: Mutex::new(Mutable {
                     serving: false,
-                    leader_state: LeaderState::NotElected,
+                    leader_state: LeaderState::Unspecified,
                     lease: None,
                     lease_holder: None,
                     synced_kinds: BTreeSet::new(),
                     controllers: BTreeMap::new(),
                 }),
             }),
-        };
-        crate::metrics::set_leader(state.name(), true);
-        state
+        }
     }
 
     /// Binary name.
@@ -201,7 +199,7 @@ mod tests {
         let info = state.info();
         assert_eq!(info.name, "cluster-handler");
         assert_eq!(info.version, "1.2.3");
-        assert_eq!(info.leader_state(), LeaderState::NotElected);
+        assert_eq!(info.leader_state(), LeaderState::Unspecified);
         assert!(!info.serving);
         assert!(info.lease.is_empty());
 

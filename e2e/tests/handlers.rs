@@ -462,3 +462,51 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
         "Lease not released by the last replica"
     );
 }
+
+#[tokio::test]
+async fn a_leader_whose_lease_is_taken_stops_and_exits_with_an_error() {
+    let cluster = cluster().await;
+    let namespace = "handlers-lease-loss";
+    cluster
+        .create_namespace(namespace)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace: {e}"));
+    let leases: Api<Lease> = Api::namespaced(cluster.client().expect("client"), namespace);
+    let leader = Handler::start(
+        "data-handler",
+        cluster.kubeconfig(),
+        &lease_flags(namespace),
+    )
+    .await;
+    leader
+        .wait_info("leadership", |i| i.leader_state() == LeaderState::Leader)
+        .await;
+
+    // Another party takes the Lease over (as a replica that believed it expired would).
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let takeover = serde_json::json!({
+        "spec": {"holderIdentity": "intruder", "renewTime": now, "leaseDurationSeconds": 60}
+    });
+    leases
+        .patch(
+            "multigres-operator-data-handler",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&takeover),
+        )
+        .await
+        .expect("taking the Lease over");
+
+    assert_eq!(leader.wait_exit().await, Some(1), "{}", leader.log());
+    let log = leader.log();
+    assert!(log.contains("lost leadership"), "{log}");
+    assert!(log.contains("intruder"), "{log}");
+    let spec = leases
+        .get("multigres-operator-data-handler")
+        .await
+        .expect("reading the Lease")
+        .spec
+        .unwrap_or_default();
+    assert_eq!(spec.holder_identity.as_deref(), Some("intruder"));
+}
