@@ -78,7 +78,10 @@ fn finalize(crd: CustomResourceDefinition) -> Result<CustomResourceDefinition, C
         name: name.clone(),
         source,
     })?;
-    if let Some(versions) = value.pointer_mut("/spec/versions").and_then(Value::as_array_mut) {
+    if let Some(versions) = value
+        .pointer_mut("/spec/versions")
+        .and_then(Value::as_array_mut)
+    {
         for version in versions {
             if let Some(schema) = version.pointer_mut("/schema/openAPIV3Schema") {
                 strip_nullable(schema);
@@ -116,10 +119,10 @@ fn strip_nullable(value: &mut Value) {
 fn map_pattern_properties(value: &mut Value) {
     match value {
         Value::Object(map) => {
-            if let Some(Value::Object(patterns)) = map.remove("patternProperties") {
-                if let Some(values) = patterns.into_iter().map(|(_, schema)| schema).next() {
-                    map.insert("additionalProperties".to_owned(), values);
-                }
+            if let Some(Value::Object(patterns)) = map.remove("patternProperties")
+                && let Some(values) = patterns.into_iter().map(|(_, schema)| schema).next()
+            {
+                map.insert("additionalProperties".to_owned(), values);
             }
             map.values_mut().for_each(map_pattern_properties);
         }
@@ -148,7 +151,13 @@ fn unwrap_descriptions(value: &mut Value) {
 /// `text` with single line breaks replaced by spaces and paragraphs kept.
 fn unwrap_lines(text: &str) -> String {
     text.split("\n\n")
-        .map(|paragraph| paragraph.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+        .map(|paragraph| {
+            paragraph
+                .split('\n')
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .collect::<Vec<_>>()
         .join("\n\n")
 }
@@ -158,7 +167,10 @@ fn unwrap_lines(text: &str) -> String {
 fn integral_numbers(value: &mut Value) {
     match value {
         Value::Number(number) => {
-            if let Some(float) = number.as_f64().filter(|f| number.is_f64() && f.fract() == 0.0) {
+            if let Some(float) = number
+                .as_f64()
+                .filter(|f| number.is_f64() && f.fract() == 0.0)
+            {
                 *value = Value::from(float as i64);
             }
         }
@@ -178,7 +190,10 @@ fn describe_root(schema: &mut Value) {
         ),
         ("kind", "Kind of this object."),
         ("metadata", "Standard object metadata."),
-        ("spec", "Desired state, written by the user or the operator."),
+        (
+            "spec",
+            "Desired state, written by the user or the operator.",
+        ),
         ("status", "Observed state, written by the operator."),
     ];
     let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) else {
@@ -227,12 +242,18 @@ mod tests {
         let mut schema = json!({"type": "object", "additionalProperties": false,
             "patternProperties": {"^a$": {"type": "string"}}});
         map_pattern_properties(&mut schema);
-        assert_eq!(schema, json!({"type": "object", "additionalProperties": {"type": "string"}}));
+        assert_eq!(
+            schema,
+            json!({"type": "object", "additionalProperties": {"type": "string"}})
+        );
     }
 
     #[test]
     fn unwrap_lines_joins_lines_and_keeps_paragraphs() {
-        assert_eq!(unwrap_lines("one\ntwo\n\nthree\n four"), "one two\n\nthree four");
+        assert_eq!(
+            unwrap_lines("one\ntwo\n\nthree\n four"),
+            "one two\n\nthree four"
+        );
     }
 
     #[test]
@@ -249,7 +270,10 @@ mod tests {
             "spec": {"type": "object", "description": "Mine."}
         }});
         describe_root(&mut schema);
-        assert_eq!(schema["properties"]["kind"]["description"], "Kind of this object.");
+        assert_eq!(
+            schema["properties"]["kind"]["description"],
+            "Kind of this object."
+        );
         assert_eq!(schema["properties"]["spec"]["description"], "Mine.");
     }
 }

@@ -50,12 +50,17 @@ fn first_sentence(text: &str) -> String {
         .into_iter()
         .flatten()
         .min()
-        .map_or(text.len(), |i| if text[i..].starts_with('.') { i + 1 } else { i });
+        .map_or(text.len(), |i| {
+            if text[i..].starts_with('.') { i + 1 } else { i }
+        });
     let sentence = text[..end].trim();
     if sentence.chars().count() <= MAX_EMBEDDED_DESCRIPTION {
         return sentence.to_owned();
     }
-    let cut: String = sentence.chars().take(MAX_EMBEDDED_DESCRIPTION - 3).collect();
+    let cut: String = sentence
+        .chars()
+        .take(MAX_EMBEDDED_DESCRIPTION - 3)
+        .collect();
     format!("{}...", cut.trim_end())
 }
 
@@ -195,7 +200,10 @@ mod tests {
         assert_eq!(first_sentence("One thing. Two things."), "One thing.");
         assert_eq!(first_sentence("Line one\nline two"), "Line one");
         assert_eq!(first_sentence("No terminator"), "No terminator");
-        assert_eq!(first_sentence("Version 1.2 is used. Rest"), "Version 1.2 is used.");
+        assert_eq!(
+            first_sentence("Version 1.2 is used. Rest"),
+            "Version 1.2 is used."
+        );
     }
 
     #[test]
@@ -209,9 +217,8 @@ mod tests {
     #[test]
     fn embedded_trims_nested_descriptions() {
         let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
-        let schema = embedded::<k8s_openapi::apimachinery::pkg::api::resource::Quantity>(
-            &mut generator,
-        );
+        let schema =
+            embedded::<k8s_openapi::apimachinery::pkg::api::resource::Quantity>(&mut generator);
         let description = schema.get("description").and_then(Value::as_str).unwrap();
         assert_eq!(
             description,

@@ -46,7 +46,10 @@ fn deploy_crds_holds_exactly_the_generated_files() {
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(present, expected, "unexpected or missing files in deploy/crds");
+    assert_eq!(
+        present, expected,
+        "unexpected or missing files in deploy/crds"
+    );
 }
 
 /// Walks a schema node, collecting structural-schema violations.
@@ -95,7 +98,10 @@ fn schemas_are_structural() {
     for crd in all_crds() {
         structural_violations(&schema(&crd), &crd.spec.names.kind, &mut violations);
     }
-    assert!(violations.is_empty(), "non-structural schema: {violations:#?}");
+    assert!(
+        violations.is_empty(),
+        "non-structural schema: {violations:#?}"
+    );
 }
 
 #[test]
@@ -112,7 +118,12 @@ fn structural_check_catches_violations() {
     structural_violations(&bad, "X", &mut violations);
     assert_eq!(
         violations,
-        ["X.a: $ref", "X.a: no type", "X.b.anyOf[0]: type", "X.c: no type"]
+        [
+            "X.a: $ref",
+            "X.a: no type",
+            "X.b.anyOf[0]: type",
+            "X.c: no type"
+        ]
     );
 }
 
@@ -121,7 +132,10 @@ fn every_crd_is_far_below_the_object_size_limit() {
     const LIMIT: usize = 1024 * 1024;
     for crd in all_crds() {
         let size = serde_json::to_vec(&crd).expect("JSON").len();
-        println!("{}: {size} bytes of JSON", crd.metadata.name.as_deref().unwrap());
+        println!(
+            "{}: {size} bytes of JSON",
+            crd.metadata.name.as_deref().unwrap()
+        );
         assert!(size < LIMIT / 2, "{} is {size} bytes", crd.spec.names.kind);
     }
 }
@@ -155,7 +169,10 @@ fn every_field_has_a_description() {
     for crd in all_crds() {
         undescribed(&schema(&crd), &crd.spec.names.kind, &mut missing);
     }
-    assert!(missing.is_empty(), "fields without description: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "fields without description: {missing:#?}"
+    );
 }
 
 #[test]
@@ -177,8 +194,14 @@ fn names_categories_and_subresources_match_upstream() {
         assert_eq!(crd.spec.group, multigres_api::GROUP);
         assert_eq!(crd.spec.scope, "Namespaced");
         assert_eq!(crd.spec.names.plural, plural);
-        assert_eq!(crd.metadata.name.as_deref(), Some(format!("{plural}.multigres.com").as_str()));
-        assert_eq!(crd.spec.names.short_names.as_deref(), Some(&[short.to_owned()][..]));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some(format!("{plural}.multigres.com").as_str())
+        );
+        assert_eq!(
+            crd.spec.names.short_names.as_deref(),
+            Some(&[short.to_owned()][..])
+        );
         assert_eq!(
             crd.spec.names.categories.as_deref(),
             Some(&[multigres_api::CATEGORY.to_owned()][..])
@@ -187,7 +210,11 @@ fn names_categories_and_subresources_match_upstream() {
         assert_eq!(version.name, multigres_api::VERSION);
         assert!(version.served && version.storage);
         let subresources = version.subresources.as_ref();
-        assert_eq!(subresources.and_then(|s| s.status.as_ref()).is_some(), has_status, "{kind}");
+        assert_eq!(
+            subresources.and_then(|s| s.status.as_ref()).is_some(),
+            has_status,
+            "{kind}"
+        );
         let scale = subresources.and_then(|s| s.scale.as_ref());
         if kind == "Shard" {
             let scale = scale.expect("Shard has a scale subresource");
@@ -202,7 +229,10 @@ fn names_categories_and_subresources_match_upstream() {
 #[test]
 fn printer_columns_follow_upstream() {
     let columns = |kind: &str| -> Vec<(String, String)> {
-        let crd = all_crds().into_iter().find(|c| c.spec.names.kind == kind).unwrap();
+        let crd = all_crds()
+            .into_iter()
+            .find(|c| c.spec.names.kind == kind)
+            .unwrap();
         crd.spec.versions[0]
             .additional_printer_columns
             .clone()
@@ -218,10 +248,22 @@ fn printer_columns_follow_upstream() {
     assert!(columns("Cell").contains(&("Gateway".into(), ".status.gatewayReadyReplicas".into())));
     assert!(columns("TableGroup").contains(&("Shards".into(), ".status.readyShards".into())));
     for kind in ["Cell", "Shard", "TopoServer"] {
-        assert!(columns(kind).contains(&("Ready".into(), available.into())), "{kind}");
+        assert!(
+            columns(kind).contains(&("Ready".into(), available.into())),
+            "{kind}"
+        );
     }
-    for kind in ["MultigresCluster", "Cell", "TableGroup", "Shard", "TopoServer"] {
-        assert!(columns(kind).contains(&("Phase".into(), ".status.phase".into())), "{kind}");
+    for kind in [
+        "MultigresCluster",
+        "Cell",
+        "TableGroup",
+        "Shard",
+        "TopoServer",
+    ] {
+        assert!(
+            columns(kind).contains(&("Phase".into(), ".status.phase".into())),
+            "{kind}"
+        );
     }
 }
 

@@ -29,7 +29,11 @@ struct Fixture {
 
 fn fixtures() -> Vec<Fixture> {
     let files = common::yaml_files("e2e/fixtures/invalid");
-    assert!(files.len() >= 40, "expected a fixture per rule, found {}", files.len());
+    assert!(
+        files.len() >= 40,
+        "expected a fixture per rule, found {}",
+        files.len()
+    );
     files
         .iter()
         .map(|path| {
@@ -65,12 +69,21 @@ fn every_fixture_has_a_header_and_the_right_number_of_documents() {
         let expected = if fixture.update { 2 } else { 1 };
         assert_eq!(fixture.docs.len(), expected, "{}", fixture.name);
         for doc in &fixture.docs {
-            assert_eq!(doc["apiVersion"], multigres_api::API_VERSION, "{}", fixture.name);
+            assert_eq!(
+                doc["apiVersion"],
+                multigres_api::API_VERSION,
+                "{}",
+                fixture.name
+            );
             let name = doc["metadata"]["name"].as_str().expect("named");
             assert!(!name.is_empty(), "{}", fixture.name);
         }
         if fixture.update {
-            assert_eq!(fixture.docs[0]["kind"], fixture.docs[1]["kind"], "{}", fixture.name);
+            assert_eq!(
+                fixture.docs[0]["kind"], fixture.docs[1]["kind"],
+                "{}",
+                fixture.name
+            );
             assert_eq!(
                 fixture.docs[0]["metadata"]["name"], fixture.docs[1]["metadata"]["name"],
                 "{}: an update must target the same object",
@@ -129,7 +142,8 @@ fn cel_fixtures_are_refused_locally_by_exactly_their_rule() {
 #[test]
 fn schema_fixtures_pass_every_cel_rule() {
     for fixture in fixtures() {
-        if !is_schema_expectation(&fixture.expect) || SCHEMA_AND_CEL.contains(&fixture.name.as_str())
+        if !is_schema_expectation(&fixture.expect)
+            || SCHEMA_AND_CEL.contains(&fixture.name.as_str())
         {
             continue;
         }

@@ -29,7 +29,10 @@ fn write_all(dir: &PathBuf) -> Result<usize, Box<dyn std::error::Error>> {
     let names: Vec<String> = crds.iter().map(crd::file_name).collect();
     for entry in fs::read_dir(dir)? {
         let path = entry?.path();
-        let file = path.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+        let file = path
+            .file_name()
+            .and_then(|f| f.to_str())
+            .unwrap_or_default();
         if file.ends_with(".multigres.com.yaml") && !names.iter().any(|n| n == file) {
             fs::remove_file(&path)?;
         }

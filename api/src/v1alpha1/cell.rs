@@ -91,10 +91,10 @@ pub struct TopologyReconciliation {
     shortname = "cel",
     category = "multigres",
     doc = "Cell is one failure domain (e.g. an availability zone) of a MultigresCluster, running its multigateway. Created and owned by the operator; do not edit.",
-    printcolumn(name = "Gateway", type_ = "integer", json_path = ".status.gatewayReadyReplicas"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type=='Available')].status"),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn = r#"{"name":"Gateway","type":"integer","jsonPath":".status.gatewayReadyReplicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type=='Available')].status"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = rules::zone_or_region_exclusive())]
@@ -153,7 +153,11 @@ pub struct CellSpec {
     pub log_levels: Option<ComponentLogLevels>,
 
     /// Internal mutual TLS, inherited from the cluster.
-    #[serde(default, rename = "internalTLS", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "internalTLS",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub internal_tls: Option<InternalTlsConfig>,
 
     /// DNS name of the public PostgreSQL TLS certificate served by multigateway, inherited from

@@ -37,10 +37,10 @@ use crate::schema::{embedded_list, is_false};
     doc = "MultigresCluster is a sharded PostgreSQL system managed by the operator: its global topology server, admin, cells (failure domains) and databases with their table groups and shards. Components come from inline specs or Core/Cell/ShardTemplates.",
     validation = Rule::new("self.metadata.name.size() <= 25")
         .message("MultigresCluster name must be at most 25 characters"),
-    printcolumn(name = "Available", type_ = "string", json_path = ".status.conditions[?(@.type=='Available')].status"),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Images", type_ = "string", json_path = ".status.images.appliedRevision", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type=='Available')].status"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Images","type":"string","jsonPath":".status.images.appliedRevision","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MultigresClusterSpec {
@@ -137,7 +137,11 @@ pub struct MultigresClusterSpec {
     pub postgres_password_secret_ref: PostgresPasswordSecretRef,
 
     /// Mutual TLS between Multigres components. Default disabled.
-    #[serde(default, rename = "internalTLS", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "internalTLS",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub internal_tls: Option<InternalTlsConfig>,
 
     /// DNS name (common name and SAN) of the public PostgreSQL TLS certificate served by

@@ -28,10 +28,9 @@ pub(crate) fn resolved_pool_name_length() -> Rule {
 
 /// A spec is either inline or from a template, never both.
 pub(crate) fn not_both(inline: &str, other: &str) -> Rule {
-    Rule::new(format!("!(has(self.{inline}) && has(self.{other}))"))
-        .message(Message::Message(format!(
-            "cannot specify both '{inline}' and '{other}'"
-        )))
+    Rule::new(format!("!(has(self.{inline}) && has(self.{other}))")).message(Message::Message(
+        format!("cannot specify both '{inline}' and '{other}'"),
+    ))
 }
 
 /// A cell lives in exactly one of a zone or a region.

@@ -115,9 +115,9 @@ pub struct PoolSpec {
         spec_replicas_path = ".spec.replicas",
         status_replicas_path = ".status.readyReplicas"
     ),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type=='Available')].status"),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type=='Available')].status"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ShardSpec {
@@ -163,7 +163,11 @@ pub struct ShardSpec {
     pub pvc_deletion_policy: Option<PvcDeletionPolicy>,
 
     /// Internal mutual TLS, inherited from the cluster.
-    #[serde(default, rename = "internalTLS", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "internalTLS",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub internal_tls: Option<InternalTlsConfig>,
 
     /// OpenTelemetry settings, inherited from the cluster.

@@ -68,9 +68,9 @@ pub struct ShardResolvedSpec {
     shortname = "tbg",
     category = "multigres",
     doc = "TableGroup is a group of tables sharded together within a database; it owns one Shard per shard entry. Created and owned by the operator from a MultigresCluster; do not edit.",
-    printcolumn(name = "Shards", type_ = "integer", json_path = ".status.readyShards"),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn = r#"{"name":"Shards","type":"integer","jsonPath":".status.readyShards"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TableGroupSpec {
@@ -100,7 +100,11 @@ pub struct TableGroupSpec {
     pub pvc_deletion_policy: Option<PvcDeletionPolicy>,
 
     /// Internal mutual TLS, inherited from the cluster.
-    #[serde(default, rename = "internalTLS", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "internalTLS",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub internal_tls: Option<InternalTlsConfig>,
 
     /// OpenTelemetry settings, inherited from the cluster.

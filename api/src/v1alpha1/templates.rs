@@ -9,8 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     cell::MultigatewaySpec,
     common::{
-        InitdbArgs, PodPlacementSpec, PoolName, PostgresConfigRef, PvcDeletionPolicy,
-        StatelessSpec,
+        InitdbArgs, PodPlacementSpec, PoolName, PostgresConfigRef, PvcDeletionPolicy, StatelessSpec,
     },
     rules,
     shard::{MultiorchSpec, PoolSpec},

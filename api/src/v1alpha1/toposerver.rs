@@ -140,9 +140,9 @@ pub struct LocalTopoServerSpec {
     shortname = "tps",
     category = "multigres",
     doc = "TopoServer is an etcd cluster storing Multigres topology. Created and owned by the operator from a MultigresCluster; do not edit.",
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type=='Available')].status"),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type=='Available')].status"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.etcd)").message("must specify 'etcd' configuration"))]

@@ -37,7 +37,8 @@ pub fn yaml_files(relative: &str) -> Vec<PathBuf> {
 pub fn yaml_docs(text: &str) -> Vec<Value> {
     serde_yaml::Deserializer::from_str(text)
         .map(|doc| {
-            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).expect("valid YAML");
+            let value: serde_yaml::Value =
+                serde::Deserialize::deserialize(doc).expect("valid YAML");
             serde_json::to_value(value).expect("YAML document converts to JSON")
         })
         .filter(|doc| !doc.is_null())
