@@ -74,7 +74,18 @@ mod tests {
 
     #[test]
     fn malformed_durations() {
-        for bad in ["", "10", "s", "ten seconds", "1d", "1.s", ".5s", "1..5s", "-1s", "1s2"] {
+        for bad in [
+            "",
+            "10",
+            "s",
+            "ten seconds",
+            "1d",
+            "1.s",
+            ".5s",
+            "1..5s",
+            "-1s",
+            "1s2",
+        ] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }
     }

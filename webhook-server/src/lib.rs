@@ -1,5 +1,19 @@
-//! Admission webhooks for the multigres.com kinds.
+//! Admission webhooks for the multigres.com kinds, with their own TLS.
+//!
+//! * [`admission`]: the HTTPS endpoints (AdmissionReview in, AdmissionReview out);
+//! * [`rules`]: the validation rules, pure functions of the request's objects;
+//! * [`defaults`]: the defaulting of MultigresCluster;
+//! * [`lookup`]: reads of templates and clusters the rules need;
+//! * [`tls`]: the swappable serving certificate and its lifecycle (self-managed in a Secret, or
+//!   files mounted by cert-manager);
+//! * [`server`]: all of it started together, as the binary and the tests run it.
 
+pub mod admission;
+pub mod defaults;
 pub mod duration;
+pub mod lookup;
 pub mod quantity;
+pub mod rules;
+pub mod server;
+pub mod tls;
 pub mod violation;

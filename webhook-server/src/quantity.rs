@@ -9,7 +9,9 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantityError {
     /// The string does not follow the quantity grammar.
-    #[error("{0:?} is not a quantity (expected a number with an optional suffix such as 500m, 10Gi or 1e3)")]
+    #[error(
+        "{0:?} is not a quantity (expected a number with an optional suffix such as 500m, 10Gi or 1e3)"
+    )]
     Syntax(String),
     /// The amount does not fit the range this server compares.
     #[error("{0:?} is out of range")]

@@ -1,0 +1,435 @@
+//! The admission endpoints: `admission.k8s.io/v1` AdmissionReview in, AdmissionReview out.
+//!
+//! Every request gets a 200 with an AdmissionReview: a body that does not parse is answered with
+//! `AdmissionResponse::invalid` (a refusal the API server shows), never an HTTP error, which the
+//! API server would report as a webhook failure with no explanation.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::post;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::response::{StatusCause, StatusDetails};
+use kube::core::{DynamicObject, Status};
+use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
+use serde::de::DeserializeOwned;
+
+use crate::defaults;
+use crate::lookup::{LookupError, Lookups};
+use crate::rules::children::{self, Operators};
+use crate::rules::templates::{self, TemplateSpec};
+use crate::rules::{TemplateKind, cluster};
+use crate::violation::Findings;
+
+/// Admission requests handled, by webhook, operation and result (`allowed`, `denied`,
+/// `invalid`, `error`).
+pub const REQUESTS_TOTAL: &str = "multigres_operator_webhook_requests_total";
+/// Admission latency by webhook, from body received to response built.
+pub const DURATION_SECONDS: &str = "multigres_operator_webhook_request_duration_seconds";
+
+/// Largest AdmissionReview accepted: an object and its old version, each up to the API server's
+/// 3 MiB request limit, plus the envelope.
+const BODY_LIMIT: usize = 8 << 20;
+
+/// The webhooks this server answers, one path each (the upstream operator's paths, so existing
+/// webhook configurations keep working).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Webhook {
+    /// Defaulting of MultigresCluster.
+    MutateCluster,
+    /// Validation of MultigresCluster.
+    ValidateCluster,
+    /// Validation and deletion protection of a template kind.
+    ValidateTemplate(TemplateKind),
+    /// Write protection of an operator-managed child kind.
+    ValidateChild(Child),
+}
+
+/// The operator-managed child kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Child {
+    /// Cell.
+    Cell,
+    /// TableGroup.
+    TableGroup,
+    /// Shard.
+    Shard,
+    /// TopoServer.
+    TopoServer,
+}
+
+impl Child {
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Cell => "Cell",
+            Self::TableGroup => "TableGroup",
+            Self::Shard => "Shard",
+            Self::TopoServer => "TopoServer",
+        }
+    }
+}
+
+impl Webhook {
+    /// Every webhook served.
+    pub const ALL: [Webhook; 9] = [
+        Webhook::MutateCluster,
+        Webhook::ValidateCluster,
+        Webhook::ValidateTemplate(TemplateKind::Core),
+        Webhook::ValidateTemplate(TemplateKind::Cell),
+        Webhook::ValidateTemplate(TemplateKind::Shard),
+        Webhook::ValidateChild(Child::Cell),
+        Webhook::ValidateChild(Child::TableGroup),
+        Webhook::ValidateChild(Child::Shard),
+        Webhook::ValidateChild(Child::TopoServer),
+    ];
+
+    /// Lowercase kind this webhook is about.
+    fn resource(self) -> &'static str {
+        match self {
+            Self::MutateCluster | Self::ValidateCluster => "multigrescluster",
+            Self::ValidateTemplate(TemplateKind::Core) => "coretemplate",
+            Self::ValidateTemplate(TemplateKind::Cell) => "celltemplate",
+            Self::ValidateTemplate(TemplateKind::Shard) => "shardtemplate",
+            Self::ValidateChild(Child::Cell) => "cell",
+            Self::ValidateChild(Child::TableGroup) => "tablegroup",
+            Self::ValidateChild(Child::Shard) => "shard",
+            Self::ValidateChild(Child::TopoServer) => "toposerver",
+        }
+    }
+
+    /// URL path of the webhook.
+    pub fn path(self) -> String {
+        let verb = match self {
+            Self::MutateCluster => "mutate",
+            _ => "validate",
+        };
+        format!("/{verb}-multigres-com-v1alpha1-{}", self.resource())
+    }
+
+    /// Short name used as the metrics label.
+    fn label(self) -> String {
+        match self {
+            Self::MutateCluster => "mutate-multigrescluster".to_owned(),
+            _ => format!("validate-{}", self.resource()),
+        }
+    }
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AdmissionState {
+    lookups: Lookups,
+    operators: Arc<Operators>,
+}
+
+impl AdmissionState {
+    /// Handlers reading other objects through `lookups`, letting `operators` write children.
+    pub fn new(lookups: Lookups, operators: Operators) -> Self {
+        Self {
+            lookups,
+            operators: Arc::new(operators),
+        }
+    }
+}
+
+/// The router with every webhook path.
+pub fn router(state: AdmissionState) -> Router {
+    let mut router = Router::new();
+    for webhook in Webhook::ALL {
+        router = router.route(
+            &webhook.path(),
+            post(
+                move |State(state): State<AdmissionState>, body: Bytes| async move {
+                    axum::Json(handle(webhook, &state, &body).await)
+                },
+            ),
+        );
+    }
+    router
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+/// Answers one AdmissionReview body.
+pub async fn handle(
+    webhook: Webhook,
+    state: &AdmissionState,
+    body: &[u8],
+) -> AdmissionReview<DynamicObject> {
+    let started = Instant::now();
+    let (operation, response) = match parse(body) {
+        Ok(request) => {
+            let operation = format!("{:?}", request.operation).to_uppercase();
+            let span = tracing::debug_span!(
+                "admission",
+                webhook = %webhook.label(),
+                uid = %request.uid,
+                operation = %operation,
+                namespace = request.namespace.as_deref().unwrap_or_default(),
+                name = %request.name,
+            );
+            let _entered = span.enter();
+            (operation, review(webhook, state, &request).await)
+        }
+        Err(message) => {
+            tracing::warn!(webhook = %webhook.label(), %message, "unreadable admission request");
+            ("UNKNOWN".to_owned(), AdmissionResponse::invalid(message))
+        }
+    };
+    let result = if response.allowed {
+        "allowed"
+    } else {
+        match response.result.code {
+            400 => "invalid",
+            500 => "error",
+            _ => "denied",
+        }
+    };
+    let label = webhook.label();
+    metrics::counter!(REQUESTS_TOTAL, "webhook" => label.clone(), "operation" => operation, "result" => result)
+        .increment(1);
+    metrics::histogram!(DURATION_SECONDS, "webhook" => label)
+        .record(started.elapsed().as_secs_f64());
+    response.into_review()
+}
+
+fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not an admission.k8s.io/v1 AdmissionReview: {e}"))?;
+    review
+        .try_into()
+        .map_err(|_| "the AdmissionReview carries no request".to_owned())
+}
+
+/// Reads the request's object as a typed resource.
+fn typed<K: DeserializeOwned>(object: Option<&DynamicObject>, which: &str) -> Result<K, String> {
+    let object = object.ok_or_else(|| format!("the request has no {which}"))?;
+    serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .map_err(|e| format!("the {which} cannot be read: {e}"))
+}
+
+async fn review(
+    webhook: Webhook,
+    state: &AdmissionState,
+    request: &AdmissionRequest<DynamicObject>,
+) -> AdmissionResponse {
+    let namespace = request.namespace.as_deref().unwrap_or_default();
+    let outcome = match webhook {
+        Webhook::MutateCluster => return mutate_cluster(state, request, namespace).await,
+        Webhook::ValidateCluster => validate_cluster(state, request, namespace).await,
+        Webhook::ValidateTemplate(kind) => validate_template(state, request, namespace, kind).await,
+        Webhook::ValidateChild(child) => Ok(children::check(
+            child.kind(),
+            &request.operation,
+            request.user_info.username.as_deref().unwrap_or_default(),
+            request.old_object.as_ref(),
+            request.object.as_ref(),
+            &state.operators,
+        )),
+    };
+    match outcome {
+        Ok(findings) => respond(request, findings),
+        Err(Failure::Unreadable(message)) => {
+            let mut response = AdmissionResponse::invalid(message);
+            response.uid.clone_from(&request.uid);
+            response
+        }
+        Err(Failure::Lookup(error)) => {
+            tracing::warn!(%error, "lookup failed");
+            let mut response = AdmissionResponse::from(request);
+            response.allowed = false;
+            response.result = Status::failure(
+                &format!("{error}; the change was not checked, retry"),
+                "InternalError",
+            )
+            .with_code(500);
+            response
+        }
+    }
+}
+
+/// Why a request could not be judged.
+enum Failure {
+    /// The object in the request does not read as its kind.
+    Unreadable(String),
+    /// Another object could not be read.
+    Lookup(LookupError),
+}
+
+impl From<LookupError> for Failure {
+    fn from(error: LookupError) -> Self {
+        Self::Lookup(error)
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self::Unreadable(message)
+    }
+}
+
+fn respond(request: &AdmissionRequest<DynamicObject>, findings: Findings) -> AdmissionResponse {
+    let mut response = AdmissionResponse::from(request);
+    if !findings.warnings.is_empty() {
+        response.warnings = Some(findings.warnings.clone());
+    }
+    if findings.allowed() {
+        return response;
+    }
+    let (code, reason) = match request.operation {
+        Operation::Delete => (409, "Conflict"),
+        _ if matches!(
+            request.kind.kind.as_str(),
+            "Cell" | "TableGroup" | "Shard" | "TopoServer"
+        ) =>
+        {
+            (403, "Forbidden")
+        }
+        _ => (422, "Invalid"),
+    };
+    let details = StatusDetails {
+        name: request.name.clone(),
+        group: request.kind.group.clone(),
+        kind: request.kind.kind.clone(),
+        causes: findings
+            .violations
+            .iter()
+            .map(|v| StatusCause {
+                reason: "FieldValueInvalid".to_owned(),
+                message: v.message.clone(),
+                field: v.field.clone(),
+            })
+            .collect(),
+        uid: String::new(),
+        retry_after_seconds: 0,
+    };
+    response.allowed = false;
+    response.result = Status::failure(&findings.message(), reason)
+        .with_code(code)
+        .with_details(details);
+    response
+}
+
+async fn mutate_cluster(
+    state: &AdmissionState,
+    request: &AdmissionRequest<DynamicObject>,
+    namespace: &str,
+) -> AdmissionResponse {
+    let allow = AdmissionResponse::from(request);
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        return allow;
+    }
+    // An object that does not read as a MultigresCluster is left for schema validation, which
+    // runs after defaulting and explains the problem better.
+    let Ok(cluster) = typed::<MultigresCluster>(request.object.as_ref(), "object") else {
+        return allow;
+    };
+    let present = match state
+        .lookups
+        .default_templates(namespace, defaults::promotable(&cluster.spec))
+        .await
+    {
+        Ok(present) => present,
+        Err(error) => {
+            tracing::warn!(%error, "default templates not promoted");
+            return allow;
+        }
+    };
+    match defaults::patch(&cluster, present) {
+        Ok(patch) if patch.0.is_empty() => allow,
+        Ok(patch) => match allow.clone().with_patch(patch) {
+            Ok(patched) => patched,
+            Err(error) => {
+                tracing::warn!(%error, "defaults not applied");
+                allow
+            }
+        },
+        Err(error) => {
+            tracing::warn!(%error, "defaults not applied");
+            allow
+        }
+    }
+}
+
+async fn validate_cluster(
+    state: &AdmissionState,
+    request: &AdmissionRequest<DynamicObject>,
+    namespace: &str,
+) -> Result<Findings, Failure> {
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        return Ok(Findings::default());
+    }
+    let new: MultigresCluster = typed(request.object.as_ref(), "object")?;
+    let old: Option<MultigresCluster> = match request.operation {
+        Operation::Update => Some(typed(request.old_object.as_ref(), "old object")?),
+        _ => None,
+    };
+    let names = cluster::needed_templates(std::iter::once(&new).chain(old.as_ref()));
+    let templates = state.lookups.templates(namespace, &names).await?;
+    Ok(cluster::validate(&new, old.as_ref(), &templates))
+}
+
+fn template_spec(
+    kind: TemplateKind,
+    object: Option<&DynamicObject>,
+    which: &str,
+) -> Result<TemplateSpec, String> {
+    Ok(match kind {
+        TemplateKind::Core => TemplateSpec::Core(typed::<CoreTemplate>(object, which)?.spec),
+        TemplateKind::Cell => TemplateSpec::Cell(typed::<CellTemplate>(object, which)?.spec),
+        TemplateKind::Shard => TemplateSpec::Shard(typed::<ShardTemplate>(object, which)?.spec),
+    })
+}
+
+async fn validate_template(
+    state: &AdmissionState,
+    request: &AdmissionRequest<DynamicObject>,
+    namespace: &str,
+    kind: TemplateKind,
+) -> Result<Findings, Failure> {
+    match request.operation {
+        Operation::Delete => {
+            let clusters = state.lookups.clusters(namespace).await?;
+            Ok(templates::deletion(kind, &request.name, &clusters))
+        }
+        Operation::Create | Operation::Update => {
+            let new = template_spec(kind, request.object.as_ref(), "object")?;
+            let mut findings = new.validate();
+            if request.operation == Operation::Update {
+                let old = template_spec(kind, request.old_object.as_ref(), "old object")?;
+                let changed = request.old_object.as_ref().map(|o| &o.data["spec"])
+                    != request.object.as_ref().map(|o| &o.data["spec"]);
+                if changed {
+                    findings.extend(template_update(state, request, namespace, &old, &new).await?);
+                }
+            }
+            Ok(findings)
+        }
+        Operation::Connect => Ok(Findings::default()),
+    }
+}
+
+async fn template_update(
+    state: &AdmissionState,
+    request: &AdmissionRequest<DynamicObject>,
+    namespace: &str,
+    old: &TemplateSpec,
+    new: &TemplateSpec,
+) -> Result<Findings, Failure> {
+    let clusters = state.lookups.clusters(namespace).await?;
+    let users: Vec<MultigresCluster> = templates::users(new.kind(), &request.name, &clusters)
+        .into_iter()
+        .map(|(c, _)| c.clone())
+        .collect();
+    if users.is_empty() {
+        return Ok(Findings::default());
+    }
+    let names = cluster::needed_templates(&users);
+    let mut stored = state.lookups.templates(namespace, &names).await?;
+    old.install(&mut stored, &request.name);
+    Ok(templates::update(&request.name, old, new, &users, &stored))
+}

@@ -1,0 +1,96 @@
+//! Defaulting of MultigresCluster: the defaults users should see in the stored object.
+//!
+//! Only values that mean the same whatever templates exist later are written: the cluster-wide
+//! settings whose built-in default never depends on a template, and the promotion of an existing
+//! namespace template named `default` into an empty `templateDefaults` field (which is what the
+//! resolver would pick anyway, and makes the dependency visible and protected from deletion).
+//!
+//! Component specs are not materialised: an inline value written here would override every
+//! template created afterwards, changing what the user's manifest means. `pvcDeletionPolicy` is
+//! never written: its absence means Retain/Retain by inheritance from the levels above, and a
+//! value written at admission would stop that inheritance.
+
+use multigres_api::DEFAULT_TEMPLATE;
+use multigres_api::resolver::defaults::DURABILITY_POLICY;
+use multigres_api::v1alpha1::{
+    ClusterImages, ComponentLogLevels, ImagePullPolicy, LogLevel, MultigresCluster,
+    MultigresClusterSpec, TemplateDefaults, TemplateRef, TopologyPruningConfig,
+};
+
+/// Which namespace templates named `default` exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DefaultTemplates {
+    /// A CoreTemplate named `default` exists.
+    pub core: bool,
+    /// A CellTemplate named `default` exists.
+    pub cell: bool,
+    /// A ShardTemplate named `default` exists.
+    pub shard: bool,
+}
+
+/// Fills the static defaults and promotes existing `default` templates.
+pub fn apply(spec: &mut MultigresClusterSpec, present: DefaultTemplates) {
+    let images = spec.images.get_or_insert_with(ClusterImages::default);
+    images
+        .image_pull_policy
+        .get_or_insert(ImagePullPolicy::IfNotPresent);
+
+    let levels = spec
+        .log_levels
+        .get_or_insert_with(ComponentLogLevels::default);
+    for level in [
+        &mut levels.pgctld,
+        &mut levels.multipooler,
+        &mut levels.multiorch,
+        &mut levels.multiadmin,
+        &mut levels.multigateway,
+    ] {
+        level.get_or_insert(LogLevel::Info);
+    }
+
+    spec.topology_pruning
+        .get_or_insert_with(TopologyPruningConfig::default)
+        .enabled
+        .get_or_insert(true);
+
+    spec.durability_policy
+        .get_or_insert_with(|| DURABILITY_POLICY.to_owned());
+
+    if present.core || present.cell || present.shard {
+        let defaults = spec
+            .template_defaults
+            .get_or_insert_with(TemplateDefaults::default);
+        for (exists, slot) in [
+            (present.core, &mut defaults.core_template),
+            (present.cell, &mut defaults.cell_template),
+            (present.shard, &mut defaults.shard_template),
+        ] {
+            if exists && slot.is_none() {
+                *slot = Some(TemplateRef::new(DEFAULT_TEMPLATE));
+            }
+        }
+    }
+}
+
+/// The `templateDefaults` fields still empty, whose `default` template must be looked up.
+pub fn promotable(spec: &MultigresClusterSpec) -> DefaultTemplates {
+    let defaults = spec.template_defaults.as_ref();
+    DefaultTemplates {
+        core: defaults.is_none_or(|d| d.core_template.is_none()),
+        cell: defaults.is_none_or(|d| d.cell_template.is_none()),
+        shard: defaults.is_none_or(|d| d.shard_template.is_none()),
+    }
+}
+
+/// The JSON patch that defaults `cluster`: the difference between the object as sent and as
+/// defaulted, so only the fields this webhook sets are touched.
+pub fn patch(
+    cluster: &MultigresCluster,
+    present: DefaultTemplates,
+) -> Result<json_patch::Patch, serde_json::Error> {
+    let before = serde_json::to_value(cluster)?;
+    let mut defaulted = cluster.clone();
+    apply(&mut defaulted.spec, present);
+    let after = serde_json::to_value(&defaulted)?;
+    Ok(json_patch::diff(&before, &after))
+}

@@ -1,0 +1,309 @@
+//! CoreTemplate, CellTemplate and ShardTemplate: valid on their own; not deleted while a cluster
+//! uses them; not changed in a way that would break a cluster using them (shrinking a volume,
+//! changing an etcd member count, dropping a pool cell).
+
+use multigres_api::DEFAULT_TEMPLATE;
+use multigres_api::v1alpha1::{
+    CellTemplateSpec, CoreTemplateSpec, MultigresCluster, MultigresClusterSpec, ShardTemplateSpec,
+    TemplateRef,
+};
+
+use super::cluster::{etcd_block, pools_block};
+use super::{BufferSettings, TemplateKind, Templates};
+use crate::violation::Findings;
+
+/// A template as admitted: its kind and typed spec.
+#[derive(Debug, Clone)]
+pub enum TemplateSpec {
+    /// A CoreTemplate.
+    Core(CoreTemplateSpec),
+    /// A CellTemplate.
+    Cell(CellTemplateSpec),
+    /// A ShardTemplate.
+    Shard(ShardTemplateSpec),
+}
+
+impl TemplateSpec {
+    /// The kind of the template.
+    pub fn kind(&self) -> TemplateKind {
+        match self {
+            Self::Core(_) => TemplateKind::Core,
+            Self::Cell(_) => TemplateKind::Cell,
+            Self::Shard(_) => TemplateKind::Shard,
+        }
+    }
+
+    /// Checks the template on its own, without any cluster.
+    pub fn validate(&self) -> Findings {
+        let mut findings = Findings::default();
+        match self {
+            Self::Core(spec) => core(&mut findings, spec),
+            Self::Cell(spec) => cell(&mut findings, spec),
+            Self::Shard(spec) => shard(&mut findings, spec),
+        }
+        findings
+    }
+
+    /// `templates` with this template stored under `name`.
+    pub fn install(&self, templates: &mut Templates, name: &str) {
+        let name = name.to_owned();
+        match self {
+            Self::Core(spec) => {
+                templates.core.insert(name, spec.clone());
+            }
+            Self::Cell(spec) => {
+                templates.cell.insert(name, spec.clone());
+            }
+            Self::Shard(spec) => {
+                templates.shard.insert(name, spec.clone());
+            }
+        }
+    }
+}
+
+fn core(findings: &mut Findings, spec: &CoreTemplateSpec) {
+    if let Some(topo) = &spec.global_topo_server {
+        if let Some(etcd) = &topo.etcd {
+            etcd_block(findings, "spec.globalTopoServer.etcd", etcd);
+        }
+        super::pvc_policy_warning(
+            findings,
+            "spec.globalTopoServer.pvcDeletionPolicy",
+            topo.pvc_deletion_policy.as_ref(),
+        );
+    }
+    for (field, stateless) in [
+        ("multiadmin", &spec.multiadmin),
+        ("multiadminWeb", &spec.multiadmin_web),
+    ] {
+        super::resources(
+            findings,
+            &format!("spec.{field}.resources"),
+            stateless.as_ref().and_then(|s| s.resources.as_ref()),
+        );
+    }
+}
+
+fn cell(findings: &mut Findings, spec: &CellTemplateSpec) {
+    if let Some(gateway) = &spec.multigateway {
+        super::resources(
+            findings,
+            "spec.multigateway.resources",
+            gateway.stateless.resources.as_ref(),
+        );
+        super::buffer(
+            findings,
+            &BufferSettings::written("spec.multigateway.buffer", gateway.buffer.as_ref()),
+            false,
+        );
+    }
+    if let Some(etcd) = spec
+        .local_topo_server
+        .as_ref()
+        .and_then(|l| l.etcd.as_ref())
+    {
+        etcd_block(findings, "spec.localTopoServer.etcd", etcd);
+    }
+}
+
+fn shard(findings: &mut Findings, spec: &ShardTemplateSpec) {
+    super::resources(
+        findings,
+        "spec.multiorch.resources",
+        spec.multiorch
+            .as_ref()
+            .and_then(|m| m.stateless.resources.as_ref()),
+    );
+    pools_block(findings, "spec", &spec.pools);
+    for (name, pool) in &spec.pools {
+        let uid = |container: &str, config: &Option<multigres_api::v1alpha1::ContainerConfig>| {
+            config
+                .as_ref()
+                .and_then(|c| c.run_as_user)
+                .map(|uid| (format!("spec.pools[{name}].{container}.runAsUser"), uid))
+        };
+        super::run_as_user(
+            findings,
+            uid("postgres", &pool.postgres),
+            uid("multipooler", &pool.multipooler),
+        );
+    }
+    super::postgres_config(findings, "spec.postgresConfig", spec.postgres_config.keys());
+    super::pvc_policy_warning(
+        findings,
+        "spec.pvcDeletionPolicy",
+        spec.pvc_deletion_policy.as_ref(),
+    );
+}
+
+/// Every field through which `cluster` uses template `name` of `kind`; empty when it does not.
+///
+/// A component uses the template it names, else the one in `templateDefaults`, else the
+/// namespace template named `default` (as the resolver picks), so `default` is in use by every
+/// component that names none while `templateDefaults` names none either.
+pub fn uses(kind: TemplateKind, name: &str, cluster: &MultigresClusterSpec) -> Vec<String> {
+    let mut fields = Vec::new();
+    let named = |r: Option<&TemplateRef>| r.is_some_and(|r| r.as_str() == name);
+    let defaults = cluster.template_defaults.as_ref();
+    let cluster_default = defaults.and_then(|d| match kind {
+        TemplateKind::Core => d.core_template.as_ref(),
+        TemplateKind::Cell => d.cell_template.as_ref(),
+        TemplateKind::Shard => d.shard_template.as_ref(),
+    });
+    let field = match kind {
+        TemplateKind::Core => "coreTemplate",
+        TemplateKind::Cell => "cellTemplate",
+        TemplateKind::Shard => "shardTemplate",
+    };
+    if named(cluster_default) {
+        fields.push(format!("spec.templateDefaults.{field}"));
+    }
+    let implicit = cluster_default.is_none() && name == DEFAULT_TEMPLATE;
+    let mut component = |explicit: Option<&TemplateRef>, path: String, explicit_path: String| {
+        if named(explicit) {
+            fields.push(explicit_path);
+        } else if explicit.is_none() && implicit {
+            fields.push(format!(
+                "{path} (names no {field}, so it uses the namespace default)"
+            ));
+        }
+    };
+    match kind {
+        TemplateKind::Core => {
+            let topo = cluster.global_topo_server.as_ref();
+            if topo.is_none_or(|t| t.external.is_none()) {
+                component(
+                    topo.and_then(|t| t.template_ref.as_ref()),
+                    "spec.globalTopoServer".into(),
+                    "spec.globalTopoServer.templateRef".into(),
+                );
+            }
+            component(
+                cluster
+                    .multiadmin
+                    .as_ref()
+                    .and_then(|m| m.template_ref.as_ref()),
+                "spec.multiadmin".into(),
+                "spec.multiadmin.templateRef".into(),
+            );
+            component(
+                cluster
+                    .multiadmin_web
+                    .as_ref()
+                    .and_then(|m| m.template_ref.as_ref()),
+                "spec.multiadminWeb".into(),
+                "spec.multiadminWeb.templateRef".into(),
+            );
+        }
+        TemplateKind::Cell => {
+            for (i, c) in cluster.cells.iter().enumerate() {
+                component(
+                    c.cell_template.as_ref(),
+                    format!("spec.cells[{i}]"),
+                    format!("spec.cells[{i}].cellTemplate"),
+                );
+            }
+        }
+        TemplateKind::Shard => {
+            if cluster.databases.is_empty() {
+                component(
+                    None,
+                    "spec.databases (unset: the default shard)".into(),
+                    String::new(),
+                );
+            }
+            for (d, db) in cluster.databases.iter().enumerate() {
+                if db.tablegroups.is_empty() {
+                    component(
+                        None,
+                        format!("spec.databases[{d}] (no tablegroups: the default shard)"),
+                        String::new(),
+                    );
+                }
+                for (t, tg) in db.tablegroups.iter().enumerate() {
+                    let tg_path = format!("spec.databases[{d}].tablegroups[{t}]");
+                    if tg.shards.is_empty() {
+                        component(
+                            None,
+                            format!("{tg_path} (no shards: the default shard)"),
+                            String::new(),
+                        );
+                    }
+                    for (s, shard) in tg.shards.iter().enumerate() {
+                        component(
+                            shard.shard_template.as_ref(),
+                            format!("{tg_path}.shards[{s}]"),
+                            format!("{tg_path}.shards[{s}].shardTemplate"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    fields
+}
+
+/// Clusters still using the template, each with the fields through which it does. Clusters
+/// already being deleted do not count.
+pub fn users<'a>(
+    kind: TemplateKind,
+    name: &str,
+    clusters: &'a [MultigresCluster],
+) -> Vec<(&'a MultigresCluster, Vec<String>)> {
+    clusters
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .map(|c| (c, uses(kind, name, &c.spec)))
+        .filter(|(_, fields)| !fields.is_empty())
+        .collect()
+}
+
+/// Refuses deleting a template some cluster uses, naming each cluster and field.
+pub fn deletion(kind: TemplateKind, name: &str, clusters: &[MultigresCluster]) -> Findings {
+    let mut findings = Findings::default();
+    for (cluster, fields) in users(kind, name, clusters) {
+        findings.violation(
+            format!(
+                "MultigresCluster {:?}",
+                cluster.metadata.name.as_deref().unwrap_or_default()
+            ),
+            format!(
+                "uses {kind} {name:?} through {}; change those references (or delete the \
+                 cluster) before deleting the template",
+                fields.join(", ")
+            ),
+        );
+    }
+    findings
+}
+
+/// What an update of template `name` would break in the clusters using it. `templates` holds
+/// the templates those clusters use, with the stored version of this one.
+pub fn update(
+    name: &str,
+    old: &TemplateSpec,
+    new: &TemplateSpec,
+    clusters: &[MultigresCluster],
+    templates: &Templates,
+) -> Findings {
+    let mut findings = Findings::default();
+    let mut old_templates = templates.clone();
+    old.install(&mut old_templates, name);
+    let mut new_templates = templates.clone();
+    new.install(&mut new_templates, name);
+    for (cluster, _) in users(new.kind(), name, clusters) {
+        let cluster_name = cluster.metadata.name.as_deref().unwrap_or_default();
+        let effects = super::cluster::template_change(cluster, &old_templates, &new_templates);
+        for violation in effects.violations {
+            findings.violation(
+                violation.field,
+                format!(
+                    "{} (in MultigresCluster {cluster_name:?}, which uses this {})",
+                    violation.message,
+                    new.kind()
+                ),
+            );
+        }
+    }
+    findings
+}
