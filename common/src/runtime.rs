@@ -148,7 +148,7 @@ impl HandlerRuntime {
         match &result {
             Ok(()) => tracing::info!(handler = self.spec.name, "stopped"),
             Err(error) => {
-                tracing::error!(handler = self.spec.name, %error, "stopped with an error")
+                tracing::error!(handler = self.spec.name, error = %ErrorChain(error), "stopped with an error");
             }
         }
         result.and(stopped.map_err(RuntimeError::from))
