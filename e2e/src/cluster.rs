@@ -77,6 +77,8 @@ pub enum ClusterError {
         waited: Duration,
         logs: String,
     },
+    #[error("the TokenRequest for ServiceAccount {account} returned no token")]
+    NoToken { account: String },
     #[error("kubectl {args} failed ({status}):\n{stderr}")]
     Kubectl {
         args: String,
@@ -186,7 +188,7 @@ impl LocalCluster {
         }
 
         let pki = Pki::generate(&dir.join("pki"), LOOPBACK)?;
-        let apiserver_port = free_port()?;
+        let [apiserver_port, etcd_client_port, etcd_peer_port] = free_ports()?;
         let server = format!("https://{LOOPBACK}:{apiserver_port}");
         let kubeconfig = dir.join("admin.kubeconfig");
         write_kubeconfig(
@@ -215,7 +217,11 @@ impl LocalCluster {
         };
         // From here on, an early return drops `cluster`, which stops what was started.
         cluster
-            .start_etcd_and_apiserver(&etcd_data, apiserver_port, opts.wait_timeout)
+            .start_etcd_and_apiserver(
+                &etcd_data,
+                [apiserver_port, etcd_client_port, etcd_peer_port],
+                opts.wait_timeout,
+            )
             .await?;
         let stages = stages_dir()?;
         cluster.start_scheduler()?;
@@ -276,11 +282,9 @@ impl LocalCluster {
     async fn start_etcd_and_apiserver(
         &mut self,
         etcd_data: &Path,
-        apiserver_port: u16,
+        [apiserver_port, client_port, peer_port]: [u16; 3],
         timeout: Duration,
     ) -> Result<(), ClusterError> {
-        let client_port = free_port()?;
-        let peer_port = free_port()?;
         let client_url = format!("http://{LOOPBACK}:{client_port}");
         let peer_url = format!("http://{LOOPBACK}:{peer_port}");
         self.spawn(
@@ -459,10 +463,7 @@ impl LocalCluster {
                     "addresses": [{"type": "InternalIP", "address": format!("192.0.2.{}", i + 1)}],
                 },
             }))
-            .map_err(|e| ClusterError::Io {
-                what: format!("building Node {name}"),
-                source: e.into(),
-            })?;
+            .expect("the Node literal matches the Node schema");
             nodes
                 .create(&PostParams::default(), &node)
                 .await
@@ -737,7 +738,7 @@ impl LocalCluster {
         let request = TokenRequest {
             spec: TokenRequestSpec {
                 audiences: Vec::new(),
-                expiration_seconds: Some(validity.as_secs() as i64),
+                expiration_seconds: Some(i64::try_from(validity.as_secs()).unwrap_or(i64::MAX)),
                 ..Default::default()
             },
             ..Default::default()
@@ -750,7 +751,10 @@ impl LocalCluster {
             )))?
             .status
             .map(|s| s.token)
-            .unwrap_or_default();
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| ClusterError::NoToken {
+                account: format!("{namespace}/{name}"),
+            })?;
         let path = self.dir.join(format!("sa-{namespace}-{name}.kubeconfig"));
         write_kubeconfig(
             &path,
@@ -842,15 +846,20 @@ fn kwok_stage_files(stages: &Path) -> Result<Vec<PathBuf>, ClusterError> {
     Ok(files)
 }
 
-/// A free TCP port on loopback (bound, then released for the component to take).
-fn free_port() -> Result<u16, ClusterError> {
-    let listener =
-        TcpListener::bind((LOOPBACK, 0)).map_err(ClusterError::io("finding a free port"))?;
-    let port = listener
-        .local_addr()
-        .map_err(ClusterError::io("finding a free port"))?
-        .port();
-    Ok(port)
+/// Distinct free TCP ports on loopback (all bound at once, then released for the components).
+fn free_ports<const N: usize>() -> Result<[u16; N], ClusterError> {
+    let mut listeners = Vec::with_capacity(N);
+    let mut ports = [0; N];
+    for port in &mut ports {
+        let listener =
+            TcpListener::bind((LOOPBACK, 0)).map_err(ClusterError::io("finding a free port"))?;
+        *port = listener
+            .local_addr()
+            .map_err(ClusterError::io("finding a free port"))?
+            .port();
+        listeners.push(listener);
+    }
+    Ok(ports)
 }
 
 /// Writes a single-context kubeconfig for `server` with the given `users[].user` entry.

@@ -12,7 +12,8 @@
 //! file:
 //!
 //! ```text
-//! local-cluster up --state-dir "$dir" & until [ -f "$dir/kubeconfig" ]; do sleep 1; done
+//! local-cluster up --state-dir "$dir" &
+//! until [ -f "$dir/kubeconfig" ]; do kill -0 $! || exit 1; sleep 1; done
 //! KUBECONFIG="$dir/kubeconfig" kubectl get nodes
 //! local-cluster down --state-dir "$dir"
 //! ```
