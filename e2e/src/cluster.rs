@@ -40,6 +40,12 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const LOG_TAIL_LINES: usize = 40;
 /// Zone label on the fake Nodes.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// Zone-id label on the fake Nodes (same value as the zone), which cells with a `zoneId` select.
+pub const ZONE_ID_LABEL: &str = "topology.k8s.aws/zone-id";
+/// Region label on the fake Nodes, which cells with a `region` select.
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+/// The one region of the fake Nodes.
+pub const REGION: &str = "region-1";
 
 /// Errors starting or using the local control plane.
 #[derive(Debug, thiserror::Error)]
@@ -454,6 +460,8 @@ impl LocalCluster {
                         "kubernetes.io/arch": "amd64",
                         "type": "kwok",
                         ZONE_LABEL: zone,
+                        ZONE_ID_LABEL: zone,
+                        REGION_LABEL: REGION,
                     },
                 },
                 "status": {
