@@ -23,8 +23,6 @@ pub const ETCD_BIN_ENV: &str = "MULTIGRES_ETCD_BIN";
 
 /// How many log lines an error message quotes.
 const LOG_TAIL_LINES: usize = 40;
-/// How long `stop` lets etcd shut down after SIGTERM before killing it.
-const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Errors starting or stopping etcd.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +73,10 @@ pub struct EtcdConfig {
     pub extra_args: Vec<String>,
     /// How long to wait for `/health` to report healthy after each (re)start.
     pub startup_timeout: Duration,
+    /// How long `stop` (and drop) waits after SIGTERM before SIGKILL. etcd's graceful shutdown
+    /// waits seconds for open client streams, so the default is zero: an abrupt stop, like a
+    /// crash (committed data survives it; `--unsafe-no-fsync` only risks it on a machine crash).
+    pub stop_grace: Duration,
 }
 
 impl Default for EtcdConfig {
@@ -86,11 +88,12 @@ impl Default for EtcdConfig {
             tls: None,
             extra_args: Vec::new(),
             startup_timeout: Duration::from_secs(30),
+            stop_grace: Duration::ZERO,
         }
     }
 }
 
-/// A running (or stopped) etcd member. Dropping it stops the process.
+/// A running (or stopped) etcd member. Dropping it stops the process like `stop`.
 #[derive(Debug)]
 pub struct EtcdProcess {
     // Declared first so the process is stopped before the work directory is removed.
@@ -196,11 +199,11 @@ impl EtcdProcess {
             .is_some_and(|child| child.exit_status().is_none())
     }
 
-    /// Stops etcd (SIGTERM, then SIGKILL after a short grace) and waits for it to exit. The
+    /// Stops etcd (SIGTERM, then SIGKILL after `stop_grace`) and waits for it to exit. The
     /// data directory and ports are kept for `restart`. Stopping a stopped etcd does nothing.
     pub fn stop(&mut self) {
         if let Some(child) = self.child.take() {
-            child.stop(STOP_GRACE);
+            child.stop(self.config.stop_grace);
         }
     }
 
@@ -270,6 +273,12 @@ impl EtcdProcess {
 
     fn log_tail(&self) -> String {
         crate::process::tail(&self.log_path(), LOG_TAIL_LINES)
+    }
+}
+
+impl Drop for EtcdProcess {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
