@@ -44,16 +44,17 @@ fn trim_descriptions(value: &mut Value) {
     }
 }
 
-/// The first sentence of `text`: up to the first ". " or line break, capped in length.
+/// The first sentence of `text`: up to the first ". " that does not end an abbreviation such as
+/// "e.g.", or the first line break; capped in length.
 fn first_sentence(text: &str) -> String {
-    let end = [text.find(". "), text.find('\n')]
-        .into_iter()
-        .flatten()
-        .min()
-        .map_or(text.len(), |i| {
-            if text[i..].starts_with('.') { i + 1 } else { i }
-        });
-    let sentence = text[..end].trim();
+    const ABBREVIATIONS: [&str; 3] = ["e.g", "i.e", "etc"];
+    let line = text.split('\n').next().unwrap_or_default();
+    let end = line
+        .match_indices(". ")
+        .map(|(i, _)| i)
+        .find(|&i| !ABBREVIATIONS.iter().any(|a| line[..i].ends_with(a)))
+        .map_or(line.len(), |i| i + 1);
+    let sentence = line[..end].trim();
     if sentence.chars().count() <= MAX_EMBEDDED_DESCRIPTION {
         return sentence.to_owned();
     }
