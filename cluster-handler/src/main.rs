@@ -4,11 +4,12 @@
 use std::convert::Infallible;
 
 use clap::Parser;
+use cluster_handler::watch::Scope;
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
 
 const SPEC: HandlerSpec = HandlerSpec {
-    name: "cluster-handler",
+    name: cluster_handler::NAME,
     version: env!("CARGO_PKG_VERSION"),
     grpc_bind_address: ":9441",
     metrics_bind_address: ":8081",
@@ -23,16 +24,23 @@ struct Cli {
     common: CommonArgs,
     #[command(flatten)]
     leader: LeaderElectionArgs,
+    /// Serve only this namespace (the ClusterRole may then be bound with a RoleBinding there);
+    /// every namespace when unset.
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
+    let scope = match cli.watch_namespace.filter(|ns| !ns.is_empty()) {
+        Some(namespace) => Scope::Namespace(namespace),
+        None => Scope::All,
+    };
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime
         .run(Some(&cli.leader), |ctx| async move {
-            ctx.state.set_serving(true).await;
-            ctx.shutdown.wait().await;
+            cluster_handler::run(ctx, scope).await;
             Ok::<(), Infallible>(())
         })
         .await?;
@@ -52,5 +60,9 @@ mod tests {
             cli.leader.leader_election_id,
             "multigres-operator-cluster-handler"
         );
+        assert_eq!(cli.watch_namespace, None);
+        let cli: Cli =
+            cli::try_parse_from(&SPEC, ["cluster-handler", "--watch-namespace=team-a"]).unwrap();
+        assert_eq!(cli.watch_namespace.as_deref(), Some("team-a"));
     }
 }

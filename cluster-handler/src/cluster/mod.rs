@@ -1,0 +1,541 @@
+//! The MultigresCluster controller: resolves a cluster with the templates of its namespace,
+//! applies its TopoServers, Cells and TableGroups, removes the ones the spec no longer has, and
+//! aggregates their status into the cluster's.
+
+pub mod build;
+pub mod status;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use multigres_api::labels;
+use multigres_api::resolver::{self, ResolveError, TemplateKind, Templates};
+use multigres_api::v1alpha1::{
+    CellTemplate, CoreTemplate, MultigresCluster, ResolvedTemplates, ShardTemplate, TableGroup,
+    TemplateRef, TopoServer,
+};
+use multigres_common::apply::ApplyError;
+use multigres_common::backoff::ObjectBackoff;
+use multigres_common::state::HandlerState;
+
+use crate::children::{Child, controller_of, owned_by};
+use crate::notice::Notice;
+use crate::watch::{Guarded, in_namespace};
+use crate::writes::{self, Writer};
+use build::{Children, Incomplete, Owner};
+use status::{Observed, Outcome};
+
+/// Name of this controller in metrics and `HandlerInfo`.
+pub const CONTROLLER: &str = "multigrescluster";
+
+/// When a child is still terminating, look again after this long.
+const TERMINATING_RETRY: Duration = Duration::from_secs(5);
+
+/// Why a cluster could not be reconciled.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The stored object does not match the API types (e.g. written by a newer operator).
+    #[error("MultigresCluster {name} cannot be read: {message}")]
+    Malformed {
+        /// `namespace/name`.
+        name: String,
+        /// The deserializer's message.
+        message: String,
+    },
+    /// The cluster was not read from the API server.
+    #[error(transparent)]
+    Incomplete(#[from] Incomplete),
+    /// A template the cluster uses does not match the API types.
+    #[error("{kind} {name:?} cannot be read: {message}; fix or recreate it")]
+    MalformedTemplate {
+        /// Template kind.
+        kind: TemplateKind,
+        /// Template name.
+        name: String,
+        /// The deserializer's message.
+        message: String,
+    },
+    /// The spec and templates do not resolve (missing template, unsupported value).
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The API server refused a child built from the spec.
+    #[error("{kind} {name} was refused by the API server: {message}")]
+    Rejected {
+        /// Child kind.
+        kind: String,
+        /// Child name.
+        name: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// A child's name is taken by an object another owner controls (for example a child of a
+    /// deleted cluster of the same name, not yet garbage-collected).
+    #[error(
+        "{kind} {name} exists and is controlled by {owner_kind} {owner}; it is left alone until it is gone"
+    )]
+    Foreign {
+        /// Child kind.
+        kind: String,
+        /// Child name.
+        name: String,
+        /// Kind of its controller.
+        owner_kind: String,
+        /// Name of its controller.
+        owner: String,
+    },
+    /// Applying a child failed (API server unreachable, conflict, timeout).
+    #[error(transparent)]
+    Apply(ApplyError),
+    /// Deleting a child failed.
+    #[error("cannot delete {kind} {name}")]
+    Delete {
+        /// Child kind.
+        kind: String,
+        /// Child name.
+        name: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing the cluster's status failed.
+    #[error("cannot write the status")]
+    Status(#[source] ApplyError),
+}
+
+impl Error {
+    /// Whether only a change by the user can fix this: no retry, a condition and an event say
+    /// why. Everything else is retried with backoff.
+    pub fn is_invalid_spec(&self) -> bool {
+        matches!(
+            self,
+            Error::Malformed { .. }
+                | Error::Incomplete(_)
+                | Error::MalformedTemplate { .. }
+                | Error::Resolve(_)
+                | Error::Rejected { .. }
+        )
+    }
+
+    /// Condition reason (and metric category) of the error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Malformed { .. } | Error::Incomplete(_) => "InvalidObject",
+            Error::MalformedTemplate { .. } => "InvalidTemplate",
+            Error::Resolve(ResolveError::MissingTemplates(_)) => "TemplateNotFound",
+            Error::Resolve(_) | Error::Rejected { .. } => "InvalidSpec",
+            Error::Foreign { .. } => "NameConflict",
+            Error::Apply(_) => "ApplyFailed",
+            Error::Delete { .. } => "DeleteFailed",
+            Error::Status(_) => "StatusFailed",
+        }
+    }
+
+    fn from_apply(error: ApplyError) -> Self {
+        match writes::rejection(&error) {
+            Some((kind, name, message)) => Error::Rejected {
+                kind,
+                name,
+                message,
+            },
+            None => Error::Apply(error),
+        }
+    }
+}
+
+/// The caches the controller reads.
+#[derive(Clone)]
+pub struct Stores {
+    /// MultigresClusters.
+    pub clusters: Store<Guarded<MultigresCluster>>,
+    /// CoreTemplates.
+    pub core_templates: Store<Guarded<CoreTemplate>>,
+    /// CellTemplates.
+    pub cell_templates: Store<Guarded<CellTemplate>>,
+    /// ShardTemplates.
+    pub shard_templates: Store<Guarded<ShardTemplate>>,
+    /// TopoServers managed by the operator.
+    pub topo_servers: Store<Guarded<TopoServer>>,
+    /// Cells managed by the operator.
+    pub cells: Store<Guarded<multigres_api::v1alpha1::Cell>>,
+    /// TableGroups managed by the operator.
+    pub table_groups: Store<Guarded<TableGroup>>,
+}
+
+/// What every reconcile of this controller shares.
+pub struct Context {
+    /// Caches.
+    pub stores: Stores,
+    /// The write path.
+    pub writer: Writer,
+    /// Events about clusters.
+    pub recorder: Recorder,
+    /// Reconcile counts for `HandlerInfo` and metrics.
+    pub state: HandlerState,
+    /// Retry delays of clusters failing transiently.
+    pub backoff: ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>>,
+}
+
+/// Reconciles one cluster and records the outcome.
+pub async fn reconcile(
+    obj: Arc<Guarded<MultigresCluster>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let started = Instant::now();
+    let key = ObjectRef::from_obj(&*obj);
+    let result = reconcile_cluster(&obj, &ctx).await;
+    match &result {
+        Ok(_) => ctx.backoff.reset(&key),
+        // The first failure of a streak is worth an event; retries are not.
+        Err(error) if !error.is_invalid_spec() && ctx.backoff.failures(&key) == 0 => {
+            let notice = Notice::warning(
+                error.reason(),
+                multigres_common::telemetry::ErrorChain(error).to_string(),
+            );
+            ctx.writer
+                .publish(
+                    &ctx.recorder,
+                    &notice.event("Reconcile"),
+                    &obj.object_ref(&()),
+                )
+                .await;
+        }
+        Err(_) => {}
+    }
+    ctx.state.record_reconcile(
+        CONTROLLER,
+        result.as_ref().map(|_| ()).map_err(Error::reason),
+        started.elapsed(),
+    );
+    result
+}
+
+/// Waits for a change after a spec problem; backs off (with jitter) after anything else.
+pub fn error_policy(
+    obj: Arc<Guarded<MultigresCluster>>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    if error.is_invalid_spec() {
+        Action::await_change()
+    } else {
+        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&*obj)))
+    }
+}
+
+async fn reconcile_cluster(
+    obj: &Guarded<MultigresCluster>,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let cluster = match &obj.0 {
+        Ok(cluster) => cluster,
+        Err(invalid) => {
+            let error = Error::Malformed {
+                name: format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()),
+                message: invalid.error.clone(),
+            };
+            let notice = Notice::warning(error.reason(), error.to_string());
+            ctx.writer
+                .publish(
+                    &ctx.recorder,
+                    &notice.event("Reconcile"),
+                    &obj.object_ref(&()),
+                )
+                .await;
+            return Err(error);
+        }
+    };
+    if cluster.meta().deletion_timestamp.is_some() {
+        // Children go with the cluster through their owner references.
+        return Ok(Action::await_change());
+    }
+    let owner = Owner::of(cluster)?;
+    let referenced = resolver::referenced_templates(cluster);
+
+    let result = match realize(cluster, &owner, &referenced, ctx).await {
+        Err(error) if !error.is_invalid_spec() => return Err(error),
+        result => result,
+    };
+    let outcome = match &result {
+        Ok(realized) => Outcome::Applied(&realized.children),
+        Err(error) => Outcome::Blocked {
+            reason: error.reason(),
+            message: error.to_string(),
+        },
+    };
+    let observed = observe(&ctx.stores, &owner);
+    let computed = status::compute(cluster, &outcome, &observed, referenced, Timestamp::now());
+    if computed.changed {
+        ctx.writer
+            .apply_status(&ctx.stores.clusters, cluster, &computed.status)
+            .await
+            .map_err(Error::Status)?;
+    }
+    let reference = cluster.object_ref(&());
+    let deletions = result
+        .as_ref()
+        .map(|r| r.notices.as_slice())
+        .unwrap_or_default();
+    for notice in deletions.iter().chain(&computed.notices) {
+        ctx.writer
+            .publish(&ctx.recorder, &notice.event("Reconcile"), &reference)
+            .await;
+    }
+    match result {
+        Err(error) => Err(error),
+        Ok(realized) if realized.terminating => Ok(Action::requeue(TERMINATING_RETRY)),
+        Ok(_) => Ok(Action::await_change()),
+    }
+}
+
+/// The children applied, and what happened on the way.
+struct Realized {
+    children: Children,
+    /// Some desired child still has a terminating predecessor; it is applied once gone.
+    terminating: bool,
+    /// Deletions to report.
+    notices: Vec<Notice>,
+}
+
+/// Resolves the cluster, applies every child that differs from its cached version, and
+/// deletes the TopoServers and TableGroups it controls that the spec no longer has. Cells are
+/// never deleted here: cells are append-only, so a Cell without a spec entry is left for a
+/// person to look at.
+async fn realize(
+    cluster: &MultigresCluster,
+    owner: &Owner,
+    referenced: &ResolvedTemplates,
+    ctx: &Context,
+) -> Result<Realized, Error> {
+    let templates = templates(&ctx.stores, &owner.namespace, referenced)?;
+    let resolved = resolver::resolve(cluster, &templates)?;
+    let children = build::children(owner, &resolved);
+    let stores = &ctx.stores;
+    let mut terminating = false;
+    for child in &children.topo_servers {
+        terminating |= apply_child(&ctx.writer, &stores.topo_servers, child, owner).await?;
+    }
+    for child in &children.cells {
+        terminating |= apply_child(&ctx.writer, &stores.cells, child, owner).await?;
+    }
+    for child in &children.table_groups {
+        terminating |= apply_child(&ctx.writer, &stores.table_groups, child, owner).await?;
+    }
+    let mut notices = Vec::new();
+    delete_orphans(
+        ctx,
+        &stores.topo_servers,
+        &children.topo_servers,
+        owner,
+        &mut notices,
+    )
+    .await?;
+    delete_orphans(
+        ctx,
+        &stores.table_groups,
+        &children.table_groups,
+        owner,
+        &mut notices,
+    )
+    .await?;
+    Ok(Realized {
+        children,
+        terminating,
+        notices,
+    })
+}
+
+/// Applies `desired` unless its cached version is up to date; returns whether it had to wait
+/// for a terminating object of the same name.
+async fn apply_child<K: Child>(
+    writer: &Writer,
+    store: &Store<Guarded<K>>,
+    desired: &K,
+    owner: &Owner,
+) -> Result<bool, Error> {
+    let key = ObjectRef::<Guarded<K>>::new(&desired.name_any()).within(&owner.namespace);
+    let cached = store.get(&key);
+    let observed = cached.as_deref().and_then(|c| c.0.as_ref().ok());
+    if let Some(observed) = observed {
+        if observed.meta().deletion_timestamp.is_some() {
+            return Ok(true);
+        }
+        if let Some(controller) = controller_of(observed).filter(|c| c.uid != owner.reference.uid) {
+            return Err(Error::Foreign {
+                kind: K::kind(&()).into_owned(),
+                name: desired.name_any(),
+                owner_kind: controller.kind.clone(),
+                owner: controller.name.clone(),
+            });
+        }
+    }
+    writer
+        .apply_child(store, desired, observed)
+        .await
+        .map_err(Error::from_apply)?;
+    Ok(false)
+}
+
+/// Deletes the children of kind `K` that carry the cluster's label and owner reference but
+/// are not in `desired`.
+async fn delete_orphans<K: Child>(
+    ctx: &Context,
+    store: &Store<Guarded<K>>,
+    desired: &[K],
+    owner: &Owner,
+    notices: &mut Vec<Notice>,
+) -> Result<(), Error> {
+    let wanted: BTreeSet<String> = desired.iter().map(ResourceExt::name_any).collect();
+    for cached in in_namespace(store, &owner.namespace) {
+        let Ok(child) = &cached.0 else { continue };
+        let name = child.name_any();
+        let ours = child.labels().get(labels::CLUSTER) == Some(&owner.name)
+            && owned_by(child, &owner.reference.uid);
+        if !ours || wanted.contains(&name) || child.meta().deletion_timestamp.is_some() {
+            continue;
+        }
+        let kind = K::kind(&()).into_owned();
+        ctx.writer
+            .delete_child(store, child)
+            .await
+            .map_err(|source| Error::Delete {
+                kind: kind.clone(),
+                name: name.clone(),
+                source,
+            })?;
+        notices.push(Notice::normal(
+            "Deleted",
+            format!("Deleted {kind} {name}: the spec no longer has it"),
+        ));
+    }
+    Ok(())
+}
+
+/// The valid cached children the cluster controls, by name.
+fn observe(stores: &Stores, owner: &Owner) -> Observed {
+    Observed {
+        topo_servers: owned(&stores.topo_servers, owner),
+        cells: owned(&stores.cells, owner),
+        table_groups: owned(&stores.table_groups, owner),
+    }
+}
+
+fn owned<K: Child>(store: &Store<Guarded<K>>, owner: &Owner) -> BTreeMap<String, K> {
+    in_namespace(store, &owner.namespace)
+        .iter()
+        .filter_map(|cached| cached.0.as_ref().ok())
+        .filter(|child| owned_by(*child, &owner.reference.uid))
+        .map(|child| (child.name_any(), child.clone()))
+        .collect()
+}
+
+/// The templates of `namespace` for the resolver. A template the cluster references that
+/// cannot be read is an error; unreadable templates it does not use are ignored.
+fn templates(
+    stores: &Stores,
+    namespace: &str,
+    referenced: &ResolvedTemplates,
+) -> Result<Templates, Error> {
+    Ok(Templates {
+        core: specs(
+            &stores.core_templates,
+            namespace,
+            TemplateKind::Core,
+            &referenced.core_templates,
+            |t| t.spec.clone(),
+        )?,
+        cell: specs(
+            &stores.cell_templates,
+            namespace,
+            TemplateKind::Cell,
+            &referenced.cell_templates,
+            |t| t.spec.clone(),
+        )?,
+        shard: specs(
+            &stores.shard_templates,
+            namespace,
+            TemplateKind::Shard,
+            &referenced.shard_templates,
+            |t| t.spec.clone(),
+        )?,
+    })
+}
+
+fn specs<K, S>(
+    store: &Store<Guarded<K>>,
+    namespace: &str,
+    kind: TemplateKind,
+    referenced: &[TemplateRef],
+    spec: impl Fn(&K) -> S,
+) -> Result<BTreeMap<String, S>, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut out = BTreeMap::new();
+    for cached in in_namespace(store, namespace) {
+        let name = cached.name_any();
+        match &cached.0 {
+            Ok(template) => {
+                out.insert(name, spec(template));
+            }
+            Err(invalid) if referenced.iter().any(|r| r.as_str() == name) => {
+                return Err(Error::MalformedTemplate {
+                    kind,
+                    name,
+                    message: invalid.error.clone(),
+                });
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a cluster whose status records `resolved` depends on the template `name` of
+/// `kind`. A cluster that recorded nothing yet depends on every template.
+pub fn uses_template(resolved: Option<&ResolvedTemplates>, kind: TemplateKind, name: &str) -> bool {
+    let Some(resolved) = resolved else {
+        return true;
+    };
+    let names = match kind {
+        TemplateKind::Core => &resolved.core_templates,
+        TemplateKind::Cell => &resolved.cell_templates,
+        TemplateKind::Shard => &resolved.shard_templates,
+    };
+    names.iter().any(|n| n.as_str() == name)
+}
+
+/// The clusters in the template's namespace that depend on it, to reconcile when it changes.
+pub fn clusters_using<T: Resource>(
+    clusters: &Store<Guarded<MultigresCluster>>,
+    kind: TemplateKind,
+    template: &T,
+) -> Vec<ObjectRef<Guarded<MultigresCluster>>> {
+    let Some(namespace) = template.meta().namespace.as_deref() else {
+        return Vec::new();
+    };
+    let name = template.meta().name.as_deref().unwrap_or_default();
+    in_namespace(clusters, namespace)
+        .iter()
+        .filter(|cached| {
+            cached.0.as_ref().is_ok_and(|c| {
+                uses_template(
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.resolved_templates.as_ref()),
+                    kind,
+                    name,
+                )
+            })
+        })
+        .map(|cached| ObjectRef::from_obj(&**cached))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,265 @@
+//! The status of a MultigresCluster, aggregated from its children: pure, no client.
+//!
+//! The cluster-handler owns `observedGeneration`, `phase`, `message`, `cells`, `databases`,
+//! `resolvedTemplates` and the conditions `Available`, `Progressing` and `Degraded`; other
+//! handlers own other condition types on the same object, which are left alone.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use multigres_api::names;
+use multigres_api::v1alpha1::{
+    Cell, CellStatusSummary, DatabaseName, DatabaseStatusSummary, MultigresCluster,
+    MultigresClusterStatus, Phase, ResolvedTemplates, TableGroup, TableGroupSpec, TopoServer,
+};
+use multigres_common::conditions::{self, DesiredCondition, FALSE, TRUE};
+
+use super::build::Children;
+use crate::children::{aggregate, healths};
+use crate::notice::Notice;
+
+/// Condition: every cell's gateways are ready.
+pub const AVAILABLE: &str = "Available";
+/// Condition: the children are converging towards the spec.
+pub const PROGRESSING: &str = "Progressing";
+/// Condition: the spec cannot be realized, or a child reports it is degraded.
+pub const DEGRADED: &str = "Degraded";
+/// Condition types this handler writes.
+pub const OWNED_CONDITIONS: [&str; 3] = [AVAILABLE, PROGRESSING, DEGRADED];
+
+/// Reason when a child reports Degraded.
+pub const CHILD_DEGRADED: &str = "ChildDegraded";
+
+/// The cluster's children as cached, by name: only valid objects controlled by the cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// TopoServers by name.
+    pub topo_servers: BTreeMap<String, TopoServer>,
+    /// Cells by name.
+    pub cells: BTreeMap<String, Cell>,
+    /// TableGroups by name.
+    pub table_groups: BTreeMap<String, TableGroup>,
+}
+
+/// How far the reconcile got.
+#[derive(Debug)]
+pub enum Outcome<'a> {
+    /// The children were applied.
+    Applied(&'a Children),
+    /// The spec cannot be realized until the user changes something; no child was changed.
+    Blocked {
+        /// CamelCase reason, e.g. `TemplateNotFound`.
+        reason: &'static str,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+}
+
+/// The status to write and what changed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Computed {
+    /// The fields this handler owns (conditions: only its own types).
+    pub status: MultigresClusterStatus,
+    /// Whether `status` differs from what is stored.
+    pub changed: bool,
+    /// Events to publish for the transitions.
+    pub notices: Vec<Notice>,
+}
+
+/// The status of `cluster` after `outcome`, given its cached children; `now` stamps conditions
+/// whose status changes.
+pub fn compute(
+    cluster: &MultigresCluster,
+    outcome: &Outcome<'_>,
+    observed: &Observed,
+    resolved_templates: ResolvedTemplates,
+    now: Timestamp,
+) -> Computed {
+    let generation = cluster.metadata.generation;
+    let name = cluster.name_any();
+    let current = cluster.status.clone().unwrap_or_default();
+
+    let cells = cell_summaries(cluster, &name, observed);
+    let table_groups: Vec<(String, &TableGroupSpec)> = match outcome {
+        Outcome::Applied(children) => children
+            .table_groups
+            .iter()
+            .map(|tg| (tg.name_any(), &tg.spec))
+            .collect(),
+        Outcome::Blocked { .. } => observed
+            .table_groups
+            .iter()
+            .map(|(n, tg)| (n.clone(), &tg.spec))
+            .collect(),
+    };
+    let databases = database_summaries(&table_groups, observed);
+    let (phase, message, degraded) = phase(outcome, observed);
+
+    let ready_cells = cells.values().filter(|c| c.ready).count();
+    let available = if !cells.is_empty() && ready_cells == cells.len() {
+        (
+            TRUE,
+            "AllCellsReady",
+            format!("All {} cells are ready", cells.len()),
+        )
+    } else if cells.is_empty() {
+        (FALSE, "NoCells", "The cluster has no cells".to_owned())
+    } else {
+        let waiting: Vec<&str> = cells
+            .iter()
+            .filter(|(_, c)| !c.ready)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        (
+            FALSE,
+            "CellsNotReady",
+            format!(
+                "{ready_cells}/{} cells ready; not ready: {}",
+                cells.len(),
+                crate::notice::list(&waiting, 5)
+            ),
+        )
+    };
+    let progressing = match (&phase, outcome) {
+        (_, Outcome::Blocked { reason, .. }) => (FALSE, *reason, message.clone()),
+        (Phase::Healthy, _) => (
+            FALSE,
+            "Ready",
+            "Every component has reached the desired state".to_owned(),
+        ),
+        (Phase::Degraded, _) => (FALSE, CHILD_DEGRADED, message.clone()),
+        _ => (TRUE, "Reconciling", message.clone()),
+    };
+    let degraded = match degraded {
+        Some((reason, text)) => (TRUE, reason, text),
+        None => (FALSE, "AsExpected", "No component is degraded".to_owned()),
+    };
+
+    let mut merged = current.conditions.clone();
+    let mut conditions_changed = false;
+    for (type_, (status, reason, message)) in [
+        (AVAILABLE, available),
+        (PROGRESSING, progressing),
+        (DEGRADED, degraded),
+    ] {
+        conditions_changed |= conditions::set_condition(
+            &mut merged,
+            &DesiredCondition {
+                type_,
+                status,
+                reason,
+                message: &message,
+                observed_generation: generation,
+            },
+            now,
+        );
+    }
+    let notices = crate::notice::transitions(
+        current.phase,
+        conditions::find_condition(&current.conditions, DEGRADED),
+        phase,
+        &message,
+        conditions::find_condition(&merged, DEGRADED),
+    );
+    merged.retain(|c| OWNED_CONDITIONS.contains(&c.type_.as_str()));
+
+    let status = MultigresClusterStatus {
+        observed_generation: generation,
+        conditions: merged,
+        phase: Some(phase),
+        message: Some(message),
+        cells,
+        databases,
+        resolved_templates: Some(resolved_templates),
+        ..MultigresClusterStatus::default()
+    };
+    let changed = conditions_changed
+        || current.observed_generation != status.observed_generation
+        || current.phase != status.phase
+        || current.message != status.message
+        || current.cells != status.cells
+        || current.databases != status.databases
+        || current.resolved_templates != status.resolved_templates;
+    Computed {
+        status,
+        changed,
+        notices,
+    }
+}
+
+/// One summary per cell of the spec: ready when its handler reports it Available at its
+/// current generation.
+fn cell_summaries(
+    cluster: &MultigresCluster,
+    name: &str,
+    observed: &Observed,
+) -> BTreeMap<multigres_api::v1alpha1::CellName, CellStatusSummary> {
+    cluster
+        .spec
+        .cells
+        .iter()
+        .map(|c| {
+            let child = observed.cells.get(&names::cell(name, c.name.as_str()));
+            let status = child.and_then(|cell| {
+                cell.status
+                    .as_ref()
+                    .filter(|s| s.observed_generation == cell.metadata.generation)
+            });
+            let summary = CellStatusSummary {
+                ready: status.is_some_and(|s| conditions::is_true(&s.conditions, AVAILABLE)),
+                gateway_replicas: status.and_then(|s| s.gateway_replicas).unwrap_or(0),
+            };
+            (c.name.clone(), summary)
+        })
+        .collect()
+}
+
+/// Shard counts per database: every shard of the table groups, and the ready ones as each
+/// TableGroup reports at its current generation.
+fn database_summaries(
+    table_groups: &[(String, &TableGroupSpec)],
+    observed: &Observed,
+) -> BTreeMap<DatabaseName, DatabaseStatusSummary> {
+    let mut out: BTreeMap<DatabaseName, DatabaseStatusSummary> = BTreeMap::new();
+    for (name, spec) in table_groups {
+        let summary = out.entry(spec.database_name.clone()).or_default();
+        summary.total_shards += i32::try_from(spec.shards.len()).unwrap_or(i32::MAX);
+        let ready = observed.table_groups.get(name).and_then(|tg| {
+            tg.status
+                .as_ref()
+                .filter(|s| s.observed_generation == tg.metadata.generation)
+                .and_then(|s| s.ready_shards)
+        });
+        summary.ready_shards += ready.unwrap_or(0);
+    }
+    out
+}
+
+/// The phase, its message, and the Degraded reason and message if degraded.
+fn phase(
+    outcome: &Outcome<'_>,
+    observed: &Observed,
+) -> (Phase, String, Option<(&'static str, String)>) {
+    let children = match outcome {
+        Outcome::Blocked { reason, message } => {
+            return (
+                Phase::Degraded,
+                message.clone(),
+                Some((*reason, message.clone())),
+            );
+        }
+        Outcome::Applied(children) => children,
+    };
+    let healths = [
+        healths(&children.topo_servers, &observed.topo_servers),
+        healths(&children.cells, &observed.cells),
+        healths(&children.table_groups, &observed.table_groups),
+    ]
+    .concat();
+    let aggregate = aggregate(&healths, "components");
+    let degraded = aggregate
+        .degraded
+        .then(|| (CHILD_DEGRADED, aggregate.message.clone()));
+    (aggregate.phase, aggregate.message, degraded)
+}

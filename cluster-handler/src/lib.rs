@@ -1,0 +1,196 @@
+//! cluster-handler: turns a MultigresCluster (and its templates) into child custom resources
+//! (TopoServer, Cell, TableGroup, Shard) and aggregates their status.
+//!
+//! Two controllers run in this binary: [`cluster`] (MultigresCluster → TopoServers, Cells,
+//! TableGroups) and [`tablegroup`] (TableGroup → Shards). Both write with the field manager
+//! `multigres-operator/cluster-handler`, forced, and only when the cached object differs from
+//! what they would write.
+
+pub mod children;
+pub mod cluster;
+pub mod notice;
+pub mod tablegroup;
+pub mod watch;
+pub mod writes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Resource;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use multigres_api::labels::MANAGED_SELECTOR;
+use multigres_api::resolver::TemplateKind;
+use multigres_api::v1alpha1::{
+    Cell, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate, TableGroup,
+    TopoServer,
+};
+use multigres_common::HandlerContext;
+use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
+use multigres_common::telemetry::ErrorChain;
+
+use crate::watch::{Guarded, Scope, reflect};
+use crate::writes::Writer;
+
+/// The binary's name, also its field manager suffix.
+pub const NAME: &str = "cluster-handler";
+
+/// Reconciles of different objects that may run at once, per controller.
+const CONCURRENCY: u16 = 4;
+/// Bursts of events for one object (e.g. a cluster's children being created) are folded into
+/// one reconcile after this quiet period.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// Runs both controllers over `scope` until `ctx.shutdown` fires. Reports SERVING once every
+/// cache has synced.
+pub async fn run(ctx: HandlerContext, scope: Scope) {
+    writes::describe();
+    let client = ctx.client.clone();
+    let everything = watcher::Config::default;
+    let managed = || watcher::Config::default().labels(MANAGED_SELECTOR);
+
+    let (clusters, cluster_events) = reflect::<MultigresCluster>(&client, &scope, everything());
+    let (core_templates, core_events) = reflect::<CoreTemplate>(&client, &scope, everything());
+    let (cell_templates, cell_template_events) =
+        reflect::<CellTemplate>(&client, &scope, everything());
+    let (shard_templates, shard_template_events) =
+        reflect::<ShardTemplate>(&client, &scope, everything());
+    let (topo_servers, topo_events) = reflect::<TopoServer>(&client, &scope, managed());
+    let (cells, cell_events) = reflect::<Cell>(&client, &scope, managed());
+    let (owned_table_groups, owned_table_group_events) =
+        reflect::<TableGroup>(&client, &scope, managed());
+    let (table_groups, table_group_events) = reflect::<TableGroup>(&client, &scope, managed());
+    let (shards, shard_events) = reflect::<Shard>(&client, &scope, managed());
+
+    let field_manager = multigres_common::apply::field_manager(NAME);
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: field_manager.clone(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    let cluster_ctx = Arc::new(cluster::Context {
+        stores: cluster::Stores {
+            clusters: clusters.clone(),
+            core_templates: core_templates.clone(),
+            cell_templates: cell_templates.clone(),
+            shard_templates: shard_templates.clone(),
+            topo_servers: topo_servers.clone(),
+            cells: cells.clone(),
+            table_groups: owned_table_groups.clone(),
+        },
+        writer: Writer::new(client.clone(), cluster::CONTROLLER, field_manager.clone()),
+        recorder: recorder.clone(),
+        state: ctx.state.clone(),
+        backoff: ObjectBackoff::new(BackoffPolicy::default()),
+    });
+    let table_group_ctx = Arc::new(tablegroup::Context {
+        table_groups: table_groups.clone(),
+        shards: shards.clone(),
+        writer: Writer::new(client.clone(), tablegroup::CONTROLLER, field_manager),
+        recorder,
+        state: ctx.state.clone(),
+        backoff: ObjectBackoff::new(BackoffPolicy::default()),
+    });
+
+    let config = controller::Config::default()
+        .concurrency(CONCURRENCY)
+        .debounce(DEBOUNCE);
+    let cluster_controller =
+        Controller::for_stream(cluster_events.applied_objects(), clusters.clone())
+            .owns_stream(topo_events.touched_objects())
+            .owns_stream(cell_events.touched_objects())
+            .owns_stream(owned_table_group_events.touched_objects())
+            .watches_stream(
+                core_events.touched_objects(),
+                users::<CoreTemplate>(&clusters, TemplateKind::Core),
+            )
+            .watches_stream(
+                cell_template_events.touched_objects(),
+                users::<CellTemplate>(&clusters, TemplateKind::Cell),
+            )
+            .watches_stream(
+                shard_template_events.touched_objects(),
+                users::<ShardTemplate>(&clusters, TemplateKind::Shard),
+            )
+            .with_config(config.clone())
+            .graceful_shutdown_on(ctx.shutdown.wait())
+            .run(cluster::reconcile, cluster::error_policy, cluster_ctx)
+            .for_each(|result| async move { log(cluster::CONTROLLER, result) });
+    let table_group_controller =
+        Controller::for_stream(table_group_events.applied_objects(), table_groups.clone())
+            .owns_stream(shard_events.touched_objects())
+            .with_config(config)
+            .graceful_shutdown_on(ctx.shutdown.wait())
+            .run(
+                tablegroup::reconcile,
+                tablegroup::error_policy,
+                table_group_ctx,
+            )
+            .for_each(|result| async move { log(tablegroup::CONTROLLER, result) });
+
+    let readiness = async {
+        synced(&ctx, &clusters).await;
+        synced(&ctx, &core_templates).await;
+        synced(&ctx, &cell_templates).await;
+        synced(&ctx, &shard_templates).await;
+        synced(&ctx, &topo_servers).await;
+        synced(&ctx, &cells).await;
+        synced(&ctx, &owned_table_groups).await;
+        synced(&ctx, &table_groups).await;
+        synced(&ctx, &shards).await;
+        ctx.state.set_serving(true).await;
+        tracing::info!("caches synced; serving");
+    };
+    let readiness = async {
+        tokio::select! {
+            () = readiness => {}
+            () = ctx.shutdown.wait() => {}
+        }
+    };
+    futures::join!(cluster_controller, table_group_controller, readiness);
+}
+
+async fn synced<K>(ctx: &HandlerContext, store: &Store<Guarded<K>>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    if store.wait_until_ready().await.is_ok() {
+        ctx.state.mark_synced(K::kind(&()));
+    }
+}
+
+fn log<K, E>(
+    controller: &'static str,
+    result: Result<(ObjectRef<K>, controller::Action), controller::Error<E, watcher::Error>>,
+) where
+    K: Resource,
+    E: std::error::Error + 'static,
+{
+    match result {
+        Ok((object, action)) => tracing::debug!(controller, %object, ?action, "reconciled"),
+        Err(controller::Error::ReconcilerFailed(error, object)) => {
+            tracing::warn!(controller, %object, error = %ErrorChain(&error), "reconcile failed");
+        }
+        Err(controller::Error::ObjectNotFound(object)) => {
+            tracing::debug!(controller, %object, "object gone before its reconcile");
+        }
+        Err(error) => tracing::warn!(controller, error = %ErrorChain(&error), "controller error"),
+    }
+}
+
+/// The mapper of a template watch: the clusters depending on the changed template.
+fn users<T>(
+    clusters: &Store<Guarded<MultigresCluster>>,
+    kind: TemplateKind,
+) -> impl Fn(Guarded<T>) -> Vec<ObjectRef<Guarded<MultigresCluster>>> + Send + Sync + 'static
+where
+    T: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let clusters = clusters.clone();
+    move |template| cluster::clusters_using(&clusters, kind, &template)
+}

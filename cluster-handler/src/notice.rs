@@ -1,0 +1,229 @@
+//! Events worth telling a person about, derived from status transitions so that a reconcile
+//! that changes nothing publishes nothing.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::runtime::events::{Event, EventType};
+use multigres_api::v1alpha1::Phase;
+use multigres_common::conditions::TRUE;
+
+/// An event to publish about the reconciled object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What happened, for a person.
+    pub message: String,
+}
+
+impl Notice {
+    /// A Normal event.
+    pub fn normal(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A Warning event.
+    pub fn warning(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The event, with `action` saying what the controller was doing.
+    pub fn event(&self, action: &str) -> Event {
+        Event {
+            type_: self.type_,
+            reason: self.reason.clone(),
+            note: Some(truncate(&self.message, MAX_NOTE)),
+            action: action.to_owned(),
+            secondary: None,
+        }
+    }
+}
+
+/// Events carry at most 1 kB of note.
+const MAX_NOTE: usize = 1000;
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub(3);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+/// The events for a move from (`old_phase`, `old_degraded`) to (`new_phase`, `new_degraded`):
+/// a phase change; a Warning with the Degraded reason when the object becomes degraded or the
+/// reason or message changes; a Normal `Recovered` when it stops being degraded.
+pub fn transitions(
+    old_phase: Option<Phase>,
+    old_degraded: Option<&Condition>,
+    new_phase: Phase,
+    new_message: &str,
+    new_degraded: Option<&Condition>,
+) -> Vec<Notice> {
+    let mut out = Vec::new();
+    if old_phase != Some(new_phase) {
+        let from = old_phase.map_or_else(|| "none".to_owned(), |p| format!("{p:?}"));
+        let text = format!("Phase changed from {from} to {new_phase:?}: {new_message}");
+        out.push(if new_phase == Phase::Degraded {
+            Notice::warning("PhaseChange", text)
+        } else {
+            Notice::normal("PhaseChange", text)
+        });
+    }
+    let was = old_degraded.filter(|c| c.status == TRUE);
+    let now = new_degraded.filter(|c| c.status == TRUE);
+    match (was, now) {
+        (_, Some(now))
+            if was.is_none_or(|was| was.reason != now.reason || was.message != now.message) =>
+        {
+            out.push(Notice::warning(now.reason.clone(), now.message.clone()));
+        }
+        (Some(was), None) => out.push(Notice::normal(
+            "Recovered",
+            format!("No longer degraded (was {}: {})", was.reason, was.message),
+        )),
+        _ => {}
+    }
+    out
+}
+
+/// `items` joined with `; `, at most `max` of them, then how many more there are.
+pub fn list(items: &[&str], max: usize) -> String {
+    let shown = items
+        .iter()
+        .take(max)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("; ");
+    match items.len().saturating_sub(max) {
+        0 => shown,
+        more => format!("{shown}; and {more} more"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    fn degraded(status: &str, reason: &str, message: &str) -> Condition {
+        Condition {
+            type_: "Degraded".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation: Some(1),
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    #[test]
+    fn nothing_new_publishes_nothing() {
+        let ok = degraded("False", "AsExpected", "fine");
+        assert!(
+            transitions(
+                Some(Phase::Healthy),
+                Some(&ok),
+                Phase::Healthy,
+                "m",
+                Some(&ok)
+            )
+            .is_empty()
+        );
+        let bad = degraded("True", "TemplateNotFound", "x missing");
+        assert!(
+            transitions(
+                Some(Phase::Degraded),
+                Some(&bad),
+                Phase::Degraded,
+                "m",
+                Some(&bad)
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn becoming_degraded_warns_with_the_reason() {
+        let ok = degraded("False", "AsExpected", "fine");
+        let bad = degraded(
+            "True",
+            "TemplateNotFound",
+            "spec.x: ShardTemplate \"t\" missing",
+        );
+        let notices = transitions(
+            Some(Phase::Healthy),
+            Some(&ok),
+            Phase::Degraded,
+            "spec.x: ShardTemplate \"t\" missing",
+            Some(&bad),
+        );
+        assert_eq!(
+            notices,
+            [
+                Notice::warning(
+                    "PhaseChange",
+                    "Phase changed from Healthy to Degraded: spec.x: ShardTemplate \"t\" missing"
+                ),
+                Notice::warning("TemplateNotFound", "spec.x: ShardTemplate \"t\" missing"),
+            ]
+        );
+    }
+
+    #[test]
+    fn recovering_and_first_phase_are_normal() {
+        let bad = degraded("True", "TemplateNotFound", "gone");
+        let ok = degraded("False", "AsExpected", "fine");
+        let notices = transitions(
+            Some(Phase::Degraded),
+            Some(&bad),
+            Phase::Progressing,
+            "0/3 healthy",
+            Some(&ok),
+        );
+        assert_eq!(notices.len(), 2);
+        assert_eq!(
+            notices[1],
+            Notice::normal(
+                "Recovered",
+                "No longer degraded (was TemplateNotFound: gone)"
+            )
+        );
+        let first = transitions(None, None, Phase::Initializing, "waiting", Some(&ok));
+        assert_eq!(
+            first,
+            [Notice::normal(
+                "PhaseChange",
+                "Phase changed from none to Initializing: waiting"
+            )]
+        );
+    }
+
+    #[test]
+    fn long_lists_and_notes_are_cut() {
+        assert_eq!(list(&["a", "b"], 3), "a; b");
+        assert_eq!(list(&["a", "b", "c", "d", "e"], 3), "a; b; c; and 2 more");
+        let long = "é".repeat(800);
+        let event = Notice::normal("R", long).event("Reconcile");
+        let note = event.note.unwrap();
+        assert!(
+            note.len() <= MAX_NOTE && note.ends_with("..."),
+            "{}",
+            note.len()
+        );
+    }
+}

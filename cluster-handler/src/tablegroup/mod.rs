@@ -1,0 +1,303 @@
+//! The TableGroup controller: applies one Shard per shard entry of a TableGroup, deletes the
+//! Shards it controls that are no longer listed, and aggregates their status.
+
+pub mod build;
+pub mod status;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use multigres_api::v1alpha1::{Shard, TableGroup};
+use multigres_common::apply::ApplyError;
+use multigres_common::backoff::ObjectBackoff;
+use multigres_common::state::HandlerState;
+
+use crate::children::{controller_of, owned_by};
+use crate::notice::Notice;
+use crate::watch::{Guarded, in_namespace};
+use crate::writes::{self, Writer};
+use build::{Incomplete, Owner};
+use status::Outcome;
+
+/// Name of this controller in metrics and `HandlerInfo`.
+pub const CONTROLLER: &str = "tablegroup";
+
+/// When a Shard is still terminating, look again after this long.
+const TERMINATING_RETRY: Duration = Duration::from_secs(5);
+
+/// Why a TableGroup could not be reconciled.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The stored object does not match the API types.
+    #[error("TableGroup {name} cannot be read: {message}")]
+    Malformed {
+        /// `namespace/name`.
+        name: String,
+        /// The deserializer's message.
+        message: String,
+    },
+    /// The TableGroup lacks its identity or cluster label.
+    #[error(transparent)]
+    Incomplete(#[from] Incomplete),
+    /// The API server refused a Shard built from the spec.
+    #[error("Shard {name} was refused by the API server: {message}")]
+    Rejected {
+        /// Shard name.
+        name: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// A Shard's name is taken by an object another owner controls.
+    #[error(
+        "Shard {name} exists and is controlled by {owner_kind} {owner}; it is left alone until it is gone"
+    )]
+    Foreign {
+        /// Shard name.
+        name: String,
+        /// Kind of its controller.
+        owner_kind: String,
+        /// Name of its controller.
+        owner: String,
+    },
+    /// Applying a Shard failed.
+    #[error(transparent)]
+    Apply(ApplyError),
+    /// Deleting a Shard failed.
+    #[error("cannot delete Shard {name}")]
+    Delete {
+        /// Shard name.
+        name: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing the TableGroup's status failed.
+    #[error("cannot write the status")]
+    Status(#[source] ApplyError),
+}
+
+impl Error {
+    /// Whether only a change can fix this (no retry; a condition and an event say why).
+    pub fn is_invalid_spec(&self) -> bool {
+        matches!(
+            self,
+            Error::Malformed { .. } | Error::Incomplete(_) | Error::Rejected { .. }
+        )
+    }
+
+    /// Condition reason (and metric category) of the error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Malformed { .. } | Error::Incomplete(_) => "InvalidObject",
+            Error::Rejected { .. } => "InvalidSpec",
+            Error::Foreign { .. } => "NameConflict",
+            Error::Apply(_) => "ApplyFailed",
+            Error::Delete { .. } => "DeleteFailed",
+            Error::Status(_) => "StatusFailed",
+        }
+    }
+
+    fn from_apply(error: ApplyError) -> Self {
+        match writes::rejection(&error) {
+            Some((_, name, message)) => Error::Rejected { name, message },
+            None => Error::Apply(error),
+        }
+    }
+}
+
+/// What every reconcile of this controller shares.
+pub struct Context {
+    /// TableGroups managed by the operator.
+    pub table_groups: Store<Guarded<TableGroup>>,
+    /// Shards managed by the operator.
+    pub shards: Store<Guarded<Shard>>,
+    /// The write path.
+    pub writer: Writer,
+    /// Events about TableGroups.
+    pub recorder: Recorder,
+    /// Reconcile counts for `HandlerInfo` and metrics.
+    pub state: HandlerState,
+    /// Retry delays of TableGroups failing transiently.
+    pub backoff: ObjectBackoff<ObjectRef<Guarded<TableGroup>>>,
+}
+
+/// Reconciles one TableGroup and records the outcome.
+pub async fn reconcile(obj: Arc<Guarded<TableGroup>>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let key = ObjectRef::from_obj(&*obj);
+    let result = reconcile_table_group(&obj, &ctx).await;
+    match &result {
+        Ok(_) => ctx.backoff.reset(&key),
+        Err(error) if !error.is_invalid_spec() && ctx.backoff.failures(&key) == 0 => {
+            let notice = Notice::warning(
+                error.reason(),
+                multigres_common::telemetry::ErrorChain(error).to_string(),
+            );
+            ctx.writer
+                .publish(
+                    &ctx.recorder,
+                    &notice.event("Reconcile"),
+                    &obj.object_ref(&()),
+                )
+                .await;
+        }
+        Err(_) => {}
+    }
+    ctx.state.record_reconcile(
+        CONTROLLER,
+        result.as_ref().map(|_| ()).map_err(Error::reason),
+        started.elapsed(),
+    );
+    result
+}
+
+/// Waits for a change after a spec problem; backs off (with jitter) after anything else.
+pub fn error_policy(obj: Arc<Guarded<TableGroup>>, error: &Error, ctx: Arc<Context>) -> Action {
+    if error.is_invalid_spec() {
+        Action::await_change()
+    } else {
+        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&*obj)))
+    }
+}
+
+async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Result<Action, Error> {
+    let tg = match &obj.0 {
+        Ok(tg) => tg,
+        Err(invalid) => {
+            let error = Error::Malformed {
+                name: format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()),
+                message: invalid.error.clone(),
+            };
+            let notice = Notice::warning(error.reason(), error.to_string());
+            ctx.writer
+                .publish(
+                    &ctx.recorder,
+                    &notice.event("Reconcile"),
+                    &obj.object_ref(&()),
+                )
+                .await;
+            return Err(error);
+        }
+    };
+    if tg.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let namespace = tg.namespace().unwrap_or_default();
+    let uid = tg.uid().unwrap_or_default();
+    let result = match realize(tg, ctx).await {
+        Err(error) if !error.is_invalid_spec() => return Err(error),
+        result => result,
+    };
+    let outcome = match &result {
+        Ok(realized) => Outcome::Applied(&realized.shards),
+        Err(error) => Outcome::Blocked {
+            reason: error.reason(),
+            message: error.to_string(),
+        },
+    };
+    let observed: BTreeMap<String, Shard> = in_namespace(&ctx.shards, &namespace)
+        .iter()
+        .filter_map(|cached| cached.0.as_ref().ok())
+        .filter(|shard| owned_by(*shard, &uid))
+        .map(|shard| (shard.name_any(), shard.clone()))
+        .collect();
+    let computed = status::compute(tg, &outcome, &observed, Timestamp::now());
+    if computed.changed {
+        ctx.writer
+            .apply_status(&ctx.table_groups, tg, &computed.status)
+            .await
+            .map_err(Error::Status)?;
+    }
+    let reference = tg.object_ref(&());
+    let deletions = result
+        .as_ref()
+        .map(|r| r.notices.as_slice())
+        .unwrap_or_default();
+    for notice in deletions.iter().chain(&computed.notices) {
+        ctx.writer
+            .publish(&ctx.recorder, &notice.event("Reconcile"), &reference)
+            .await;
+    }
+    match result {
+        Err(error) => Err(error),
+        Ok(realized) if realized.terminating => Ok(Action::requeue(TERMINATING_RETRY)),
+        Ok(_) => Ok(Action::await_change()),
+    }
+}
+
+struct Realized {
+    shards: Vec<Shard>,
+    terminating: bool,
+    notices: Vec<Notice>,
+}
+
+/// Applies every Shard that differs from its cached version and deletes the Shards this
+/// TableGroup controls that it no longer lists.
+async fn realize(tg: &TableGroup, ctx: &Context) -> Result<Realized, Error> {
+    let owner = Owner::of(tg)?;
+    let shards = build::shards(&owner, &tg.spec);
+    let mut terminating = false;
+    for desired in &shards {
+        let name = desired.name_any();
+        let cached = ctx
+            .shards
+            .get(&ObjectRef::new(&name).within(&owner.namespace));
+        let observed = cached.as_deref().and_then(|c| c.0.as_ref().ok());
+        if let Some(observed) = observed {
+            if observed.meta().deletion_timestamp.is_some() {
+                terminating = true;
+                continue;
+            }
+            if let Some(controller) =
+                controller_of(observed).filter(|c| c.uid != owner.reference.uid)
+            {
+                return Err(Error::Foreign {
+                    name,
+                    owner_kind: controller.kind.clone(),
+                    owner: controller.name.clone(),
+                });
+            }
+        }
+        ctx.writer
+            .apply_child(&ctx.shards, desired, observed)
+            .await
+            .map_err(Error::from_apply)?;
+    }
+    let wanted: BTreeSet<String> = shards.iter().map(ResourceExt::name_any).collect();
+    let mut notices = Vec::new();
+    for cached in in_namespace(&ctx.shards, &owner.namespace) {
+        let Ok(shard) = &cached.0 else { continue };
+        let name = shard.name_any();
+        if !owned_by(shard, &owner.reference.uid)
+            || wanted.contains(&name)
+            || shard.meta().deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        ctx.writer
+            .delete_child(&ctx.shards, shard)
+            .await
+            .map_err(|source| Error::Delete {
+                name: name.clone(),
+                source,
+            })?;
+        notices.push(Notice::normal(
+            "Deleted",
+            format!("Deleted Shard {name}: the TableGroup no longer lists it"),
+        ));
+    }
+    Ok(Realized {
+        shards,
+        terminating,
+        notices,
+    })
+}
+
+#[cfg(test)]
+mod tests;

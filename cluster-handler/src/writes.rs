@@ -1,0 +1,240 @@
+//! Every write the handler makes to the API server goes through [`Writer`]: it counts the
+//! write in `multigres_operator_api_writes_total{controller,kind,verb}` (so tests and alerts
+//! can see that an idle cluster costs nothing), and waits until the watch cache has seen the
+//! write, so the next reconcile compares against what was written rather than re-sending it.
+
+use std::time::{Duration, Instant};
+
+use kube::api::{DeleteParams, Preconditions};
+use kube::runtime::events::{Event, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource, ResourceExt};
+use multigres_common::apply::{self, ApplyError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::children::Child;
+use crate::watch::Guarded;
+
+/// Writes to the API server per controller, kind and verb (`apply`, `apply-status`,
+/// `delete`, `event`).
+pub const API_WRITES_TOTAL: &str = "multigres_operator_api_writes_total";
+
+/// How long a write waits for the watch cache to show it before moving on.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the cache is checked meanwhile.
+const SETTLE_POLL: Duration = Duration::from_millis(5);
+
+/// Registers the HELP text of the write counter with the installed recorder.
+pub fn describe() {
+    metrics::describe_counter!(
+        API_WRITES_TOTAL,
+        "Writes to the Kubernetes API per controller, kind and verb."
+    );
+}
+
+fn count(controller: &'static str, kind: &str, verb: &'static str) {
+    metrics::counter!(
+        API_WRITES_TOTAL,
+        "controller" => controller,
+        "kind" => kind.to_owned(),
+        "verb" => verb
+    )
+    .increment(1);
+}
+
+/// The kind, name and message of an apply the API server refused as invalid (HTTP 400 or
+/// 422): the object built from the user's spec breaks a schema or CEL rule, so retrying
+/// cannot help.
+pub fn rejection(error: &ApplyError) -> Option<(String, String, String)> {
+    match error {
+        ApplyError::Kube {
+            kind,
+            name,
+            source: kube::Error::Api(status),
+        } if matches!(status.code, 400 | 422) => {
+            Some((kind.clone(), name.clone(), status.message.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// The write path of one controller.
+#[derive(Clone)]
+pub struct Writer {
+    client: kube::Client,
+    controller: &'static str,
+    field_manager: String,
+}
+
+impl Writer {
+    /// Writes as `field_manager`, counted under `controller`.
+    pub fn new(client: kube::Client, controller: &'static str, field_manager: String) -> Self {
+        Self {
+            client,
+            controller,
+            field_manager,
+        }
+    }
+
+    /// Applies `desired` (forced server-side apply) unless `observed`, its cached version, is
+    /// already up to date. Returns whether it wrote.
+    pub async fn apply_child<K: Child>(
+        &self,
+        store: &Store<Guarded<K>>,
+        desired: &K,
+        observed: Option<&K>,
+    ) -> Result<bool, ApplyError> {
+        if observed.is_some_and(|o| crate::children::up_to_date(desired, o)) {
+            return Ok(false);
+        }
+        let namespace = desired.namespace().unwrap_or_default();
+        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
+        count(self.controller, &K::kind(&()), "apply");
+        let before = observed.and_then(|o| o.resource_version());
+        let stored = apply::apply(&api, &self.field_manager, desired).await?;
+        if stored.resource_version() != before {
+            settle(store, &desired.name_any(), &namespace, |cached| {
+                cached.is_some_and(|c| c.resource_version() != before)
+            })
+            .await;
+        }
+        Ok(true)
+    }
+
+    /// Deletes `obj` (only that incarnation: the uid is a precondition) and waits until the
+    /// cache shows it gone or terminating.
+    pub async fn delete_child<K: Child>(
+        &self,
+        store: &Store<Guarded<K>>,
+        obj: &K,
+    ) -> Result<(), kube::Error> {
+        let namespace = obj.namespace().unwrap_or_default();
+        let name = obj.name_any();
+        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: obj.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        count(self.controller, &K::kind(&()), "delete");
+        match api.delete(&name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                // Already gone, or a newer object took the name: nothing of ours to delete.
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        }
+        settle(store, &name, &namespace, |cached| {
+            cached.is_none_or(|c| c.meta().deletion_timestamp.is_some())
+        })
+        .await;
+        Ok(())
+    }
+
+    /// Applies `status` to the status subresource of `obj` and waits until the cache shows it.
+    pub async fn apply_status<K>(
+        &self,
+        store: &Store<Guarded<K>>,
+        obj: &K,
+        status: &impl Serialize,
+    ) -> Result<(), ApplyError>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + DeserializeOwned
+            + 'static,
+    {
+        let namespace = obj.namespace().unwrap_or_default();
+        let name = obj.name_any();
+        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
+        count(self.controller, &K::kind(&()), "apply-status");
+        let before = obj.resource_version();
+        let stored = apply::apply_status(&api, &self.field_manager, &name, status).await?;
+        if stored.resource_version() != before {
+            settle(store, &name, &namespace, |cached| {
+                cached.is_some_and(|c| c.resource_version() != before)
+            })
+            .await;
+        }
+        Ok(())
+    }
+
+    /// Publishes `event` about the object `reference`; a failure is logged, never fatal.
+    pub async fn publish(
+        &self,
+        recorder: &Recorder,
+        event: &Event,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+    ) {
+        count(self.controller, "Event", "event");
+        if let Err(error) = recorder.publish(event, reference).await {
+            tracing::warn!(
+                reason = %event.reason,
+                object = ?reference.name,
+                error = %multigres_common::telemetry::ErrorChain(&error),
+                "cannot publish an event"
+            );
+        }
+    }
+}
+
+/// Waits until `done` holds for the cached object `namespace/name` (or `None` when absent),
+/// at most [`SETTLE_TIMEOUT`]; a slow watch only costs a redundant write later, never a wrong
+/// one.
+async fn settle<K>(
+    store: &Store<Guarded<K>>,
+    name: &str,
+    namespace: &str,
+    done: impl Fn(Option<&Guarded<K>>) -> bool,
+) where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let key = ObjectRef::<Guarded<K>>::new(name).within(namespace);
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    while !done(store.get(&key).as_deref()) {
+        if Instant::now() >= deadline {
+            tracing::debug!(
+                name,
+                namespace,
+                "watch cache did not show the write in time"
+            );
+            return;
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_counted_per_controller_kind_and_verb() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            count("multigrescluster", "Cell", "apply");
+            count("multigrescluster", "Cell", "apply");
+            count("tablegroup", "TableGroup", "apply-status");
+        });
+        let text = handle.render();
+        assert!(
+            text.contains(
+                r#"multigres_operator_api_writes_total{controller="multigrescluster",kind="Cell",verb="apply"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"multigres_operator_api_writes_total{controller="tablegroup",kind="TableGroup",verb="apply-status"} 1"#
+            ),
+            "{text}"
+        );
+    }
+}
