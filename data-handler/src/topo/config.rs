@@ -6,8 +6,7 @@ use super::paths::DEFAULT_GLOBAL_ROOT;
 
 /// Default time to establish a connection to an etcd endpoint.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default bound on one topology operation (each etcd request, including waiting for a
-/// connection).
+/// Default bound on each etcd request, including waiting for a connection.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connection settings for the global topology (and, with the same TLS material and timeouts,
@@ -22,7 +21,8 @@ pub struct TopoConfig {
     pub tls: Option<TlsPem>,
     /// Time allowed to establish a connection.
     pub connect_timeout: Duration,
-    /// Time allowed for each operation; past it the call fails with a transient `Timeout`.
+    /// Time allowed for each etcd request; past it the call fails with a transient `Timeout`. A
+    /// registration makes a few requests (read, conditional write, retries on conflict).
     pub request_timeout: Duration,
 }
 

@@ -107,14 +107,12 @@ impl TopoStore {
     /// Creates or updates the Cell record so its managed fields match `spec`; no write when they
     /// already do. Retries compare-and-swap conflicts a few times before returning `Conflict`.
     pub async fn register_cell(&self, spec: &CellSpec) -> Result<Registration, TopoError> {
-        spec.validate()?;
         self.register(&self.paths.cell(&spec.name), || self.plan_cell(spec))
             .await
     }
 
     /// Creates or updates the Database record; see [`TopoStore::register_cell`].
     pub async fn register_database(&self, spec: &DatabaseSpec) -> Result<Registration, TopoError> {
-        spec.validate()?;
         self.register(&self.paths.database(&spec.name), || {
             self.plan_database(spec)
         })
@@ -186,10 +184,10 @@ impl TopoStore {
                 .await?;
             let read_revision = response.header().map_or(0, |h| h.revision());
             let mut referencing = Vec::new();
-            for (key, value) in self.database_records(response.kvs()) {
+            for (name, key, value) in self.database_records(response.kvs()) {
                 let database = decode::<Database>(key, value)?;
                 if database.cells.iter().any(|c| c == cell) {
-                    referencing.push(database_name(&self.paths, key));
+                    referencing.push(name.to_string());
                 }
             }
             if !referencing.is_empty() {
@@ -370,14 +368,15 @@ impl TopoStore {
             .collect())
     }
 
+    /// `(database name, key, value)` of the Database records among `entries`.
     fn database_records<'r>(
         &self,
         entries: &'r [KeyValue],
-    ) -> impl Iterator<Item = (&'r str, &'r [u8])> {
+    ) -> impl Iterator<Item = (&'r str, &'r str, &'r [u8])> {
         entries.iter().filter_map(|entry| {
             let key = entry.key_str().ok()?;
-            self.paths.database_name_of(key)?;
-            Some((key, entry.value()))
+            let name = self.paths.database_name_of(key)?;
+            Some((name, key, entry.value()))
         })
     }
 
@@ -478,10 +477,6 @@ fn decode<M: Message + Default>(key: &str, value: &[u8]) -> Result<M, TopoError>
         key: key.to_string(),
         source: RecordError::Decode(source),
     })
-}
-
-fn database_name(paths: &GlobalPaths, key: &str) -> String {
-    paths.database_name_of(key).unwrap_or(key).to_string()
 }
 
 fn deleted_any(responses: &[TxnOpResponse]) -> bool {
