@@ -31,8 +31,7 @@ async fn main() -> anyhow::Result<()> {
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime
         .run(Some(&cli.leader), |ctx| async move {
-            ctx.state.set_serving(true).await;
-            ctx.shutdown.wait().await;
+            resource_handler::run(ctx).await;
             Ok::<(), Infallible>(())
         })
         .await?;

@@ -1,0 +1,132 @@
+//! The condition types this handler owns and how they are merged into a status it writes.
+//!
+//! Several handlers write conditions on the same object (server-side apply keyed by `type`),
+//! so a status this handler applies carries only its own condition types, with their
+//! transition times kept from what was observed.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use multigres_api::v1alpha1::Phase;
+use multigres_common::conditions::{DesiredCondition, set_condition};
+
+pub use multigres_common::conditions::{FALSE, TRUE};
+
+/// The workload serves: every replica is ready at the current generation.
+pub const AVAILABLE: &str = "Available";
+
+/// A condition as a reconcile computes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cond {
+    pub type_: &'static str,
+    pub status: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Cond {
+    /// A condition of `type_`.
+    pub fn new(
+        type_: &'static str,
+        status: &'static str,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_,
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// Whether the condition holds.
+    pub fn is_true(&self) -> bool {
+        self.status == TRUE
+    }
+}
+
+/// `desired` as full conditions, transition times taken from `observed` for those whose status
+/// did not change. Only the desired types are returned: the others belong to other handlers.
+pub fn merge(
+    observed: &[Condition],
+    desired: &[Cond],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let mut all = observed.to_vec();
+    for cond in desired {
+        set_condition(
+            &mut all,
+            &DesiredCondition {
+                type_: cond.type_,
+                status: cond.status,
+                reason: cond.reason,
+                message: &cond.message,
+                observed_generation: generation,
+            },
+            now,
+        );
+    }
+    all.retain(|c| desired.iter().any(|d| d.type_ == c.type_));
+    all
+}
+
+/// The phase shown by `kubectl get`: Degraded when the spec cannot be realised, Healthy when
+/// available, Progressing otherwise.
+pub fn phase(available: bool, problem: Option<&str>) -> Phase {
+    match (problem, available) {
+        (Some(_), _) => Phase::Degraded,
+        (None, true) => Phase::Healthy,
+        (None, false) => Phase::Progressing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    #[test]
+    fn merge_keeps_times_and_drops_foreign_types() {
+        let observed = vec![
+            Condition {
+                type_: AVAILABLE.into(),
+                status: TRUE.into(),
+                reason: "AllReady".into(),
+                message: "3/3".into(),
+                observed_generation: Some(1),
+                last_transition_time: Time(at(10)),
+            },
+            Condition {
+                type_: "TopologyRegistered".into(),
+                status: TRUE.into(),
+                reason: "Registered".into(),
+                message: "ok".into(),
+                observed_generation: Some(1),
+                last_transition_time: Time(at(11)),
+            },
+        ];
+        let desired = [
+            Cond::new(AVAILABLE, TRUE, "AllReady", "3/3"),
+            Cond::new("RollingUpdate", FALSE, "UpToDate", "done"),
+        ];
+        let merged = merge(&observed, &desired, Some(1), at(50));
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0], observed[0], "unchanged condition kept as is");
+        assert_eq!(merged[1].type_, "RollingUpdate");
+        assert_eq!(merged[1].last_transition_time, Time(at(50)));
+        assert!(merged.iter().all(|c| c.type_ != "TopologyRegistered"));
+    }
+
+    #[test]
+    fn phase_prefers_problems() {
+        assert_eq!(phase(true, Some("bad")), Phase::Degraded);
+        assert_eq!(phase(true, None), Phase::Healthy);
+        assert_eq!(phase(false, None), Phase::Progressing);
+    }
+}

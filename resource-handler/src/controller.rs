@@ -1,0 +1,301 @@
+//! What the four controllers share: one cached watch per kind (fed to every controller that
+//! needs it), the context handed to reconcilers, error classification, per-object backoff,
+//! reconcile metrics and Warning events for specs that cannot be realised.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use multigres_api::labels::{COMPONENT, Component, MANAGED_SELECTOR};
+use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
+use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
+use multigres_common::state::HandlerState;
+use multigres_common::telemetry::ErrorChain;
+use serde::de::DeserializeOwned;
+
+/// Name under which events are reported.
+pub const REPORTER: &str = "multigres.com/resource-handler";
+
+/// How many watch events a shared reflector buffers for a slow subscriber.
+const SHARED_BUFFER: usize = 1024;
+
+/// Whether an error needs a spec change (wait for one) or may pass (retry with backoff).
+pub trait Classify: std::error::Error + Send + Sync + 'static {
+    /// True when retrying cannot help until the spec changes.
+    fn is_invalid_spec(&self) -> bool;
+    /// A short, bounded label for metrics, e.g. `invalid_spec` or `kube_api`.
+    fn category(&self) -> &'static str;
+}
+
+/// A cached, label-filtered watch of one kind, shared by several controllers.
+pub struct Shared<K: Resource + Clone + 'static>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    /// The cache.
+    pub store: Store<K>,
+    /// Changed objects for the first subscriber; clone it for each further one. Every handle
+    /// must be polled (a controller does), or the watch stalls once the buffer is full.
+    pub handle: ReflectHandle<K>,
+}
+
+/// Logs watch failures (the watcher retries with backoff) and drops the events.
+fn drive<S, T>(kind: String, events: S) -> impl Future<Output = ()> + Send + 'static
+where
+    S: Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+{
+    events.for_each(move |event| {
+        if let Err(error) = event {
+            tracing::warn!(%kind, error = %ErrorChain(&error), "watch failed, retrying");
+        }
+        std::future::ready(())
+    })
+}
+
+/// Starts a shared watch of `K` over every namespace with `config`; the returned future keeps
+/// it running and must be polled. Managed fields are dropped before caching: never read here,
+/// and often larger than the object.
+pub fn share<K>(
+    client: &Client,
+    config: watcher::Config,
+) -> (Shared<K>, impl Future<Output = ()> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store_shared(SHARED_BUFFER);
+    let handle = writer
+        .subscribe()
+        .expect("a shared store always accepts subscribers");
+    let events = watcher(Api::<K>::all(client.clone()), config)
+        .default_backoff()
+        .modify(|obj: &mut K| obj.managed_fields_mut().clear())
+        .reflect_shared(writer);
+    (
+        Shared { store, handle },
+        drive(K::kind(&()).into_owned(), events),
+    )
+}
+
+/// Starts a cached watch of `K` that no controller is triggered by (only read from).
+pub fn cache<K>(
+    client: &Client,
+    config: watcher::Config,
+) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = watcher(Api::<K>::all(client.clone()), config)
+        .default_backoff()
+        .modify(|obj: &mut K| obj.managed_fields_mut().clear())
+        .reflect(writer);
+    (store, drive(K::kind(&()).into_owned(), events))
+}
+
+/// Objects this operator manages (every child carries the label).
+pub fn managed() -> watcher::Config {
+    watcher::Config::default().labels(MANAGED_SELECTOR)
+}
+
+/// Kinds reported as synced (HandlerInfo) once their caches are filled.
+pub const WATCHED_KINDS: [&str; 13] = [
+    "TopoServer",
+    "Cell",
+    "Shard",
+    "MultigresCluster",
+    "CoreTemplate",
+    "CellTemplate",
+    "ShardTemplate",
+    "StatefulSet",
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+    "PersistentVolumeClaim",
+    "Pod",
+];
+
+/// The caches every reconciler reads children from.
+#[derive(Clone)]
+pub struct Stores {
+    pub statefulsets: Store<StatefulSet>,
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    pub pdbs: Store<PodDisruptionBudget>,
+    pub pvcs: Store<PersistentVolumeClaim>,
+    /// Pool pods only (what the ordered restarts need).
+    pub pods: Store<Pod>,
+    pub clusters: Store<DeserializeGuard<MultigresCluster>>,
+    pub core_templates: Store<DeserializeGuard<CoreTemplate>>,
+    pub cell_templates: Store<DeserializeGuard<CellTemplate>>,
+    pub shard_templates: Store<DeserializeGuard<ShardTemplate>>,
+}
+
+impl Stores {
+    /// Waits until every cache holds its initial list.
+    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.statefulsets.wait_until_ready().await?;
+        self.deployments.wait_until_ready().await?;
+        self.services.wait_until_ready().await?;
+        self.pdbs.wait_until_ready().await?;
+        self.pvcs.wait_until_ready().await?;
+        self.pods.wait_until_ready().await?;
+        self.clusters.wait_until_ready().await?;
+        self.core_templates.wait_until_ready().await?;
+        self.cell_templates.wait_until_ready().await?;
+        self.shard_templates.wait_until_ready().await
+    }
+}
+
+/// Pool pods: the only pods a reconciler looks at.
+pub fn pool_pods() -> watcher::Config {
+    managed().labels(&format!("{COMPONENT}={}", Component::Pool.as_str()))
+}
+
+/// The children of `K` in `store` that `owner_uid` controls, in `namespace`.
+pub fn owned<K>(store: &Store<K>, namespace: &str, owner_uid: &str) -> Vec<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.state_filter(|obj| {
+        obj.meta().namespace.as_deref() == Some(namespace)
+            && crate::sync::controlled_by(obj, owner_uid)
+    })
+}
+
+/// Everything a reconciler needs.
+pub struct Ctx<K: Resource<DynamicType = ()>> {
+    pub client: Client,
+    pub state: HandlerState,
+    pub recorder: Recorder,
+    pub stores: Stores,
+    /// Name of the controller in metrics and HandlerInfo.
+    pub name: &'static str,
+    /// Consecutive failures per object.
+    pub backoff: ObjectBackoff<ObjectRef<K>>,
+}
+
+impl<K: Resource<DynamicType = ()>> Ctx<K> {
+    /// A context for controller `name`.
+    pub fn new(
+        name: &'static str,
+        client: Client,
+        state: HandlerState,
+        recorder: Recorder,
+        stores: Stores,
+    ) -> Self {
+        Self {
+            client,
+            state,
+            recorder,
+            stores,
+            name,
+            backoff: ObjectBackoff::new(BackoffPolicy::default()),
+        }
+    }
+
+    /// Publishes an event about `obj`; a failure to publish is logged, never fatal.
+    pub async fn event(&self, obj: &K, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(error = %ErrorChain(&error), "cannot publish an event");
+        }
+    }
+}
+
+/// The shared event recorder of this handler.
+pub fn recorder(client: &Client) -> Recorder {
+    Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: REPORTER.to_owned(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    )
+}
+
+/// Runs one reconcile of `obj`: records its outcome, resets the backoff on success, and
+/// publishes a Warning event when the spec cannot be realised.
+pub async fn observe<K, E, F>(ctx: &Ctx<K>, obj: &K, reconcile: F) -> Result<Action, E>
+where
+    K: Resource<DynamicType = ()> + Clone,
+    E: Classify,
+    F: Future<Output = Result<Action, E>>,
+{
+    let started = Instant::now();
+    let result = reconcile.await;
+    let elapsed = started.elapsed();
+    match &result {
+        Ok(_) => {
+            ctx.backoff.reset(&ObjectRef::from_obj(obj));
+            ctx.state.record_reconcile(ctx.name, Ok(()), elapsed);
+        }
+        Err(error) => {
+            ctx.state
+                .record_reconcile(ctx.name, Err(error.category()), elapsed);
+            tracing::warn!(
+                controller = ctx.name,
+                name = %obj.name_any(),
+                namespace = ?obj.namespace(),
+                error = %ErrorChain(error),
+                "reconcile failed"
+            );
+            if error.is_invalid_spec() {
+                let note = ErrorChain(error).to_string();
+                ctx.event(obj, EventType::Warning, "InvalidSpec", note)
+                    .await;
+            }
+        }
+    }
+    result
+}
+
+/// Invalid specs wait for a change; anything else is retried with per-object backoff.
+pub fn error_policy<K, E>(obj: Arc<K>, error: &E, ctx: Arc<Ctx<K>>) -> Action
+where
+    K: Resource<DynamicType = ()> + Clone,
+    E: Classify,
+{
+    if error.is_invalid_spec() {
+        Action::await_change()
+    } else {
+        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&obj)))
+    }
+}
+
+/// How long to wait before looking again at something only polling can see progress of
+/// (a restarted pod coming back).
+pub const POLL: Duration = Duration::from_secs(5);
+
+/// Drives a controller's result stream until it ends (on shutdown).
+pub async fn drain<S, T, E>(name: &'static str, results: S)
+where
+    S: Stream<Item = Result<T, E>>,
+    E: std::error::Error + 'static,
+{
+    results
+        .for_each(|result| {
+            if let Err(error) = result {
+                tracing::debug!(controller = name, error = %ErrorChain(&error), "controller event");
+            }
+            std::future::ready(())
+        })
+        .await;
+}

@@ -1,0 +1,246 @@
+//! Volume growth: a larger requested size is applied to the existing PVCs (StatefulSet claim
+//! templates are immutable, so the StatefulSet itself keeps the size it was created with);
+//! a smaller one is reported and never acted on, since volumes cannot shrink.
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use crate::conditions::{Cond, FALSE, TRUE};
+
+/// Condition type reporting whether the volumes match the requested size.
+pub const STORAGE_SYNCED: &str = "StorageSynced";
+
+/// Bytes in a Kubernetes quantity such as `10Gi`, `1.5G` or `1e9`, rounded up; `None` if the
+/// text is not a quantity.
+pub fn parse_bytes(text: &str) -> Option<u128> {
+    let end = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(end);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() {
+        return None;
+    }
+    let mantissa: u128 = format!("{whole}{fraction}").parse().ok()?;
+    let mut denominator = 10u128.checked_pow(u32::try_from(fraction.len()).ok()?)?;
+    let multiplier: u128 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        "k" => 10u128.pow(3),
+        "M" => 10u128.pow(6),
+        "G" => 10u128.pow(9),
+        "T" => 10u128.pow(12),
+        "P" => 10u128.pow(15),
+        "E" => 10u128.pow(18),
+        "m" => {
+            denominator = denominator.checked_mul(1000)?;
+            1
+        }
+        exponent => {
+            let power: u32 = exponent.strip_prefix(['e', 'E'])?.parse().ok()?;
+            10u128.checked_pow(power)?
+        }
+    };
+    Some(mantissa.checked_mul(multiplier)?.div_ceil(denominator))
+}
+
+/// The storage request of a PVC, as written.
+pub fn requested(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+        .map(|q| q.0.as_str())
+}
+
+/// What to do with a set of volumes given the requested size.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResizePlan {
+    /// PVCs whose request is smaller than the desired size: grow them.
+    pub grow: Vec<String>,
+    /// PVCs whose request is larger than the desired size, with that request: left alone.
+    pub shrink_refused: Vec<(String, String)>,
+}
+
+/// Compares every PVC's request with `desired`. PVCs without a parseable request are left
+/// alone (nothing sensible can be done with them).
+pub fn plan_resize<'a>(
+    desired: &str,
+    pvcs: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
+) -> ResizePlan {
+    let mut plan = ResizePlan::default();
+    let Some(want) = parse_bytes(desired) else {
+        return plan;
+    };
+    for pvc in pvcs {
+        let Some(current) = requested(pvc) else {
+            continue;
+        };
+        let Some(have) = parse_bytes(current) else {
+            continue;
+        };
+        if have < want {
+            plan.grow.push(pvc.name_any());
+        } else if have > want {
+            plan.shrink_refused
+                .push((pvc.name_any(), current.to_owned()));
+        }
+    }
+    plan.grow.sort();
+    plan.shrink_refused.sort();
+    plan
+}
+
+/// The outcome of applying a [`ResizePlan`], for the `StorageSynced` condition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResizeOutcome {
+    /// PVCs whose request was raised.
+    pub grown: Vec<String>,
+    /// PVCs the API server refused to grow, with its message (e.g. the StorageClass does not
+    /// allow expansion).
+    pub refused: Vec<(String, String)>,
+    /// PVCs larger than requested.
+    pub shrink_refused: Vec<(String, String)>,
+}
+
+impl ResizeOutcome {
+    /// The `StorageSynced` condition: `True` when every volume requests the desired size.
+    pub fn condition(&self, desired: &str) -> Cond {
+        if let Some((name, current)) = self.shrink_refused.first() {
+            return Cond::new(
+                STORAGE_SYNCED,
+                FALSE,
+                "ShrinkRefused",
+                format!(
+                    "requested size {desired} is smaller than volume {name} ({current}) and {} \
+                     other(s); volumes cannot shrink, so nothing was changed: restore the size",
+                    self.shrink_refused.len() - 1
+                ),
+            );
+        }
+        if let Some((name, message)) = self.refused.first() {
+            return Cond::new(
+                STORAGE_SYNCED,
+                FALSE,
+                "ExpansionRefused",
+                format!(
+                    "growing volume {name} to {desired} was refused: {message}; use a \
+                     StorageClass with allowVolumeExpansion: true"
+                ),
+            );
+        }
+        Cond::new(
+            STORAGE_SYNCED,
+            TRUE,
+            "UpToDate",
+            format!("every volume requests {desired}"),
+        )
+    }
+}
+
+/// Raises the request of `plan.grow` to `desired` with a merge patch of that one field (the
+/// PVCs belong to the StatefulSet controller; only their size is ours to change).
+pub async fn apply_resize(
+    api: &Api<PersistentVolumeClaim>,
+    desired: &str,
+    plan: ResizePlan,
+) -> Result<ResizeOutcome, kube::Error> {
+    let mut outcome = ResizeOutcome {
+        shrink_refused: plan.shrink_refused,
+        ..Default::default()
+    };
+    let patch = json!({"spec": {"resources": {"requests": {"storage": desired}}}});
+    for name in plan.grow {
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => outcome.grown.push(name),
+            Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+                outcome.refused.push((name, status.message.clone()));
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+
+    use super::*;
+
+    fn pvc(name: &str, size: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"resources": {"requests": {"storage": size}}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn quantities_parse_to_bytes() {
+        assert_eq!(parse_bytes("1Gi"), Some(1 << 30));
+        assert_eq!(parse_bytes("1024Mi"), parse_bytes("1Gi"));
+        assert_eq!(parse_bytes("1.5Gi"), Some(3 << 29));
+        assert_eq!(parse_bytes("10G"), Some(10_000_000_000));
+        assert_eq!(parse_bytes("1e3"), Some(1000));
+        assert_eq!(parse_bytes("1500m"), Some(2));
+        assert_eq!(parse_bytes("12345"), Some(12345));
+        assert_eq!(parse_bytes("Gi"), None);
+        assert_eq!(parse_bytes("1Qi"), None);
+    }
+
+    #[test]
+    fn resize_grows_smaller_volumes_and_refuses_to_shrink() {
+        let pvcs = [
+            pvc("data-0", "1Gi"),
+            pvc("data-1", "2Gi"),
+            pvc("data-2", "2048Mi"),
+            pvc("data-3", "4Gi"),
+        ];
+        let plan = plan_resize("2Gi", &pvcs);
+        assert_eq!(plan.grow, ["data-0"]);
+        assert_eq!(
+            plan.shrink_refused,
+            [("data-3".to_owned(), "4Gi".to_owned())]
+        );
+        assert_eq!(plan_resize("not-a-size", &pvcs), ResizePlan::default());
+    }
+
+    #[test]
+    fn condition_reports_shrink_before_anything_else() {
+        let ok = ResizeOutcome::default().condition("2Gi");
+        assert_eq!((ok.status, ok.reason), (TRUE, "UpToDate"));
+        let shrink = ResizeOutcome {
+            shrink_refused: vec![("data-0".into(), "4Gi".into())],
+            refused: vec![("data-1".into(), "forbidden".into())],
+            ..Default::default()
+        }
+        .condition("2Gi");
+        assert_eq!((shrink.status, shrink.reason), (FALSE, "ShrinkRefused"));
+        assert!(
+            shrink.message.contains("data-0 (4Gi)"),
+            "{}",
+            shrink.message
+        );
+        let refused = ResizeOutcome {
+            refused: vec![("data-1".into(), "class forbids".into())],
+            ..Default::default()
+        }
+        .condition("2Gi");
+        assert_eq!(refused.reason, "ExpansionRefused");
+        assert!(refused.message.contains("class forbids"));
+    }
+}

@@ -1,0 +1,297 @@
+//! Writing only what changed: a child is applied when it is missing, when what this handler
+//! would send differs from what it sent last time (a hash of the desired object stored in an
+//! annotation, which also catches fields that were removed from the desired object), or when
+//! someone changed a field this handler sets. A status is applied only when one of this
+//! handler's status fields or conditions differs from what is stored.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{DeleteParams, Preconditions};
+use kube::{Api, Resource, ResourceExt};
+use multigres_common::apply::{ApplyError, apply, apply_status};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// The field manager of every write this handler makes.
+pub const FIELD_MANAGER: &str = "multigres-operator/resource-handler";
+
+/// Annotation holding the hash of the object as this handler last applied it.
+pub const APPLIED_HASH: &str = "multigres.com/applied-hash";
+
+/// A namespaced kind this handler creates and caches.
+pub trait Child:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Child for K where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Debug
+        + Serialize
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Why a write failed; always transient (the API server refused or was unreachable).
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// A server-side apply failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// Deleting an object that is no longer desired failed.
+    #[error("deleting {kind} {name}")]
+    Delete {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// 64-bit FNV-1a: a stable, dependency-free fingerprint of the desired object.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Records in `obj` the hash of everything else in it, so a later reconcile can tell whether
+/// what it would apply changed.
+pub fn stamp<K: Resource + Serialize>(obj: &mut K) {
+    obj.annotations_mut().remove(APPLIED_HASH);
+    let bytes = serde_json::to_vec(obj).unwrap_or_default();
+    let hash = format!("{:016x}", fnv1a64(&bytes));
+    obj.annotations_mut().insert(APPLIED_HASH.to_owned(), hash);
+}
+
+/// Whether every field set in `desired` has the same value in `observed`. Arrays must have
+/// the same length and match element by element; fields only `observed` has (defaults, other
+/// managers' fields, status) do not matter.
+pub fn is_subset(desired: &Value, observed: &Value) -> bool {
+    match (desired, observed) {
+        (Value::Object(d), Value::Object(o)) => d
+            .iter()
+            .all(|(k, v)| o.get(k).is_some_and(|ov| is_subset(v, ov))),
+        (Value::Array(d), Value::Array(o)) => {
+            d.len() == o.len() && d.iter().zip(o).all(|(a, b)| is_subset(a, b))
+        }
+        (Value::Number(d), Value::Number(o)) => d.as_f64() == o.as_f64(),
+        (d, o) => d == o,
+    }
+}
+
+/// Whether `observed` already is what applying `desired` (stamped) would produce.
+pub fn up_to_date<K: Resource + Serialize>(desired: &K, observed: &K) -> bool {
+    let hash = |obj: &K| obj.annotations().get(APPLIED_HASH).cloned();
+    if hash(desired).is_none() || hash(desired) != hash(observed) {
+        return false;
+    }
+    match (
+        serde_json::to_value(desired),
+        serde_json::to_value(observed),
+    ) {
+        (Ok(d), Ok(o)) => is_subset(&d, &o),
+        _ => false,
+    }
+}
+
+/// Applies `desired` (stamping it first) unless `observed` is already up to date. Returns
+/// whether a write happened.
+pub async fn ensure<K: Child>(
+    api: &Api<K>,
+    mut desired: K,
+    observed: Option<&K>,
+) -> Result<bool, SyncError> {
+    stamp(&mut desired);
+    if observed.is_some_and(|o| up_to_date(&desired, o)) {
+        return Ok(false);
+    }
+    apply(api, FIELD_MANAGER, &desired).await?;
+    tracing::info!(
+        kind = %K::kind(&()),
+        name = %desired.name_any(),
+        namespace = ?desired.namespace(),
+        "applied"
+    );
+    Ok(true)
+}
+
+/// Whether `obj` has a controller owner reference to `uid`.
+pub fn controlled_by(obj: &impl Resource, uid: &str) -> bool {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// Deletes the objects in `owned` whose names are not in `keep` (objects the owner no longer
+/// wants, e.g. the multiorch of a cell it stopped watching). Returns the deleted names.
+pub async fn prune<K: Child>(
+    api: &Api<K>,
+    owned: &[Arc<K>],
+    keep: &BTreeSet<String>,
+) -> Result<Vec<String>, SyncError> {
+    let mut deleted = Vec::new();
+    for obj in owned {
+        let name = obj.name_any();
+        if keep.contains(&name) || obj.meta().deletion_timestamp.is_some() {
+            continue;
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: obj.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => continue,
+            Err(source) => {
+                return Err(SyncError::Delete {
+                    kind: K::kind(&()).into_owned(),
+                    name,
+                    source,
+                });
+            }
+        }
+        tracing::info!(kind = %K::kind(&()), %name, "deleted, no longer desired");
+        deleted.push(name);
+    }
+    Ok(deleted)
+}
+
+/// Whether the stored status differs from `desired` in any field `desired` sets. Conditions
+/// are compared by type, so conditions of other handlers do not count.
+pub fn status_differs(desired: &impl Serialize, observed: Option<&impl Serialize>) -> bool {
+    let (Ok(desired), Ok(observed)) = (
+        serde_json::to_value(desired),
+        serde_json::to_value(observed),
+    ) else {
+        return true;
+    };
+    let Value::Object(fields) = desired else {
+        return true;
+    };
+    fields.iter().any(|(key, value)| {
+        let stored = observed.get(key).unwrap_or(&Value::Null);
+        if key != "conditions" {
+            return !is_subset(value, stored);
+        }
+        let stored = stored.as_array().map(Vec::as_slice).unwrap_or_default();
+        value.as_array().into_iter().flatten().any(|cond| {
+            !stored
+                .iter()
+                .any(|s| s.get("type") == cond.get("type") && s == cond)
+        })
+    })
+}
+
+/// Applies `desired` to the status of `obj` unless it already holds it. Returns whether a
+/// write happened.
+pub async fn ensure_status<K, S>(
+    api: &Api<K>,
+    obj: &K,
+    desired: &S,
+    observed: Option<&S>,
+) -> Result<bool, SyncError>
+where
+    K: Child,
+    S: Serialize,
+{
+    if !status_differs(desired, observed) {
+        return Ok(false);
+    }
+    apply_status(api, FIELD_MANAGER, &obj.name_any(), desired).await?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use serde_json::json;
+
+    use super::*;
+
+    fn config_map(data: Value) -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": "c"}, "data": data})).unwrap()
+    }
+
+    #[test]
+    fn subset_ignores_extra_fields_but_not_changed_ones() {
+        let d = json!({"a": 1, "b": {"c": [1, {"d": "x"}]}});
+        let o = json!({"a": 1.0, "z": true, "b": {"c": [1, {"d": "x", "e": 2}]}});
+        assert!(is_subset(&d, &o));
+        assert!(!is_subset(&json!({"a": 2}), &o));
+        assert!(
+            !is_subset(&json!({"b": {"c": [1]}}), &o),
+            "list lengths differ"
+        );
+        assert!(!is_subset(&json!({"q": 1}), &o), "missing field");
+    }
+
+    #[test]
+    fn stamped_objects_compare_by_hash_and_content() {
+        let mut desired = config_map(json!({"k": "v"}));
+        stamp(&mut desired);
+        let mut stored = desired.clone();
+        stored.metadata.resource_version = Some("7".into());
+        assert!(up_to_date(&desired, &stored));
+
+        // Someone edited a field this handler sets.
+        let mut edited = stored.clone();
+        edited.data = Some([("k".to_owned(), "changed".to_owned())].into());
+        assert!(!up_to_date(&desired, &edited));
+
+        // The desired object lost a key: the hash differs although the stored one is a
+        // superset of the new desired object.
+        let mut smaller = config_map(json!({}));
+        stamp(&mut smaller);
+        assert!(!up_to_date(&smaller, &stored));
+    }
+
+    #[test]
+    fn status_compares_only_our_fields_and_condition_types() {
+        let stored = json!({
+            "observedGeneration": 2,
+            "podRoles": {"p-0": "PRIMARY"},
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "R", "message": "m",
+                 "lastTransitionTime": "2025-01-01T00:00:00Z"},
+                {"type": "BackupHealthy", "status": "False"}
+            ]
+        });
+        let same = json!({
+            "observedGeneration": 2,
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "R", "message": "m",
+                 "lastTransitionTime": "2025-01-01T00:00:00Z"}
+            ]
+        });
+        assert!(!status_differs(&same, Some(&stored)));
+        let mut changed = same.clone();
+        changed["conditions"][0]["message"] = json!("n");
+        assert!(status_differs(&changed, Some(&stored)));
+        assert!(status_differs(
+            &json!({"observedGeneration": 3}),
+            Some(&stored)
+        ));
+        assert!(status_differs(&same, None::<&Value>));
+    }
+}

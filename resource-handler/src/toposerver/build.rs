@@ -1,0 +1,324 @@
+//! TopoServer → etcd: a StatefulSet bootstrapped statically (every member listed in
+//! `--initial-cluster`, peers addressed through the headless Service), that headless peer
+//! Service, the client Service Multigres processes dial, and a PodDisruptionBudget that keeps
+//! quorum through voluntary disruptions.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
+};
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Service,
+    ServiceSpec, VolumeResourceRequirements,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use multigres_api::labels::{self, Component, Placement};
+use multigres_api::names::topo_peer_service;
+use multigres_api::resolver::defaults;
+use multigres_api::v1alpha1::{PvcDeletionPolicy, PvcRetentionPolicyType, TopoServerSpec};
+
+use crate::contract::{
+    ETCD_BIN, ETCD_CLIENT, ETCD_DATA_DIR, ETCD_METRICS, ETCD_PEER, ETCD_VOLUME_DIR, flag,
+};
+use crate::owner::Owner;
+use crate::podspec::{
+    Probes, PullSettings, RunAs, TMP_DIR, TMP_VOLUME, container_port, container_security,
+    env_from_field, mount, pod_security, service_port, tmp_volume,
+};
+
+/// Name of the data volume claim template (PVCs are `data-<pod>`).
+pub const DATA_VOLUME: &str = "data";
+
+/// Where a TopoServer sits: the cluster's global topology, or one cell's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The cluster-wide topology.
+    Global,
+    /// The local topology of a cell.
+    Cell(String),
+}
+
+impl Scope {
+    fn component(&self) -> Component {
+        match self {
+            Scope::Global => Component::GlobalTopo,
+            Scope::Cell(_) => Component::LocalTopo,
+        }
+    }
+
+    fn placement(&self) -> Placement<'_> {
+        Placement {
+            cell: match self {
+                Scope::Global => None,
+                Scope::Cell(cell) => Some(cell),
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// What the builder needs besides the spec.
+#[derive(Clone, Debug)]
+pub struct TopoInput<'a> {
+    pub owner: &'a Owner,
+    pub scope: Scope,
+    pub spec: &'a TopoServerSpec,
+    pub pull: &'a PullSettings,
+}
+
+/// The objects realising one TopoServer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopoObjects {
+    pub statefulset: StatefulSet,
+    pub peer_service: Service,
+    pub client_service: Service,
+    pub pdb: PodDisruptionBudget,
+    /// Size each member's volume should request.
+    pub storage_size: String,
+}
+
+/// The labels of every object of the TopoServer, and the subset selecting its pods.
+pub fn labels(input: &TopoInput<'_>) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let component = input.scope.component();
+    let placement = input.scope.placement();
+    (
+        labels::labels(&input.owner.cluster, component, &placement),
+        labels::selector(&input.owner.cluster, component, &placement),
+    )
+}
+
+/// The StatefulSet PVC retention for a resolved policy (Retain where unset).
+pub fn retention(
+    policy: Option<&PvcDeletionPolicy>,
+) -> StatefulSetPersistentVolumeClaimRetentionPolicy {
+    let name = |p: Option<PvcRetentionPolicyType>| {
+        match p.unwrap_or(defaults::PVC_WHEN_DELETED) {
+            PvcRetentionPolicyType::Retain => "Retain",
+            PvcRetentionPolicyType::Delete => "Delete",
+        }
+        .to_owned()
+    };
+    StatefulSetPersistentVolumeClaimRetentionPolicy {
+        when_deleted: Some(name(policy.and_then(|p| p.when_deleted))),
+        when_scaled: Some(name(policy.and_then(|p| p.when_scaled))),
+    }
+}
+
+/// Builds the etcd objects, or says why the spec cannot be realised.
+pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
+    let etcd = input
+        .spec
+        .etcd
+        .as_ref()
+        .ok_or("spec.etcd is required: the operator only runs etcd")?;
+    let replicas = etcd.replicas.unwrap_or(defaults::ETCD_REPLICAS);
+    if replicas < 1 || replicas % 2 == 0 {
+        return Err(format!(
+            "spec.etcd.replicas is {replicas}: etcd needs an odd number of members (1, 3, 5)"
+        ));
+    }
+    let owner = input.owner;
+    let name = crate::names::topo_statefulset(&owner.name);
+    let peer = topo_peer_service(&owner.name);
+    let ns = &owner.namespace;
+    let (all_labels, selector) = labels(input);
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(ns.clone()),
+        labels: Some(all_labels.clone()),
+        owner_references: Some(vec![owner.reference.clone()]),
+        ..Default::default()
+    };
+    let host = |pod: &str| format!("{pod}.{peer}.{ns}.svc");
+    let initial_cluster = (0..replicas)
+        .map(|i| {
+            let pod = format!("{name}-{i}");
+            format!("{pod}=http://{}:{ETCD_PEER}", host(&pod))
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let self_host = host("$(POD_NAME)");
+    let args = vec![
+        flag("name", "$(POD_NAME)"),
+        flag("data-dir", ETCD_DATA_DIR),
+        flag(
+            "listen-client-urls",
+            format!("http://0.0.0.0:{ETCD_CLIENT}"),
+        ),
+        flag(
+            "advertise-client-urls",
+            format!("http://{self_host}:{ETCD_CLIENT}"),
+        ),
+        flag("listen-peer-urls", format!("http://0.0.0.0:{ETCD_PEER}")),
+        flag(
+            "initial-advertise-peer-urls",
+            format!("http://{self_host}:{ETCD_PEER}"),
+        ),
+        flag(
+            "listen-metrics-urls",
+            format!("http://0.0.0.0:{ETCD_METRICS}"),
+        ),
+        flag("initial-cluster", initial_cluster),
+        flag("initial-cluster-state", "new"),
+        flag("initial-cluster-token", format!("{}.{ns}", owner.name)),
+        flag("auto-compaction-retention", "1"),
+    ];
+    let probes = Probes::new("/readyz", "/livez", "/readyz", ETCD_METRICS, 300);
+    let container = Container {
+        name: "etcd".to_owned(),
+        image: Some(
+            etcd.image
+                .as_ref()
+                .map_or(defaults::ETCD_IMAGE, |i| i.as_str())
+                .to_owned(),
+        ),
+        image_pull_policy: Some(input.pull.policy()),
+        command: Some(vec![ETCD_BIN.to_owned()]),
+        args: Some(args),
+        env: Some(vec![env_from_field("POD_NAME", "metadata.name")]),
+        ports: Some(vec![
+            container_port("client", ETCD_CLIENT),
+            container_port("peer", ETCD_PEER),
+            container_port("metrics", ETCD_METRICS),
+        ]),
+        resources: etcd.resources.clone(),
+        startup_probe: Some(probes.startup),
+        liveness_probe: Some(probes.liveness),
+        readiness_probe: Some(probes.readiness),
+        security_context: Some(container_security(RunAs::NONROOT, true)),
+        volume_mounts: Some(vec![
+            mount(DATA_VOLUME, ETCD_VOLUME_DIR, false),
+            mount(TMP_VOLUME, TMP_DIR, false),
+        ]),
+        ..Default::default()
+    };
+    let placement = input.spec.placement.clone().unwrap_or_default();
+    let pod = PodSpec {
+        containers: vec![container],
+        volumes: Some(vec![tmp_volume()]),
+        security_context: Some(pod_security(RunAs::NONROOT, RunAs::NONROOT.group)),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        image_pull_secrets: input.pull.secrets(),
+        node_selector: (!placement.node_selector.is_empty()).then_some(placement.node_selector),
+        affinity: placement.affinity,
+        tolerations: (!placement.tolerations.is_empty()).then_some(placement.tolerations),
+        topology_spread_constraints: (!placement.topology_spread_constraints.is_empty())
+            .then_some(placement.topology_spread_constraints),
+        termination_grace_period_seconds: Some(30),
+        ..Default::default()
+    };
+    let storage = etcd.storage.clone().unwrap_or_default();
+    let size = storage
+        .size
+        .clone()
+        .unwrap_or_else(|| defaults::ETCD_STORAGE.to_owned());
+    let access_modes = if storage.access_modes.is_empty() {
+        vec![defaults::ACCESS_MODE.to_owned()]
+    } else {
+        storage.access_modes.clone()
+    };
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(DATA_VOLUME.to_owned()),
+            labels: Some(all_labels.clone()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(access_modes),
+            storage_class_name: storage.class.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(size.clone()),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let policy = input
+        .spec
+        .pvc_deletion_policy
+        .as_ref()
+        .or(etcd.pvc_deletion_policy.as_ref());
+    let statefulset = StatefulSet {
+        metadata: meta(&name),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..Default::default()
+            },
+            service_name: Some(peer.clone()),
+            pod_management_policy: Some("Parallel".to_owned()),
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                ..Default::default()
+            }),
+            persistent_volume_claim_retention_policy: Some(retention(policy)),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(all_labels.clone()),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            volume_claim_templates: Some(vec![claim]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let peer_service = Service {
+        metadata: meta(&peer),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(selector.clone()),
+            ports: Some(vec![
+                service_port("client", ETCD_CLIENT),
+                service_port("peer", ETCD_PEER),
+            ]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let client_service = Service {
+        metadata: meta(&crate::names::topo_client_service(&owner.name)),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_owned()),
+            selector: Some(selector.clone()),
+            ports: Some(vec![service_port("client", ETCD_CLIENT)]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let pdb = PodDisruptionBudget {
+        metadata: meta(&name),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    Ok(TopoObjects {
+        statefulset,
+        peer_service,
+        client_service,
+        pdb,
+        storage_size: size,
+    })
+}
+
+#[cfg(test)]
+mod tests;

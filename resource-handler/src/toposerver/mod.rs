@@ -1,0 +1,467 @@
+//! TopoServer controller: runs the etcd cluster that holds Multigres topology and reports
+//! whether it serves (`Available`, which the upstream operator never set).
+
+pub mod build;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::Future;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
+use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
+use kube::runtime::controller::{Action, Config};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, ResourceExt};
+use multigres_api::labels::CELL;
+use multigres_api::names::topo_peer_service;
+use multigres_api::v1alpha1::{MultigresCluster, TopoServer, TopoServerStatus};
+use multigres_common::shutdown::Shutdown;
+
+use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
+use crate::controller::{Classify, Ctx, drain, error_policy, observe, owned};
+use crate::owner::{Owner, OwnerError};
+use crate::podspec::PullSettings;
+use crate::readiness::{self, Counts};
+use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
+use crate::sync::{self, SyncError};
+use build::{Scope, TopoInput, TopoObjects};
+
+/// Controller name in metrics and HandlerInfo.
+pub const NAME: &str = "toposerver";
+
+type Guard = DeserializeGuard<TopoServer>;
+
+/// Why a TopoServer could not be reconciled.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The stored object does not match the schema this binary knows.
+    #[error("the TopoServer cannot be read: {0}")]
+    Malformed(#[source] InvalidObject),
+    /// The TopoServer does not say which cluster it belongs to.
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
+    /// The spec cannot be realised as it is.
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// A write to the API server failed.
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+    /// Growing a volume failed.
+    #[error("growing the etcd volumes")]
+    Resize(#[source] kube::Error),
+}
+
+impl Classify for Error {
+    fn is_invalid_spec(&self) -> bool {
+        matches!(
+            self,
+            Error::Malformed(_) | Error::Owner(_) | Error::InvalidSpec(_)
+        )
+    }
+
+    fn category(&self) -> &'static str {
+        match self {
+            Error::Malformed(_) | Error::Owner(_) | Error::InvalidSpec(_) => "invalid_spec",
+            Error::Sync(_) | Error::Resize(_) => "kube_api",
+        }
+    }
+}
+
+/// The controller, ready to be polled until shutdown.
+pub fn run(
+    ctx: Arc<Ctx<Guard>>,
+    statefulsets: ReflectHandle<StatefulSet>,
+    services: ReflectHandle<Service>,
+    pdbs: ReflectHandle<PodDisruptionBudget>,
+    clusters: ReflectHandle<DeserializeGuard<MultigresCluster>>,
+    shutdown: &Shutdown,
+) -> (Store<Guard>, impl Future<Output = ()> + Send + 'static) {
+    let api = Api::<Guard>::all(ctx.client.clone());
+    let controller = Controller::new(api, watcher::Config::default());
+    let store = controller.store();
+    let topo_servers = store.clone();
+    // Pull settings come from the cluster: a change there must reach its TopoServers.
+    let by_cluster = move |cluster: Arc<DeserializeGuard<MultigresCluster>>| {
+        let namespace = cluster.namespace();
+        let name = cluster.name_any();
+        topo_servers
+            .state()
+            .into_iter()
+            .filter(|t| {
+                t.namespace() == namespace
+                    && t.labels().get(multigres_api::labels::CLUSTER) == Some(&name)
+            })
+            .map(|t| ObjectRef::from_obj(&*t))
+            .collect::<Vec<_>>()
+    };
+    let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
+    let results = controller
+        .owns_shared_stream(statefulsets)
+        .owns_shared_stream(services)
+        .owns_shared_stream(pdbs)
+        .watches_shared_stream(clusters, by_cluster)
+        .with_config(Config::default().concurrency(4))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx);
+    (store, drain(NAME, results))
+}
+
+async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
+    observe(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
+}
+
+/// Local to the cell named by the `multigres.com/cell` label, else global.
+fn scope_of(topo: &TopoServer) -> Scope {
+    match topo.labels().get(CELL) {
+        Some(cell) if !cell.is_empty() => Scope::Cell(cell.clone()),
+        _ => Scope::Global,
+    }
+}
+
+/// Pull settings of the cluster the TopoServer belongs to (TopoServer specs carry none).
+fn pull_settings(ctx: &Ctx<Guard>, owner: &Owner) -> PullSettings {
+    let cluster = ctx
+        .stores
+        .clusters
+        .get(&ObjectRef::new(&owner.cluster).within(&owner.namespace));
+    let images = cluster
+        .as_ref()
+        .and_then(|c| c.0.as_ref().ok())
+        .and_then(|c| c.spec.images.clone())
+        .unwrap_or_default();
+    PullSettings::new(images.image_pull_policy, &images.image_pull_secrets)
+}
+
+async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
+    let topo = guard.0.as_ref().map_err(|e| Error::Malformed(e.clone()))?;
+    if topo.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let owner = Owner::of(topo)?;
+    let pull = pull_settings(ctx, &owner);
+    let input = TopoInput {
+        owner: &owner,
+        scope: scope_of(topo),
+        spec: &topo.spec,
+        pull: &pull,
+    };
+    let ns = owner.namespace.as_str();
+    let sts_name = crate::names::topo_statefulset(&owner.name);
+    let observed_sts = ctx
+        .stores
+        .statefulsets
+        .get(&ObjectRef::new(&sts_name).within(ns));
+    let statuses: Api<TopoServer> = Api::namespaced(ctx.client.clone(), ns);
+
+    let objects = match build::build(&input) {
+        Ok(objects) => objects,
+        Err(problem) => {
+            write_status(
+                &statuses,
+                topo,
+                observed_sts.as_deref(),
+                None,
+                Some(&problem),
+            )
+            .await?;
+            return Err(Error::InvalidSpec(problem));
+        }
+    };
+    let TopoObjects {
+        mut statefulset,
+        peer_service,
+        client_service,
+        pdb,
+        storage_size,
+    } = objects;
+    if let Some(observed) = observed_sts.as_deref() {
+        if let Some(problem) = replicas_changed(observed, &statefulset) {
+            write_status(&statuses, topo, Some(observed), None, Some(&problem)).await?;
+            return Err(Error::InvalidSpec(problem));
+        }
+        keep_claim_templates(&mut statefulset, observed);
+    }
+
+    let services_api = Api::<Service>::namespaced(ctx.client.clone(), ns);
+    let observed_service = |name: &str| ctx.stores.services.get(&ObjectRef::new(name).within(ns));
+    let peer_name = topo_peer_service(&owner.name);
+    let client_name = crate::names::topo_client_service(&owner.name);
+    sync::ensure(
+        &services_api,
+        peer_service,
+        observed_service(&peer_name).as_deref(),
+    )
+    .await?;
+    sync::ensure(
+        &services_api,
+        client_service,
+        observed_service(&client_name).as_deref(),
+    )
+    .await?;
+    let pdb_api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns);
+    let observed_pdb = ctx.stores.pdbs.get(&ObjectRef::new(&sts_name).within(ns));
+    sync::ensure(&pdb_api, pdb, observed_pdb.as_deref()).await?;
+    let sts_api = Api::<StatefulSet>::namespaced(ctx.client.clone(), ns);
+    sync::ensure(&sts_api, statefulset, observed_sts.as_deref()).await?;
+
+    let (_, selector) = build::labels(&input);
+    let pvcs = ctx.stores.pvcs.state_filter(|pvc| {
+        pvc.namespace().as_deref() == Some(ns)
+            && selector.iter().all(|(k, v)| pvc.labels().get(k) == Some(v))
+    });
+    let plan = storage::plan_resize(&storage_size, pvcs.iter().map(|p| p.as_ref()));
+    let pvc_api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
+    let outcome = storage::apply_resize(&pvc_api, &storage_size, plan)
+        .await
+        .map_err(Error::Resize)?;
+    report_resize(ctx, guard, &outcome, &storage_size).await;
+
+    let keep_services = BTreeSet::from([peer_name, client_name]);
+    let keep_named = BTreeSet::from([sts_name]);
+    let uid = owner.uid();
+    sync::prune(
+        &services_api,
+        &owned(&ctx.stores.services, ns, uid),
+        &keep_services,
+    )
+    .await?;
+    sync::prune(&pdb_api, &owned(&ctx.stores.pdbs, ns, uid), &keep_named).await?;
+    sync::prune(
+        &sts_api,
+        &owned(&ctx.stores.statefulsets, ns, uid),
+        &keep_named,
+    )
+    .await?;
+
+    let storage_cond = outcome.condition(&storage_size);
+    write_status(
+        &statuses,
+        topo,
+        observed_sts.as_deref(),
+        Some(storage_cond),
+        None,
+    )
+    .await?;
+    Ok(Action::await_change())
+}
+
+/// Events for volume changes: a Normal one when volumes grew, a Warning when a shrink or an
+/// expansion was refused.
+pub async fn report_resize<K>(ctx: &Ctx<K>, obj: &K, outcome: &ResizeOutcome, size: &str)
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    if !outcome.grown.is_empty() {
+        let note = format!("requested {size} for {}", outcome.grown.join(", "));
+        ctx.event(obj, EventType::Normal, "VolumesExpanded", note)
+            .await;
+    }
+    let cond = outcome.condition(size);
+    if !cond.is_true() {
+        ctx.event(obj, EventType::Warning, cond.reason, cond.message)
+            .await;
+    }
+}
+
+/// A change of the member count, which static bootstrap cannot follow.
+fn replicas_changed(observed: &StatefulSet, desired: &StatefulSet) -> Option<String> {
+    let replicas = |s: &StatefulSet| s.spec.as_ref().and_then(|s| s.replicas);
+    let (have, want) = (replicas(observed)?, replicas(desired)?);
+    (have != want).then(|| {
+        format!(
+            "spec.etcd.replicas cannot change from {have} to {want}: etcd members are \
+             bootstrapped statically; set it back to {have}"
+        )
+    })
+}
+
+/// Claim templates cannot change once a StatefulSet exists; volume growth is applied to the
+/// PVCs instead.
+pub fn keep_claim_templates(desired: &mut StatefulSet, observed: &StatefulSet) {
+    if let (Some(d), Some(o)) = (desired.spec.as_mut(), observed.spec.as_ref()) {
+        d.volume_claim_templates = o.volume_claim_templates.clone();
+    }
+}
+
+async fn write_status(
+    api: &Api<TopoServer>,
+    topo: &TopoServer,
+    sts: Option<&StatefulSet>,
+    storage: Option<Cond>,
+    problem: Option<&str>,
+) -> Result<(), Error> {
+    let desired = status(
+        topo,
+        readiness::statefulset(sts),
+        storage,
+        problem,
+        Timestamp::now(),
+    );
+    sync::ensure_status(api, topo, &desired, topo.status.as_ref()).await?;
+    Ok(())
+}
+
+/// The status fields and conditions this handler owns on a TopoServer.
+pub fn status(
+    topo: &TopoServer,
+    counts: Counts,
+    storage: Option<Cond>,
+    problem: Option<&str>,
+    now: Timestamp,
+) -> TopoServerStatus {
+    let quorum = counts.desired / 2 + 1;
+    let serving = counts.observed && counts.desired > 0 && counts.ready >= quorum;
+    let message = format!("{}/{} etcd members ready", counts.ready, counts.desired);
+    let available = match (serving, counts.all_ready()) {
+        (true, true) => Cond::new(AVAILABLE, TRUE, "AllMembersReady", message.clone()),
+        (true, false) => Cond::new(AVAILABLE, TRUE, "QuorumReady", message.clone()),
+        (false, _) if counts.desired == 0 => Cond::new(
+            AVAILABLE,
+            FALSE,
+            "Creating",
+            "the etcd StatefulSet is being created",
+        ),
+        (false, _) => Cond::new(AVAILABLE, FALSE, "NoQuorum", message.clone()),
+    };
+    let healthy = counts.all_ready();
+    let mut desired = vec![available];
+    desired.extend(storage);
+    let observed = topo
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let generation = topo.metadata.generation;
+    let mut conditions = merge(observed, &desired, generation, now);
+    if desired.iter().all(|c| c.type_ != STORAGE_SYNCED) {
+        // Keep the last storage verdict while the spec cannot be applied.
+        conditions.extend(
+            observed
+                .iter()
+                .filter(|c| c.type_ == STORAGE_SYNCED)
+                .cloned(),
+        );
+    }
+    TopoServerStatus {
+        observed_generation: generation,
+        conditions,
+        phase: Some(phase(healthy, problem)),
+        message: Some(problem.map_or(message, str::to_owned)),
+        client_service: topo
+            .metadata
+            .name
+            .as_deref()
+            .map(crate::names::topo_client_service),
+        peer_service: topo.metadata.name.as_deref().map(topo_peer_service),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use multigres_api::v1alpha1::Phase;
+
+    use super::*;
+
+    fn topo() -> TopoServer {
+        serde_yaml::from_str(include_str!("../../fixtures/toposerver.yaml")).unwrap()
+    }
+
+    fn counts(desired: i32, ready: i32) -> Counts {
+        Counts {
+            desired,
+            ready,
+            observed: true,
+        }
+    }
+
+    #[test]
+    fn status_climbs_from_no_quorum_to_all_ready() {
+        let now = Timestamp::from_second(100).unwrap();
+        let mut t = topo();
+        t.metadata.generation = Some(4);
+        let creating = status(&t, Counts::default(), None, None, now);
+        assert_eq!(creating.conditions[0].reason, "Creating");
+        let s = status(&t, counts(3, 1), None, None, now);
+        assert_eq!(s.conditions[0].status, FALSE);
+        assert_eq!(s.conditions[0].reason, "NoQuorum");
+        assert_eq!(s.phase, Some(Phase::Progressing));
+        let s = status(&t, counts(3, 2), None, None, now);
+        assert_eq!(
+            (
+                s.conditions[0].status.as_str(),
+                s.conditions[0].reason.as_str()
+            ),
+            (TRUE, "QuorumReady")
+        );
+        let s = status(&t, counts(3, 3), None, None, now);
+        assert_eq!(s.conditions[0].reason, "AllMembersReady");
+        assert_eq!(s.phase, Some(Phase::Healthy));
+        assert_eq!(s.message.as_deref(), Some("3/3 etcd members ready"));
+        assert_eq!(s.observed_generation, Some(4));
+        assert_eq!(s.client_service.as_deref(), Some("prod-global-topo"));
+        assert_eq!(s.peer_service.as_deref(), Some("prod-global-topo-peer"));
+    }
+
+    #[test]
+    fn a_problem_degrades_but_keeps_availability_and_storage_verdict() {
+        let now = Timestamp::from_second(100).unwrap();
+        let mut t = topo();
+        let shrink = Cond::new(STORAGE_SYNCED, FALSE, "ShrinkRefused", "no");
+        t.status = Some(status(&t, counts(3, 3), Some(shrink), None, now));
+        let s = status(&t, counts(3, 3), None, Some("replicas cannot change"), now);
+        assert_eq!(s.phase, Some(Phase::Degraded));
+        assert_eq!(s.message.as_deref(), Some("replicas cannot change"));
+        assert!(
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == AVAILABLE && c.status == TRUE)
+        );
+        assert!(
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == STORAGE_SYNCED && c.reason == "ShrinkRefused")
+        );
+    }
+
+    #[test]
+    fn member_count_changes_are_refused() {
+        let owner = Owner::of(&topo()).unwrap();
+        let t = topo();
+        let pull = PullSettings::new(None, &[]);
+        let input = TopoInput {
+            owner: &owner,
+            scope: Scope::Global,
+            spec: &t.spec,
+            pull: &pull,
+        };
+        let three = build::build(&input).unwrap().statefulset;
+        let mut five_spec = t.spec.clone();
+        five_spec.etcd.as_mut().unwrap().replicas = Some(5);
+        let five = build::build(&TopoInput {
+            spec: &five_spec,
+            ..input
+        })
+        .unwrap()
+        .statefulset;
+        assert!(replicas_changed(&three, &three).is_none());
+        assert!(
+            replicas_changed(&three, &five)
+                .unwrap()
+                .contains("from 3 to 5")
+        );
+    }
+
+    #[test]
+    fn scope_follows_the_component_and_cell_labels() {
+        let mut t = topo();
+        assert_eq!(scope_of(&t), Scope::Global);
+        t.labels_mut().insert(CELL.into(), "zone-a".into());
+        assert_eq!(scope_of(&t), Scope::Cell("zone-a".into()));
+    }
+}
