@@ -17,6 +17,7 @@ pub mod runtime;
 pub mod servers;
 pub mod shutdown;
 pub mod state;
+pub mod status_metrics;
 pub mod telemetry;
 
 pub use runtime::{HandlerContext, HandlerRuntime, RuntimeError};

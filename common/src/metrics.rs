@@ -2,7 +2,8 @@
 //! controller reports.
 //!
 //! Names follow Prometheus conventions (`_total` counters, `_seconds` histograms) under the
-//! `multigres_operator_` prefix the seed's dashboards and alerts use.
+//! `multigres_operator_` prefix the seed's dashboards and alerts use. Per-object gauges (cluster
+//! phase, replica counts) live in [`crate::status_metrics`] and are served on the same endpoint.
 
 use std::time::Duration;
 
@@ -19,6 +20,13 @@ pub const RECONCILE_ERRORS_TOTAL: &str = "multigres_operator_reconcile_errors_to
 pub const RECONCILE_DURATION_SECONDS: &str = "multigres_operator_reconcile_duration_seconds";
 /// 1 while this replica acts (leader, or leader election off), 0 while it stands by.
 pub const LEADER: &str = "multigres_operator_leader";
+/// Admission requests per `operation` (`DEFAULT` for the mutating webhook, `VALIDATE` for the
+/// validating ones), `resource` (lowercase kind) and `result` (`allowed`, `denied`, `invalid`
+/// for an unreadable request, `error` when the webhook itself failed).
+pub const WEBHOOK_REQUEST_TOTAL: &str = "multigres_operator_webhook_request_total";
+/// Admission latency per `operation` and `resource`.
+pub const WEBHOOK_REQUEST_DURATION_SECONDS: &str =
+    "multigres_operator_webhook_request_duration_seconds";
 
 /// Histogram buckets for reconcile latency, up to the 30 s of the seed's slow-reconcile alert
 /// and beyond.
@@ -61,6 +69,15 @@ pub fn describe() {
         LEADER,
         "1 while this replica acts (leader or leader election off), 0 while it stands by."
     );
+    metrics::describe_counter!(
+        WEBHOOK_REQUEST_TOTAL,
+        "Admission requests per operation (DEFAULT or VALIDATE), resource and result."
+    );
+    metrics::describe_histogram!(
+        WEBHOOK_REQUEST_DURATION_SECONDS,
+        metrics::Unit::Seconds,
+        "Admission latency per operation and resource."
+    );
 }
 
 /// Records one reconcile: `Ok(())` on success, `Err(category)` with a short, bounded error
@@ -82,18 +99,40 @@ pub fn record_reconcile(controller: &str, outcome: Result<(), &str>, elapsed: Du
         .record(elapsed.as_secs_f64());
 }
 
+/// Records one admission request; see [`WEBHOOK_REQUEST_TOTAL`] for the label values.
+pub fn record_webhook_request(operation: &str, resource: &str, result: &str, elapsed: Duration) {
+    metrics::counter!(
+        WEBHOOK_REQUEST_TOTAL,
+        "operation" => operation.to_owned(),
+        "resource" => resource.to_owned(),
+        "result" => result.to_owned()
+    )
+    .increment(1);
+    metrics::histogram!(
+        WEBHOOK_REQUEST_DURATION_SECONDS,
+        "operation" => operation.to_owned(),
+        "resource" => resource.to_owned()
+    )
+    .record(elapsed.as_secs_f64());
+}
+
 /// Publishes whether this replica acts.
 pub fn set_leader(handler: &str, acting: bool) {
     metrics::gauge!(LEADER, "handler" => handler.to_owned()).set(if acting { 1.0 } else { 0.0 });
 }
 
-/// The HTTP router serving `handle.render()` on `/metrics`.
+/// The HTTP router serving, on `/metrics`, the recorder's metrics followed by the per-object
+/// gauges of [`crate::status_metrics`].
 pub fn router(handle: PrometheusHandle) -> Router {
     Router::new().route(
         "/metrics",
         get(move || {
             let handle = handle.clone();
-            async move { handle.render() }
+            async move {
+                let mut text = handle.render();
+                text.push_str(&crate::status_metrics::render());
+                text
+            }
         }),
     )
 }
@@ -177,6 +216,40 @@ mod tests {
         );
         assert!(
             text.contains("# HELP multigres_operator_reconcile_total Reconciles per controller"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn webhook_metrics_render_with_the_seed_names_and_labels() {
+        let text = render_with(|| {
+            record_webhook_request(
+                "VALIDATE",
+                "multigrescluster",
+                "denied",
+                Duration::from_millis(3),
+            );
+            record_webhook_request(
+                "DEFAULT",
+                "multigrescluster",
+                "allowed",
+                Duration::from_millis(4),
+            );
+        });
+        assert!(
+            text.contains(
+                r#"multigres_operator_webhook_request_total{operation="VALIDATE",resource="multigrescluster",result="denied"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"multigres_operator_webhook_request_duration_seconds_bucket{operation="DEFAULT",resource="multigrescluster",le="0.005"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP multigres_operator_webhook_request_total Admission requests"),
             "{text}"
         );
     }

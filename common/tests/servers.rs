@@ -62,6 +62,7 @@ async fn servers_report_health_info_and_metrics_then_stop() {
     state.record_reconcile("cell", Ok(()), Duration::from_millis(12));
     state.record_reconcile("cell", Err("kube_api"), Duration::from_millis(40));
     state.set_leader_state(LeaderState::Standby);
+    multigres_common::status_metrics::global().set_cluster("db", "main", "Healthy", 1, 1);
 
     let mut info_client = HandlerInfoClient::new(channel);
     let info = info_client
@@ -88,6 +89,7 @@ async fn servers_report_health_info_and_metrics_then_stop() {
         r#"multigres_operator_reconcile_errors_total{controller="cell",error="kube_api"} 1"#,
         r#"multigres_operator_reconcile_duration_seconds_bucket{controller="cell",le="0.025"} 1"#,
         r#"multigres_operator_leader{handler="test-handler"} 0"#,
+        r#"multigres_operator_cluster_info{name="main",namespace="db",phase="Healthy"} 1"#,
     ] {
         assert!(
             response.contains(expected),
