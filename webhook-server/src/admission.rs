@@ -379,9 +379,15 @@ fn template_spec(
     which: &str,
 ) -> Result<TemplateSpec, String> {
     Ok(match kind {
-        TemplateKind::Core => TemplateSpec::Core(typed::<CoreTemplate>(object, which)?.spec),
-        TemplateKind::Cell => TemplateSpec::Cell(typed::<CellTemplate>(object, which)?.spec),
-        TemplateKind::Shard => TemplateSpec::Shard(typed::<ShardTemplate>(object, which)?.spec),
+        TemplateKind::Core => {
+            TemplateSpec::Core(Box::new(typed::<CoreTemplate>(object, which)?.spec))
+        }
+        TemplateKind::Cell => {
+            TemplateSpec::Cell(Box::new(typed::<CellTemplate>(object, which)?.spec))
+        }
+        TemplateKind::Shard => {
+            TemplateSpec::Shard(Box::new(typed::<ShardTemplate>(object, which)?.spec))
+        }
     })
 }
 

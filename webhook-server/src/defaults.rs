@@ -94,3 +94,86 @@ pub fn patch(
     let after = serde_json::to_value(&defaulted)?;
     Ok(json_patch::diff(&before, &after))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn cluster(spec: serde_json::Value) -> (serde_json::Value, MultigresCluster) {
+        let raw = json!({
+            "apiVersion": "multigres.com/v1alpha1",
+            "kind": "MultigresCluster",
+            "metadata": {"name": "demo", "namespace": "db"},
+            "spec": spec,
+        });
+        (raw.clone(), serde_json::from_value(raw).unwrap())
+    }
+
+    #[test]
+    fn static_defaults_are_patched_in_and_nothing_else() {
+        let (mut raw, typed) = cluster(json!({
+            "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+            "logLevels": {"multiorch": "debug"},
+            "cells": [{"name": "zone-a", "zoneId": "z-a"}],
+        }));
+        let patch = patch(&typed, DefaultTemplates::default()).unwrap();
+        json_patch::patch(&mut raw, &patch).unwrap();
+        assert_eq!(
+            raw["spec"],
+            json!({
+                "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+                "cells": [{"name": "zone-a", "zoneId": "z-a"}],
+                "images": {"imagePullPolicy": "IfNotPresent"},
+                "logLevels": {
+                    "pgctld": "info", "multipooler": "info", "multiorch": "debug",
+                    "multiadmin": "info", "multigateway": "info"
+                },
+                "topologyPruning": {"enabled": true},
+                "durabilityPolicy": "AT_LEAST_2",
+            })
+        );
+        assert!(raw["spec"].get("pvcDeletionPolicy").is_none());
+    }
+
+    #[test]
+    fn existing_default_templates_are_promoted_into_empty_fields_only() {
+        let (mut raw, typed) = cluster(json!({
+            "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+            "templateDefaults": {"shardTemplate": "mine"},
+        }));
+        assert_eq!(
+            promotable(&typed.spec),
+            DefaultTemplates {
+                core: true,
+                cell: true,
+                shard: false
+            }
+        );
+        let present = DefaultTemplates {
+            core: true,
+            cell: false,
+            shard: true,
+        };
+        json_patch::patch(&mut raw, &patch(&typed, present).unwrap()).unwrap();
+        assert_eq!(
+            raw["spec"]["templateDefaults"],
+            json!({"coreTemplate": "default", "shardTemplate": "mine"})
+        );
+    }
+
+    #[test]
+    fn defaulting_is_idempotent() {
+        let (_, mut typed) = cluster(json!({
+            "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+        }));
+        let all = DefaultTemplates {
+            core: true,
+            cell: true,
+            shard: true,
+        };
+        apply(&mut typed.spec, all);
+        assert!(patch(&typed, all).unwrap().0.is_empty());
+    }
+}

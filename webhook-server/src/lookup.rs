@@ -63,35 +63,28 @@ impl Lookups {
         namespace: &str,
         names: &BTreeSet<(TemplateKind, String)>,
     ) -> Result<Templates, LookupError> {
-        enum Found {
-            Core(String, Option<CoreTemplate>),
-            Cell(String, Option<CellTemplate>),
-            Shard(String, Option<ShardTemplate>),
-        }
-        let found = try_join_all(names.iter().map(|(kind, name)| async move {
-            Ok::<_, LookupError>(match kind {
-                TemplateKind::Core => Found::Core(name.clone(), self.get(namespace, name).await?),
-                TemplateKind::Cell => Found::Cell(name.clone(), self.get(namespace, name).await?),
-                TemplateKind::Shard => Found::Shard(name.clone(), self.get(namespace, name).await?),
-            })
-        }))
-        .await?;
-        let mut templates = Templates::default();
-        for item in found {
-            match item {
-                Found::Core(name, Some(t)) => {
-                    templates.core.insert(name, t.spec);
-                }
-                Found::Cell(name, Some(t)) => {
-                    templates.cell.insert(name, t.spec);
-                }
-                Found::Shard(name, Some(t)) => {
-                    templates.shard.insert(name, t.spec);
-                }
-                _ => {}
-            }
-        }
-        Ok(templates)
+        let of_kind = |kind: TemplateKind| {
+            names
+                .iter()
+                .filter(move |(k, _)| *k == kind)
+                .map(|(_, name)| name.as_str())
+        };
+        let (core, cell, shard) = futures::try_join!(
+            try_join_all(of_kind(TemplateKind::Core).map(|name| async move {
+                Ok::<_, LookupError>((name, self.get::<CoreTemplate>(namespace, name).await?))
+            })),
+            try_join_all(of_kind(TemplateKind::Cell).map(|name| async move {
+                Ok::<_, LookupError>((name, self.get::<CellTemplate>(namespace, name).await?))
+            })),
+            try_join_all(of_kind(TemplateKind::Shard).map(|name| async move {
+                Ok::<_, LookupError>((name, self.get::<ShardTemplate>(namespace, name).await?))
+            })),
+        )?;
+        Ok(Templates {
+            core: existing(core, |t| t.spec),
+            cell: existing(cell, |t| t.spec),
+            shard: existing(shard, |t| t.spec),
+        })
     }
 
     /// Which of the `wanted` kinds have a template named `default`.
@@ -129,4 +122,15 @@ impl Lookups {
                 source,
             })
     }
+}
+
+/// The specs of the templates found, by name.
+fn existing<K, S>(
+    found: Vec<(&str, Option<K>)>,
+    spec: impl Fn(K) -> S,
+) -> std::collections::BTreeMap<String, S> {
+    found
+        .into_iter()
+        .filter_map(|(name, t)| t.map(|t| (name.to_owned(), spec(t))))
+        .collect()
 }

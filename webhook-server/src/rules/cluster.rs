@@ -1020,6 +1020,7 @@ fn shard_transition(
     old: &ShardSite<'_>,
     new: &ShardSite<'_>,
 ) {
+    let cluster_cells: BTreeSet<&str> = spec.cells.iter().map(|c| c.name.as_str()).collect();
     for (name, old_pool) in &old.resolved.pools {
         let pool = name.as_str();
         let Some(new_pool) = new.resolved.pools.get(name) else {
@@ -1043,10 +1044,11 @@ fn shard_transition(
                 after,
             );
         }
+        // Cells gone from the cluster are reported once, as removed cells.
         let removed: Vec<&str> = old_pool
             .cells
             .iter()
-            .filter(|c| !new_pool.cells.contains(c))
+            .filter(|c| !new_pool.cells.contains(c) && cluster_cells.contains(c.as_str()))
             .map(|c| c.as_str())
             .collect();
         if !removed.is_empty() {
@@ -1095,5 +1097,421 @@ fn shard_transition(
                 secret(new_backup)
             ),
         );
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A cluster `demo` in namespace `db` with the given spec (YAML).
+    pub(crate) fn cluster(spec: &str) -> MultigresCluster {
+        let spec: serde_yaml::Value = serde_yaml::from_str(spec).unwrap();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "multigres.com/v1alpha1",
+            "kind": "MultigresCluster",
+            "metadata": {"name": "demo", "namespace": "db"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    /// Templates from YAML: `{core: {name: spec}, cell: {...}, shard: {...}}`.
+    pub(crate) fn templates(yaml: &str) -> Templates {
+        #[derive(serde::Deserialize, Default)]
+        #[serde(default)]
+        struct Raw {
+            core: BTreeMap<String, CoreTemplateSpec>,
+            cell: BTreeMap<String, CellTemplateSpec>,
+            shard: BTreeMap<String, ShardTemplateSpec>,
+        }
+        let raw: Raw = serde_yaml::from_str(yaml).unwrap();
+        Templates {
+            core: raw.core,
+            cell: raw.cell,
+            shard: raw.shard,
+        }
+    }
+
+    fn fields(findings: &Findings) -> Vec<&str> {
+        findings
+            .violations
+            .iter()
+            .map(|v| v.field.as_str())
+            .collect()
+    }
+
+    const BASE: &str = "
+postgresPasswordSecretRef: {name: pw, key: password}
+cells: [{name: zone-a, zoneId: z-a}, {name: zone-b, zoneId: z-b}]
+";
+
+    fn with(extra: &str) -> String {
+        format!("{BASE}{extra}")
+    }
+
+    #[test]
+    fn a_minimal_cluster_is_valid() {
+        let findings = validate(&cluster(BASE), None, &Templates::default());
+        assert_eq!(findings, Findings::default());
+    }
+
+    #[test]
+    fn every_missing_template_reference_is_named() {
+        let new = cluster(&with(
+            "
+templateDefaults: {cellTemplate: nope, shardTemplate: std}
+multiadmin: {templateRef: core-x}
+databases:
+- name: postgres
+  default: true
+  tablegroups:
+  - name: default
+    default: true
+    shards: [{name: 0-inf, shardTemplate: gone}]
+",
+        ));
+        let findings = validate(&new, None, &templates("shard: {std: {}}"));
+        assert_eq!(
+            fields(&findings),
+            [
+                "spec.templateDefaults.cellTemplate",
+                "spec.multiadmin.templateRef",
+                "spec.databases[0].tablegroups[0].shards[0].shardTemplate"
+            ]
+        );
+        assert_eq!(
+            findings.violations[0].message,
+            "CellTemplate \"nope\" does not exist in namespace \"db\"; create it first or change \
+             the reference"
+        );
+    }
+
+    #[test]
+    fn written_values_are_checked_everywhere_they_appear() {
+        let new = cluster(&with(
+            "
+durabilityPolicy: ALL_OF_THEM
+globalTopoServer:
+  etcd:
+    storage: {size: 10GB}
+    resources: {requests: {memory: 1Gi}, limits: {memory: 512Mi}}
+externalGateway: {enabled: true, externalIPs: [10.0.0.300]}
+databases:
+- name: postgres
+  default: true
+  durabilityPolicy: MOSTLY
+  tablegroups:
+  - name: default
+    default: true
+    shards:
+    - name: 0-inf
+      overrides:
+        postgresConfig: {wal_level: replica, work_mem: 4MB}
+        pools:
+          main:
+            storage: {size: 0Gi}
+            postgres: {resources: {requests: {cpu: '1'}, limits: {cpu: 500m}}}
+",
+        ));
+        let findings = validate(&new, None, &Templates::default());
+        assert_eq!(
+            fields(&findings),
+            [
+                "spec.globalTopoServer.etcd.resources.limits.memory",
+                "spec.globalTopoServer.etcd.storage.size",
+                "spec.durabilityPolicy",
+                "spec.databases[0].durabilityPolicy",
+                "spec.databases[0].tablegroups[0].shards[0].overrides.pools[main].storage.size",
+                "spec.databases[0].tablegroups[0].shards[0].overrides.pools[main].postgres.resources.limits.cpu",
+                "spec.databases[0].tablegroups[0].shards[0].overrides.postgresConfig[wal_level]",
+                "spec.externalGateway.externalIPs[0]",
+            ]
+        );
+        assert!(
+            findings.message().starts_with("8 problems: "),
+            "{}",
+            findings.message()
+        );
+        assert!(
+            findings.violations[2]
+                .message
+                .contains("use one of AT_LEAST_2, MULTI_CELL_AT_LEAST_2")
+        );
+    }
+
+    #[test]
+    fn a_cluster_needs_a_cell() {
+        let new = cluster("postgresPasswordSecretRef: {name: pw, key: password}");
+        let findings = validate(&new, None, &Templates::default());
+        assert_eq!(fields(&findings), ["spec.cells"]);
+    }
+
+    #[test]
+    fn cells_stay_and_keep_their_placement() {
+        let old = cluster(BASE);
+        let new = cluster(
+            "
+postgresPasswordSecretRef: {name: pw, key: password}
+cells: [{name: zone-b, region: r-1}, {name: zone-c, zoneId: z-c}]
+",
+        );
+        let findings = validate(&new, Some(&old), &Templates::default());
+        assert_eq!(
+            fields(&findings),
+            ["spec.cells", "spec.cells[0].zoneId", "spec.cells[0].region"]
+        );
+        assert!(
+            findings.violations[0]
+                .message
+                .starts_with("cell \"zone-a\" cannot be removed")
+        );
+        assert!(
+            findings.violations[1]
+                .message
+                .contains("(was \"z-b\", now unset)")
+        );
+    }
+
+    #[test]
+    fn etcd_member_count_is_compared_after_resolution() {
+        let t = templates("core: {big: {globalTopoServer: {etcd: {replicas: 5}}}}");
+        let old = cluster(&with("templateDefaults: {coreTemplate: big}"));
+        // Same count written inline: fine.
+        let same = cluster(&with(
+            "templateDefaults: {coreTemplate: big}\nglobalTopoServer: {etcd: {replicas: 5}}",
+        ));
+        assert!(validate(&same, Some(&old), &t).allowed());
+        // Dropping the template falls back to the default of 3.
+        let findings = validate(&cluster(BASE), Some(&old), &t);
+        assert_eq!(
+            fields(&findings),
+            ["spec.globalTopoServer.etcd.replicas (default)"]
+        );
+        assert!(findings.violations[0].message.contains("(5 → 3)"));
+    }
+
+    #[test]
+    fn single_etcd_member_and_delete_policies_warn() {
+        let new = cluster(&with(
+            "pvcDeletionPolicy: {whenDeleted: Delete}\nglobalTopoServer: {etcd: {replicas: 1}}",
+        ));
+        let findings = validate(&new, None, &Templates::default());
+        assert!(findings.allowed());
+        assert_eq!(findings.warnings.len(), 2, "{:?}", findings.warnings);
+        assert!(findings.warnings[0].starts_with("spec.pvcDeletionPolicy.whenDeleted: is Delete"));
+        assert!(
+            findings.warnings[1]
+                .starts_with("spec.globalTopoServer.etcd.replicas: the global etcd has 1 member")
+        );
+    }
+
+    const SHARD_WITH: &str = "
+databases:
+- name: postgres
+  default: true
+  tablegroups:
+  - name: default
+    default: true
+    shards:
+    - name: 0-inf
+";
+
+    fn shard(body: &str) -> String {
+        let indented: String = body.lines().map(|l| format!("      {l}\n")).collect();
+        with(&format!("{SHARD_WITH}{indented}"))
+    }
+
+    const SHARD: &str = "spec.databases[0].tablegroups[0].shards[0]";
+
+    #[test]
+    fn pool_volumes_never_shrink_whatever_level_sets_them() {
+        let t = templates("shard: {std: {pools: {main: {storage: {size: 2Gi}}}}}");
+        let old = cluster(&shard(
+            "shardTemplate: std\noverrides: {pools: {main: {storage: {size: 10Gi}}}}",
+        ));
+        let grown = cluster(&shard(
+            "shardTemplate: std\noverrides: {pools: {main: {storage: {size: 20Gi}}}}",
+        ));
+        assert!(validate(&grown, Some(&old), &t).allowed());
+        // Removing the override falls back to the template's 2Gi.
+        let findings = validate(&cluster(&shard("shardTemplate: std")), Some(&old), &t);
+        assert_eq!(
+            fields(&findings),
+            ["ShardTemplate \"std\" spec.pools[main].storage.size"]
+        );
+        assert_eq!(
+            findings.violations[0].message,
+            "the data volume of pool \"main\" cannot shrink from 10Gi to 2Gi: \
+             PersistentVolumeClaims can grow but never shrink; keep at least 10Gi"
+        );
+        // 10240Mi is the same amount as 10Gi.
+        let same = cluster(&shard(
+            "shardTemplate: std\noverrides: {pools: {main: {storage: {size: 10240Mi}}}}",
+        ));
+        assert!(validate(&same, Some(&old), &t).allowed());
+    }
+
+    #[test]
+    fn pools_and_pool_cells_are_append_only() {
+        let old = cluster(&shard(
+            "spec: {pools: {main: {cells: [zone-a, zone-b]}, extra: {}}}",
+        ));
+        let new = cluster(&shard("spec: {pools: {main: {cells: [zone-a]}}}"));
+        let findings = validate(&new, Some(&old), &Templates::default());
+        assert_eq!(
+            fields(&findings),
+            [
+                format!("{SHARD} pools"),
+                format!("{SHARD}.spec.pools[main].cells")
+            ]
+        );
+        assert!(
+            findings.violations[0]
+                .message
+                .starts_with("pool \"extra\" of shard postgres/default/0-inf cannot be removed")
+        );
+        assert!(
+            findings.violations[1]
+                .message
+                .starts_with("cells [\"zone-b\"] cannot be removed from pool \"main\"")
+        );
+    }
+
+    #[test]
+    fn pools_and_multiorch_use_cells_of_the_cluster() {
+        let t = templates("shard: {std: {pools: {main: {cells: [zone-x]}}}}");
+        let new = cluster(&shard(
+            "shardTemplate: std\noverrides: {multiorch: {cells: [zone-a, zone-q]}}",
+        ));
+        let findings = validate(&new, None, &t);
+        assert_eq!(
+            fields(&findings),
+            [
+                format!("{SHARD}.overrides.multiorch.cells"),
+                "ShardTemplate \"std\" spec.pools[main].cells".to_owned()
+            ]
+        );
+        assert!(findings.violations[1].message.contains("[\"zone-x\"]"));
+    }
+
+    #[test]
+    fn backup_volume_and_encryption_follow_the_resolved_backup() {
+        let old = cluster(&with(
+            "backup: {type: filesystem, filesystem: {storage: {size: 50Gi}}, encryption: {secretName: keys}}",
+        ));
+        // Removing the whole block: CEL's transition rule never sees it.
+        let findings = validate(&cluster(BASE), Some(&old), &Templates::default());
+        assert_eq!(
+            fields(&findings),
+            [
+                "spec.backup.filesystem.storage.size (default)",
+                "spec.backup.encryption (default)"
+            ]
+        );
+        assert!(findings.violations[0].message.contains("from 50Gi to 10Gi"));
+        assert!(
+            findings.violations[1]
+                .message
+                .contains("(was Secret \"keys\", now none)")
+        );
+        // Moving the same settings to the shard level changes nothing.
+        let moved = cluster(&shard(
+            "backup: {type: filesystem, filesystem: {storage: {size: 50Gi}}, encryption: {secretName: keys}}",
+        ));
+        assert!(validate(&moved, Some(&old), &Templates::default()).allowed());
+    }
+
+    #[test]
+    fn buffer_is_checked_after_merging_template_and_overrides() {
+        let t = templates("cell: {gw: {multigateway: {buffer: {window: 15s}}}}");
+        let new = cluster(
+            "
+postgresPasswordSecretRef: {name: pw, key: password}
+cells:
+- name: zone-a
+  zoneId: z-a
+  cellTemplate: gw
+  overrides: {multigateway: {buffer: {maxFailoverDuration: 12s}}}
+",
+        );
+        let findings = validate(&new, None, &t);
+        assert_eq!(
+            fields(&findings),
+            ["CellTemplate \"gw\" spec.multigateway.buffer.window"]
+        );
+        assert!(
+            findings.violations[0]
+                .message
+                .starts_with("buffer window (15s) must not exceed maxFailoverDuration (12s)")
+        );
+    }
+
+    #[test]
+    fn postgres_and_multipooler_share_a_uid() {
+        let t = templates(
+            "shard: {std: {pools: {main: {postgres: {runAsUser: 999}, multipooler: {runAsUser: 999}}}}}",
+        );
+        let new = cluster(&shard(
+            "shardTemplate: std\noverrides: {pools: {main: {multipooler: {runAsUser: 1000}}}}",
+        ));
+        let findings = validate(&new, None, &t);
+        assert_eq!(
+            fields(&findings),
+            ["ShardTemplate \"std\" spec.pools[main].postgres.runAsUser"]
+        );
+        assert!(
+            findings.violations[0]
+                .message
+                .contains("differs from multipooler runAsUser 1000")
+        );
+    }
+
+    #[test]
+    fn durability_needs_two_poolers() {
+        let new = cluster(&shard(
+            "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 1}}}",
+        ));
+        let findings = validate(&new, None, &Templates::default());
+        assert!(findings.allowed());
+        assert_eq!(findings.warnings.len(), 1);
+        assert!(findings.warnings[0].starts_with(&format!(
+            "{SHARD}.spec.pools[main].replicasPerCell: pool \"main\" of shard postgres/default/0-inf has 1 replica(s) per cell in 1 cell(s)"
+        )));
+        let multi = cluster(&format!(
+            "{}durabilityPolicy: MULTI_CELL_AT_LEAST_2\n",
+            shard("spec: {pools: {main: {cells: [zone-a]}}}")
+        ));
+        let findings = validate(&multi, None, &Templates::default());
+        assert!(
+            findings.warnings[0].contains("MULTI_CELL_AT_LEAST_2"),
+            "{findings:?}"
+        );
+    }
+
+    #[test]
+    fn template_changes_are_judged_on_the_clusters_using_them() {
+        let user = cluster(&shard("shardTemplate: std"));
+        let old =
+            templates("shard: {std: {pools: {main: {storage: {size: 5Gi}, cells: [zone-a]}}}}");
+        let shrunk =
+            templates("shard: {std: {pools: {main: {storage: {size: 1Gi}, cells: [zone-a]}}}}");
+        let findings = template_change(&user, &old, &shrunk);
+        assert_eq!(
+            fields(&findings),
+            ["ShardTemplate \"std\" spec.pools[main].storage.size"]
+        );
+        let unknown_cell = templates(
+            "shard: {std: {pools: {main: {storage: {size: 5Gi}, cells: [zone-a, zone-z]}}}}",
+        );
+        let findings = template_change(&user, &old, &unknown_cell);
+        assert_eq!(
+            fields(&findings),
+            ["ShardTemplate \"std\" spec.pools[main].cells"]
+        );
+        let grown = templates(
+            "shard: {std: {pools: {main: {storage: {size: 9Gi}, cells: [zone-a, zone-b]}}}}",
+        );
+        assert!(template_change(&user, &old, &grown).allowed());
     }
 }

@@ -16,11 +16,11 @@ use crate::violation::Findings;
 #[derive(Debug, Clone)]
 pub enum TemplateSpec {
     /// A CoreTemplate.
-    Core(CoreTemplateSpec),
+    Core(Box<CoreTemplateSpec>),
     /// A CellTemplate.
-    Cell(CellTemplateSpec),
+    Cell(Box<CellTemplateSpec>),
     /// A ShardTemplate.
-    Shard(ShardTemplateSpec),
+    Shard(Box<ShardTemplateSpec>),
 }
 
 impl TemplateSpec {
@@ -49,13 +49,13 @@ impl TemplateSpec {
         let name = name.to_owned();
         match self {
             Self::Core(spec) => {
-                templates.core.insert(name, spec.clone());
+                templates.core.insert(name, (**spec).clone());
             }
             Self::Cell(spec) => {
-                templates.cell.insert(name, spec.clone());
+                templates.cell.insert(name, (**spec).clone());
             }
             Self::Shard(spec) => {
-                templates.shard.insert(name, spec.clone());
+                templates.shard.insert(name, (**spec).clone());
             }
         }
     }
@@ -306,4 +306,178 @@ pub fn update(
         }
     }
     findings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::cluster::tests::{cluster, templates};
+
+    fn fields(findings: &Findings) -> Vec<&str> {
+        findings
+            .violations
+            .iter()
+            .map(|v| v.field.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn templates_are_checked_on_their_own() {
+        let shard: ShardTemplateSpec = serde_yaml::from_str(
+            "
+multiorch: {resources: {requests: {memory: 1Gi}, limits: {memory: 1Mi}}}
+postgresConfig: {listen_addresses: '*'}
+pvcDeletionPolicy: {whenDeleted: Delete}
+pools:
+  main:
+    storage: {size: lots}
+    multipooler: {runAsUser: 70}
+",
+        )
+        .unwrap();
+        let findings = TemplateSpec::Shard(Box::new(shard)).validate();
+        assert_eq!(
+            fields(&findings),
+            [
+                "spec.multiorch.resources.limits.memory",
+                "spec.pools[main].storage.size",
+                "spec.pools[main].multipooler.runAsUser",
+                "spec.postgresConfig[listen_addresses]",
+            ]
+        );
+        assert_eq!(findings.warnings.len(), 1);
+
+        let cell: CellTemplateSpec =
+            serde_yaml::from_str("multigateway: {buffer: {window: 30s, maxFailoverDuration: 20s}}")
+                .unwrap();
+        let findings = TemplateSpec::Cell(Box::new(cell)).validate();
+        assert_eq!(fields(&findings), ["spec.multigateway.buffer.window"]);
+
+        let lone_window: CellTemplateSpec =
+            serde_yaml::from_str("multigateway: {buffer: {window: 30s}}").unwrap();
+        assert!(
+            TemplateSpec::Cell(Box::new(lone_window))
+                .validate()
+                .allowed(),
+            "the cluster may set maxFailoverDuration"
+        );
+
+        let core: CoreTemplateSpec = serde_yaml::from_str(
+            "globalTopoServer: {etcd: {storage: {size: 1Gi}}}\nmultiadminWeb: {resources: {limits: {cpu: x}}}",
+        )
+        .unwrap();
+        assert_eq!(
+            fields(&TemplateSpec::Core(Box::new(core)).validate()),
+            ["spec.multiadminWeb.resources.limits.cpu"]
+        );
+    }
+
+    const BASE: &str = "
+postgresPasswordSecretRef: {name: pw, key: password}
+cells: [{name: zone-a, zoneId: z-a}, {name: zone-b, zoneId: z-b, cellTemplate: fast}]
+";
+
+    #[test]
+    fn explicit_and_implicit_uses() {
+        let spec = cluster(BASE).spec;
+        assert_eq!(
+            uses(TemplateKind::Cell, "fast", &spec),
+            ["spec.cells[1].cellTemplate"]
+        );
+        assert_eq!(
+            uses(TemplateKind::Cell, "default", &spec),
+            ["spec.cells[0] (names no cellTemplate, so it uses the namespace default)"]
+        );
+        assert_eq!(
+            uses(TemplateKind::Core, "default", &spec).len(),
+            3,
+            "global topology, multiadmin and its web UI"
+        );
+        assert_eq!(
+            uses(TemplateKind::Shard, "default", &spec),
+            [
+                "spec.databases (unset: the default shard) (names no shardTemplate, so it uses the namespace default)"
+            ]
+        );
+        assert!(uses(TemplateKind::Shard, "other", &spec).is_empty());
+
+        let with_defaults = cluster(&format!(
+            "{BASE}templateDefaults: {{cellTemplate: fast}}\nglobalTopoServer: {{external: {{endpoints: ['http://e:2379']}}}}\nmultiadmin: {{templateRef: core}}\nmultiadminWeb: {{templateRef: core}}\n"
+        ))
+        .spec;
+        assert_eq!(
+            uses(TemplateKind::Cell, "fast", &with_defaults),
+            [
+                "spec.templateDefaults.cellTemplate",
+                "spec.cells[1].cellTemplate"
+            ]
+        );
+        assert!(
+            uses(TemplateKind::Cell, "default", &with_defaults).is_empty(),
+            "templateDefaults replaces the namespace default"
+        );
+        assert!(
+            uses(TemplateKind::Core, "default", &with_defaults).is_empty(),
+            "an external topology server and explicit refs use no default"
+        );
+    }
+
+    #[test]
+    fn deletion_names_every_user() {
+        let mut first = cluster(BASE);
+        first.metadata.name = Some("first".into());
+        let mut second = cluster(&BASE.replace("cellTemplate: fast", "cellTemplate: slow"));
+        second.metadata.name = Some("second".into());
+        let mut leaving = cluster(BASE);
+        leaving.metadata.name = Some("leaving".into());
+        leaving.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let clusters = [first, second, leaving];
+
+        let findings = deletion(TemplateKind::Cell, "fast", &clusters);
+        assert_eq!(
+            findings.message(),
+            "MultigresCluster \"first\": uses CellTemplate \"fast\" through \
+             spec.cells[1].cellTemplate; change those references (or delete the cluster) before \
+             deleting the template"
+        );
+        let findings = deletion(TemplateKind::Cell, "default", &clusters);
+        assert_eq!(
+            fields(&findings),
+            ["MultigresCluster \"first\"", "MultigresCluster \"second\""]
+        );
+        assert!(deletion(TemplateKind::Cell, "unused", &clusters).allowed());
+    }
+
+    #[test]
+    fn updates_that_break_users_are_refused() {
+        let user = cluster(&format!(
+            "{}templateDefaults: {{coreTemplate: core}}\n",
+            BASE.replace(", cellTemplate: fast", "")
+        ));
+        let stored = templates("core: {core: {globalTopoServer: {etcd: {replicas: 3}}}}");
+        let old = TemplateSpec::Core(Box::new(stored.core["core"].clone()));
+        let new = TemplateSpec::Core(Box::new(
+            serde_yaml::from_str("globalTopoServer: {etcd: {replicas: 5}}").unwrap(),
+        ));
+        let findings = update("core", &old, &new, std::slice::from_ref(&user), &stored);
+        assert_eq!(
+            fields(&findings),
+            ["CoreTemplate \"core\" spec.globalTopoServer.etcd.replicas"]
+        );
+        assert!(
+            findings.violations[0]
+                .message
+                .ends_with("(in MultigresCluster \"demo\", which uses this CoreTemplate)")
+        );
+        let unrelated = TemplateSpec::Core(Box::new(
+            serde_yaml::from_str(
+                "globalTopoServer: {etcd: {replicas: 3}}\nmultiadmin: {replicas: 2}",
+            )
+            .unwrap(),
+        ));
+        assert!(update("core", &old, &unrelated, &[user], &stored).allowed());
+    }
 }
