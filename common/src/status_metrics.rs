@@ -61,11 +61,13 @@ pub struct Replicas {
 type Owner = (&'static str, String, String);
 /// Label pairs of one series, in output order.
 type Labels = Vec<(&'static str, String)>;
+/// Series per (family, owning object).
+type SeriesMap = BTreeMap<(&'static str, Owner), Vec<(Labels, f64)>>;
 
 /// Current series per family and owning object.
 #[derive(Debug, Default)]
 pub struct StatusGauges {
-    series: Mutex<BTreeMap<(&'static str, Owner), Vec<(Labels, f64)>>>,
+    series: Mutex<SeriesMap>,
 }
 
 /// The process-wide gauges rendered on `/metrics`.
@@ -95,7 +97,7 @@ fn replica_series(labels: &Labels, replicas: Replicas) -> Vec<(Labels, f64)> {
 }
 
 impl StatusGauges {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<(&'static str, Owner), Vec<(Labels, f64)>>> {
+    fn lock(&self) -> MutexGuard<'_, SeriesMap> {
         // Nothing panics while holding the lock; keep the data if something ever does.
         self.series.lock().unwrap_or_else(|p| p.into_inner())
     }
