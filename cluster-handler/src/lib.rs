@@ -8,6 +8,8 @@
 
 pub mod children;
 pub mod cluster;
+#[cfg(test)]
+mod fixtures;
 pub mod notice;
 pub mod tablegroup;
 pub mod watch;
