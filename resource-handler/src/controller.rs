@@ -174,6 +174,29 @@ where
     })
 }
 
+/// What every controller's context is made from.
+#[derive(Clone)]
+pub struct Base {
+    pub client: Client,
+    pub state: HandlerState,
+    pub recorder: Recorder,
+    pub stores: Stores,
+}
+
+impl Base {
+    /// The context of controller `name`.
+    pub fn ctx<K: Resource<DynamicType = ()>>(&self, name: &'static str) -> Arc<Ctx<K>> {
+        Arc::new(Ctx {
+            client: self.client.clone(),
+            state: self.state.clone(),
+            recorder: self.recorder.clone(),
+            stores: self.stores.clone(),
+            name,
+            backoff: ObjectBackoff::new(BackoffPolicy::default()),
+        })
+    }
+}
+
 /// Everything a reconciler needs.
 pub struct Ctx<K: Resource<DynamicType = ()>> {
     pub client: Client,
@@ -187,24 +210,6 @@ pub struct Ctx<K: Resource<DynamicType = ()>> {
 }
 
 impl<K: Resource<DynamicType = ()>> Ctx<K> {
-    /// A context for controller `name`.
-    pub fn new(
-        name: &'static str,
-        client: Client,
-        state: HandlerState,
-        recorder: Recorder,
-        stores: Stores,
-    ) -> Self {
-        Self {
-            client,
-            state,
-            recorder,
-            stores,
-            name,
-            backoff: ObjectBackoff::new(BackoffPolicy::default()),
-        }
-    }
-
     /// Publishes an event about `obj`; a failure to publish is logged, never fatal.
     pub async fn event(&self, obj: &K, type_: EventType, reason: &str, note: String) {
         let event = Event {

@@ -4,6 +4,7 @@
 //! PodDisruptionBudgets), restarts pool pods in a safe order, grows volumes, and reports
 //! readiness on the custom resources' status.
 
+pub mod cell;
 pub mod conditions;
 pub mod contract;
 pub mod controller;
@@ -11,11 +12,10 @@ pub mod names;
 pub mod owner;
 pub mod podspec;
 pub mod readiness;
+pub mod stateless;
 pub mod storage;
 pub mod sync;
 pub mod toposerver;
-
-use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
@@ -25,7 +25,7 @@ use kube::runtime::watcher;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::HandlerContext;
 
-use controller::{Ctx, Stores, cache, managed, pool_pods, recorder, share};
+use controller::{Base, Stores, cache, managed, pool_pods, recorder, share};
 
 /// Runs every controller until shutdown; reports SERVING once every cache is filled.
 pub async fn run(handler: HandlerContext) {
@@ -56,23 +56,25 @@ pub async fn run(handler: HandlerContext) {
         cell_templates: cell_templates.store.clone(),
         shard_templates: shard_templates.store.clone(),
     };
-    let recorder = recorder(&client);
-    let ctx = |name| {
-        Arc::new(Ctx::new(
-            name,
-            client.clone(),
-            handler.state.clone(),
-            recorder.clone(),
-            stores.clone(),
-        ))
+    let base = Base {
+        client: client.clone(),
+        state: handler.state.clone(),
+        recorder: recorder(&client),
+        stores: stores.clone(),
     };
     let shutdown = &handler.shutdown;
     let (topo_store, topo) = toposerver::run(
-        ctx(toposerver::NAME),
+        base.ctx(toposerver::NAME),
         statefulsets.handle.clone(),
         services.handle.clone(),
         pdbs.handle.clone(),
         clusters.handle.clone(),
+        shutdown,
+    );
+    let (cell_store, cells) = cell::run(
+        base.ctx(cell::NAME),
+        deployments.handle.clone(),
+        services.handle.clone(),
         shutdown,
     );
     let watches = [
@@ -91,7 +93,8 @@ pub async fn run(handler: HandlerContext) {
     let ready = tokio::spawn(async move {
         let filled = async {
             stores.wait_until_ready().await?;
-            topo_store.wait_until_ready().await
+            topo_store.wait_until_ready().await?;
+            cell_store.wait_until_ready().await
         };
         match filled.await {
             Ok(()) => {
@@ -104,7 +107,7 @@ pub async fn run(handler: HandlerContext) {
             Err(error) => tracing::error!(%error, "a cache stopped before it was filled"),
         }
     });
-    futures::join!(topo);
+    futures::join!(topo, cells);
     ready.abort();
     for watch in watches {
         watch.abort();

@@ -1,0 +1,141 @@
+//! Cell → the multigateway Deployment that clients' PostgreSQL connections reach, and its
+//! Service.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use multigres_api::labels::{self, Component, Placement};
+use multigres_api::resolver::{REGION_NODE_LABEL, ZONE_ID_NODE_LABEL};
+use multigres_api::v1alpha1::CellSpec;
+
+use crate::contract::{
+    MULTIGATEWAY_GRPC, MULTIGATEWAY_HTTP, POSTGRES_PORT, flag, log_level_flag, multigres_bin,
+    topo_flags,
+};
+use crate::owner::Owner;
+use crate::podspec::{Probes, PullSettings, container_port, service_port};
+use crate::stateless::{self, Process, Workload};
+
+/// Startup budget of multigateway: it registers in the topology (10 s timeout) before it
+/// listens, and retries from scratch if the cell record is not there yet.
+const STARTUP_BUDGET_SECONDS: i32 = 300;
+
+/// The objects realising one Cell.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CellObjects {
+    pub deployment: Deployment,
+    pub service: Service,
+}
+
+/// multigateway's command line: ports, topology, identity, log level and the failover buffer
+/// (only the settings the spec sets, so multigateway's own defaults apply to the rest).
+pub fn multigateway_args(spec: &CellSpec) -> Vec<String> {
+    let mut args = vec![
+        flag("http-port", MULTIGATEWAY_HTTP),
+        flag("grpc-port", MULTIGATEWAY_GRPC),
+        flag("pg-port", POSTGRES_PORT),
+    ];
+    args.extend(topo_flags(&spec.global_topo_server));
+    args.extend([
+        flag("cell", spec.name.as_str()),
+        flag("service-id", "$(POD_NAME)"),
+        flag("hostname", "$(POD_IP)"),
+        log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multigateway)),
+    ]);
+    if let Some(b) = &spec.multigateway.buffer {
+        if let Some(enabled) = b.enabled {
+            args.push(flag("buffer-enabled", enabled));
+        }
+        if let Some(window) = &b.window {
+            args.push(flag("buffer-window", window.as_str()));
+        }
+        if let Some(d) = &b.max_failover_duration {
+            args.push(flag("buffer-max-failover-duration", d.as_str()));
+        }
+        if let Some(d) = &b.min_time_between_failovers {
+            args.push(flag("buffer-min-time-between-failovers", d.as_str()));
+        }
+        if let Some(size) = b.size {
+            args.push(flag("buffer-size", size));
+        }
+        if let Some(n) = b.drain_concurrency {
+            args.push(flag("buffer-drain-concurrency", n));
+        }
+    }
+    args
+}
+
+/// Node labels pinning a cell's pods to its zone or region.
+pub fn cell_node_selector(spec: &CellSpec) -> BTreeMap<String, String> {
+    match (&spec.zone_id, &spec.region) {
+        (Some(zone), _) => {
+            BTreeMap::from([(ZONE_ID_NODE_LABEL.to_owned(), zone.as_str().to_owned())])
+        }
+        (None, Some(region)) => {
+            BTreeMap::from([(REGION_NODE_LABEL.to_owned(), region.as_str().to_owned())])
+        }
+        (None, None) => BTreeMap::new(),
+    }
+}
+
+/// Builds the multigateway objects of a Cell.
+pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
+    let placement = Placement {
+        cell: Some(spec.name.as_str()),
+        ..Default::default()
+    };
+    let labels = labels::labels(&owner.cluster, Component::Multigateway, &placement);
+    let selector = labels::selector(&owner.cluster, Component::Multigateway, &placement);
+    let name = crate::names::multigateway(&owner.name);
+    let pull = PullSettings::new(
+        spec.images.image_pull_policy,
+        &spec.images.image_pull_secrets,
+    );
+    let deployment = stateless::deployment(Workload {
+        name: name.clone(),
+        owner,
+        labels: labels.clone(),
+        selector: selector.clone(),
+        spec: &spec.multigateway.stateless,
+        default_replicas: multigres_api::resolver::defaults::MULTIGATEWAY_REPLICAS,
+        tolerations: spec
+            .multigateway_placement
+            .as_ref()
+            .map(|p| p.tolerations.clone())
+            .unwrap_or_default(),
+        node_selector: cell_node_selector(spec),
+        pull: &pull,
+        process: Process {
+            name: "multigateway",
+            image: spec.images.multigateway.as_str().to_owned(),
+            command: multigres_bin("multigateway"),
+            args: multigateway_args(spec),
+            ports: vec![
+                container_port("http", MULTIGATEWAY_HTTP),
+                container_port("grpc", MULTIGATEWAY_GRPC),
+                container_port("postgres", POSTGRES_PORT),
+            ],
+            probes: Probes::multigres(MULTIGATEWAY_HTTP, STARTUP_BUDGET_SECONDS),
+        },
+        recreate: false,
+    });
+    let service = stateless::service(
+        &name,
+        owner,
+        &labels,
+        &selector,
+        vec![
+            service_port("postgres", POSTGRES_PORT),
+            service_port("http", MULTIGATEWAY_HTTP),
+            service_port("grpc", MULTIGATEWAY_GRPC),
+        ],
+    );
+    CellObjects {
+        deployment,
+        service,
+    }
+}
+
+#[cfg(test)]
+mod tests;

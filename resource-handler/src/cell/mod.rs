@@ -1,0 +1,209 @@
+//! Cell controller: runs a cell's multigateway and reports its gateway replicas and
+//! `Available` (the data-handler writes the cell's topology conditions next to them).
+
+pub mod build;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::Future;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
+use kube::runtime::controller::{Action, Config};
+use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
+use kube::runtime::{Controller, watcher};
+use multigres_api::v1alpha1::{Cell, CellStatus};
+use multigres_common::shutdown::Shutdown;
+
+use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
+use crate::controller::{Classify, Ctx, drain, error_policy, observe, owned};
+use crate::owner::{Owner, OwnerError};
+use crate::readiness::{self, Counts};
+use crate::sync::{self, SyncError};
+
+/// Controller name in metrics and HandlerInfo.
+pub const NAME: &str = "cell";
+
+type Guard = DeserializeGuard<Cell>;
+
+/// Why a Cell could not be reconciled.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The stored object does not match the schema this binary knows.
+    #[error("the Cell cannot be read: {0}")]
+    Malformed(#[source] InvalidObject),
+    /// The Cell does not say which cluster it belongs to.
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
+    /// A write to the API server failed.
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+}
+
+impl Classify for Error {
+    fn is_invalid_spec(&self) -> bool {
+        matches!(self, Error::Malformed(_) | Error::Owner(_))
+    }
+
+    fn category(&self) -> &'static str {
+        match self {
+            Error::Malformed(_) | Error::Owner(_) => "invalid_spec",
+            Error::Sync(_) => "kube_api",
+        }
+    }
+}
+
+/// The controller, ready to be polled until shutdown, and the cache of Cells it fills.
+pub fn run(
+    ctx: Arc<Ctx<Guard>>,
+    deployments: ReflectHandle<Deployment>,
+    services: ReflectHandle<Service>,
+    shutdown: &Shutdown,
+) -> (Store<Guard>, impl Future<Output = ()> + Send + 'static) {
+    let controller = Controller::new(
+        Api::<Guard>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
+    let results = controller
+        .owns_shared_stream(deployments)
+        .owns_shared_stream(services)
+        .with_config(Config::default().concurrency(4))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx);
+    (store, drain(NAME, results))
+}
+
+async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
+    observe(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
+}
+
+async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
+    let cell = guard.0.as_ref().map_err(|e| Error::Malformed(e.clone()))?;
+    if cell.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let owner = Owner::of(cell)?;
+    let ns = owner.namespace.as_str();
+    let objects = build::build(&owner, &cell.spec);
+    let name = crate::names::multigateway(&owner.name);
+    let observed_deployment = ctx
+        .stores
+        .deployments
+        .get(&ObjectRef::new(&name).within(ns));
+    let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
+    let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
+    sync::ensure(
+        &services,
+        objects.service,
+        ctx.stores
+            .services
+            .get(&ObjectRef::new(&name).within(ns))
+            .as_deref(),
+    )
+    .await?;
+    sync::ensure(
+        &deployments,
+        objects.deployment,
+        observed_deployment.as_deref(),
+    )
+    .await?;
+
+    let keep = BTreeSet::from([name.clone()]);
+    let uid = owner.uid();
+    sync::prune(&services, &owned(&ctx.stores.services, ns, uid), &keep).await?;
+    sync::prune(
+        &deployments,
+        &owned(&ctx.stores.deployments, ns, uid),
+        &keep,
+    )
+    .await?;
+
+    let counts = readiness::deployment(observed_deployment.as_deref());
+    let desired = status(cell, counts, &name, Timestamp::now());
+    let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
+    sync::ensure_status(&api, cell, &desired, cell.status.as_ref()).await?;
+    Ok(Action::await_change())
+}
+
+/// The status fields and conditions this handler owns on a Cell.
+pub fn status(cell: &Cell, counts: Counts, service: &str, now: Timestamp) -> CellStatus {
+    let message = format!(
+        "{}/{} multigateway pods ready",
+        counts.ready, counts.desired
+    );
+    let available = if counts.desired == 0 && counts.observed {
+        Cond::new(
+            AVAILABLE,
+            FALSE,
+            "ScaledToZero",
+            "multigateway has 0 replicas",
+        )
+    } else if counts.all_ready() {
+        Cond::new(AVAILABLE, TRUE, "GatewaysReady", message.clone())
+    } else {
+        Cond::new(AVAILABLE, FALSE, "GatewaysNotReady", message.clone())
+    };
+    let observed = cell
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let healthy = available.is_true();
+    CellStatus {
+        observed_generation: cell.metadata.generation,
+        conditions: merge(observed, &[available], cell.metadata.generation, now),
+        phase: Some(phase(healthy, None)),
+        message: Some(message),
+        gateway_replicas: Some(counts.desired),
+        gateway_ready_replicas: Some(counts.ready),
+        gateway_service_name: Some(service.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use multigres_api::v1alpha1::Phase;
+
+    use super::*;
+
+    #[test]
+    fn status_reports_gateway_counts_and_availability() {
+        let cell: Cell = serde_yaml::from_str(include_str!("../../fixtures/cell.yaml")).unwrap();
+        let now = Timestamp::from_second(5).unwrap();
+        let counts = |ready| Counts {
+            desired: 2,
+            ready,
+            observed: true,
+        };
+        let s = status(&cell, counts(1), "gw", now);
+        assert_eq!(s.conditions[0].type_, AVAILABLE);
+        assert_eq!(s.conditions[0].status, FALSE);
+        assert_eq!(s.phase, Some(Phase::Progressing));
+        assert_eq!(
+            (s.gateway_replicas, s.gateway_ready_replicas),
+            (Some(2), Some(1))
+        );
+        let s = status(&cell, counts(2), "gw", now);
+        assert_eq!(s.conditions[0].status, TRUE);
+        assert_eq!(s.phase, Some(Phase::Healthy));
+        assert_eq!(s.gateway_service_name.as_deref(), Some("gw"));
+        assert_eq!(s.message.as_deref(), Some("2/2 multigateway pods ready"));
+        let zero = status(
+            &cell,
+            Counts {
+                desired: 0,
+                ready: 0,
+                observed: true,
+            },
+            "gw",
+            now,
+        );
+        assert_eq!(zero.conditions[0].reason, "ScaledToZero");
+    }
+}
