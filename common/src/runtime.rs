@@ -1,11 +1,12 @@
 //! [`HandlerRuntime`]: everything a handler binary does besides its controllers, so `main.rs`
 //! stays a few lines.
 //!
-//! Order at start: logging and crypto provider, signal handlers, metrics recorder, gRPC and
-//! metrics listeners (health answers NOT_SERVING from here on), Kubernetes client (checked
-//! against the API server). [`HandlerRuntime::run`] then campaigns for the Lease when asked,
-//! runs the binary's work while acting, and on SIGTERM/SIGINT stops the work, releases the
-//! Lease and stops the servers, in that order.
+//! Order at start: logging, trace export (when configured) and crypto provider, signal
+//! handlers, metrics recorder, gRPC and metrics listeners (health answers NOT_SERVING from here
+//! on), Kubernetes client (checked against the API server). [`HandlerRuntime::run`] then
+//! campaigns for the Lease when asked, runs the binary's work while acting, and on
+//! SIGTERM/SIGINT stops the work, releases the Lease, stops the servers and sends the buffered
+//! spans, in that order.
 
 use std::error::Error as StdError;
 
@@ -18,7 +19,7 @@ use crate::leader::{LeaderElector, LeaderError, LeaseConfig};
 use crate::servers::{ServerError, Servers};
 use crate::shutdown::Shutdown;
 use crate::state::{HandlerState, LeaderState};
-use crate::telemetry::{ErrorChain, TelemetryError};
+use crate::telemetry::{ErrorChain, ServiceInfo, Telemetry, TelemetryError};
 
 /// Why a handler could not start or did not end cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -71,12 +72,18 @@ pub struct HandlerRuntime {
     state: HandlerState,
     servers: Servers,
     shutdown: Shutdown,
+    telemetry: Telemetry,
 }
 
 impl HandlerRuntime {
     /// Sets up logging, signals, metrics and gRPC servers, and the client.
     pub async fn start(spec: HandlerSpec, args: &CommonArgs) -> Result<Self, RuntimeError> {
-        crate::telemetry::init(args.log_format, args.log_level.as_deref())?;
+        let service = ServiceInfo {
+            name: spec.name,
+            version: spec.version,
+        };
+        let telemetry =
+            crate::telemetry::init(service, args.log_format, args.log_level.as_deref())?;
         tracing::info!(handler = spec.name, version = spec.version, "starting");
         let shutdown = Shutdown::new();
         crate::shutdown::trigger_on_signal(shutdown.clone()).map_err(RuntimeError::Signals)?;
@@ -93,6 +100,7 @@ impl HandlerRuntime {
                 if let Err(stop_error) = servers.stop().await {
                     tracing::warn!(error = %ErrorChain(&stop_error), "servers did not stop cleanly");
                 }
+                telemetry.shutdown().await;
                 return Err(error.into());
             }
         };
@@ -102,6 +110,7 @@ impl HandlerRuntime {
             state,
             servers,
             shutdown,
+            telemetry,
         })
     }
 
@@ -151,6 +160,7 @@ impl HandlerRuntime {
                 tracing::error!(handler = self.spec.name, error = %ErrorChain(error), "stopped with an error");
             }
         }
+        self.telemetry.shutdown().await;
         result.and(stopped.map_err(RuntimeError::from))
     }
 
