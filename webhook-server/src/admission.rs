@@ -176,7 +176,7 @@ pub async fn handle(
         }
         Err(message) => {
             tracing::warn!(webhook = %webhook.label(), %message, "unreadable admission request");
-            ("UNKNOWN".to_owned(), AdmissionResponse::invalid(message))
+            ("UNKNOWN".to_owned(), invalid(message, String::new()))
         }
     };
     let result = if response.allowed {
@@ -233,11 +233,7 @@ async fn review(
     };
     match outcome {
         Ok(findings) => respond(request, findings),
-        Err(Failure::Unreadable(message)) => {
-            let mut response = AdmissionResponse::invalid(message);
-            response.uid.clone_from(&request.uid);
-            response
-        }
+        Err(Failure::Unreadable(message)) => invalid(message, request.uid.clone()),
         Err(Failure::Lookup(error)) => {
             tracing::warn!(%error, "lookup failed");
             let mut response = AdmissionResponse::from(request);
@@ -250,6 +246,14 @@ async fn review(
             response
         }
     }
+}
+
+/// A refusal of a request that cannot be read, with code 400 (kube's `invalid` leaves it 0).
+fn invalid(message: String, uid: String) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid(message);
+    response.uid = uid;
+    response.result.code = 400;
+    response
 }
 
 /// Why a request could not be judged.
