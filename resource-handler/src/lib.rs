@@ -12,6 +12,7 @@ pub mod names;
 pub mod owner;
 pub mod podspec;
 pub mod readiness;
+pub mod shard;
 pub mod stateless;
 pub mod storage;
 pub mod sync;
@@ -77,6 +78,17 @@ pub async fn run(handler: HandlerContext) {
         services.handle.clone(),
         shutdown,
     );
+    let (shard_store, shards) = shard::run(
+        base.ctx(shard::NAME),
+        shard::Triggers {
+            statefulsets: statefulsets.handle.clone(),
+            deployments: deployments.handle.clone(),
+            services: services.handle.clone(),
+            pdbs: pdbs.handle.clone(),
+            pods: pods.handle.clone(),
+        },
+        shutdown,
+    );
     let watches = [
         tokio::spawn(sts_watch),
         tokio::spawn(deployment_watch),
@@ -94,7 +106,8 @@ pub async fn run(handler: HandlerContext) {
         let filled = async {
             stores.wait_until_ready().await?;
             topo_store.wait_until_ready().await?;
-            cell_store.wait_until_ready().await
+            cell_store.wait_until_ready().await?;
+            shard_store.wait_until_ready().await
         };
         match filled.await {
             Ok(()) => {
@@ -107,7 +120,7 @@ pub async fn run(handler: HandlerContext) {
             Err(error) => tracing::error!(%error, "a cache stopped before it was filled"),
         }
     });
-    futures::join!(topo, cells);
+    futures::join!(topo, cells, shards);
     ready.abort();
     for watch in watches {
         watch.abort();

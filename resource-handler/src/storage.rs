@@ -7,7 +7,10 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
+use kube::runtime::events::EventType;
+
 use crate::conditions::{Cond, FALSE, TRUE};
+use crate::controller::Ctx;
 
 /// Condition type reporting whether the volumes match the requested size.
 pub const STORAGE_SYNCED: &str = "StorageSynced";
@@ -63,13 +66,25 @@ pub fn requested(pvc: &PersistentVolumeClaim) -> Option<&str> {
         .map(|q| q.0.as_str())
 }
 
+/// A volume asked to become smaller than it is.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Shrink {
+    pub pvc: String,
+    /// What it requests now.
+    pub current: String,
+    /// What the spec asks for.
+    pub desired: String,
+}
+
 /// What to do with a set of volumes given the requested size.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResizePlan {
+    /// The size the spec asks for.
+    pub desired: String,
     /// PVCs whose request is smaller than the desired size: grow them.
     pub grow: Vec<String>,
-    /// PVCs whose request is larger than the desired size, with that request: left alone.
-    pub shrink_refused: Vec<(String, String)>,
+    /// PVCs whose request is larger than the desired size: left alone.
+    pub shrink_refused: Vec<Shrink>,
 }
 
 /// Compares every PVC's request with `desired`. PVCs without a parseable request are left
@@ -78,7 +93,10 @@ pub fn plan_resize<'a>(
     desired: &str,
     pvcs: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
 ) -> ResizePlan {
-    let mut plan = ResizePlan::default();
+    let mut plan = ResizePlan {
+        desired: desired.to_owned(),
+        ..Default::default()
+    };
     let Some(want) = parse_bytes(desired) else {
         return plan;
     };
@@ -92,8 +110,11 @@ pub fn plan_resize<'a>(
         if have < want {
             plan.grow.push(pvc.name_any());
         } else if have > want {
-            plan.shrink_refused
-                .push((pvc.name_any(), current.to_owned()));
+            plan.shrink_refused.push(Shrink {
+                pvc: pvc.name_any(),
+                current: current.to_owned(),
+                desired: desired.to_owned(),
+            });
         }
     }
     plan.grow.sort();
@@ -110,21 +131,34 @@ pub struct ResizeOutcome {
     /// allow expansion).
     pub refused: Vec<(String, String)>,
     /// PVCs larger than requested.
-    pub shrink_refused: Vec<(String, String)>,
+    pub shrink_refused: Vec<Shrink>,
 }
 
 impl ResizeOutcome {
-    /// The `StorageSynced` condition: `True` when every volume requests the desired size.
-    pub fn condition(&self, desired: &str) -> Cond {
-        if let Some((name, current)) = self.shrink_refused.first() {
+    /// Adds the outcome of another group of volumes.
+    pub fn extend(&mut self, other: ResizeOutcome) {
+        self.grown.extend(other.grown);
+        self.refused.extend(other.refused);
+        self.shrink_refused.extend(other.shrink_refused);
+    }
+
+    /// The `StorageSynced` condition: `True` when every volume requests its configured size.
+    pub fn condition(&self) -> Cond {
+        if let Some(shrink) = self.shrink_refused.first() {
             return Cond::new(
                 STORAGE_SYNCED,
                 FALSE,
                 "ShrinkRefused",
                 format!(
-                    "requested size {desired} is smaller than volume {name} ({current}) and {} \
-                     other(s); volumes cannot shrink, so nothing was changed: restore the size",
-                    self.shrink_refused.len() - 1
+                    "requested size {} is smaller than volume {} ({}){}; volumes cannot shrink, \
+                     so nothing was changed: restore the size",
+                    shrink.desired,
+                    shrink.pvc,
+                    shrink.current,
+                    match self.shrink_refused.len() - 1 {
+                        0 => String::new(),
+                        n => format!(" and {n} other volume(s)"),
+                    }
                 ),
             );
         }
@@ -134,8 +168,8 @@ impl ResizeOutcome {
                 FALSE,
                 "ExpansionRefused",
                 format!(
-                    "growing volume {name} to {desired} was refused: {message}; use a \
-                     StorageClass with allowVolumeExpansion: true"
+                    "growing volume {name} was refused: {message}; use a StorageClass with \
+                     allowVolumeExpansion: true"
                 ),
             );
         }
@@ -143,18 +177,18 @@ impl ResizeOutcome {
             STORAGE_SYNCED,
             TRUE,
             "UpToDate",
-            format!("every volume requests {desired}"),
+            "every volume requests its configured size",
         )
     }
 }
 
-/// Raises the request of `plan.grow` to `desired` with a merge patch of that one field (the
-/// PVCs belong to the StatefulSet controller; only their size is ours to change).
+/// Raises the request of `plan.grow` to the desired size with a merge patch of that one field
+/// (the PVCs belong to the StatefulSet controller; only their size is ours to change).
 pub async fn apply_resize(
     api: &Api<PersistentVolumeClaim>,
-    desired: &str,
     plan: ResizePlan,
 ) -> Result<ResizeOutcome, kube::Error> {
+    let desired = plan.desired;
     let mut outcome = ResizeOutcome {
         shrink_refused: plan.shrink_refused,
         ..Default::default()
@@ -173,6 +207,24 @@ pub async fn apply_resize(
         }
     }
     Ok(outcome)
+}
+
+/// Events for volume changes: a Normal one when volumes grew, a Warning when a shrink or an
+/// expansion was refused.
+pub async fn report<K>(ctx: &Ctx<K>, obj: &K, outcome: &ResizeOutcome)
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    if !outcome.grown.is_empty() {
+        let note = format!("requested a larger size for {}", outcome.grown.join(", "));
+        ctx.event(obj, EventType::Normal, "VolumesExpanded", note)
+            .await;
+    }
+    let cond = outcome.condition();
+    if !cond.is_true() {
+        ctx.event(obj, EventType::Warning, cond.reason, cond.message)
+            .await;
+    }
 }
 
 #[cfg(test)]
@@ -214,24 +266,38 @@ mod tests {
         assert_eq!(plan.grow, ["data-0"]);
         assert_eq!(
             plan.shrink_refused,
-            [("data-3".to_owned(), "4Gi".to_owned())]
+            [Shrink {
+                pvc: "data-3".into(),
+                current: "4Gi".into(),
+                desired: "2Gi".into()
+            }]
         );
-        assert_eq!(plan_resize("not-a-size", &pvcs), ResizePlan::default());
+        let unparseable = plan_resize("not-a-size", &pvcs);
+        assert!(unparseable.grow.is_empty() && unparseable.shrink_refused.is_empty());
     }
 
     #[test]
     fn condition_reports_shrink_before_anything_else() {
-        let ok = ResizeOutcome::default().condition("2Gi");
+        let ok = ResizeOutcome::default().condition();
         assert_eq!((ok.status, ok.reason), (TRUE, "UpToDate"));
-        let shrink = ResizeOutcome {
-            shrink_refused: vec![("data-0".into(), "4Gi".into())],
+        let mut shrink = ResizeOutcome {
             refused: vec![("data-1".into(), "forbidden".into())],
             ..Default::default()
-        }
-        .condition("2Gi");
+        };
+        shrink.extend(ResizeOutcome {
+            shrink_refused: vec![Shrink {
+                pvc: "data-0".into(),
+                current: "4Gi".into(),
+                desired: "2Gi".into(),
+            }],
+            ..Default::default()
+        });
+        let shrink = shrink.condition();
         assert_eq!((shrink.status, shrink.reason), (FALSE, "ShrinkRefused"));
         assert!(
-            shrink.message.contains("data-0 (4Gi)"),
+            shrink
+                .message
+                .contains("2Gi is smaller than volume data-0 (4Gi);"),
             "{}",
             shrink.message
         );
@@ -239,7 +305,7 @@ mod tests {
             refused: vec![("data-1".into(), "class forbids".into())],
             ..Default::default()
         }
-        .condition("2Gi");
+        .condition();
         assert_eq!(refused.reason, "ExpansionRefused");
         assert!(refused.message.contains("class forbids"));
     }

@@ -14,7 +14,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::controller::{Action, Config};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
@@ -28,7 +27,7 @@ use crate::controller::{Classify, Ctx, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
-use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
+use crate::storage::{self, STORAGE_SYNCED};
 use crate::sync::{self, SyncError};
 use build::{Scope, TopoInput, TopoObjects};
 
@@ -217,10 +216,10 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     });
     let plan = storage::plan_resize(&storage_size, pvcs.iter().map(|p| p.as_ref()));
     let pvc_api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
-    let outcome = storage::apply_resize(&pvc_api, &storage_size, plan)
+    let outcome = storage::apply_resize(&pvc_api, plan)
         .await
         .map_err(Error::Resize)?;
-    report_resize(ctx, guard, &outcome, &storage_size).await;
+    storage::report(ctx, guard, &outcome).await;
 
     let keep_services = BTreeSet::from([peer_name, client_name]);
     let keep_named = BTreeSet::from([sts_name]);
@@ -239,7 +238,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     )
     .await?;
 
-    let storage_cond = outcome.condition(&storage_size);
+    let storage_cond = outcome.condition();
     write_status(
         &statuses,
         topo,
@@ -249,24 +248,6 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     )
     .await?;
     Ok(Action::await_change())
-}
-
-/// Events for volume changes: a Normal one when volumes grew, a Warning when a shrink or an
-/// expansion was refused.
-pub async fn report_resize<K>(ctx: &Ctx<K>, obj: &K, outcome: &ResizeOutcome, size: &str)
-where
-    K: kube::Resource<DynamicType = ()>,
-{
-    if !outcome.grown.is_empty() {
-        let note = format!("requested {size} for {}", outcome.grown.join(", "));
-        ctx.event(obj, EventType::Normal, "VolumesExpanded", note)
-            .await;
-    }
-    let cond = outcome.condition(size);
-    if !cond.is_true() {
-        ctx.event(obj, EventType::Warning, cond.reason, cond.message)
-            .await;
-    }
 }
 
 /// A change of the member count, which static bootstrap cannot follow.

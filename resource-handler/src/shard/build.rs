@@ -1,0 +1,744 @@
+//! Shard → a multiorch Deployment (and Service) per watched cell, and per pool and cell a
+//! StatefulSet of PostgreSQL pods (pgctld running PostgreSQL as a native sidecar, multipooler
+//! next to it, both on one data volume), its headless Service and a PodDisruptionBudget; plus
+//! the shard's filesystem backup volume.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
+};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ProjectedVolumeSource,
+    SecretKeySelector, SecretProjection, SecretVolumeSource, Service, ServiceSpec, Volume,
+    VolumeMount, VolumeProjection, VolumeResourceRequirements,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use multigres_api::labels::{self, Component, Placement};
+use multigres_api::resolver::defaults;
+use multigres_api::v1alpha1::{
+    BackupConfig, BackupType, CellName, PoolSpec, PvcRetentionPolicyType, ShardSpec, StorageSpec,
+};
+
+use crate::contract::{
+    MULTIORCH_GRPC, MULTIORCH_HTTP, MULTIPOOLER_GRPC, MULTIPOOLER_HTTP, PASSWORD_DIR,
+    PASSWORD_FILE, PGBACKREST_CERT_DIR, PGBACKREST_CIPHER_DIR, PGBACKREST_PORT, PGCTLD_BIN,
+    PGCTLD_GRPC, PGCTLD_HTTP, PGDATA, POOLER_DIR, POSTGRES_PORT, flag, log_level_flag,
+    multigres_bin, topo_flags,
+};
+use crate::owner::Owner;
+use crate::podspec::{
+    POSTGRES_ID, Probes, PullSettings, RunAs, container_port, container_security, env, mount,
+    pod_identity_env, pod_security, service_port,
+};
+use crate::stateless::{self, Process, Workload};
+use crate::toposerver::build::retention;
+
+/// Data volume claim template of pool pods (PVCs are `data-<pod>`).
+pub const DATA_VOLUME: &str = "data";
+const PASSWORD_VOLUME: &str = "postgres-password";
+const BACKUP_VOLUME: &str = "backup";
+const SOCKET_VOLUME: &str = "postgres-socket";
+const SOCKET_DIR: &str = "/var/run/postgresql";
+const CERTS_VOLUME: &str = "pgbackrest-certs";
+const CIPHER_VOLUME: &str = "pgbackrest-cipher";
+/// Startup budget of the pool processes: pgctld and multipooler listen at once, but PostgreSQL
+/// may replay WAL or restore a backup before it is usable.
+const POOL_STARTUP_SECONDS: i32 = 600;
+/// Startup budget of multiorch: it listens right away.
+const MULTIORCH_STARTUP_SECONDS: i32 = 300;
+
+/// The multiorch of one cell.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MultiorchObjects {
+    pub cell: String,
+    pub deployment: Deployment,
+    pub service: Service,
+}
+
+/// One pool in one cell.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolObjects {
+    pub pool: String,
+    pub cell: String,
+    pub statefulset: StatefulSet,
+    pub service: Service,
+    pub pdb: PodDisruptionBudget,
+    /// Labels selecting the pool's pods (and its PVCs).
+    pub selector: BTreeMap<String, String>,
+    /// Size each data volume should request.
+    pub storage_size: String,
+}
+
+/// Everything a Shard runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShardObjects {
+    pub multiorch: Vec<MultiorchObjects>,
+    pub pools: Vec<PoolObjects>,
+    /// The filesystem backup repository shared by the shard's pods.
+    pub backup: Option<PersistentVolumeClaim>,
+}
+
+fn placement<'a>(
+    spec: &'a ShardSpec,
+    cell: Option<&'a str>,
+    pool: Option<&'a str>,
+) -> Placement<'a> {
+    Placement {
+        cell,
+        database: Some(spec.database_name.as_str()),
+        table_group: Some(spec.table_group_name.as_str()),
+        shard: Some(spec.shard_name.as_str()),
+        pool,
+    }
+}
+
+fn pull(spec: &ShardSpec) -> PullSettings {
+    PullSettings::new(
+        spec.images.image_pull_policy,
+        &spec.images.image_pull_secrets,
+    )
+}
+
+/// Cells that get a multiorch: the spec's, else every cell a pool uses.
+pub fn multiorch_cells(spec: &ShardSpec) -> Vec<String> {
+    let cells: BTreeSet<String> = if spec.multiorch.cells.is_empty() {
+        spec.pools
+            .values()
+            .flat_map(|p| p.cells.iter().map(|c| c.as_str().to_owned()))
+            .collect()
+    } else {
+        spec.multiorch
+            .cells
+            .iter()
+            .map(|c| c.as_str().to_owned())
+            .collect()
+    };
+    cells.into_iter().collect()
+}
+
+/// Every cell a pool runs in.
+pub fn pool_cells(spec: &ShardSpec) -> Vec<CellName> {
+    let cells: BTreeSet<&CellName> = spec.pools.values().flat_map(|p| &p.cells).collect();
+    cells.into_iter().cloned().collect()
+}
+
+/// Builds everything of a Shard, or says why the spec cannot be realised.
+pub fn build(owner: &Owner, spec: &ShardSpec) -> Result<ShardObjects, String> {
+    if spec.pools.is_empty() {
+        return Err("spec.pools is empty: a shard needs at least one pool".to_owned());
+    }
+    let mut pools = Vec::new();
+    for (name, pool) in &spec.pools {
+        if pool.cells.is_empty() {
+            return Err(format!(
+                "spec.pools.{}.cells is empty: a pool runs in at least one cell",
+                name.as_str()
+            ));
+        }
+        for cell in &pool.cells {
+            pools.push(pool_objects(
+                owner,
+                spec,
+                name.as_str(),
+                pool,
+                cell.as_str(),
+            ));
+        }
+    }
+    let multiorch = multiorch_cells(spec)
+        .into_iter()
+        .map(|cell| multiorch_objects(owner, spec, cell))
+        .collect();
+    Ok(ShardObjects {
+        multiorch,
+        pools,
+        backup: backup_pvc(owner, spec),
+    })
+}
+
+/// multiorch's service id: stable across restarts so a claim it made survives it. Several
+/// replicas of one cell cannot share an id, so each then uses its pod name.
+fn multiorch_service_id(deployment: &str, replicas: i32) -> String {
+    if replicas <= 1 {
+        deployment.to_owned()
+    } else {
+        "$(POD_NAME)".to_owned()
+    }
+}
+
+fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> MultiorchObjects {
+    let at = placement(spec, Some(&cell), None);
+    let labels = labels::labels(&owner.cluster, Component::Multiorch, &at);
+    let selector = labels::selector(&owner.cluster, Component::Multiorch, &at);
+    let name = crate::names::multiorch(&owner.name, &cell);
+    let replicas = spec
+        .multiorch
+        .stateless
+        .replicas
+        .unwrap_or(defaults::MULTIORCH_REPLICAS);
+    let mut args = vec![
+        flag("http-port", MULTIORCH_HTTP),
+        flag("grpc-port", MULTIORCH_GRPC),
+    ];
+    args.extend(topo_flags(&spec.global_topo_server));
+    args.extend([
+        flag("cell", &cell),
+        flag(
+            "watch-targets",
+            format!(
+                "{}/{}/{}",
+                spec.database_name.as_str(),
+                spec.table_group_name.as_str(),
+                spec.shard_name.as_str()
+            ),
+        ),
+        flag("service-id", multiorch_service_id(&name, replicas)),
+        flag("hostname", "$(POD_IP)"),
+        log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multiorch)),
+    ]);
+    let pull = pull(spec);
+    let deployment = stateless::deployment(Workload {
+        name: name.clone(),
+        owner,
+        labels: labels.clone(),
+        selector: selector.clone(),
+        spec: &spec.multiorch.stateless,
+        default_replicas: defaults::MULTIORCH_REPLICAS,
+        tolerations: spec
+            .multiorch
+            .placement
+            .as_ref()
+            .map(|p| p.tolerations.clone())
+            .unwrap_or_default(),
+        node_selector: cell_node_selector(spec, &cell),
+        pull: &pull,
+        process: Process {
+            name: "multiorch",
+            image: spec.images.multiorch.as_str().to_owned(),
+            command: multigres_bin("multiorch"),
+            args,
+            ports: vec![
+                container_port("http", MULTIORCH_HTTP),
+                container_port("grpc", MULTIORCH_GRPC),
+            ],
+            probes: Probes::multigres(MULTIORCH_HTTP, MULTIORCH_STARTUP_SECONDS),
+        },
+        recreate: true,
+    });
+    let service = stateless::service(
+        &name,
+        owner,
+        &labels,
+        &selector,
+        vec![
+            service_port("http", MULTIORCH_HTTP),
+            service_port("grpc", MULTIORCH_GRPC),
+        ],
+    );
+    MultiorchObjects {
+        cell,
+        deployment,
+        service,
+    }
+}
+
+fn cell_node_selector(spec: &ShardSpec, cell: &str) -> BTreeMap<String, String> {
+    spec.cell_topology_labels
+        .iter()
+        .find(|(name, _)| name.as_str() == cell)
+        .map(|(_, labels)| labels.clone())
+        .unwrap_or_default()
+}
+
+fn backup_path(backup: &BackupConfig) -> String {
+    backup
+        .filesystem
+        .as_ref()
+        .and_then(|f| f.path.clone())
+        .unwrap_or_else(|| defaults::BACKUP_PATH.to_owned())
+}
+
+fn is_filesystem(backup: Option<&BackupConfig>) -> Option<&BackupConfig> {
+    backup.filter(|b| b.type_ == BackupType::Filesystem)
+}
+
+fn storage_request(
+    storage: &StorageSpec,
+    default_size: &str,
+) -> (String, PersistentVolumeClaimSpec) {
+    let size = storage
+        .size
+        .clone()
+        .unwrap_or_else(|| default_size.to_owned());
+    let access_modes = if storage.access_modes.is_empty() {
+        vec![defaults::ACCESS_MODE.to_owned()]
+    } else {
+        storage.access_modes.clone()
+    };
+    let spec = PersistentVolumeClaimSpec {
+        access_modes: Some(access_modes),
+        storage_class_name: storage.class.clone(),
+        resources: Some(VolumeResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity(size.clone()),
+            )])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    (size, spec)
+}
+
+/// The shared filesystem backup volume (none for S3). Owned by the Shard, so deleted with it,
+/// only when the shard's `whenDeleted` is `Delete`.
+pub fn backup_pvc(owner: &Owner, spec: &ShardSpec) -> Option<PersistentVolumeClaim> {
+    let backup = is_filesystem(spec.backup.as_ref())?;
+    let storage = backup
+        .filesystem
+        .as_ref()
+        .and_then(|f| f.storage.clone())
+        .unwrap_or_default();
+    let (_, claim) = storage_request(&storage, defaults::BACKUP_STORAGE);
+    let delete = spec
+        .pvc_deletion_policy
+        .as_ref()
+        .and_then(|p| p.when_deleted)
+        == Some(PvcRetentionPolicyType::Delete);
+    Some(PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(crate::names::backup_pvc(&owner.name)),
+            namespace: Some(owner.namespace.clone()),
+            labels: Some(labels::labels(
+                &owner.cluster,
+                Component::Shard,
+                &placement(spec, None, None),
+            )),
+            owner_references: delete.then(|| vec![owner.reference.clone()]),
+            ..Default::default()
+        },
+        spec: Some(claim),
+        status: None,
+    })
+}
+
+/// The size the backup volume should request.
+pub fn backup_size(spec: &ShardSpec) -> Option<String> {
+    let backup = is_filesystem(spec.backup.as_ref())?;
+    Some(
+        backup
+            .filesystem
+            .as_ref()
+            .and_then(|f| f.storage.as_ref())
+            .and_then(|s| s.size.clone())
+            .unwrap_or_else(|| defaults::BACKUP_STORAGE.to_owned()),
+    )
+}
+
+/// Environment shared by pgctld and multipooler: where the data lives, who the superuser is
+/// and how to reach S3.
+fn postgres_env(spec: &ShardSpec) -> Vec<EnvVar> {
+    let mut vars = pod_identity_env();
+    vars.extend([
+        env("PGDATA", PGDATA),
+        env(
+            "POSTGRES_USER",
+            spec.postgres_superuser
+                .clone()
+                .unwrap_or_else(|| defaults::POSTGRES_SUPERUSER.to_owned()),
+        ),
+        env("POSTGRES_PASSWORD_FILE", PASSWORD_FILE),
+    ]);
+    if let Some(s3) = spec
+        .backup
+        .as_ref()
+        .filter(|b| b.type_ == BackupType::S3)
+        .and_then(|b| b.s3.as_ref())
+    {
+        vars.push(env("AWS_REGION", s3.region.clone()));
+        if let Some(secret) = &s3.credentials_secret {
+            for key in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+                vars.push(EnvVar {
+                    name: key.to_owned(),
+                    value_from: Some(EnvVarSource {
+                        secret_key_ref: Some(SecretKeySelector {
+                            name: secret.clone(),
+                            key: key.to_owned(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    vars
+}
+
+/// Volumes of a pool pod besides the data volume, and their mounts (shared by both
+/// containers).
+fn pool_volumes(owner: &Owner, spec: &ShardSpec) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let secret = &spec.postgres_password_secret_ref;
+    let mut volumes = vec![
+        Volume {
+            name: PASSWORD_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: secret.key.clone(),
+                    path: "password".to_owned(),
+                    ..Default::default()
+                }]),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: SOCKET_VOLUME.to_owned(),
+            empty_dir: Some(Default::default()),
+            ..Default::default()
+        },
+    ];
+    let mut mounts = vec![
+        mount(DATA_VOLUME, POOLER_DIR, false),
+        mount(PASSWORD_VOLUME, PASSWORD_DIR, true),
+        mount(SOCKET_VOLUME, SOCKET_DIR, false),
+    ];
+    let backup = spec.backup.as_ref();
+    if let Some(fs) = is_filesystem(backup) {
+        volumes.push(Volume {
+            name: BACKUP_VOLUME.to_owned(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: crate::names::backup_pvc(&owner.name),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount(BACKUP_VOLUME, &backup_path(fs), false));
+    }
+    if let Some(tls) = backup
+        .and_then(|b| b.pgbackrest_tls.as_ref())
+        .and_then(|t| t.secret_name.clone())
+    {
+        let item = |key: &str, path: &str| KeyToPath {
+            key: key.to_owned(),
+            path: path.to_owned(),
+            ..Default::default()
+        };
+        volumes.push(Volume {
+            name: CERTS_VOLUME.to_owned(),
+            projected: Some(ProjectedVolumeSource {
+                default_mode: Some(0o440),
+                sources: Some(vec![VolumeProjection {
+                    secret: Some(SecretProjection {
+                        name: tls,
+                        items: Some(vec![
+                            item("ca.crt", "ca.crt"),
+                            item("tls.crt", "pgbackrest.crt"),
+                            item("tls.key", "pgbackrest.key"),
+                        ]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount(CERTS_VOLUME, PGBACKREST_CERT_DIR, true));
+    }
+    if let Some(encryption) = backup.and_then(|b| b.encryption.as_ref()) {
+        volumes.push(Volume {
+            name: CIPHER_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(encryption.secret_name.clone()),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount(CIPHER_VOLUME, PGBACKREST_CIPHER_DIR, true));
+    }
+    (volumes, mounts)
+}
+
+fn has_pgbackrest_tls(spec: &ShardSpec) -> bool {
+    spec.backup
+        .as_ref()
+        .and_then(|b| b.pgbackrest_tls.as_ref())
+        .is_some_and(|t| t.secret_name.is_some())
+}
+
+/// pgctld's command line (`server` plus flags).
+pub fn pgctld_args(spec: &ShardSpec) -> Vec<String> {
+    let mut args = vec![
+        "server".to_owned(),
+        flag("pooler-dir", POOLER_DIR),
+        flag("grpc-port", PGCTLD_GRPC),
+        flag("http-port", PGCTLD_HTTP),
+        flag("pg-port", POSTGRES_PORT),
+        flag("pg-listen-addresses", "*"),
+        flag("grpc-socket-file", format!("{POOLER_DIR}/pgctld.sock")),
+        log_level_flag(spec.log_levels.as_ref().and_then(|l| l.pgctld)),
+    ];
+    if has_pgbackrest_tls(spec) {
+        args.push(flag("pgbackrest-cert-dir", PGBACKREST_CERT_DIR));
+        args.push(flag("pgbackrest-port", PGBACKREST_PORT));
+    }
+    args
+}
+
+/// multipooler's command line for the pods of `service` (the pool's headless Service) in
+/// `cell`.
+pub fn multipooler_args(
+    spec: &ShardSpec,
+    namespace: &str,
+    service: &str,
+    cell: &str,
+) -> Vec<String> {
+    let mut args = vec![
+        flag("http-port", MULTIPOOLER_HTTP),
+        flag("grpc-port", MULTIPOOLER_GRPC),
+        flag("pooler-dir", POOLER_DIR),
+        flag(
+            "socket-file",
+            format!("{POOLER_DIR}/pg_sockets/.s.PGSQL.{POSTGRES_PORT}"),
+        ),
+    ];
+    args.extend(topo_flags(&spec.global_topo_server));
+    args.extend([
+        flag("cell", cell),
+        flag("database", spec.database_name.as_str()),
+        flag("table-group", spec.table_group_name.as_str()),
+        flag("shard", spec.shard_name.as_str()),
+        flag("service-id", "$(POD_NAME)"),
+        flag("hostname", format!("$(POD_NAME).{service}.{namespace}.svc")),
+        flag("pgctld-addr", format!("localhost:{PGCTLD_GRPC}")),
+        flag("pg-port", POSTGRES_PORT),
+        log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multipooler)),
+    ]);
+    if has_pgbackrest_tls(spec) {
+        args.extend([
+            flag(
+                "pgbackrest-cert-file",
+                format!("{PGBACKREST_CERT_DIR}/pgbackrest.crt"),
+            ),
+            flag(
+                "pgbackrest-key-file",
+                format!("{PGBACKREST_CERT_DIR}/pgbackrest.key"),
+            ),
+            flag(
+                "pgbackrest-ca-file",
+                format!("{PGBACKREST_CERT_DIR}/ca.crt"),
+            ),
+        ]);
+    }
+    if spec.backup.as_ref().is_some_and(|b| b.encryption.is_some()) {
+        args.push(flag(
+            "pgbackrest-cipher-key-file",
+            format!("{PGBACKREST_CIPHER_DIR}/keys.json"),
+        ));
+    }
+    args
+}
+
+/// Identities of pgctld and multipooler: they share PGDATA, so multipooler runs as the
+/// postgres user unless told otherwise.
+fn pool_identities(pool: &PoolSpec) -> (RunAs, RunAs) {
+    let postgres = pool.postgres.as_ref();
+    let pg = RunAs {
+        user: postgres.and_then(|c| c.run_as_user).unwrap_or(POSTGRES_ID),
+        group: postgres.and_then(|c| c.run_as_group).unwrap_or(POSTGRES_ID),
+    };
+    let pooler = pool.multipooler.as_ref();
+    let mp = RunAs {
+        user: pooler.and_then(|c| c.run_as_user).unwrap_or(pg.user),
+        group: pooler.and_then(|c| c.run_as_group).unwrap_or(pg.group),
+    };
+    (pg, mp)
+}
+
+fn pool_objects(
+    owner: &Owner,
+    spec: &ShardSpec,
+    pool_name: &str,
+    pool: &PoolSpec,
+    cell: &str,
+) -> PoolObjects {
+    let at = placement(spec, Some(cell), Some(pool_name));
+    let labels = labels::labels(&owner.cluster, Component::Pool, &at);
+    let selector = labels::selector(&owner.cluster, Component::Pool, &at);
+    let name = crate::names::pool(&owner.name, pool_name, cell);
+    let ns = &owner.namespace;
+    let meta = |name: &str| stateless::metadata(name, owner, &labels);
+    let pull = pull(spec);
+    let (pg_identity, pooler_identity) = pool_identities(pool);
+    let (volumes, mounts) = pool_volumes(owner, spec);
+    let pg_env = postgres_env(spec);
+
+    let mut pgctld_env = pg_env.clone();
+    if let Some(initdb) = &spec.initdb_args {
+        pgctld_env.push(env("POSTGRES_INITDB_ARGS", initdb.as_str()));
+    }
+    let pgctld_probes = Probes::multigres(PGCTLD_HTTP, POOL_STARTUP_SECONDS);
+    let pgctld = Container {
+        name: "postgres".to_owned(),
+        image: Some(spec.images.postgres.as_str().to_owned()),
+        image_pull_policy: Some(pull.policy()),
+        command: Some(vec![PGCTLD_BIN.to_owned()]),
+        args: Some(pgctld_args(spec)),
+        env: Some(pgctld_env),
+        ports: Some(vec![
+            container_port("pgctld-http", PGCTLD_HTTP),
+            container_port("pgctld-grpc", PGCTLD_GRPC),
+            container_port("postgres", POSTGRES_PORT),
+        ]),
+        resources: pool.postgres.as_ref().and_then(|c| c.resources.clone()),
+        startup_probe: Some(pgctld_probes.startup),
+        liveness_probe: Some(pgctld_probes.liveness),
+        readiness_probe: Some(pgctld_probes.readiness),
+        // PostgreSQL and pgBackRest write lock, log and spool files outside the volumes.
+        security_context: Some(container_security(pg_identity, false)),
+        volume_mounts: Some(mounts.clone()),
+        // A native sidecar: started (and probed) before multipooler, restarted on its own.
+        restart_policy: Some("Always".to_owned()),
+        ..Default::default()
+    };
+    let pooler_probes = Probes::multigres(MULTIPOOLER_HTTP, POOL_STARTUP_SECONDS);
+    let multipooler = Container {
+        name: "multipooler".to_owned(),
+        image: Some(spec.images.multipooler.as_str().to_owned()),
+        image_pull_policy: Some(pull.policy()),
+        command: Some(vec![multigres_bin("multipooler")]),
+        args: Some(multipooler_args(spec, ns, &name, cell)),
+        env: Some(pg_env),
+        ports: Some(vec![
+            container_port("http", MULTIPOOLER_HTTP),
+            container_port("grpc", MULTIPOOLER_GRPC),
+        ]),
+        resources: pool.multipooler.as_ref().and_then(|c| c.resources.clone()),
+        startup_probe: Some(pooler_probes.startup),
+        liveness_probe: Some(pooler_probes.liveness),
+        readiness_probe: Some(pooler_probes.readiness),
+        // multipooler runs pgBackRest, which writes outside the volumes too.
+        security_context: Some(container_security(pooler_identity, false)),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    let s3_account = spec
+        .backup
+        .as_ref()
+        .filter(|b| b.type_ == BackupType::S3)
+        .and_then(|b| b.s3.as_ref())
+        .and_then(|s3| s3.service_account_name.clone());
+    let pod = PodSpec {
+        init_containers: Some(vec![pgctld]),
+        containers: vec![multipooler],
+        volumes: Some(volumes),
+        security_context: Some(pod_security(
+            pg_identity,
+            pool.fs_group.unwrap_or(pg_identity.group),
+        )),
+        service_account_name: s3_account,
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        image_pull_secrets: pull.secrets(),
+        affinity: pool.affinity.clone(),
+        tolerations: (!pool.tolerations.is_empty()).then(|| pool.tolerations.clone()),
+        node_selector: Some(cell_node_selector(spec, cell)).filter(|s| !s.is_empty()),
+        termination_grace_period_seconds: Some(60),
+        ..Default::default()
+    };
+    let (storage_size, claim_spec) = storage_request(
+        &pool.storage.clone().unwrap_or_default(),
+        defaults::POOL_STORAGE,
+    );
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(DATA_VOLUME.to_owned()),
+            labels: Some(labels.clone()),
+            ..Default::default()
+        },
+        spec: Some(claim_spec),
+        status: None,
+    };
+    let policy = pool
+        .pvc_deletion_policy
+        .as_ref()
+        .or(spec.pvc_deletion_policy.as_ref());
+    let statefulset = StatefulSet {
+        metadata: meta(&name),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(
+                pool.replicas_per_cell
+                    .unwrap_or_else(|| defaults::pool_replicas_per_cell(pool.cells.len())),
+            ),
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..Default::default()
+            },
+            service_name: Some(name.clone()),
+            pod_management_policy: Some("Parallel".to_owned()),
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("OnDelete".to_owned()),
+                ..Default::default()
+            }),
+            persistent_volume_claim_retention_policy: Some(retention(policy)),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels.clone()),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            volume_claim_templates: Some(vec![claim]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let service = Service {
+        metadata: meta(&name),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(selector.clone()),
+            ports: Some(vec![
+                service_port("http", MULTIPOOLER_HTTP),
+                service_port("grpc", MULTIPOOLER_GRPC),
+                service_port("postgres", POSTGRES_PORT),
+            ]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let pdb = PodDisruptionBudget {
+        metadata: meta(&name),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    PoolObjects {
+        pool: pool_name.to_owned(),
+        cell: cell.to_owned(),
+        statefulset,
+        service,
+        pdb,
+        selector,
+        storage_size,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,477 @@
+use k8s_openapi::api::core::v1::Probe;
+use multigres_api::names::MAX_STATEFULSET;
+use multigres_api::v1alpha1::Shard;
+
+use super::*;
+
+const FIXTURE: &str = include_str!("../../../fixtures/shard.yaml");
+
+fn fixture() -> Shard {
+    serde_yaml::from_str(FIXTURE).expect("fixture parses")
+}
+
+fn objects(shard: &Shard) -> ShardObjects {
+    build(&Owner::of(shard).unwrap(), &shard.spec).unwrap()
+}
+
+fn pool<'a>(o: &'a ShardObjects, cell: &str) -> &'a PoolObjects {
+    o.pools.iter().find(|p| p.cell == cell).unwrap()
+}
+
+fn pod(p: &PoolObjects) -> &PodSpec {
+    p.statefulset
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+}
+
+fn probe(p: &Option<Probe>) -> (String, IntOrString) {
+    let get = p.as_ref().unwrap().http_get.clone().unwrap();
+    (get.path.unwrap(), get.port)
+}
+
+#[test]
+fn one_statefulset_per_pool_per_cell_and_one_multiorch_per_cell() {
+    let o = objects(&fixture());
+    let sets: Vec<_> = o
+        .pools
+        .iter()
+        .map(|p| p.statefulset.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        sets,
+        [
+            "prod-postgres-default-0-inf-pool-main-zone-a",
+            "prod-postgres-default-0-inf-pool-main-zone-b"
+        ]
+    );
+    assert!(sets.iter().all(|s| s.len() <= MAX_STATEFULSET));
+    let orchs: Vec<_> = o
+        .multiorch
+        .iter()
+        .map(|m| m.deployment.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        orchs,
+        [
+            "prod-postgres-default-0-inf-multiorch-zone-a",
+            "prod-postgres-default-0-inf-multiorch-zone-b"
+        ]
+    );
+    let spec = pool(&o, "zone-a").statefulset.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    assert_eq!(
+        spec.update_strategy.as_ref().unwrap().type_.as_deref(),
+        Some("OnDelete"),
+        "the handler decides the restart order"
+    );
+    assert_eq!(
+        spec.service_name.as_deref(),
+        Some("prod-postgres-default-0-inf-pool-main-zone-a")
+    );
+    let selector = spec.selector.match_labels.as_ref().unwrap();
+    assert_eq!(selector["multigres.com/pool"], "main");
+    assert_eq!(selector["multigres.com/cell"], "zone-a");
+    assert_eq!(selector["app.kubernetes.io/component"], "shard-pool");
+}
+
+#[test]
+fn pgctld_is_a_native_sidecar_with_the_exact_flags() {
+    let o = objects(&fixture());
+    let pod = pod(pool(&o, "zone-a"));
+    let init = pod.init_containers.as_ref().unwrap();
+    assert_eq!(init.len(), 1);
+    let pg = &init[0];
+    assert_eq!(pg.name, "postgres");
+    assert_eq!(pg.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(
+        pg.image.as_deref(),
+        Some("ghcr.io/multigres/pgctld:sha-66d2310")
+    );
+    assert_eq!(
+        pg.command.as_deref(),
+        Some(&["/usr/local/bin/pgctld".to_owned()][..])
+    );
+    assert_eq!(
+        pg.args.as_deref().unwrap(),
+        [
+            "server",
+            "--pooler-dir=/var/lib/pooler",
+            "--grpc-port=15470",
+            "--http-port=15400",
+            "--pg-port=5432",
+            "--pg-listen-addresses=*",
+            "--grpc-socket-file=/var/lib/pooler/pgctld.sock",
+            "--log-level=warn",
+            "--pgbackrest-cert-dir=/certs/pgbackrest",
+            "--pgbackrest-port=8432",
+        ]
+    );
+    let env: BTreeMap<_, _> = pg
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.as_str(), e.value.as_deref()?)))
+        .collect();
+    assert_eq!(env["PGDATA"], "/var/lib/pooler/pg_data");
+    assert_eq!(env["POSTGRES_USER"], "postgres");
+    assert_eq!(
+        env["POSTGRES_PASSWORD_FILE"],
+        "/etc/postgres-password/password"
+    );
+    assert_eq!(env["POSTGRES_INITDB_ARGS"], "--data-checksums");
+    assert_eq!(
+        probe(&pg.startup_probe),
+        ("/live".into(), IntOrString::Int(15400))
+    );
+    assert_eq!(
+        probe(&pg.readiness_probe),
+        ("/ready".into(), IntOrString::Int(15400))
+    );
+    let sc = pg.security_context.as_ref().unwrap();
+    assert_eq!(
+        (sc.run_as_user, sc.run_as_non_root),
+        (Some(999), Some(true))
+    );
+}
+
+#[test]
+fn multipooler_has_the_exact_flags_and_a_stable_service_id() {
+    let o = objects(&fixture());
+    let pod = pod(pool(&o, "zone-b"));
+    let mp = &pod.containers[0];
+    assert_eq!(mp.name, "multipooler");
+    assert_eq!(
+        mp.command.as_deref(),
+        Some(&["/multigres/bin/multipooler".to_owned()][..])
+    );
+    let svc = "prod-postgres-default-0-inf-pool-main-zone-b";
+    let expected = [
+        "--http-port=15200".to_owned(),
+        "--grpc-port=15270".to_owned(),
+        "--pooler-dir=/var/lib/pooler".to_owned(),
+        "--socket-file=/var/lib/pooler/pg_sockets/.s.PGSQL.5432".to_owned(),
+        "--topo-global-server-addresses=prod-global-topo.db.svc:2379".to_owned(),
+        "--topo-global-root=/multigres/global".to_owned(),
+        "--cell=zone-b".to_owned(),
+        "--database=postgres".to_owned(),
+        "--table-group=default".to_owned(),
+        "--shard=0-inf".to_owned(),
+        // The pod name: StatefulSet pods keep it across restarts.
+        "--service-id=$(POD_NAME)".to_owned(),
+        format!("--hostname=$(POD_NAME).{svc}.db.svc"),
+        "--pgctld-addr=localhost:15470".to_owned(),
+        "--pg-port=5432".to_owned(),
+        "--log-level=debug".to_owned(),
+        "--pgbackrest-cert-file=/certs/pgbackrest/pgbackrest.crt".to_owned(),
+        "--pgbackrest-key-file=/certs/pgbackrest/pgbackrest.key".to_owned(),
+        "--pgbackrest-ca-file=/certs/pgbackrest/ca.crt".to_owned(),
+    ];
+    assert_eq!(mp.args.as_deref().unwrap(), expected);
+    let ports: Vec<_> = mp
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.as_deref().unwrap(), p.container_port))
+        .collect();
+    assert_eq!(ports, [("http", 15200), ("grpc", 15270)]);
+    assert_eq!(
+        probe(&mp.liveness_probe),
+        ("/live".into(), IntOrString::Int(15200))
+    );
+    assert_eq!(
+        probe(&mp.readiness_probe),
+        ("/ready".into(), IntOrString::Int(15200))
+    );
+    assert_eq!(
+        mp.security_context.as_ref().unwrap().run_as_user,
+        Some(999),
+        "multipooler shares PGDATA with postgres, so it runs as the same user"
+    );
+}
+
+#[test]
+fn both_processes_share_the_data_volume_and_secrets() {
+    let o = objects(&fixture());
+    let pod = pod(pool(&o, "zone-a"));
+    let mounts = |c: &Container| -> Vec<(String, String)> {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.clone(), m.mount_path.clone()))
+            .collect()
+    };
+    let pg = mounts(&pod.init_containers.as_ref().unwrap()[0]);
+    assert_eq!(pg, mounts(&pod.containers[0]));
+    let expected: Vec<(String, String)> = [
+        ("data", "/var/lib/pooler"),
+        ("postgres-password", "/etc/postgres-password"),
+        ("postgres-socket", "/var/run/postgresql"),
+        ("backup", "/backups"),
+        ("pgbackrest-certs", "/certs/pgbackrest"),
+    ]
+    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    .to_vec();
+    assert_eq!(pg, expected);
+    let volumes = pod.volumes.as_ref().unwrap();
+    let password = volumes
+        .iter()
+        .find(|v| v.name == "postgres-password")
+        .unwrap();
+    let secret = password.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("pg-superuser"));
+    assert_eq!(secret.items.as_ref().unwrap()[0].path, "password");
+    let backup = volumes.iter().find(|v| v.name == "backup").unwrap();
+    assert_eq!(
+        backup.persistent_volume_claim.as_ref().unwrap().claim_name,
+        "prod-postgres-default-0-inf-backup"
+    );
+    let certs = volumes
+        .iter()
+        .find(|v| v.name == "pgbackrest-certs")
+        .unwrap();
+    let items = certs.projected.as_ref().unwrap().sources.as_ref().unwrap()[0]
+        .secret
+        .as_ref()
+        .unwrap()
+        .items
+        .clone()
+        .unwrap();
+    let renamed: Vec<_> = items
+        .iter()
+        .map(|i| (i.key.as_str(), i.path.as_str()))
+        .collect();
+    assert_eq!(
+        renamed,
+        [
+            ("ca.crt", "ca.crt"),
+            ("tls.crt", "pgbackrest.crt"),
+            ("tls.key", "pgbackrest.key")
+        ]
+    );
+}
+
+#[test]
+fn pool_pods_are_hardened_placed_and_pull_with_secrets() {
+    let o = objects(&fixture());
+    let pod = pod(pool(&o, "zone-b"));
+    assert_eq!(pod.image_pull_secrets.as_ref().unwrap()[0].name, "regcred");
+    assert!(
+        pod.init_containers
+            .iter()
+            .flatten()
+            .chain(&pod.containers)
+            .all(|c| c.image_pull_policy.as_deref() == Some("Always"))
+    );
+    assert_eq!(
+        pod.node_selector.as_ref().unwrap()["topology.k8s.aws/zone-id"],
+        "use1-az2"
+    );
+    assert!(pod.affinity.as_ref().unwrap().pod_anti_affinity.is_some());
+    assert_eq!(
+        pod.tolerations.as_ref().unwrap()[0].value.as_deref(),
+        Some("db")
+    );
+    let psc = pod.security_context.as_ref().unwrap();
+    assert_eq!((psc.fs_group, psc.run_as_non_root), (Some(999), Some(true)));
+    assert_eq!(
+        psc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault"
+    );
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    for c in pod.init_containers.iter().flatten().chain(&pod.containers) {
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop.as_deref(),
+            Some(&["ALL".to_owned()][..])
+        );
+        assert!(c.resources.is_some(), "{}", c.name);
+    }
+}
+
+#[test]
+fn volumes_storage_and_retention_follow_the_pool() {
+    let o = objects(&fixture());
+    let p = pool(&o, "zone-a");
+    assert_eq!(p.storage_size, "5Gi");
+    let spec = p.statefulset.spec.as_ref().unwrap();
+    let retention = spec
+        .persistent_volume_claim_retention_policy
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (
+            retention.when_deleted.as_deref(),
+            retention.when_scaled.as_deref()
+        ),
+        (Some("Retain"), Some("Delete")),
+        "the pool's policy wins over the shard's"
+    );
+    let claim = &spec.volume_claim_templates.as_ref().unwrap()[0];
+    assert_eq!(
+        claim
+            .spec
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()["storage"],
+        Quantity("5Gi".into())
+    );
+    assert_eq!(
+        claim.metadata.labels.as_ref().unwrap()["multigres.com/pool"],
+        "main"
+    );
+    let backup = o.backup.as_ref().unwrap();
+    assert_eq!(
+        backup.metadata.name.as_deref(),
+        Some("prod-postgres-default-0-inf-backup")
+    );
+    assert_eq!(
+        backup.spec.as_ref().unwrap().access_modes.as_deref(),
+        Some(&["ReadWriteMany".to_owned()][..])
+    );
+    assert_eq!(
+        backup.metadata.owner_references.as_ref().unwrap()[0].kind,
+        "Shard",
+        "the shard's whenDeleted is Delete"
+    );
+
+    let mut retained = fixture();
+    retained.spec.pvc_deletion_policy = None;
+    assert!(
+        objects(&retained)
+            .backup
+            .unwrap()
+            .metadata
+            .owner_references
+            .is_none()
+    );
+}
+
+#[test]
+fn services_and_pdbs_cover_each_pool_in_each_cell() {
+    let o = objects(&fixture());
+    let p = pool(&o, "zone-a");
+    let svc = p.service.spec.as_ref().unwrap();
+    assert_eq!(svc.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(svc.publish_not_ready_addresses, Some(true));
+    let ports: Vec<_> = svc.ports.iter().flatten().map(|p| p.port).collect();
+    assert_eq!(ports, [15200, 15270, 5432]);
+    assert_eq!(svc.selector.as_ref(), Some(&p.selector));
+    let pdb = p.pdb.spec.as_ref().unwrap();
+    assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(
+        pdb.selector.as_ref().unwrap().match_labels.as_ref(),
+        Some(&p.selector)
+    );
+}
+
+#[test]
+fn multiorch_watches_the_shard_with_a_stable_id() {
+    let o = objects(&fixture());
+    let m = o.multiorch.iter().find(|m| m.cell == "zone-b").unwrap();
+    let spec = m.deployment.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.strategy.as_ref().unwrap().type_.as_deref(),
+        Some("Recreate"),
+        "two multiorch with one id must never overlap"
+    );
+    let pod = spec.template.spec.as_ref().unwrap();
+    let c = &pod.containers[0];
+    assert_eq!(
+        c.args.as_deref().unwrap(),
+        [
+            "--http-port=15300",
+            "--grpc-port=15370",
+            "--topo-global-server-addresses=prod-global-topo.db.svc:2379",
+            "--topo-global-root=/multigres/global",
+            "--cell=zone-b",
+            "--watch-targets=postgres/default/0-inf",
+            "--service-id=prod-postgres-default-0-inf-multiorch-zone-b",
+            "--hostname=$(POD_IP)",
+            "--log-level=info",
+        ]
+    );
+    assert_eq!(
+        pod.node_selector.as_ref().unwrap()["topology.k8s.aws/zone-id"],
+        "use1-az2"
+    );
+    assert_eq!(
+        pod.tolerations.as_ref().unwrap()[0].key.as_deref(),
+        Some("dedicated")
+    );
+    assert_eq!(pod.image_pull_secrets.as_ref().unwrap()[0].name, "regcred");
+    let ports: Vec<_> = m
+        .service
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports, [15300, 15370]);
+    assert_eq!(multiorch_service_id("d", 2), "$(POD_NAME)");
+}
+
+#[test]
+fn s3_backups_need_no_volume_but_credentials() {
+    let mut shard = fixture();
+    shard.spec.backup = Some(
+        serde_yaml::from_str(
+            "{type: s3, s3: {bucket: b, region: eu-west-1, credentialsSecret: aws}}",
+        )
+        .unwrap(),
+    );
+    let o = objects(&shard);
+    assert!(o.backup.is_none());
+    let pod = pod(pool(&o, "zone-a"));
+    assert!(pod.volumes.iter().flatten().all(|v| v.name != "backup"));
+    let env = pod.containers[0].env.clone().unwrap();
+    let region = env.iter().find(|e| e.name == "AWS_REGION").unwrap();
+    assert_eq!(region.value.as_deref(), Some("eu-west-1"));
+    let key = env.iter().find(|e| e.name == "AWS_ACCESS_KEY_ID").unwrap();
+    let secret = key
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (secret.name.as_str(), secret.key.as_str()),
+        ("aws", "AWS_ACCESS_KEY_ID")
+    );
+}
+
+#[test]
+fn empty_multiorch_cells_default_to_the_pools_cells_and_bad_pools_are_refused() {
+    let mut shard = fixture();
+    shard.spec.multiorch.cells.clear();
+    assert_eq!(multiorch_cells(&shard.spec), ["zone-a", "zone-b"]);
+    let owner = Owner::of(&shard).unwrap();
+    let mut no_cells = shard.spec.clone();
+    no_cells.pools.values_mut().for_each(|p| p.cells.clear());
+    assert!(
+        build(&owner, &no_cells)
+            .unwrap_err()
+            .contains("at least one cell")
+    );
+    let mut no_pools = shard.spec.clone();
+    no_pools.pools.clear();
+    assert!(
+        build(&owner, &no_pools)
+            .unwrap_err()
+            .contains("at least one pool")
+    );
+}

@@ -1,0 +1,705 @@
+//! Shard controller: runs a shard's multiorch and PostgreSQL pools, restarts pool pods in a
+//! safe order when their template changes, grows their volumes, and reports readiness and
+//! rollout progress (the data-handler publishes pod roles and backup health next to them).
+
+pub mod build;
+pub mod rollout;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::Future;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Preconditions};
+use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
+use kube::runtime::controller::{Action, Config};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, ResourceExt};
+use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
+use multigres_api::v1alpha1::{Shard, ShardSpec, ShardStatus};
+use multigres_common::shutdown::Shutdown;
+
+use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
+use crate::controller::{Classify, Ctx, POLL, drain, error_policy, observe, owned};
+use crate::owner::{Owner, OwnerError};
+use crate::readiness::{self, Counts};
+use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
+use crate::sync::{self, SyncError};
+use crate::toposerver::keep_claim_templates;
+use build::ShardObjects;
+use rollout::Step;
+
+/// Controller name in metrics and HandlerInfo.
+pub const NAME: &str = "shard";
+
+/// Condition type reporting the ordered restart of pool pods.
+pub const ROLLING_UPDATE: &str = "RollingUpdate";
+
+type Guard = DeserializeGuard<Shard>;
+
+/// Why a Shard could not be reconciled.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The stored object does not match the schema this binary knows.
+    #[error("the Shard cannot be read: {0}")]
+    Malformed(#[source] InvalidObject),
+    /// The Shard does not say which cluster it belongs to.
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
+    /// The spec cannot be realised as it is.
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// A write to the API server failed.
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+    /// Growing a volume failed.
+    #[error("growing the pool volumes")]
+    Resize(#[source] kube::Error),
+    /// Deleting a pod for its restart failed.
+    #[error("restarting pod {pod}")]
+    Restart {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl Classify for Error {
+    fn is_invalid_spec(&self) -> bool {
+        matches!(
+            self,
+            Error::Malformed(_) | Error::Owner(_) | Error::InvalidSpec(_)
+        )
+    }
+
+    fn category(&self) -> &'static str {
+        if self.is_invalid_spec() {
+            "invalid_spec"
+        } else {
+            "kube_api"
+        }
+    }
+}
+
+/// The change streams the Shard controller is triggered by.
+pub struct Triggers {
+    pub statefulsets: ReflectHandle<StatefulSet>,
+    pub deployments: ReflectHandle<Deployment>,
+    pub services: ReflectHandle<Service>,
+    pub pdbs: ReflectHandle<PodDisruptionBudget>,
+    pub pods: ReflectHandle<Pod>,
+}
+
+/// Whether `pod` (by its labels) belongs to `shard`.
+fn pod_of(pod: &Pod, shard: &Shard) -> bool {
+    let labels = pod.labels();
+    let is = |key: &str, value: &str| labels.get(key).map(String::as_str) == Some(value);
+    pod.namespace() == shard.namespace()
+        && Owner::of(shard).is_ok_and(|o| is(CLUSTER, &o.cluster))
+        && is(DATABASE, shard.spec.database_name.as_str())
+        && is(TABLE_GROUP, shard.spec.table_group_name.as_str())
+        && is(SHARD, shard.spec.shard_name.as_str())
+}
+
+/// The controller, ready to be polled until shutdown, and the cache of Shards it fills.
+pub fn run(
+    ctx: Arc<Ctx<Guard>>,
+    triggers: Triggers,
+    shutdown: &Shutdown,
+) -> (Store<Guard>, impl Future<Output = ()> + Send + 'static) {
+    let controller = Controller::new(
+        Api::<Guard>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    let shards = store.clone();
+    // Pool pods belong to StatefulSets, not to the Shard: map them by their labels, so
+    // readiness and role changes reach the ordered restart at once.
+    let by_labels = move |pod: Arc<Pod>| {
+        shards
+            .state()
+            .into_iter()
+            .filter(|s| s.0.as_ref().is_ok_and(|shard| pod_of(&pod, shard)))
+            .map(|s| ObjectRef::from_obj(&*s))
+            .collect::<Vec<_>>()
+    };
+    let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
+    let results = controller
+        .owns_shared_stream(triggers.statefulsets)
+        .owns_shared_stream(triggers.deployments)
+        .owns_shared_stream(triggers.services)
+        .owns_shared_stream(triggers.pdbs)
+        .watches_shared_stream(triggers.pods, by_labels)
+        .with_config(Config::default().concurrency(4))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx);
+    (store, drain(NAME, results))
+}
+
+async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
+    observe(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
+}
+
+/// Observed state of the shard's workloads, read from the caches.
+struct Observed {
+    sets: BTreeMap<String, Arc<StatefulSet>>,
+    orchs: BTreeMap<String, Arc<Deployment>>,
+}
+
+impl Observed {
+    fn read(ctx: &Ctx<Guard>, ns: &str, objects: &ShardObjects) -> Self {
+        let get_set = |name: String| {
+            let found = ctx
+                .stores
+                .statefulsets
+                .get(&ObjectRef::new(&name).within(ns));
+            found.map(|s| (name, s))
+        };
+        let get_orch = |name: String| {
+            let found = ctx
+                .stores
+                .deployments
+                .get(&ObjectRef::new(&name).within(ns));
+            found.map(|d| (name, d))
+        };
+        Self {
+            sets: objects
+                .pools
+                .iter()
+                .filter_map(|p| get_set(p.statefulset.name_any()))
+                .collect(),
+            orchs: objects
+                .multiorch
+                .iter()
+                .filter_map(|m| get_orch(m.deployment.name_any()))
+                .collect(),
+        }
+    }
+
+    fn counts(&self, objects: &ShardObjects) -> (Vec<Counts>, Vec<Counts>) {
+        let pools = objects
+            .pools
+            .iter()
+            .map(|p| readiness::statefulset(self.sets.get(&p.statefulset.name_any()).map(|s| &**s)))
+            .collect();
+        let orchs = objects
+            .multiorch
+            .iter()
+            .map(|m| readiness::deployment(self.orchs.get(&m.deployment.name_any()).map(|d| &**d)))
+            .collect();
+        (pools, orchs)
+    }
+}
+
+async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
+    let shard = guard.0.as_ref().map_err(|e| Error::Malformed(e.clone()))?;
+    if shard.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let owner = Owner::of(shard)?;
+    let ns = owner.namespace.as_str();
+    let api: Api<Shard> = Api::namespaced(ctx.client.clone(), ns);
+    let objects = match build::build(&owner, &shard.spec) {
+        Ok(objects) => objects,
+        Err(problem) => {
+            let report = Report {
+                problem: Some(&problem),
+                ..Report::default()
+            };
+            let desired = status(shard, &report, Timestamp::now());
+            sync::ensure_status(&api, shard, &desired, shard.status.as_ref()).await?;
+            return Err(Error::InvalidSpec(problem));
+        }
+    };
+    let observed = Observed::read(ctx, ns, &objects);
+    let templates_changed = apply_workloads(ctx, &owner, &objects, &observed).await?;
+    let resize = resize(ctx, guard, &shard.spec, ns, &objects).await?;
+    prune(ctx, &owner, &objects).await?;
+
+    let step = if templates_changed {
+        None
+    } else {
+        let step = plan_restart(ctx, shard, ns, &objects, &observed);
+        restart(ctx, guard, ns, &step).await?;
+        Some(step)
+    };
+    let (pools, orchs) = observed.counts(&objects);
+    let report = Report {
+        pools,
+        orchs,
+        rollout: step.clone(),
+        storage: Some(resize.condition()),
+        problem: None,
+    };
+    let desired = status(shard, &report, Timestamp::now());
+    sync::ensure_status(&api, shard, &desired, shard.status.as_ref()).await?;
+    Ok(match step {
+        Some(Step::UpToDate { .. }) => Action::await_change(),
+        // A restart is under way (or about to be decided once the StatefulSet controller has
+        // caught up): look again soon even if no watched object changes.
+        _ => Action::requeue(POLL),
+    })
+}
+
+/// Applies every workload that changed. Returns whether a pool StatefulSet was written (its
+/// pods' revisions are then not comparable until its controller catches up).
+async fn apply_workloads(
+    ctx: &Ctx<Guard>,
+    owner: &Owner,
+    objects: &ShardObjects,
+    observed: &Observed,
+) -> Result<bool, Error> {
+    let ns = owner.namespace.as_str();
+    let client = &ctx.client;
+    let services = Api::<Service>::namespaced(client.clone(), ns);
+    let service = |name: String| ctx.stores.services.get(&ObjectRef::new(&name).within(ns));
+    if let Some(mut pvc) = objects.backup.clone() {
+        let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
+        let existing = ctx
+            .stores
+            .pvcs
+            .get(&ObjectRef::new(&pvc.name_any()).within(ns));
+        if let (Some(existing), Some(spec)) = (existing.as_deref(), pvc.spec.as_mut()) {
+            // Size, class and access modes of an existing claim change only through the
+            // resize path (or not at all).
+            let current = existing.spec.clone().unwrap_or_default();
+            spec.resources = current.resources;
+            spec.access_modes = current.access_modes;
+            spec.storage_class_name = current.storage_class_name;
+        }
+        sync::ensure(&api, pvc, existing.as_deref()).await?;
+    }
+    let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
+    for m in &objects.multiorch {
+        sync::ensure(
+            &services,
+            m.service.clone(),
+            service(m.service.name_any()).as_deref(),
+        )
+        .await?;
+        let current = observed.orchs.get(&m.deployment.name_any()).map(|d| &**d);
+        sync::ensure(&deployments, m.deployment.clone(), current).await?;
+    }
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(client.clone(), ns);
+    let sets = Api::<StatefulSet>::namespaced(client.clone(), ns);
+    let mut sets_written = false;
+    for p in &objects.pools {
+        sync::ensure(
+            &services,
+            p.service.clone(),
+            service(p.service.name_any()).as_deref(),
+        )
+        .await?;
+        let pdb = ctx
+            .stores
+            .pdbs
+            .get(&ObjectRef::new(&p.pdb.name_any()).within(ns));
+        sync::ensure(&pdbs, p.pdb.clone(), pdb.as_deref()).await?;
+        let mut desired = p.statefulset.clone();
+        let current = observed.sets.get(&desired.name_any()).map(|s| &**s);
+        if let Some(current) = current {
+            keep_claim_templates(&mut desired, current);
+        }
+        sets_written |= sync::ensure(&sets, desired, current).await?;
+    }
+    Ok(sets_written)
+}
+
+/// Grows pool and backup volumes to their requested sizes.
+async fn resize(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    spec: &ShardSpec,
+    ns: &str,
+    objects: &ShardObjects,
+) -> Result<ResizeOutcome, Error> {
+    let api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
+    let mut outcome = ResizeOutcome::default();
+    let mut groups = Vec::new();
+    for p in &objects.pools {
+        let pvcs = ctx.stores.pvcs.state_filter(|pvc| {
+            pvc.namespace().as_deref() == Some(ns)
+                && p.selector
+                    .iter()
+                    .all(|(k, v)| pvc.labels().get(k) == Some(v))
+        });
+        groups.push(storage::plan_resize(
+            &p.storage_size,
+            pvcs.iter().map(|p| &**p),
+        ));
+    }
+    if let (Some(pvc), Some(size)) = (&objects.backup, build::backup_size(spec)) {
+        let existing = ctx
+            .stores
+            .pvcs
+            .get(&ObjectRef::new(&pvc.name_any()).within(ns));
+        groups.push(storage::plan_resize(&size, existing.as_deref()));
+    }
+    for plan in groups {
+        outcome.extend(
+            storage::apply_resize(&api, plan)
+                .await
+                .map_err(Error::Resize)?,
+        );
+    }
+    storage::report(ctx, guard, &outcome).await;
+    Ok(outcome)
+}
+
+/// Deletes workloads the Shard no longer wants (e.g. the multiorch of a cell it stopped
+/// watching).
+async fn prune(ctx: &Ctx<Guard>, owner: &Owner, objects: &ShardObjects) -> Result<(), Error> {
+    let ns = owner.namespace.as_str();
+    let uid = owner.uid();
+    let client = &ctx.client;
+    let pool_names: BTreeSet<String> = objects
+        .pools
+        .iter()
+        .map(|p| p.statefulset.name_any())
+        .collect();
+    let orch_names: BTreeSet<String> = objects
+        .multiorch
+        .iter()
+        .map(|m| m.deployment.name_any())
+        .collect();
+    let service_names: BTreeSet<String> = pool_names.union(&orch_names).cloned().collect();
+    let stores = &ctx.stores;
+    sync::prune(
+        &Api::<StatefulSet>::namespaced(client.clone(), ns),
+        &owned(&stores.statefulsets, ns, uid),
+        &pool_names,
+    )
+    .await?;
+    sync::prune(
+        &Api::<PodDisruptionBudget>::namespaced(client.clone(), ns),
+        &owned(&stores.pdbs, ns, uid),
+        &pool_names,
+    )
+    .await?;
+    sync::prune(
+        &Api::<Deployment>::namespaced(client.clone(), ns),
+        &owned(&stores.deployments, ns, uid),
+        &orch_names,
+    )
+    .await?;
+    sync::prune(
+        &Api::<Service>::namespaced(client.clone(), ns),
+        &owned(&stores.services, ns, uid),
+        &service_names,
+    )
+    .await?;
+    Ok(())
+}
+
+fn plan_restart(
+    ctx: &Ctx<Guard>,
+    shard: &Shard,
+    ns: &str,
+    objects: &ShardObjects,
+    observed: &Observed,
+) -> Step {
+    let roles = shard
+        .status
+        .as_ref()
+        .map(|s| s.pod_roles.clone())
+        .unwrap_or_default();
+    let sets: Vec<_> = objects
+        .pools
+        .iter()
+        .map(|p| match observed.sets.get(&p.statefulset.name_any()) {
+            Some(sts) => rollout::set_view(sts),
+            None => rollout::SetView {
+                name: p.statefulset.name_any(),
+                update_revision: None,
+                observed: false,
+                replicas: 0,
+            },
+        })
+        .collect();
+    let pods: Vec<_> = ctx
+        .stores
+        .pods
+        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && pod_of(pod, shard))
+        .iter()
+        .filter_map(|pod| rollout::pod_view(pod, &roles))
+        .collect();
+    rollout::plan(&sets, &pods)
+}
+
+/// Carries out a [`Step::Restart`]: deletes the pod (if it is still the one planned) so its
+/// StatefulSet recreates it from the current template.
+async fn restart(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, step: &Step) -> Result<(), Error> {
+    let Step::Restart {
+        pod,
+        uid,
+        primary,
+        outdated,
+        total,
+    } = step
+    else {
+        return Ok(());
+    };
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    match pods.delete(pod, &params).await {
+        Ok(_) => {}
+        // Already gone or replaced: the next reconcile sees the new pod.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
+        Err(source) => {
+            return Err(Error::Restart {
+                pod: pod.to_owned(),
+                source,
+            });
+        }
+    }
+    let which = if *primary {
+        "the primary, last"
+    } else {
+        "a replica"
+    };
+    let note = format!(
+        "restarting pod {pod} ({which}) to apply the new pod template; {outdated} of {total} \
+         pods were outdated"
+    );
+    tracing::info!(%pod, primary, outdated, total, "restarting pool pod");
+    ctx.event(guard, EventType::Normal, "RestartingPod", note)
+        .await;
+    Ok(())
+}
+
+/// What the status is computed from.
+#[derive(Clone, Debug, Default)]
+pub struct Report<'a> {
+    /// Counts of each pool StatefulSet.
+    pub pools: Vec<Counts>,
+    /// Counts of each multiorch Deployment.
+    pub orchs: Vec<Counts>,
+    /// The ordered restart's step (`None` while a new template is being applied).
+    pub rollout: Option<Step>,
+    /// The `StorageSynced` verdict.
+    pub storage: Option<Cond>,
+    /// Why the spec cannot be realised.
+    pub problem: Option<&'a str>,
+}
+
+fn rolling_condition(step: Option<&Step>) -> Cond {
+    match step {
+        None => Cond::new(
+            ROLLING_UPDATE,
+            TRUE,
+            "TemplateChanged",
+            "a new pod template was applied; waiting for the StatefulSet controller",
+        ),
+        Some(Step::UpToDate { pods }) => Cond::new(
+            ROLLING_UPDATE,
+            FALSE,
+            "UpToDate",
+            format!("all {pods} pool pods run the current pod template"),
+        ),
+        Some(Step::Restart {
+            pod,
+            primary,
+            outdated,
+            total,
+            ..
+        }) => Cond::new(
+            ROLLING_UPDATE,
+            TRUE,
+            "Restarting",
+            format!(
+                "restarting {} {pod}; {} of {total} pods updated",
+                if *primary { "the primary" } else { "replica" },
+                total - outdated
+            ),
+        ),
+        Some(Step::Wait {
+            wait,
+            outdated,
+            total,
+        }) => Cond::new(
+            ROLLING_UPDATE,
+            TRUE,
+            wait.reason(),
+            format!(
+                "{}; {} of {total} pods updated",
+                wait.message(),
+                total.saturating_sub(*outdated)
+            ),
+        ),
+    }
+}
+
+/// The status fields and conditions this handler owns on a Shard.
+pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus {
+    let pool_ready: i32 = report.pools.iter().map(|c| c.ready).sum();
+    let pool_desired: i32 = report.pools.iter().map(|c| c.desired).sum();
+    let pools_ready = !report.pools.is_empty() && report.pools.iter().all(Counts::all_ready);
+    let orchs_ready = report.orchs.iter().filter(|c| c.all_ready()).count();
+    let orch_ready = !report.orchs.is_empty() && orchs_ready == report.orchs.len();
+    let message = format!(
+        "pool pods {pool_ready}/{pool_desired} ready; multiorch ready in {orchs_ready}/{} cells",
+        report.orchs.len()
+    );
+    let available = if pools_ready && orch_ready {
+        Cond::new(AVAILABLE, TRUE, "AllReady", message.clone())
+    } else {
+        Cond::new(AVAILABLE, FALSE, "NotReady", message.clone())
+    };
+    let rolling = rolling_condition(report.rollout.as_ref());
+    let healthy = available.is_true() && !rolling.is_true();
+    let mut desired = vec![available, rolling];
+    desired.extend(report.storage.clone());
+    let observed = shard
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let generation = shard.metadata.generation;
+    let mut conditions = merge(observed, &desired, generation, now);
+    if report.storage.is_none() {
+        conditions.extend(
+            observed
+                .iter()
+                .filter(|c| c.type_ == STORAGE_SYNCED)
+                .cloned(),
+        );
+    }
+    ShardStatus {
+        observed_generation: generation,
+        conditions,
+        phase: Some(phase(healthy, report.problem)),
+        message: Some(report.problem.map_or(message, str::to_owned)),
+        cells: build::pool_cells(&shard.spec),
+        orch_ready: Some(orch_ready),
+        pools_ready: Some(pools_ready),
+        ready_replicas: Some(pool_ready),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use multigres_api::v1alpha1::Phase;
+
+    use super::*;
+    use rollout::Wait;
+
+    fn shard() -> Shard {
+        serde_yaml::from_str(include_str!("../../fixtures/shard.yaml")).unwrap()
+    }
+
+    fn counts(desired: i32, ready: i32) -> Counts {
+        Counts {
+            desired,
+            ready,
+            observed: true,
+        }
+    }
+
+    #[test]
+    fn status_climbs_to_available_once_pools_and_multiorch_are_ready() {
+        let now = Timestamp::from_second(9).unwrap();
+        let s = shard();
+        let mut report = Report {
+            pools: vec![counts(2, 2), counts(2, 1)],
+            orchs: vec![counts(1, 1), counts(1, 0)],
+            rollout: Some(Step::UpToDate { pods: 3 }),
+            storage: None,
+            problem: None,
+        };
+        let st = status(&s, &report, now);
+        let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();
+        assert_eq!(available.status, FALSE);
+        assert_eq!(
+            available.message,
+            "pool pods 3/4 ready; multiorch ready in 1/2 cells"
+        );
+        assert_eq!(st.ready_replicas, Some(3));
+        assert_eq!((st.pools_ready, st.orch_ready), (Some(false), Some(false)));
+        assert_eq!(st.phase, Some(Phase::Progressing));
+        assert_eq!(st.cells.len(), 2);
+        assert_eq!(st.observed_generation, Some(3));
+
+        report.pools = vec![counts(2, 2), counts(2, 2)];
+        report.orchs = vec![counts(1, 1), counts(1, 1)];
+        let st = status(&s, &report, now);
+        assert!(
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == AVAILABLE && c.status == TRUE)
+        );
+        assert_eq!(st.phase, Some(Phase::Healthy));
+        assert!(st.pod_roles.is_empty(), "roles belong to the data-handler");
+    }
+
+    #[test]
+    fn rolling_update_condition_reports_progress_and_waits() {
+        let restart = rolling_condition(Some(&Step::Restart {
+            pod: "p-1".into(),
+            uid: "u".into(),
+            primary: false,
+            outdated: 3,
+            total: 4,
+        }));
+        assert_eq!((restart.status, restart.reason), (TRUE, "Restarting"));
+        assert_eq!(
+            restart.message,
+            "restarting replica p-1; 1 of 4 pods updated"
+        );
+        let wait = rolling_condition(Some(&Step::Wait {
+            wait: Wait::RolesUnknown,
+            outdated: 4,
+            total: 4,
+        }));
+        assert_eq!(wait.reason, "WaitingForRoles");
+        assert!(wait.message.contains("no pod is known to be the primary"));
+        let done = rolling_condition(Some(&Step::UpToDate { pods: 4 }));
+        assert_eq!((done.status, done.reason), (FALSE, "UpToDate"));
+        let rolling = status(
+            &shard(),
+            &Report {
+                pools: vec![counts(2, 2)],
+                orchs: vec![counts(1, 1)],
+                rollout: Some(Step::Wait {
+                    wait: Wait::RolesUnknown,
+                    outdated: 2,
+                    total: 2,
+                }),
+                ..Report::default()
+            },
+            Timestamp::from_second(1).unwrap(),
+        );
+        assert_eq!(
+            rolling.phase,
+            Some(Phase::Progressing),
+            "a rollout is progress"
+        );
+    }
+
+    #[test]
+    fn pods_map_to_their_shard_by_labels() {
+        let s = shard();
+        let pod = |db: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "db", "labels": {
+                    "multigres.com/cluster": "prod", "multigres.com/database": db,
+                    "multigres.com/tablegroup": "default", "multigres.com/shard": "0-inf"}},
+            }))
+            .unwrap()
+        };
+        assert!(pod_of(&pod("postgres"), &s));
+        assert!(!pod_of(&pod("other"), &s));
+    }
+}

@@ -1,0 +1,485 @@
+//! Ordered restarts of pool pods. Pool StatefulSets use the `OnDelete` update strategy, so a
+//! pod template change reaches a pod only when the handler deletes it. This module decides,
+//! from what is observed, which pod to restart next: one at a time, each only once every other
+//! pod is Ready again, replicas first and the primary last, and never while it cannot tell
+//! which pod is the primary.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use multigres_api::labels::ROLE;
+
+/// The label the StatefulSet controller puts on each pod: the revision it was created from.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// A pod's database role, as the data-handler publishes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Primary,
+    Replica,
+    Unknown,
+}
+
+impl Role {
+    /// Parses `PRIMARY`/`primary`, `REPLICA`/`replica`; anything else is unknown.
+    pub fn parse(value: &str) -> Self {
+        if value.eq_ignore_ascii_case("primary") {
+            Role::Primary
+        } else if value.eq_ignore_ascii_case("replica") {
+            Role::Replica
+        } else {
+            Role::Unknown
+        }
+    }
+}
+
+/// What the planner needs to know about one pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    pub uid: String,
+    /// StatefulSet the pod belongs to.
+    pub set: String,
+    /// Revision it runs (`controller-revision-hash`).
+    pub revision: Option<String>,
+    pub ready: bool,
+    /// Being deleted.
+    pub terminating: bool,
+    pub role: Role,
+}
+
+/// What the planner needs to know about one pool StatefulSet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetView {
+    pub name: String,
+    /// Revision new pods get (`status.updateRevision`).
+    pub update_revision: Option<String>,
+    /// The controller has observed the current spec (so `update_revision` is current).
+    pub observed: bool,
+    pub replicas: i32,
+}
+
+/// Why no pod is restarted now although some run an old template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// A StatefulSet controller has not caught up with the latest template yet.
+    SetNotObserved(String),
+    /// A pod is going away (the last restart, or something else).
+    PodTerminating(String),
+    /// A pod the StatefulSet wants does not exist (yet).
+    PodMissing { set: String, have: usize, want: i32 },
+    /// No pod is known to be the primary while some pods serve.
+    RolesUnknown,
+    /// Several pods claim to be the primary.
+    SeveralPrimaries(Vec<String>),
+    /// An up-to-date pod is not Ready (yet).
+    PodNotReady(String),
+}
+
+impl Wait {
+    /// A sentence for the `RollingUpdate` condition.
+    pub fn message(&self) -> String {
+        match self {
+            Wait::SetNotObserved(set) => {
+                format!("waiting for the StatefulSet controller to observe {set}")
+            }
+            Wait::PodTerminating(pod) => format!("waiting for pod {pod} to terminate"),
+            Wait::PodMissing { set, have, want } => {
+                format!("waiting for {set} to have its {want} pods ({have} exist)")
+            }
+            Wait::RolesUnknown => "waiting for pod roles: no pod is known to be the primary, \
+                so the restart order cannot be decided (roles come from the data-handler)"
+                .to_owned(),
+            Wait::SeveralPrimaries(pods) => format!(
+                "waiting for pod roles to settle: {} all report PRIMARY",
+                pods.join(", ")
+            ),
+            Wait::PodNotReady(pod) => format!("waiting for pod {pod} to be Ready"),
+        }
+    }
+
+    /// A CamelCase reason for the `RollingUpdate` condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Wait::RolesUnknown | Wait::SeveralPrimaries(_) => "WaitingForRoles",
+            Wait::SetNotObserved(_)
+            | Wait::PodTerminating(_)
+            | Wait::PodMissing { .. }
+            | Wait::PodNotReady(_) => "WaitingForPods",
+        }
+    }
+}
+
+/// The next step of a rolling restart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Every pod runs the current template.
+    UpToDate { pods: usize },
+    /// Delete this pod so its StatefulSet recreates it from the current template.
+    Restart {
+        pod: String,
+        uid: String,
+        primary: bool,
+        outdated: usize,
+        total: usize,
+    },
+    /// Nothing can be restarted safely now.
+    Wait {
+        wait: Wait,
+        outdated: usize,
+        total: usize,
+    },
+}
+
+/// A pod's view, with its role from `roles` (the Shard status, keyed by pod name) or else
+/// from its `multigres.com/role` label.
+pub fn pod_view(pod: &Pod, roles: &BTreeMap<String, String>) -> Option<PodView> {
+    let set = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "StatefulSet")?
+        .name
+        .clone();
+    let name = pod.name_any();
+    let role = roles
+        .get(&name)
+        .or_else(|| pod.labels().get(ROLE))
+        .map_or(Role::Unknown, |r| Role::parse(r));
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    Some(PodView {
+        uid: pod.uid().unwrap_or_default(),
+        revision: pod.labels().get(REVISION_LABEL).cloned(),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        set,
+        name,
+        ready,
+        role,
+    })
+}
+
+/// A StatefulSet's view.
+pub fn set_view(sts: &StatefulSet) -> SetView {
+    let status = sts.status.clone().unwrap_or_default();
+    SetView {
+        name: sts.name_any(),
+        update_revision: status.update_revision,
+        observed: match (sts.metadata.generation, status.observed_generation) {
+            (Some(g), Some(o)) => o >= g,
+            _ => false,
+        },
+        replicas: sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+    }
+}
+
+/// Decides the next restart across all pools of one shard (the shard has one primary across
+/// all of them).
+pub fn plan(sets: &[SetView], pods: &[PodView]) -> Step {
+    let by_set: BTreeMap<&str, &SetView> = sets.iter().map(|s| (s.name.as_str(), s)).collect();
+    let mut pods: Vec<&PodView> = pods
+        .iter()
+        .filter(|p| by_set.contains_key(p.set.as_str()))
+        .collect();
+    pods.sort_by(|a, b| a.name.cmp(&b.name));
+    let outdated = |p: &PodView| {
+        let set = by_set[p.set.as_str()];
+        set.update_revision.is_none() || p.revision != set.update_revision
+    };
+    let total = sets
+        .iter()
+        .map(|s| s.replicas.max(0) as usize)
+        .sum::<usize>();
+    let outdated_count = pods.iter().filter(|p| outdated(p)).count();
+    let wait = |wait| Step::Wait {
+        wait,
+        outdated: outdated_count,
+        total,
+    };
+    if let Some(set) = sets.iter().find(|s| !s.observed) {
+        return wait(Wait::SetNotObserved(set.name.clone()));
+    }
+    if outdated_count == 0 {
+        return Step::UpToDate { pods: pods.len() };
+    }
+    if let Some(p) = pods.iter().find(|p| p.terminating) {
+        return wait(Wait::PodTerminating(p.name.clone()));
+    }
+    for set in sets {
+        let have = pods.iter().filter(|p| p.set == set.name).count();
+        if (have as i32) < set.replicas {
+            return wait(Wait::PodMissing {
+                set: set.name.clone(),
+                have,
+                want: set.replicas,
+            });
+        }
+    }
+    let primaries: Vec<&PodView> = pods
+        .iter()
+        .copied()
+        .filter(|p| p.role == Role::Primary)
+        .collect();
+    if primaries.len() > 1 {
+        return wait(Wait::SeveralPrimaries(
+            primaries.iter().map(|p| p.name.clone()).collect(),
+        ));
+    }
+    // With no pod serving there is no primary to protect, so order does not matter.
+    if primaries.is_empty() && pods.iter().any(|p| p.ready) {
+        return wait(Wait::RolesUnknown);
+    }
+    if let Some(p) = pods.iter().find(|p| !outdated(p) && !p.ready) {
+        return wait(Wait::PodNotReady(p.name.clone()));
+    }
+    let restart = |p: &PodView| Step::Restart {
+        pod: p.name.clone(),
+        uid: p.uid.clone(),
+        primary: p.role == Role::Primary,
+        outdated: outdated_count,
+        total,
+    };
+    // Outdated replicas that are not Ready first (restarting them costs no availability),
+    // then the Ready ones, then the primary.
+    let replicas = || {
+        pods.iter()
+            .filter(|p| outdated(p) && p.role != Role::Primary)
+    };
+    if let Some(p) = replicas().find(|p| !p.ready) {
+        return restart(p);
+    }
+    if let Some(p) = replicas().next() {
+        return restart(p);
+    }
+    match primaries.first() {
+        Some(primary) => restart(primary),
+        None => Step::UpToDate { pods: pods.len() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(name: &str, revision: &str, replicas: i32) -> SetView {
+        SetView {
+            name: name.into(),
+            update_revision: Some(revision.into()),
+            observed: true,
+            replicas,
+        }
+    }
+
+    fn pod(name: &str, revision: &str, role: Role) -> PodView {
+        PodView {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            set: name.rsplit_once('-').unwrap().0.into(),
+            revision: Some(revision.into()),
+            ready: true,
+            terminating: false,
+            role,
+        }
+    }
+
+    fn restarted(step: &Step) -> &str {
+        match step {
+            Step::Restart { pod, .. } => pod,
+            other => panic!("expected a restart, got {other:?}"),
+        }
+    }
+
+    /// Applies the planner until everything is up to date, recreating each restarted pod at
+    /// the new revision (Ready again), and returns the restart order.
+    fn run_to_completion(sets: &[SetView], mut pods: Vec<PodView>) -> Vec<String> {
+        let mut order = Vec::new();
+        for _ in 0..20 {
+            match plan(sets, &pods) {
+                Step::UpToDate { .. } => return order,
+                Step::Restart { pod: name, .. } => {
+                    let p = pods.iter_mut().find(|p| p.name == name).unwrap();
+                    let set = sets.iter().find(|s| s.name == p.set).unwrap();
+                    p.revision = set.update_revision.clone();
+                    order.push(name);
+                }
+                Step::Wait { wait, .. } => panic!("unexpected wait: {wait:?}"),
+            }
+        }
+        panic!("did not converge: {order:?}");
+    }
+
+    #[test]
+    fn replicas_restart_first_and_the_primary_last() {
+        let sets = [set("pool-a", "v2", 3), set("pool-b", "v2", 2)];
+        let pods = vec![
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v1", Role::Replica),
+            pod("pool-a-2", "v1", Role::Replica),
+            pod("pool-b-0", "v1", Role::Unknown),
+            pod("pool-b-1", "v2", Role::Replica),
+        ];
+        assert_eq!(
+            run_to_completion(&sets, pods),
+            ["pool-a-1", "pool-a-2", "pool-b-0", "pool-a-0"]
+        );
+    }
+
+    #[test]
+    fn restart_reports_progress_and_the_primary() {
+        let sets = [set("pool-a", "v2", 2)];
+        let pods = [
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v2", Role::Replica),
+        ];
+        assert_eq!(
+            plan(&sets, &pods),
+            Step::Restart {
+                pod: "pool-a-0".into(),
+                uid: "uid-pool-a-0".into(),
+                primary: true,
+                outdated: 1,
+                total: 2,
+            }
+        );
+    }
+
+    #[test]
+    fn nothing_outdated_is_up_to_date() {
+        let sets = [set("pool-a", "v1", 2)];
+        let pods = [
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v1", Role::Unknown),
+        ];
+        assert_eq!(plan(&sets, &pods), Step::UpToDate { pods: 2 });
+    }
+
+    #[test]
+    fn unknown_roles_block_while_pods_serve() {
+        let sets = [set("pool-a", "v2", 2)];
+        let mut pods = vec![
+            pod("pool-a-0", "v1", Role::Unknown),
+            pod("pool-a-1", "v1", Role::Replica),
+        ];
+        let step = plan(&sets, &pods);
+        assert!(
+            matches!(
+                &step,
+                Step::Wait {
+                    wait: Wait::RolesUnknown,
+                    outdated: 2,
+                    total: 2
+                }
+            ),
+            "{step:?}"
+        );
+        // Nothing serves: no primary to protect, restart in name order.
+        for p in &mut pods {
+            p.ready = false;
+        }
+        assert_eq!(restarted(&plan(&sets, &pods)), "pool-a-0");
+    }
+
+    #[test]
+    fn each_restart_waits_for_the_previous_pod_to_be_ready() {
+        let sets = [set("pool-a", "v2", 3)];
+        let mut pods = vec![
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v2", Role::Replica),
+            pod("pool-a-2", "v1", Role::Replica),
+        ];
+        pods[1].ready = false;
+        assert_eq!(
+            plan(&sets, &pods),
+            Step::Wait {
+                wait: Wait::PodNotReady("pool-a-1".into()),
+                outdated: 2,
+                total: 3
+            }
+        );
+        pods[1].terminating = true;
+        assert!(matches!(
+            plan(&sets, &pods),
+            Step::Wait {
+                wait: Wait::PodTerminating(_),
+                ..
+            }
+        ));
+        let missing = [pods[0].clone(), pods[2].clone()];
+        assert!(matches!(
+            plan(&sets, &missing),
+            Step::Wait {
+                wait: Wait::PodMissing {
+                    have: 2,
+                    want: 3,
+                    ..
+                },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_broken_outdated_replica_goes_before_healthy_ones() {
+        let sets = [set("pool-a", "v2", 3)];
+        let mut pods = vec![
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v1", Role::Replica),
+            pod("pool-a-2", "v1", Role::Replica),
+        ];
+        pods[2].ready = false;
+        assert_eq!(restarted(&plan(&sets, &pods)), "pool-a-2");
+    }
+
+    #[test]
+    fn stale_sets_and_several_primaries_wait() {
+        let mut stale = set("pool-a", "v2", 2);
+        stale.observed = false;
+        let pods = [
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v1", Role::Primary),
+        ];
+        assert!(matches!(
+            plan(&[stale], &pods),
+            Step::Wait {
+                wait: Wait::SetNotObserved(_),
+                ..
+            }
+        ));
+        let step = plan(&[set("pool-a", "v2", 2)], &pods);
+        assert!(
+            matches!(&step, Step::Wait { wait: Wait::SeveralPrimaries(p), .. } if p.len() == 2),
+            "{step:?}"
+        );
+        assert_eq!(Wait::RolesUnknown.reason(), "WaitingForRoles");
+    }
+
+    #[test]
+    fn roles_come_from_the_shard_status_then_the_pod_label() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "pool-a-0", "uid": "u",
+                "labels": {"controller-revision-hash": "pool-a-abc", "multigres.com/role": "replica"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                    "name": "pool-a", "uid": "s", "controller": true}],
+            },
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        let view = pod_view(&pod, &BTreeMap::new()).unwrap();
+        assert_eq!(
+            (
+                view.set.as_str(),
+                view.revision.as_deref(),
+                view.role,
+                view.ready
+            ),
+            ("pool-a", Some("pool-a-abc"), Role::Replica, true)
+        );
+        let roles = BTreeMap::from([("pool-a-0".to_owned(), "PRIMARY".to_owned())]);
+        assert_eq!(pod_view(&pod, &roles).unwrap().role, Role::Primary);
+    }
+}
