@@ -1,0 +1,529 @@
+//! The webhook-server binary behind the real API server: it runs as its own ServiceAccount with
+//! the shipped RBAC (`deploy/webhook/rbac.yaml`), is registered with the shipped webhook
+//! configurations (`deploy/webhook/webhook-configurations.yaml`) rewritten to
+//! `url: https://127.0.0.1:<port>/...` and scoped to the test namespace, and sets their caBundle
+//! itself. Then the API server refuses a cluster naming a missing template, stores the defaults
+//! the webhook adds, refuses deleting a template in use, and refuses manual edits of children
+//! while the operator's own ServiceAccount may make them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use multigres_api::v1alpha1::{Cell, CellTemplate, LogLevel, MultigresCluster};
+use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::process::Supervised;
+use serde_json::{Value, json};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+const WAIT: Duration = Duration::from_secs(60);
+const WEBHOOK_ACCOUNT: &str = "webhook-server";
+const OPERATOR_ACCOUNT: &str = "operator";
+const MUTATING: &str = "multigres-operator-mutating-webhook-configuration";
+const VALIDATING: &str = "multigres-operator-validating-webhook-configuration";
+
+fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative)
+}
+
+async fn cluster() -> &'static LocalCluster {
+    LocalCluster::shared()
+        .await
+        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"))
+}
+
+async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    cluster
+        .create_namespace(&name)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+    name
+}
+
+/// Builds the webhook-server once per test process (same profile and target directory as this
+/// test) and returns its path.
+fn binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .ancestors()
+            .nth(2)
+            .expect("profile directory above deps/")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("target directory");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(repo_path(""))
+            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
+            .arg(target_dir)
+            .args(["-p", "webhook-server"])
+            .status()
+            .expect("running cargo build");
+        assert!(status.success(), "cargo build -p webhook-server: {status}");
+        profile_dir.join("webhook-server")
+    })
+}
+
+/// Retries `check` until it returns `Ok`, for at most `WAIT`; panics with its last error.
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) => assert!(
+                Instant::now() < deadline,
+                "{what}: not reached within {WAIT:?}; last: {last}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn apply(client: &Client, namespace: Option<&str>, object: Value) {
+    let object: DynamicObject = serde_json::from_value(object).unwrap();
+    manifest::apply(client, &object, namespace, Mode::Apply)
+        .await
+        .unwrap_or_else(|e| panic!("applying {:?}: {e}", object.metadata.name));
+}
+
+/// The webhook-server process, serving on loopback as its own ServiceAccount.
+struct Webhook {
+    process: Supervised,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+    address: SocketAddr,
+    grpc: SocketAddr,
+}
+
+impl Webhook {
+    async fn start(cluster: &LocalCluster, system: &str, users: &str) -> Webhook {
+        let admin = cluster.client().unwrap();
+        let rbac = std::fs::read_to_string(repo_path("deploy/webhook/rbac.yaml")).unwrap();
+        for doc in manifest::parse_documents(&rbac, Path::new("rbac.yaml")).unwrap() {
+            manifest::apply(&admin, &doc, None, Mode::Apply)
+                .await
+                .unwrap();
+        }
+        let subject =
+            json!([{"kind": "ServiceAccount", "name": WEBHOOK_ACCOUNT, "namespace": system}]);
+        apply(
+            &admin,
+            None,
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": format!("{system}-webhook-server")},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "multigres-operator-webhook-server"},
+                "subjects": subject,
+            }),
+        )
+        .await;
+        apply(
+            &admin,
+            Some(system),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "webhook-server-certificates"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "multigres-operator-webhook-server-certificates"},
+                "subjects": subject,
+            }),
+        )
+        .await;
+        let kubeconfig = cluster
+            .service_account_kubeconfig(system, WEBHOOK_ACCOUNT, Duration::from_secs(3600))
+            .await
+            .unwrap();
+
+        let log_dir = tempfile::Builder::new()
+            .prefix("multigres-webhook-")
+            .tempdir()
+            .unwrap();
+        // An empty certificate directory: the webhook manages its own certificate.
+        let cert_dir = tempfile::Builder::new()
+            .prefix("multigres-webhook-certs-")
+            .tempdir()
+            .unwrap();
+        let log = log_dir.path().join("webhook-server.log");
+        let args = [
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--grpc-bind-address=127.0.0.1:0".to_owned(),
+            "--metrics-bind-address=127.0.0.1:0".to_owned(),
+            "--log-format=json".to_owned(),
+            "--log-level=info".to_owned(),
+            "--webhook-bind-address=127.0.0.1:0".to_owned(),
+            format!("--webhook-service-namespace={system}"),
+            "--webhook-extra-sans=127.0.0.1".to_owned(),
+            format!("--webhook-cert-dir={}", cert_dir.path().display()),
+            "--webhook-cert-check-interval=1s".to_owned(),
+            format!("--operator-service-accounts={users}:{OPERATOR_ACCOUNT}"),
+        ];
+        let process = Supervised::spawn("webhook-server", binary(), &args, &[], &log).unwrap();
+        let (address, grpc) = eventually("the webhook listens", || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(status) = process.exit_status() {
+                panic!("webhook-server exited ({status}):\n{text}");
+            }
+            let entries: Vec<Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            let field = |message: &str, key: &str| {
+                entries
+                    .iter()
+                    .find(|e| e["message"] == message)
+                    .and_then(|e| e[key].as_str()?.parse::<SocketAddr>().ok())
+            };
+            match (
+                field("admission server listening", "address"),
+                field("servers listening", "grpc_addr"),
+            ) {
+                (Some(address), Some(grpc)) => Ok((address, grpc)),
+                _ => Err(text),
+            }
+        })
+        .await;
+        Webhook {
+            process,
+            _dirs: (log_dir, cert_dir),
+            address,
+            grpc,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.process.log_path()).unwrap_or_default()
+    }
+
+    async fn health(&self) -> Result<ServingStatus, String> {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", self.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .map(|r| r.into_inner().status())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The shipped registrations, pointed at `https://<address>` and scoped to `namespace`.
+fn registrations(address: SocketAddr, namespace: &str) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(repo_path("deploy/webhook/webhook-configurations.yaml")).unwrap();
+    manifest::parse_documents(&text, Path::new("webhook-configurations.yaml"))
+        .unwrap()
+        .into_iter()
+        .map(|doc| {
+            let mut value = serde_json::to_value(&doc).unwrap();
+            for webhook in value["webhooks"].as_array_mut().unwrap() {
+                let path = webhook["clientConfig"]["service"]["path"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                webhook["clientConfig"] = json!({"url": format!("https://{address}{path}")});
+                webhook["namespaceSelector"] =
+                    json!({"matchLabels": {"kubernetes.io/metadata.name": namespace}});
+            }
+            value
+        })
+        .collect()
+}
+
+fn cluster_manifest(name: &str, spec: Value) -> MultigresCluster {
+    serde_json::from_value(json!({
+        "apiVersion": "multigres.com/v1alpha1", "kind": "MultigresCluster",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn refusal(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => status.message,
+        other => panic!("expected the API server to refuse, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_api_server_enforces_the_webhook() {
+    let cluster = cluster().await;
+    let system = fresh_namespace(cluster, "webhook-system").await;
+    let ns = fresh_namespace(cluster, "webhook-e2e").await;
+    let admin = cluster.client().unwrap();
+
+    // The operator's ServiceAccount, allowed by RBAC to write Cells in the test namespace.
+    let operator_kubeconfig = cluster
+        .service_account_kubeconfig(&ns, OPERATOR_ACCOUNT, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    apply(
+        &admin,
+        Some(&ns),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "cells"},
+            "rules": [{"apiGroups": ["multigres.com"], "resources": ["cells"],
+                       "verbs": ["get", "create", "update", "patch", "delete"]}],
+        }),
+    )
+    .await;
+    apply(
+        &admin,
+        Some(&ns),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "operator-cells"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cells"},
+            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT, "namespace": ns}],
+        }),
+    )
+    .await;
+
+    let webhook = Webhook::start(cluster, &system, &ns).await;
+    let started = Instant::now();
+    for registration in registrations(webhook.address, &ns) {
+        apply(&admin, None, registration).await;
+    }
+
+    // The webhook generated its certificate, reports SERVING, and set the caBundle itself.
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &system);
+    let secret = eventually("the certificate Secret", || async {
+        secrets
+            .get_opt("multigres-webhook-certs")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("absent".to_owned())
+    })
+    .await;
+    let ca = secret.data.as_ref().unwrap()["ca.crt"].0.clone();
+    eventually("SERVING", || async {
+        match webhook.health().await? {
+            ServingStatus::Serving => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(admin.clone());
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+    eventually("every caBundle set", || async {
+        let m = mutating.get(MUTATING).await.map_err(|e| e.to_string())?;
+        let v = validating
+            .get(VALIDATING)
+            .await
+            .map_err(|e| e.to_string())?;
+        let bundles: Vec<Option<Vec<u8>>> = m
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.client_config.ca_bundle.clone().map(|b| b.0))
+            .chain(
+                v.webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| w.client_config.ca_bundle.clone().map(|b| b.0)),
+            )
+            .collect();
+        if bundles.len() == 9 && bundles.iter().all(|b| b.as_ref() == Some(&ca)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} webhooks, caBundles set: {}",
+                bundles.len(),
+                bundles.iter().filter(|b| b.is_some()).count()
+            ))
+        }
+    })
+    .await;
+    println!(
+        "webhook-server on {}: certificate generated, caBundle patched into 9 webhooks and SERVING {:.2}s after registration",
+        webhook.address,
+        started.elapsed().as_secs_f64()
+    );
+
+    // 1. A cluster naming a template that does not exist is refused with the webhook's message.
+    let clusters: Api<MultigresCluster> = Api::namespaced(admin.clone(), &ns);
+    let pw = json!({"name": "demo-password", "key": "password"});
+    let broken = cluster_manifest(
+        "broken",
+        json!({
+            "postgresPasswordSecretRef": pw,
+            "cells": [{"name": "zone-a", "zoneId": "zone-a", "cellTemplate": "missing"}],
+        }),
+    );
+    let message = refusal(clusters.create(&PostParams::default(), &broken).await);
+    assert_eq!(
+        message,
+        format!(
+            "admission webhook \"vmultigrescluster.multigres.com\" denied the request: \
+             spec.cells[0].cellTemplate: CellTemplate \"missing\" does not exist in namespace \
+             \"{ns}\"; create it first or change the reference"
+        )
+    );
+
+    // 2. The defaults the mutating webhook adds are stored, including the promotion of the
+    //    namespace's `default` CellTemplate; pvcDeletionPolicy stays unset.
+    let templates: Api<CellTemplate> = Api::namespaced(admin.clone(), &ns);
+    let default_template: CellTemplate = serde_json::from_value(json!({
+        "apiVersion": "multigres.com/v1alpha1", "kind": "CellTemplate",
+        "metadata": {"name": "default"}, "spec": {"multigateway": {"replicas": 2}},
+    }))
+    .unwrap();
+    templates
+        .create(&PostParams::default(), &default_template)
+        .await
+        .unwrap();
+    let demo = cluster_manifest(
+        "demo",
+        json!({
+            "postgresPasswordSecretRef": pw,
+            "cells": [{"name": "zone-a", "zoneId": "zone-a"}],
+        }),
+    );
+    let stored = clusters
+        .create(&PostParams::default(), &demo)
+        .await
+        .unwrap();
+    let spec = &stored.spec;
+    assert_eq!(
+        spec.images.as_ref().and_then(|i| i.image_pull_policy),
+        Some(multigres_api::v1alpha1::ImagePullPolicy::IfNotPresent)
+    );
+    let levels = spec.log_levels.clone().unwrap();
+    for level in [
+        levels.pgctld,
+        levels.multipooler,
+        levels.multiorch,
+        levels.multiadmin,
+        levels.multigateway,
+    ] {
+        assert_eq!(level, Some(LogLevel::Info));
+    }
+    assert_eq!(
+        spec.topology_pruning.as_ref().and_then(|p| p.enabled),
+        Some(true)
+    );
+    assert_eq!(spec.durability_policy.as_deref(), Some("AT_LEAST_2"));
+    assert_eq!(
+        spec.template_defaults
+            .as_ref()
+            .and_then(|t| t.cell_template.as_ref())
+            .map(|t| t.as_str()),
+        Some("default")
+    );
+    assert!(spec.pvc_deletion_policy.is_none(), "{spec:?}");
+
+    // 3. The template the cluster uses cannot be deleted; an unused one can.
+    let message = refusal(templates.delete("default", &DeleteParams::default()).await);
+    assert_eq!(
+        message,
+        "admission webhook \"vcelltemplate.multigres.com\" denied the request: \
+         MultigresCluster \"demo\": uses CellTemplate \"default\" through \
+         spec.templateDefaults.cellTemplate; change those references (or delete the cluster) \
+         before deleting the template"
+    );
+    let unused: CellTemplate = serde_json::from_value(json!({
+        "apiVersion": "multigres.com/v1alpha1", "kind": "CellTemplate",
+        "metadata": {"name": "unused"}, "spec": {},
+    }))
+    .unwrap();
+    templates
+        .create(&PostParams::default(), &unused)
+        .await
+        .unwrap();
+    templates
+        .delete("unused", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // 4. Children: the operator's ServiceAccount may write them, anyone else is refused.
+    let as_operator = cluster
+        .client_for_kubeconfig(&operator_kubeconfig)
+        .await
+        .unwrap();
+    let operator_cells: Api<Cell> = Api::namespaced(as_operator, &ns);
+    let admin_cells: Api<Cell> = Api::namespaced(admin.clone(), &ns);
+    let cell: Cell = serde_json::from_value(json!({
+        "apiVersion": "multigres.com/v1alpha1", "kind": "Cell",
+        "metadata": {"name": "demo-zone-a"},
+        "spec": {
+            "name": "zone-a", "zoneId": "zone-a",
+            "images": {"multigateway": "ghcr.io/multigres/multigres:sha-66d2310"},
+            "multigateway": {"replicas": 1},
+            "globalTopoServer": {"address": "demo-global-topo:2379", "rootPath": "/multigres/global", "implementation": "etcd"},
+        },
+    }))
+    .unwrap();
+    let message = refusal(admin_cells.create(&PostParams::default(), &cell).await);
+    assert!(
+        message.starts_with(
+            "admission webhook \"vcell.multigres.com\" denied the request: metadata: Cell \
+             \"demo-zone-a\" is managed by the operator and cannot be created by"
+        ),
+        "{message}"
+    );
+    operator_cells
+        .create(&PostParams::default(), &cell)
+        .await
+        .unwrap();
+    let scale = Patch::Merge(json!({"spec": {"multigateway": {"replicas": 3}}}));
+    let message = refusal(
+        admin_cells
+            .patch("demo-zone-a", &PatchParams::default(), &scale)
+            .await,
+    );
+    assert!(message.contains("cannot be changed by"), "{message}");
+    let message = refusal(
+        admin_cells
+            .delete("demo-zone-a", &DeleteParams::default())
+            .await,
+    );
+    assert!(message.contains("cannot be deleted by"), "{message}");
+    operator_cells
+        .patch("demo-zone-a", &PatchParams::default(), &scale)
+        .await
+        .unwrap();
+    operator_cells
+        .delete("demo-zone-a", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    assert!(webhook.process.exit_status().is_none(), "{}", webhook.log());
+    mutating
+        .delete(MUTATING, &DeleteParams::default())
+        .await
+        .unwrap();
+    validating
+        .delete(VALIDATING, &DeleteParams::default())
+        .await
+        .unwrap();
+    webhook.process.stop(Duration::from_secs(10));
+}
