@@ -55,6 +55,10 @@ pub enum TopoError {
         cell: String,
         databases: Vec<String>,
     },
+    #[error(
+        "{record} is registered by MultigresCluster {owner}; clusters sharing a topology root must not share cell or database names"
+    )]
+    OwnedByOther { record: String, owner: String },
     #[error("cell {cell:?} is not registered in the global topology")]
     CellNotRegistered { cell: String },
     #[error("topology client configuration: {0}")]
@@ -138,5 +142,11 @@ mod tests {
         };
         assert!(!referenced.is_transient());
         assert!(referenced.to_string().contains("postgres"));
+        let foreign = TopoError::OwnedByOther {
+            record: "database postgres".into(),
+            owner: "team-a/prod".into(),
+        };
+        assert!(!foreign.is_transient());
+        assert!(foreign.to_string().contains("team-a/prod"), "{foreign}");
     }
 }

@@ -15,6 +15,7 @@ mod wire;
 
 pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, TlsPem, TopoConfig};
 pub use error::{RecordError, TopoError};
+pub use paths::{RecordKind, RecordRef};
 pub use pooler::PoolerRecord;
 pub use records::{BackupSpec, CellSpec, DatabaseSpec, DurabilityPolicyName};
 pub use store::{Expected, Plan, Registration, TopoStore, WritePlan};

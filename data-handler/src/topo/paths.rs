@@ -17,6 +17,77 @@ pub const POOLER_FILE: &str = "Pooler";
 const CELLS_DIR: &str = "cells";
 const DATABASES_DIR: &str = "databases";
 const POOLERS_DIR: &str = "poolers";
+/// Directory of the operator's ownership markers, below the global root. Multigres only reads
+/// `cells/`, `databases/` and `backups/` there, so it never sees these keys.
+const OWNERS_DIR: &str = "operator-owners";
+
+/// The kinds of global record the operator writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RecordKind {
+    /// `cells/<cell>/Cell`.
+    Cell,
+    /// `databases/<db>/Database`.
+    Database,
+}
+
+impl RecordKind {
+    fn dir(self) -> &'static str {
+        match self {
+            Self::Cell => CELLS_DIR,
+            Self::Database => DATABASES_DIR,
+        }
+    }
+
+    fn from_dir(dir: &str) -> Option<Self> {
+        match dir {
+            CELLS_DIR => Some(Self::Cell),
+            DATABASES_DIR => Some(Self::Database),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for RecordKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Cell => "cell",
+            Self::Database => "database",
+        })
+    }
+}
+
+/// One global record: its kind and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RecordRef {
+    /// Cell or Database.
+    pub kind: RecordKind,
+    /// The cell or database name.
+    pub name: String,
+}
+
+impl RecordRef {
+    /// The Cell record of `name`.
+    pub fn cell(name: impl Into<String>) -> Self {
+        Self {
+            kind: RecordKind::Cell,
+            name: name.into(),
+        }
+    }
+
+    /// The Database record of `name`.
+    pub fn database(name: impl Into<String>) -> Self {
+        Self {
+            kind: RecordKind::Database,
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for RecordRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.kind, self.name)
+    }
+}
 
 /// Joins path elements the way Go's `path.Join` does: empty elements are ignored, the result is
 /// cleaned, and it is empty only when every element is.
@@ -86,6 +157,36 @@ impl GlobalPaths {
     /// `<root>/databases/<db>/Database`.
     pub fn database(&self, database: &str) -> String {
         join(&[&self.root, DATABASES_DIR, database, DATABASE_FILE])
+    }
+
+    /// The key of a record.
+    pub fn record(&self, record: &RecordRef) -> String {
+        match record.kind {
+            RecordKind::Cell => self.cell(&record.name),
+            RecordKind::Database => self.database(&record.name),
+        }
+    }
+
+    /// `<root>/operator-owners/<cells|databases>/<name>`: the ownership marker of a record,
+    /// holding the identity of the MultigresCluster that registered it, so clusters sharing a
+    /// root never overwrite or prune each other's records.
+    pub fn owner(&self, record: &RecordRef) -> String {
+        join(&[&self.root, OWNERS_DIR, record.kind.dir(), &record.name])
+    }
+
+    /// Prefix listing every ownership marker, `<root>/operator-owners/`.
+    pub fn owners_prefix(&self) -> String {
+        dir_prefix(&[&self.root, OWNERS_DIR])
+    }
+
+    /// The record an ownership marker key stands for.
+    pub fn owned_record_of(&self, key: &str) -> Option<RecordRef> {
+        let (dir, name) = key.strip_prefix(&self.owners_prefix())?.split_once('/')?;
+        let kind = RecordKind::from_dir(dir)?;
+        (!name.is_empty() && !name.contains('/')).then(|| RecordRef {
+            kind,
+            name: name.to_string(),
+        })
     }
 
     /// Prefix listing every cell directory, `<root>/cells/`.
@@ -190,6 +291,39 @@ mod tests {
             pooler_id_of("/multigres/zone-a/poolers/x/Gateway", "/multigres/zone-a"),
             None
         );
+    }
+
+    #[test]
+    fn ownership_markers_live_outside_what_multigres_reads() {
+        let paths = GlobalPaths::new("/multigres/global");
+        let cell = RecordRef::cell("zone-a");
+        let database = RecordRef::database("postgres");
+        assert_eq!(
+            paths.owner(&cell),
+            "/multigres/global/operator-owners/cells/zone-a"
+        );
+        assert_eq!(
+            paths.owner(&database),
+            "/multigres/global/operator-owners/databases/postgres"
+        );
+        assert_eq!(paths.owners_prefix(), "/multigres/global/operator-owners/");
+        for record in [&cell, &database] {
+            let marker = paths.owner(record);
+            assert!(!marker.starts_with(&paths.cells_prefix()));
+            assert!(!marker.starts_with(&paths.databases_prefix()));
+            assert_eq!(paths.owned_record_of(&marker).as_ref(), Some(record));
+        }
+        assert_eq!(paths.record(&cell), paths.cell("zone-a"));
+        assert_eq!(paths.record(&database), paths.database("postgres"));
+        assert_eq!(
+            paths.owned_record_of("/multigres/global/operator-owners/shards/x"),
+            None
+        );
+        assert_eq!(
+            paths.owned_record_of("/multigres/global/operator-owners/cells/a/b"),
+            None
+        );
+        assert_eq!(cell.to_string(), "cell zone-a");
     }
 
     #[test]

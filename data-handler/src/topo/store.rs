@@ -1,6 +1,6 @@
 //! The topology store: reads and writes the global and cell topology records in etcd.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use prost::Message;
 
 use super::config::TopoConfig;
 use super::error::{RecordError, TopoError};
-use super::paths::{GlobalPaths, pooler_id_of, poolers_prefix};
+use super::paths::{GlobalPaths, RecordKind, RecordRef, pooler_id_of, poolers_prefix};
 use super::pooler::PoolerRecord;
 use super::records::{CellSpec, DatabaseSpec, Merge, merge_cell, merge_database, validate_name};
 
@@ -175,27 +175,8 @@ impl TopoStore {
         let cell_key = self.paths.cell(cell);
         let prefix = self.paths.databases_prefix();
         for attempt in 1..=MAX_CAS_ATTEMPTS {
+            let read_revision = self.check_unreferenced(cell).await?;
             let mut kv = self.client.kv_client();
-            let response = self
-                .request(
-                    "list databases",
-                    kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
-                )
-                .await?;
-            let read_revision = response.header().map_or(0, |h| h.revision());
-            let mut referencing = Vec::new();
-            for (name, key, value) in self.database_records(response.kvs()) {
-                let database = decode::<Database>(key, value)?;
-                if database.cells.iter().any(|c| c == cell) {
-                    referencing.push(name.to_string());
-                }
-            }
-            if !referencing.is_empty() {
-                return Err(TopoError::CellReferenced {
-                    cell: cell.to_string(),
-                    databases: referencing,
-                });
-            }
             let unchanged =
                 Compare::mod_revision(prefix.as_str(), CompareOp::Less, read_revision + 1)
                     .with_prefix();
@@ -212,6 +193,129 @@ impl TopoStore {
             key: cell_key,
             attempts: MAX_CAS_ATTEMPTS,
         })
+    }
+
+    /// Every ownership marker under the global root: the record and the identity of the
+    /// MultigresCluster (`namespace/name`) that registered it.
+    pub async fn owners(&self) -> Result<BTreeMap<RecordRef, String>, TopoError> {
+        let prefix = self.paths.owners_prefix();
+        let mut kv = self.client.kv_client();
+        let response = self
+            .request(
+                "list owners",
+                kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        Ok(response
+            .kvs()
+            .iter()
+            .filter_map(|entry| {
+                let record = self.paths.owned_record_of(entry.key_str().ok()?)?;
+                Some((record, String::from_utf8_lossy(entry.value()).into_owned()))
+            })
+            .collect())
+    }
+
+    /// Marks `owner` as the owner of `record` unless a marker exists: `Ok(true)` when this call
+    /// wrote the marker, `Ok(false)` when `owner` already held it, `OwnedByOther` when another
+    /// cluster does. One transaction, so two clusters can never both claim a record.
+    pub async fn claim(&self, record: &RecordRef, owner: &str) -> Result<bool, TopoError> {
+        validate_name(&record.kind.to_string(), &record.name)?;
+        let key = self.paths.owner(record);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), owner, None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let mut kv = self.client.kv_client();
+        let response = self.request("claim", kv.txn(txn)).await?;
+        if response.succeeded() {
+            return Ok(true);
+        }
+        match marker_value(&response.op_responses()) {
+            Some(holder) if holder == owner => Ok(false),
+            holder => Err(TopoError::OwnedByOther {
+                record: record.to_string(),
+                owner: holder.unwrap_or_default(),
+            }),
+        }
+    }
+
+    /// Removes a record `owner` holds, with its ownership marker, in one transaction guarded by
+    /// the marker. A Cell record is kept (`CellReferenced`) while a Database record lists the
+    /// cell, checked in the same transaction as for [`TopoStore::deregister_cell`]. Returns
+    /// whether the record itself was removed; `Ok(false)` when no marker exists (nothing of
+    /// `owner`'s to remove) and `OwnedByOther` when another cluster holds it.
+    pub async fn release(&self, record: &RecordRef, owner: &str) -> Result<bool, TopoError> {
+        validate_name(&record.kind.to_string(), &record.name)?;
+        let record_key = self.paths.record(record);
+        let marker_key = self.paths.owner(record);
+        let databases = self.paths.databases_prefix();
+        for attempt in 1..=MAX_CAS_ATTEMPTS {
+            let mut kv = self.client.kv_client();
+            let mut compares = vec![Compare::value(marker_key.as_str(), CompareOp::Equal, owner)];
+            if record.kind == RecordKind::Cell {
+                let read_revision = self.check_unreferenced(&record.name).await?;
+                compares.push(
+                    Compare::mod_revision(databases.as_str(), CompareOp::Less, read_revision + 1)
+                        .with_prefix(),
+                );
+            }
+            let txn = Txn::new()
+                .when(compares)
+                .and_then([
+                    TxnOp::delete(record_key.as_str(), None),
+                    TxnOp::delete(marker_key.as_str(), None),
+                ])
+                .or_else([TxnOp::get(marker_key.as_str(), None)]);
+            let response = self.request("release", kv.txn(txn)).await?;
+            let responses = response.op_responses();
+            if response.succeeded() {
+                return Ok(deleted_any(&responses[..1]));
+            }
+            match marker_value(&responses) {
+                None => return Ok(false),
+                Some(holder) if holder != owner => {
+                    return Err(TopoError::OwnedByOther {
+                        record: record.to_string(),
+                        owner: holder,
+                    });
+                }
+                // Still ours: a Database record changed between the check and the delete.
+                Some(_) => tokio::time::sleep(CAS_BACKOFF * attempt).await,
+            }
+        }
+        Err(TopoError::Conflict {
+            key: record_key,
+            attempts: MAX_CAS_ATTEMPTS,
+        })
+    }
+
+    /// Fails with `CellReferenced` when a Database record lists `cell`; otherwise returns the
+    /// revision the Database records were read at.
+    async fn check_unreferenced(&self, cell: &str) -> Result<i64, TopoError> {
+        let prefix = self.paths.databases_prefix();
+        let mut kv = self.client.kv_client();
+        let response = self
+            .request(
+                "list databases",
+                kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        let mut referencing = Vec::new();
+        for (name, key, value) in self.database_records(response.kvs()) {
+            let database = decode::<Database>(key, value)?;
+            if database.cells.iter().any(|c| c == cell) {
+                referencing.push(name.to_string());
+            }
+        }
+        if referencing.is_empty() {
+            Ok(response.header().map_or(0, |h| h.revision()))
+        } else {
+            Err(TopoError::CellReferenced {
+                cell: cell.to_string(),
+                databases: referencing,
+            })
+        }
     }
 
     /// Removes the Database record; returns whether one was removed. Like Multigres'
@@ -476,6 +580,17 @@ fn decode<M: Message + Default>(key: &str, value: &[u8]) -> Result<M, TopoError>
     M::decode(value).map_err(|source| TopoError::Malformed {
         key: key.to_string(),
         source: RecordError::Decode(source),
+    })
+}
+
+/// The value of the key read by the `get` of a transaction's failure branch.
+fn marker_value(responses: &[TxnOpResponse]) -> Option<String> {
+    responses.iter().find_map(|r| match r {
+        TxnOpResponse::Get(get) => get
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+        _ => None,
     })
 }
 

@@ -1,0 +1,330 @@
+//! The two conditions this handler owns on Cells and MultigresClusters, `TopoServerReachable`
+//! and `TopologyRegistered`, and the events their transitions publish. Pure.
+//!
+//! Other handlers own other condition types on the same objects. Status is written with
+//! server-side apply and `conditions` is a list-map keyed by `type`, so sending only these two
+//! leaves every other entry alone.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::{Event, EventType};
+use multigres_common::conditions::{DesiredCondition, FALSE, TRUE, UNKNOWN, set_condition};
+use multigres_common::telemetry::ErrorChain;
+use serde_json::{Value, json};
+
+use crate::target::EXTERNAL_FIELD;
+use crate::topo::TopoError;
+
+/// Whether the operator can talk to the topology server.
+pub const TOPO_SERVER_REACHABLE: &str = "TopoServerReachable";
+/// Whether the object's records are in the topology as the spec says.
+pub const TOPOLOGY_REGISTERED: &str = "TopologyRegistered";
+/// The condition types this handler owns, in the order it writes them.
+pub const OWNED: [&str; 2] = [TOPO_SERVER_REACHABLE, TOPOLOGY_REGISTERED];
+
+/// A condition as computed, before timestamps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Computed {
+    /// One of [`OWNED`].
+    pub type_: &'static str,
+    /// `True`, `False` or `Unknown`.
+    pub status: &'static str,
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// What a person should know or do.
+    pub message: String,
+}
+
+impl Computed {
+    /// A `True` condition.
+    pub fn yes(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(type_, TRUE, reason, message)
+    }
+
+    /// A `False` condition.
+    pub fn no(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(type_, FALSE, reason, message)
+    }
+
+    /// An `Unknown` condition.
+    pub fn unknown(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(type_, UNKNOWN, reason, message)
+    }
+
+    fn new(
+        type_: &'static str,
+        status: &'static str,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_,
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// This handler's conditions after applying `computed` over the object's `existing` list:
+/// only the owned types, in [`OWNED`] order, each keeping its `lastTransitionTime` unless its
+/// status changed. The flag says whether anything differs from `existing`.
+pub fn merge(
+    existing: &[Condition],
+    computed: &[Computed],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> (Vec<Condition>, bool) {
+    let mut ours: Vec<Condition> = existing
+        .iter()
+        .filter(|c| OWNED.contains(&c.type_.as_str()))
+        .cloned()
+        .collect();
+    let mut changed = false;
+    for c in computed {
+        changed |= set_condition(
+            &mut ours,
+            &DesiredCondition {
+                type_: c.type_,
+                status: c.status,
+                reason: c.reason,
+                message: &c.message,
+                observed_generation: generation,
+            },
+            now,
+        );
+    }
+    ours.sort_by_key(|c| OWNED.iter().position(|t| *t == c.type_));
+    (ours, changed)
+}
+
+/// The status apply body carrying only `conditions`.
+pub fn status_body(conditions: &[Condition]) -> Value {
+    json!({ "conditions": conditions })
+}
+
+/// `TopoServerReachable` after talking to the server described by `server` (`None` error:
+/// it answered). Errors that come from the records, not the server, count as reachable.
+pub fn reachable(server: &str, error: Option<&TopoError>) -> Computed {
+    let t = TOPO_SERVER_REACHABLE;
+    match error {
+        Some(e @ (TopoError::Unavailable { .. } | TopoError::Timeout { .. })) => Computed::no(
+            t,
+            "Unreachable",
+            format!(
+                "Cannot reach {server}: {}. Check that etcd is running and reachable from the \
+                 data-handler (DNS name, port, network policies); retrying with backoff.",
+                ErrorChain(e)
+            ),
+        ),
+        Some(e @ TopoError::Rejected { .. }) => Computed::no(
+            t,
+            "Rejected",
+            format!(
+                "{server} refused the request: {}. Check the client certificate in \
+                 {EXTERNAL_FIELD}.clientCertSecret and the etcd user's permissions on the root.",
+                ErrorChain(e)
+            ),
+        ),
+        Some(e @ TopoError::Config(_)) => Computed::no(
+            t,
+            "TLSConfigInvalid",
+            format!(
+                "Cannot set up the connection to {server}: {e}. Check the certificates in the \
+                 Secrets named by {EXTERNAL_FIELD}.caSecret and clientCertSecret."
+            ),
+        ),
+        _ => Computed::yes(t, "Reachable", format!("{server} answered.")),
+    }
+}
+
+/// An event to publish about the reconciled object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What happened, for a person.
+    pub message: String,
+}
+
+/// Events carry at most 1 kB of note.
+const MAX_NOTE: usize = 1000;
+
+impl Notice {
+    /// A Normal event.
+    pub fn normal(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A Warning event.
+    pub fn warning(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The event, with `action` saying what the controller was doing.
+    pub fn event(&self, action: &str) -> Event {
+        let mut note = self.message.clone();
+        if note.len() > MAX_NOTE {
+            let mut end = MAX_NOTE - 3;
+            while !note.is_char_boundary(end) {
+                end -= 1;
+            }
+            note.truncate(end);
+            note.push_str("...");
+        }
+        Event {
+            type_: self.type_,
+            reason: self.reason.clone(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        }
+    }
+}
+
+/// Events for condition changes from `old` to `new`: a Warning (with the condition's reason)
+/// when one of ours becomes `False` or stays `False` for a new reason, and a Normal `Recovered`
+/// when one becomes `True` after being `False`. A pass that changes nothing publishes nothing.
+pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Notice> {
+    let mut out = Vec::new();
+    for now in new {
+        let was = old.iter().find(|c| c.type_ == now.type_);
+        match (was.map(|c| c.status.as_str()), now.status.as_str()) {
+            (prev, FALSE) if prev != Some(FALSE) || was.is_some_and(|w| w.reason != now.reason) => {
+                out.push(Notice::warning(now.reason.clone(), now.message.clone()));
+            }
+            (Some(FALSE), TRUE) => out.push(Notice::normal(
+                "Recovered",
+                format!("{} is True again: {}", now.type_, now.message),
+            )),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(seconds).unwrap()
+    }
+
+    fn condition(type_: &str, status: &str, reason: &str, time: i64) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: "m".into(),
+            observed_generation: Some(1),
+            last_transition_time: Time(at(time)),
+        }
+    }
+
+    fn unavailable() -> TopoError {
+        TopoError::Unavailable {
+            operation: "get".into(),
+            source: etcd_client::Error::InvalidArgs("connection refused".into()),
+        }
+    }
+
+    #[test]
+    fn merge_keeps_other_types_out_and_times_stable() {
+        let existing = vec![
+            condition("Available", TRUE, "Ready", 10),
+            condition(TOPOLOGY_REGISTERED, TRUE, "Registered", 20),
+        ];
+        let computed = [
+            Computed::yes(TOPOLOGY_REGISTERED, "Registered", "m"),
+            Computed::no(TOPO_SERVER_REACHABLE, "Unreachable", "down"),
+        ];
+        let (ours, changed) = merge(&existing, &computed, Some(1), at(100));
+        assert!(changed, "TopoServerReachable is new");
+        assert_eq!(
+            ours.iter().map(|c| c.type_.as_str()).collect::<Vec<_>>(),
+            OWNED,
+            "only our types, in order"
+        );
+        assert_eq!(
+            ours[1].last_transition_time,
+            Time(at(20)),
+            "unchanged status"
+        );
+        assert_eq!(ours[0].last_transition_time, Time(at(100)));
+
+        let (again, changed) = merge(&ours, &computed, Some(1), at(200));
+        assert!(!changed, "the same computation writes nothing");
+        assert_eq!(again, ours);
+        assert_eq!(
+            status_body(&again)["conditions"].as_array().unwrap().len(),
+            2
+        );
+    }
+
+    #[test]
+    fn reachability_follows_the_error_class() {
+        let server = "etcd at 127.0.0.1:2379 (root /multigres/global)";
+        let down = reachable(server, Some(&unavailable()));
+        assert_eq!((down.status, down.reason), (FALSE, "Unreachable"));
+        assert!(down.message.contains("127.0.0.1:2379"), "{}", down.message);
+        assert!(
+            down.message.contains("connection refused"),
+            "{}",
+            down.message
+        );
+        let up = reachable(server, None);
+        assert_eq!((up.status, up.reason), (TRUE, "Reachable"));
+        let foreign = TopoError::OwnedByOther {
+            record: "cell a".into(),
+            owner: "x/y".into(),
+        };
+        assert_eq!(reachable(server, Some(&foreign)).status, TRUE);
+        let tls = reachable(server, Some(&TopoError::Config("bad pem".into())));
+        assert_eq!((tls.status, tls.reason), (FALSE, "TLSConfigInvalid"));
+        assert!(tls.message.contains("caSecret"), "{}", tls.message);
+    }
+
+    #[test]
+    fn transitions_warn_once_and_announce_recovery() {
+        let up = vec![condition(TOPO_SERVER_REACHABLE, TRUE, "Reachable", 1)];
+        let down = vec![condition(TOPO_SERVER_REACHABLE, FALSE, "Unreachable", 2)];
+        let notices = transitions(&up, &down);
+        assert_eq!(notices.len(), 1);
+        assert_eq!(notices[0].type_, EventType::Warning);
+        assert_eq!(notices[0].reason, "Unreachable");
+        assert!(
+            transitions(&down, &down).is_empty(),
+            "still down: no repeat"
+        );
+        let recovered = transitions(&down, &up);
+        assert_eq!(recovered[0].type_, EventType::Normal);
+        assert_eq!(recovered[0].reason, "Recovered");
+        assert!(transitions(&[], &up).is_empty(), "first True is not news");
+        let other_reason = vec![condition(TOPO_SERVER_REACHABLE, FALSE, "Rejected", 3)];
+        assert_eq!(transitions(&down, &other_reason).len(), 1);
+    }
+
+    #[test]
+    fn long_notes_are_cut() {
+        let event = Notice::normal("R", "é".repeat(800)).event("Reconcile");
+        let note = event.note.unwrap();
+        assert!(
+            note.len() <= MAX_NOTE && note.ends_with("..."),
+            "{}",
+            note.len()
+        );
+    }
+}

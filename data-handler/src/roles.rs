@@ -1,0 +1,298 @@
+//! Which pool pod is the primary, from the pooler records multipoolers publish in their cell
+//! topology: pure.
+//!
+//! A pooler's record is matched to its pod as upstream does it: the record's id name (the
+//! pooler's `--service-id`) equals the pod name, or its hostname is the pod name or starts with
+//! `<pod>.` (the pod's DNS name under its headless Service). The role is PRIMARY when the record
+//! routes as primary (`routing_state.role`), REPLICA otherwise; records of poolers that shut
+//! down are ignored. When a pod has several records (it was recreated with the same name), the
+//! most recently updated wins.
+
+use std::collections::BTreeMap;
+
+use multigres_proto::topo::PoolerLifecycleStatus;
+
+use crate::topo::PoolerRecord;
+
+/// Role of the primary, as published on `Shard.status.podRoles`.
+pub const PRIMARY: &str = "PRIMARY";
+/// Role of every other serving pooler.
+pub const REPLICA: &str = "REPLICA";
+
+/// The shard a Shard object stands for in the topology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardKey<'a> {
+    /// Database name.
+    pub database: &'a str,
+    /// Table group name.
+    pub table_group: &'a str,
+    /// Shard name.
+    pub shard: &'a str,
+}
+
+/// A pool pod of the shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolPod {
+    /// Pod name.
+    pub name: String,
+    /// Its cell (label `multigres.com/cell`), when labelled.
+    pub cell: Option<String>,
+}
+
+/// The label value for a published role: `primary` or `replica`.
+pub fn label_value(role: &str) -> String {
+    role.to_ascii_lowercase()
+}
+
+/// The role of each pod that has a pooler record of `shard`, keyed by pod name.
+///
+/// `poolers` holds the records read from each cell, or `None` for a cell that could not be
+/// read; a pod in such a cell keeps its role from `previous` (the published one) rather than
+/// losing it during a topology outage.
+pub fn roles(
+    shard: ShardKey<'_>,
+    pods: &[PoolPod],
+    poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
+    previous: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for pod in pods {
+        let cells: Vec<&Option<Vec<PoolerRecord>>> = match &pod.cell {
+            Some(cell) => poolers.get(cell).into_iter().collect(),
+            None => poolers.values().collect(),
+        };
+        let read: Vec<&PoolerRecord> = cells
+            .iter()
+            .filter_map(|c| c.as_ref())
+            .flatten()
+            .filter(|r| of_shard(r, shard) && serves_pod(r, &pod.name))
+            .collect();
+        let role = match newest(&read) {
+            Some(record) => Some(
+                if record.is_primary() {
+                    PRIMARY
+                } else {
+                    REPLICA
+                }
+                .to_owned(),
+            ),
+            None if cells.iter().any(|c| c.is_none()) => previous.get(&pod.name).cloned(),
+            None => None,
+        };
+        if let Some(role) = role {
+            out.insert(pod.name.clone(), role);
+        }
+    }
+    out
+}
+
+fn of_shard(record: &PoolerRecord, shard: ShardKey<'_>) -> bool {
+    record.pooler.shard_key.as_ref().is_some_and(|k| {
+        k.database == shard.database && k.table_group == shard.table_group && k.shard == shard.shard
+    })
+}
+
+fn serves_pod(record: &PoolerRecord, pod: &str) -> bool {
+    let pooler = &record.pooler;
+    let hostname = pooler.hostname.as_str();
+    pooler.id.as_ref().is_some_and(|id| id.name == pod)
+        || hostname == pod
+        || hostname
+            .strip_prefix(pod)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
+
+/// The most recently updated record of a pooler that did not shut down; primaries win ties.
+fn newest<'r>(records: &[&'r PoolerRecord]) -> Option<&'r PoolerRecord> {
+    records
+        .iter()
+        .copied()
+        .filter(|r| {
+            r.pooler
+                .lifecycle_status
+                .as_ref()
+                .is_none_or(|l| l.status() != PoolerLifecycleStatus::LifecycleShutdown)
+        })
+        .max_by_key(|r| {
+            let updated = r
+                .pooler
+                .lifecycle_status
+                .as_ref()
+                .and_then(|l| l.updated.as_ref())
+                .map(|t| (t.seconds, t.nanos));
+            (updated, r.is_primary())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use multigres_proto::topo::{
+        Id, Multipooler, PoolerLifecycle, RoutingRole, RoutingState, ShardKey as Key, id,
+    };
+
+    use super::*;
+
+    const SHARD: ShardKey<'static> = ShardKey {
+        database: "postgres",
+        table_group: "default",
+        shard: "0-inf",
+    };
+
+    fn record(service_id: &str, hostname: &str, role: RoutingRole) -> PoolerRecord {
+        PoolerRecord {
+            key: format!("/multigres/zone-a/poolers/multipooler-zone-a-{service_id}/Pooler"),
+            id: format!("multipooler-zone-a-{service_id}"),
+            pooler: Multipooler {
+                id: Some(Id {
+                    component: id::ComponentType::Multipooler as i32,
+                    cell: "zone-a".into(),
+                    name: service_id.into(),
+                }),
+                shard_key: Some(Key {
+                    database: "postgres".into(),
+                    table_group: "default".into(),
+                    shard: "0-inf".into(),
+                }),
+                hostname: hostname.into(),
+                routing_state: Some(RoutingState {
+                    role: role as i32,
+                    rule: None,
+                }),
+                ..Default::default()
+            },
+        }
+    }
+
+    fn with_lifecycle(mut r: PoolerRecord, status: PoolerLifecycleStatus, at: i64) -> PoolerRecord {
+        r.pooler.lifecycle_status = Some(PoolerLifecycle {
+            status: status as i32,
+            reason: String::new(),
+            updated: Some(prost_types::Timestamp {
+                seconds: at,
+                nanos: 0,
+            }),
+        });
+        r
+    }
+
+    fn pod(name: &str, cell: &str) -> PoolPod {
+        PoolPod {
+            name: name.into(),
+            cell: Some(cell.into()),
+        }
+    }
+
+    fn read(records: Vec<PoolerRecord>) -> BTreeMap<String, Option<Vec<PoolerRecord>>> {
+        BTreeMap::from([("zone-a".to_owned(), Some(records))])
+    }
+
+    #[test]
+    fn pods_are_matched_by_service_id_or_hostname() {
+        let pods = [
+            pod("prod-pool-0", "zone-a"),
+            pod("prod-pool-1", "zone-a"),
+            pod("prod-pool-2", "zone-a"),
+            pod("prod-pool-3", "zone-a"),
+        ];
+        let poolers = read(vec![
+            record("prod-pool-0", "10.0.0.1", RoutingRole::Replica),
+            record(
+                "random12",
+                "prod-pool-1.prod-pool.team-a.svc",
+                RoutingRole::Primary,
+            ),
+            record("other", "prod-pool-2", RoutingRole::Replica),
+            // A longer pod name sharing the prefix is not prod-pool-3's record.
+            record("prod-pool-30", "prod-pool-30.svc", RoutingRole::Primary),
+        ]);
+        let roles = roles(SHARD, &pods, &poolers, &BTreeMap::new());
+        assert_eq!(
+            roles,
+            BTreeMap::from([
+                ("prod-pool-0".to_owned(), REPLICA.to_owned()),
+                ("prod-pool-1".to_owned(), PRIMARY.to_owned()),
+                ("prod-pool-2".to_owned(), REPLICA.to_owned()),
+            ])
+        );
+        assert_eq!(label_value(PRIMARY), "primary");
+    }
+
+    #[test]
+    fn other_shards_and_shut_down_poolers_are_ignored() {
+        let mut other_shard = record("p-0", "", RoutingRole::Primary);
+        other_shard.pooler.shard_key.as_mut().unwrap().table_group = "orders".into();
+        let stopped = with_lifecycle(
+            record("p-1", "", RoutingRole::Primary),
+            PoolerLifecycleStatus::LifecycleShutdown,
+            50,
+        );
+        let poolers = read(vec![other_shard, stopped]);
+        let pods = [pod("p-0", "zone-a"), pod("p-1", "zone-a")];
+        assert!(roles(SHARD, &pods, &poolers, &BTreeMap::new()).is_empty());
+    }
+
+    #[test]
+    fn the_newest_record_of_a_pod_wins() {
+        let old_primary = with_lifecycle(
+            record("p-0", "", RoutingRole::Primary),
+            PoolerLifecycleStatus::LifecycleActive,
+            10,
+        );
+        let new_replica = with_lifecycle(
+            record("p-0", "", RoutingRole::Replica),
+            PoolerLifecycleStatus::LifecycleActive,
+            20,
+        );
+        let poolers = read(vec![old_primary, new_replica]);
+        let roles = roles(SHARD, &[pod("p-0", "zone-a")], &poolers, &BTreeMap::new());
+        assert_eq!(roles["p-0"], REPLICA);
+    }
+
+    #[test]
+    fn an_unreadable_cell_keeps_published_roles() {
+        let previous = BTreeMap::from([
+            ("b-0".to_owned(), PRIMARY.to_owned()),
+            ("a-0".to_owned(), PRIMARY.to_owned()),
+        ]);
+        let poolers = BTreeMap::from([
+            (
+                "zone-a".to_owned(),
+                Some(vec![record("a-0", "", RoutingRole::Replica)]),
+            ),
+            ("zone-b".to_owned(), None),
+        ]);
+        let pods = [
+            pod("a-0", "zone-a"),
+            pod("b-0", "zone-b"),
+            pod("a-1", "zone-a"),
+        ];
+        let roles = roles(SHARD, &pods, &poolers, &previous);
+        assert_eq!(
+            roles,
+            BTreeMap::from([
+                ("a-0".to_owned(), REPLICA.to_owned()),
+                ("b-0".to_owned(), PRIMARY.to_owned()),
+            ]),
+            "zone-b was not read: b-0 keeps PRIMARY; a-1 has no record yet"
+        );
+    }
+
+    #[test]
+    fn unlabelled_pods_are_looked_up_in_every_cell() {
+        let poolers = BTreeMap::from([
+            ("zone-a".to_owned(), Some(vec![])),
+            (
+                "zone-b".to_owned(),
+                Some(vec![record("x-0", "", RoutingRole::Primary)]),
+            ),
+        ]);
+        let pods = [PoolPod {
+            name: "x-0".into(),
+            cell: None,
+        }];
+        assert_eq!(
+            roles(SHARD, &pods, &poolers, &BTreeMap::new())["x-0"],
+            PRIMARY
+        );
+    }
+}

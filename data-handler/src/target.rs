@@ -1,0 +1,519 @@
+//! Where the operator reaches a cluster's global topology, and the connections it keeps open.
+//!
+//! [`Target`] is pure: computed from the cluster and a resolved `GlobalTopoServerRef` (the
+//! cluster's, a Cell's or a Shard's). [`Connections`] reads the TLS Secrets a target names and
+//! keeps one [`TopoStore`] per distinct target, so reconciles reuse connections.
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use multigres_api::names;
+use multigres_api::resolver::defaults;
+use multigres_api::v1alpha1::{GlobalTopoServerRef, MultigresCluster, TopoServer};
+
+use crate::topo::{TlsPem, TopoConfig, TopoError, TopoStore};
+
+/// Key of the CA certificate in `caSecret` (and accepted in `clientCertSecret`).
+pub const CA_KEY: &str = "ca.crt";
+/// Key of the client certificate in `clientCertSecret`.
+pub const CERT_KEY: &str = "tls.crt";
+/// Key of the client private key in `clientCertSecret`.
+pub const KEY_KEY: &str = "tls.key";
+
+/// The field naming an external topology server, for messages.
+pub const EXTERNAL_FIELD: &str = "spec.globalTopoServer.external";
+
+/// Which kind of server holds the global topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Server {
+    /// An etcd the operator runs: the TopoServer of this name.
+    Managed {
+        /// Name of the TopoServer.
+        topo_server: String,
+    },
+    /// An etcd the user runs.
+    External,
+}
+
+/// Secrets holding the TLS material for an external etcd.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TlsSecrets {
+    /// Secret with `ca.crt`.
+    pub ca: String,
+    /// Secret with `tls.crt` and `tls.key`, for client-certificate authentication.
+    pub client_cert: Option<String>,
+}
+
+/// Where and how to reach a cluster's global topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// etcd endpoints as the operator dials them.
+    pub endpoints: Vec<String>,
+    /// Key prefix of the global records.
+    pub root: String,
+    /// TLS Secrets, when the server uses TLS.
+    pub tls: Option<TlsSecrets>,
+    /// Managed or external.
+    pub server: Server,
+}
+
+/// Why a cluster's topology settings cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    #[error(
+        "endpoint {endpoint} uses https:// but {EXTERNAL_FIELD}.caSecret is not set; name a Secret holding the CA certificate as `ca.crt`"
+    )]
+    TlsWithoutCa { endpoint: String },
+    #[error(
+        "{EXTERNAL_FIELD}.caSecret or clientCertSecret is set but endpoint {endpoint} is plain http://; use https:// endpoints for TLS"
+    )]
+    TlsOnPlainEndpoint { endpoint: String },
+    #[error(
+        "{EXTERNAL_FIELD}.clientCertSecret is set without caSecret; the CA that signed the etcd server certificate is needed too"
+    )]
+    ClientCertWithoutCa,
+    #[error("the global topology server has no endpoints")]
+    NoEndpoints,
+}
+
+impl Target {
+    /// The target of `cluster` whose global topology `topo_ref` resolves to: an external server's
+    /// endpoints (with their scheme) and TLS Secrets come from the cluster spec, a managed
+    /// server's address from `topo_ref`; the root always from `topo_ref`.
+    pub fn new(
+        cluster: &MultigresCluster,
+        topo_ref: &GlobalTopoServerRef,
+    ) -> Result<Self, TargetError> {
+        let external = cluster
+            .spec
+            .global_topo_server
+            .as_ref()
+            .and_then(|g| g.external.as_ref());
+        let target = match external {
+            Some(external) => {
+                let endpoints: Vec<String> = external
+                    .endpoints
+                    .iter()
+                    .map(|e| e.as_str().trim_end_matches('/').to_owned())
+                    .collect();
+                let ca = external.ca_secret.clone().filter(|s| !s.is_empty());
+                let client_cert = external
+                    .client_cert_secret
+                    .clone()
+                    .filter(|s| !s.is_empty());
+                let tls = match (ca, client_cert) {
+                    (Some(ca), client_cert) => Some(TlsSecrets { ca, client_cert }),
+                    (None, Some(_)) => return Err(TargetError::ClientCertWithoutCa),
+                    (None, None) => None,
+                };
+                for endpoint in &endpoints {
+                    let https = endpoint.starts_with("https://");
+                    if https && tls.is_none() {
+                        return Err(TargetError::TlsWithoutCa {
+                            endpoint: endpoint.clone(),
+                        });
+                    }
+                    if !https && tls.is_some() {
+                        return Err(TargetError::TlsOnPlainEndpoint {
+                            endpoint: endpoint.clone(),
+                        });
+                    }
+                }
+                Target {
+                    endpoints,
+                    root: topo_ref.root_path.clone(),
+                    tls,
+                    server: Server::External,
+                }
+            }
+            None => Target {
+                endpoints: split_addresses(&topo_ref.address),
+                root: topo_ref.root_path.clone(),
+                tls: None,
+                server: Server::Managed {
+                    topo_server: names::global_topo_server(
+                        cluster.metadata.name.as_deref().unwrap_or_default(),
+                    ),
+                },
+            },
+        };
+        if target.endpoints.is_empty() {
+            return Err(TargetError::NoEndpoints);
+        }
+        Ok(target)
+    }
+
+    /// "etcd at a, b (root /r)", for messages.
+    pub fn describe(&self) -> String {
+        format!("etcd at {} (root {})", self.endpoints.join(", "), self.root)
+    }
+}
+
+/// `host:port,host:port` as a list.
+pub fn split_addresses(addresses: &str) -> Vec<String> {
+    addresses
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The global topology reference of `cluster` without resolving templates, for deleting it
+/// (a template it used may be gone by then): an external server from the spec; a managed one
+/// from its TopoServer, `None` when that TopoServer no longer exists.
+pub fn deletion_topo_ref(
+    cluster: &MultigresCluster,
+    topo_server: Option<&TopoServer>,
+) -> Option<GlobalTopoServerRef> {
+    let namespace = cluster.metadata.namespace.as_deref().unwrap_or_default();
+    let external = cluster
+        .spec
+        .global_topo_server
+        .as_ref()
+        .and_then(|g| g.external.as_ref());
+    let (address, root) = match external {
+        Some(external) => (String::new(), external.root_path.clone()),
+        None => {
+            let topo_server = topo_server?;
+            let name = topo_server.metadata.name.as_deref().unwrap_or_default();
+            (
+                names::topo_client_address(name, namespace),
+                topo_server
+                    .spec
+                    .etcd
+                    .as_ref()
+                    .and_then(|e| e.root_path.clone()),
+            )
+        }
+    };
+    Some(GlobalTopoServerRef {
+        address,
+        root_path: root.unwrap_or_else(|| defaults::GLOBAL_ROOT.to_owned()),
+        implementation: defaults::TOPO_IMPLEMENTATION.to_owned(),
+    })
+}
+
+/// Why a connection could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("Secret {namespace}/{name} named in {field} does not exist; create it")]
+    SecretMissing {
+        namespace: String,
+        name: String,
+        field: String,
+    },
+    #[error("Secret {namespace}/{name} named in {field} has no key {key}")]
+    SecretKeyMissing {
+        namespace: String,
+        name: String,
+        field: String,
+        key: &'static str,
+    },
+    #[error("cannot read Secret {namespace}/{name}")]
+    SecretRead {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Topo(#[from] TopoError),
+}
+
+/// The cache key of a connection: the endpoints, root and TLS material it was made with.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    endpoints: Vec<String>,
+    root: String,
+    tls_digest: Option<u64>,
+}
+
+/// Open topology connections, shared by every controller of the handler.
+pub struct Connections {
+    client: kube::Client,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    stores: Mutex<HashMap<Key, Arc<TopoStore>>>,
+}
+
+impl Connections {
+    /// Connections whose TLS Secrets are read with `client`, with the given etcd timeouts.
+    pub fn new(client: kube::Client, connect_timeout: Duration, request_timeout: Duration) -> Self {
+        Self {
+            client,
+            connect_timeout,
+            request_timeout,
+            stores: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The store for `target`, whose Secrets live in `namespace`: reused when nothing changed
+    /// (same endpoints, root and TLS material), otherwise made anew.
+    pub async fn open(
+        &self,
+        namespace: &str,
+        target: &Target,
+    ) -> Result<Arc<TopoStore>, ConnectError> {
+        let tls = match &target.tls {
+            Some(secrets) => Some(self.tls_material(namespace, secrets).await?),
+            None => None,
+        };
+        let key = Key {
+            endpoints: target.endpoints.clone(),
+            root: target.root.clone(),
+            tls_digest: tls.as_ref().map(digest),
+        };
+        if let Some(store) = self.locked().get(&key) {
+            return Ok(store.clone());
+        }
+        let config = TopoConfig {
+            endpoints: target.endpoints.clone(),
+            global_root: target.root.clone(),
+            tls,
+            connect_timeout: self.connect_timeout,
+            request_timeout: self.request_timeout,
+        };
+        let store = Arc::new(TopoStore::connect(config).await?);
+        Ok(self.locked().entry(key).or_insert(store).clone())
+    }
+
+    /// Closes the connections to `target` (any TLS material), once nothing needs it.
+    pub fn forget(&self, target: &Target) {
+        self.locked()
+            .retain(|key, _| key.endpoints != target.endpoints || key.root != target.root);
+    }
+
+    fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<TopoStore>>> {
+        // Nothing panics while the lock is held; recover the map if something ever does.
+        self.stores
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn tls_material(
+        &self,
+        namespace: &str,
+        secrets: &TlsSecrets,
+    ) -> Result<TlsPem, ConnectError> {
+        let ca_field = format!("{EXTERNAL_FIELD}.caSecret");
+        let ca_secret = self.secret(namespace, &secrets.ca, &ca_field).await?;
+        let ca = secret_key(&ca_secret, namespace, &secrets.ca, &ca_field, CA_KEY)?;
+        let (client_cert, client_key) = match &secrets.client_cert {
+            Some(name) => {
+                let field = format!("{EXTERNAL_FIELD}.clientCertSecret");
+                let secret = self.secret(namespace, name, &field).await?;
+                (
+                    Some(secret_key(&secret, namespace, name, &field, CERT_KEY)?),
+                    Some(secret_key(&secret, namespace, name, &field, KEY_KEY)?),
+                )
+            }
+            None => (None, None),
+        };
+        Ok(TlsPem {
+            ca,
+            client_cert,
+            client_key,
+            server_name: None,
+        })
+    }
+
+    async fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        field: &str,
+    ) -> Result<Secret, ConnectError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        match api.get_opt(name).await {
+            Ok(Some(secret)) => Ok(secret),
+            Ok(None) => Err(ConnectError::SecretMissing {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                field: field.to_owned(),
+            }),
+            Err(source) => Err(ConnectError::SecretRead {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                source,
+            }),
+        }
+    }
+}
+
+fn secret_key(
+    secret: &Secret,
+    namespace: &str,
+    name: &str,
+    field: &str,
+    key: &'static str,
+) -> Result<Vec<u8>, ConnectError> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .filter(|b| !b.is_empty())
+        .ok_or_else(|| ConnectError::SecretKeyMissing {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            field: field.to_owned(),
+            key,
+        })
+}
+
+fn digest(tls: &TlsPem) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    tls.ca.hash(&mut hasher);
+    tls.client_cert.hash(&mut hasher);
+    tls.client_key.hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use multigres_api::v1alpha1::{
+        EndpointUrl, EtcdSpec, ExternalTopoServerSpec, GlobalTopoServerSpec, TopoServerSpec,
+    };
+
+    use super::*;
+
+    fn cluster(external: Option<ExternalTopoServerSpec>) -> MultigresCluster {
+        let mut c = MultigresCluster::new("prod", Default::default());
+        c.metadata.namespace = Some("team-a".into());
+        c.spec.global_topo_server = external.map(|e| GlobalTopoServerSpec {
+            external: Some(e),
+            ..Default::default()
+        });
+        c
+    }
+
+    fn external(
+        endpoints: &[&str],
+        ca: Option<&str>,
+        cert: Option<&str>,
+    ) -> ExternalTopoServerSpec {
+        ExternalTopoServerSpec {
+            endpoints: endpoints.iter().map(|e| EndpointUrl::new(*e)).collect(),
+            ca_secret: ca.map(str::to_owned),
+            client_cert_secret: cert.map(str::to_owned),
+            root_path: Some("/custom".into()),
+            ..Default::default()
+        }
+    }
+
+    fn topo_ref(address: &str, root: &str) -> GlobalTopoServerRef {
+        GlobalTopoServerRef {
+            address: address.into(),
+            root_path: root.into(),
+            implementation: "etcd".into(),
+        }
+    }
+
+    #[test]
+    fn managed_server_is_dialled_at_its_service() {
+        let target = Target::new(
+            &cluster(None),
+            &topo_ref("prod-global-topo.team-a.svc:2379", "/multigres/global"),
+        )
+        .unwrap();
+        assert_eq!(target.endpoints, ["prod-global-topo.team-a.svc:2379"]);
+        assert_eq!(target.root, "/multigres/global");
+        assert_eq!(target.tls, None);
+        assert_eq!(
+            target.server,
+            Server::Managed {
+                topo_server: "prod-global-topo".into()
+            }
+        );
+        assert_eq!(
+            target.describe(),
+            "etcd at prod-global-topo.team-a.svc:2379 (root /multigres/global)"
+        );
+    }
+
+    #[test]
+    fn external_server_keeps_schemes_and_names_its_secrets() {
+        let c = cluster(Some(external(
+            &["https://a:2379/", "https://b:2379"],
+            Some("etcd-ca"),
+            Some("etcd-client"),
+        )));
+        let target = Target::new(&c, &topo_ref("a:2379,b:2379", "/custom")).unwrap();
+        assert_eq!(target.endpoints, ["https://a:2379", "https://b:2379"]);
+        assert_eq!(
+            target.tls,
+            Some(TlsSecrets {
+                ca: "etcd-ca".into(),
+                client_cert: Some("etcd-client".into())
+            })
+        );
+        assert_eq!(target.server, Server::External);
+    }
+
+    #[test]
+    fn inconsistent_tls_settings_are_refused_with_the_field_to_fix() {
+        let tref = topo_ref("a:1", "/r");
+        let err = Target::new(
+            &cluster(Some(external(&["https://a:1"], None, None))),
+            &tref,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            TargetError::TlsWithoutCa {
+                endpoint: "https://a:1".into()
+            }
+        );
+        assert!(err.to_string().contains("caSecret"), "{err}");
+        let err = Target::new(
+            &cluster(Some(external(&["http://a:1"], Some("ca"), None))),
+            &tref,
+        )
+        .unwrap_err();
+        assert!(matches!(err, TargetError::TlsOnPlainEndpoint { .. }));
+        let err = Target::new(
+            &cluster(Some(external(&["https://a:1"], None, Some("cert")))),
+            &tref,
+        )
+        .unwrap_err();
+        assert_eq!(err, TargetError::ClientCertWithoutCa);
+        assert_eq!(
+            Target::new(&cluster(None), &topo_ref(" , ", "/r")).unwrap_err(),
+            TargetError::NoEndpoints
+        );
+    }
+
+    #[test]
+    fn deletion_reference_needs_no_templates() {
+        let ext = cluster(Some(external(&["http://a:1"], None, None)));
+        let r = deletion_topo_ref(&ext, None).unwrap();
+        assert_eq!(r.root_path, "/custom");
+
+        let managed = cluster(None);
+        assert_eq!(deletion_topo_ref(&managed, None), None, "TopoServer gone");
+        let mut topo = TopoServer::new("prod-global-topo", TopoServerSpec::default());
+        let r = deletion_topo_ref(&managed, Some(&topo)).unwrap();
+        assert_eq!(r.address, "prod-global-topo.team-a.svc:2379");
+        assert_eq!(r.root_path, "/multigres/global");
+        topo.spec.etcd = Some(EtcdSpec {
+            root_path: Some("/from-template".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            deletion_topo_ref(&managed, Some(&topo)).unwrap().root_path,
+            "/from-template"
+        );
+    }
+
+    #[test]
+    fn addresses_are_split_and_trimmed() {
+        assert_eq!(split_addresses("a:1, b:2,,"), ["a:1", "b:2"]);
+        assert!(split_addresses("").is_empty());
+    }
+}

@@ -1,0 +1,128 @@
+//! Watches feeding the controllers: one reflector per kind, every object behind a
+//! [`DeserializeGuard`] (a malformed object becomes a per-object error instead of a failed
+//! watch) and stripped of `managedFields` before it is cached (never read here, and often
+//! larger than the object itself).
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::Stream;
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+/// Which namespaces the handler serves: every namespace, or one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace (the ClusterRole bound with a ClusterRoleBinding).
+    All,
+    /// One namespace (the ClusterRole bound with a RoleBinding there).
+    Namespace(String),
+}
+
+impl Scope {
+    /// The API of kind `K` over this scope.
+    pub fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match self {
+            Scope::All => Api::all(client.clone()),
+            Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+        }
+    }
+}
+
+/// A guarded object, as cached and handed to reconcilers.
+pub type Guarded<K> = DeserializeGuard<K>;
+
+/// A reflector of `K` over `scope` with `config`: the store to read and the event stream that
+/// fills it. The stream must be polled (by a controller) for the store to fill.
+pub fn reflect<K>(
+    client: &Client,
+    scope: &Scope,
+    config: watcher::Config,
+) -> (
+    Store<Guarded<K>>,
+    impl Stream<Item = watcher::Result<watcher::Event<Guarded<K>>>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(scope.api::<Guarded<K>>(client), config)
+        .default_backoff()
+        .modify(|obj: &mut Guarded<K>| obj.managed_fields_mut().clear())
+        .reflect(writer);
+    (reader, stream)
+}
+
+/// The valid objects of `store` in `namespace`.
+pub fn valid_in<K>(store: &Store<Guarded<K>>, namespace: &str) -> Vec<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .state()
+        .iter()
+        .filter(|obj| obj.meta().namespace.as_deref() == Some(namespace))
+        .filter_map(|obj| obj.0.as_ref().ok().cloned())
+        .collect()
+}
+
+/// The valid object `namespace/name` of `store`, if cached.
+pub fn valid<K>(store: &Store<Guarded<K>>, namespace: &str, name: &str) -> Option<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .get(&ObjectRef::new(name).within(namespace))
+        .and_then(|obj| obj.0.as_ref().ok().cloned())
+}
+
+/// References to the objects of `store` in `namespace` whose label `key` is `value`, for
+/// mapping a change of one object to the objects that depend on it.
+pub fn labelled<K>(
+    store: &Store<Guarded<K>>,
+    namespace: &str,
+    key: &str,
+    value: &str,
+) -> Vec<ObjectRef<Guarded<K>>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .state()
+        .iter()
+        .filter(|obj| {
+            obj.meta().namespace.as_deref() == Some(namespace)
+                && obj.labels().get(key).map(String::as_str) == Some(value)
+        })
+        .map(|obj| ObjectRef::from_obj(&**obj))
+        .collect()
+}
+
+/// `namespace/name` of an object, for messages.
+pub fn full_name<K: Resource>(obj: &K) -> String {
+    format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The reference a mapper returns for `obj`.
+pub fn reference<K>(obj: &Arc<Guarded<K>>) -> ObjectRef<Guarded<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    ObjectRef::from_obj(&**obj)
+}

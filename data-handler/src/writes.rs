@@ -1,0 +1,184 @@
+//! Every write the handler makes to the Kubernetes API goes through [`Writer`], which counts it
+//! in `multigres_operator_api_writes_total{controller,kind,verb}` so tests and alerts can see
+//! that an idle cluster costs no writes. Callers compare with the cached object first and only
+//! call a writer method when something differs.
+
+use std::fmt::Debug;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, Recorder};
+use kube::{Api, Resource, ResourceExt};
+use multigres_api::labels::ROLE;
+use multigres_common::apply::{self, ApplyError};
+use multigres_common::telemetry::ErrorChain;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// Writes to the API server per controller, kind and verb (`apply`, `apply-status`, `patch`,
+/// `event`).
+pub const API_WRITES_TOTAL: &str = "multigres_operator_api_writes_total";
+
+/// Registers the HELP text of the write counter with the installed recorder.
+pub fn describe() {
+    metrics::describe_counter!(
+        API_WRITES_TOTAL,
+        "Writes to the Kubernetes API per controller, kind and verb."
+    );
+}
+
+fn count(controller: &'static str, kind: &str, verb: &'static str) {
+    metrics::counter!(
+        API_WRITES_TOTAL,
+        "controller" => controller,
+        "kind" => kind.to_owned(),
+        "verb" => verb
+    )
+    .increment(1);
+}
+
+/// Whether a write failed because the object no longer exists (404), or, for a server-side
+/// apply, because the apply tried to create a deleted object and it was refused (422).
+pub fn is_gone(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404 || status.code == 422)
+}
+
+/// The write path of one controller.
+#[derive(Clone)]
+pub struct Writer {
+    client: kube::Client,
+    controller: &'static str,
+    field_manager: String,
+}
+
+impl Writer {
+    /// Writes as `field_manager`, counted under `controller`.
+    pub fn new(client: kube::Client, controller: &'static str, field_manager: String) -> Self {
+        Self {
+            client,
+            controller,
+            field_manager,
+        }
+    }
+
+    /// Server-side applies `status` (only the fields this handler owns) to the status
+    /// subresource of `obj`.
+    pub async fn apply_status<K>(&self, obj: &K, status: &Value) -> Result<(), ApplyError>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + Debug
+            + DeserializeOwned,
+    {
+        let api: Api<K> =
+            Api::namespaced(self.client.clone(), &obj.namespace().unwrap_or_default());
+        count(self.controller, &K::kind(&()), "apply-status");
+        apply::apply_status(&api, &self.field_manager, &obj.name_any(), status).await?;
+        Ok(())
+    }
+
+    /// Server-side applies the `multigres.com/role` label of `pod` (`None` drops this
+    /// handler's label). A pod deleted meanwhile is not an error.
+    pub async fn apply_role_label(&self, pod: &Pod, role: Option<&str>) -> Result<(), kube::Error> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        let labels = role.map_or_else(|| json!({}), |r| json!({ ROLE: r }));
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": name, "namespace": namespace, "labels": labels },
+        });
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        count(self.controller, "Pod", "apply");
+        match api
+            .patch(
+                &name,
+                &apply::apply_params(&self.field_manager),
+                &Patch::Apply(body),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error) if is_gone(&error) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Applies a JSON patch (finalizer changes) to `obj`.
+    pub async fn patch_json<K>(&self, obj: &K, patch: json_patch::Patch) -> Result<(), kube::Error>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + Debug
+            + DeserializeOwned,
+    {
+        let api: Api<K> =
+            Api::namespaced(self.client.clone(), &obj.namespace().unwrap_or_default());
+        count(self.controller, &K::kind(&()), "patch");
+        api.patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Publishes `event` about `reference`; a failure is logged, never fatal.
+    pub async fn publish(&self, recorder: &Recorder, event: &Event, reference: &ObjectReference) {
+        count(self.controller, "Event", "event");
+        if let Err(error) = recorder.publish(event, reference).await {
+            tracing::warn!(
+                reason = %event.reason,
+                object = ?reference.name,
+                error = %ErrorChain(&error),
+                "cannot publish an event"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_counted_per_controller_kind_and_verb() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            count("shard-roles", "Pod", "apply");
+            count("shard-roles", "Pod", "apply");
+            count("cell", "Cell", "apply-status");
+        });
+        let text = handle.render();
+        assert!(
+            text.contains(
+                r#"multigres_operator_api_writes_total{controller="shard-roles",kind="Pod",verb="apply"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"multigres_operator_api_writes_total{controller="cell",kind="Cell",verb="apply-status"} 1"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn gone_means_not_found_or_refused_create() {
+        let api = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "y")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert!(is_gone(&api(404)));
+        assert!(is_gone(&api(422)));
+        assert!(!is_gone(&api(409)));
+        assert!(!is_gone(&api(500)));
+    }
+}
