@@ -8,6 +8,7 @@ pub mod cell;
 pub mod conditions;
 pub mod contract;
 pub mod controller;
+pub mod multiadmin;
 pub mod names;
 pub mod owner;
 pub mod podspec;
@@ -81,11 +82,23 @@ pub async fn run(handler: HandlerContext) {
     let (shard_store, shards) = shard::run(
         base.ctx(shard::NAME),
         shard::Triggers {
-            statefulsets: statefulsets.handle.clone(),
+            statefulsets: statefulsets.handle,
             deployments: deployments.handle.clone(),
             services: services.handle.clone(),
-            pdbs: pdbs.handle.clone(),
-            pods: pods.handle.clone(),
+            pdbs: pdbs.handle,
+            pods: pods.handle,
+        },
+        shutdown,
+    );
+    let admin = multiadmin::run(
+        base.ctx(multiadmin::NAME),
+        multiadmin::Triggers {
+            clusters: clusters.handle,
+            deployments: deployments.handle,
+            services: services.handle,
+            core_templates: core_templates.handle,
+            cell_templates: cell_templates.handle,
+            shard_templates: shard_templates.handle,
         },
         shutdown,
     );
@@ -120,7 +133,7 @@ pub async fn run(handler: HandlerContext) {
             Err(error) => tracing::error!(%error, "a cache stopped before it was filled"),
         }
     });
-    futures::join!(topo, cells, shards);
+    futures::join!(topo, cells, shards, admin);
     ready.abort();
     for watch in watches {
         watch.abort();

@@ -35,7 +35,7 @@ type Guard = DeserializeGuard<Cell>;
 pub enum Error {
     /// The stored object does not match the schema this binary knows.
     #[error("the Cell cannot be read: {0}")]
-    Malformed(#[source] InvalidObject),
+    Malformed(#[source] Box<InvalidObject>),
     /// The Cell does not say which cluster it belongs to.
     #[error(transparent)]
     Owner(#[from] OwnerError),
@@ -84,7 +84,10 @@ async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Erro
 }
 
 async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
-    let cell = guard.0.as_ref().map_err(|e| Error::Malformed(e.clone()))?;
+    let cell = guard
+        .0
+        .as_ref()
+        .map_err(|e| Error::Malformed(Box::new(e.clone())))?;
     if cell.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }

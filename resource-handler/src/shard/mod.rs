@@ -48,7 +48,7 @@ type Guard = DeserializeGuard<Shard>;
 pub enum Error {
     /// The stored object does not match the schema this binary knows.
     #[error("the Shard cannot be read: {0}")]
-    Malformed(#[source] InvalidObject),
+    Malformed(#[source] Box<InvalidObject>),
     /// The Shard does not say which cluster it belongs to.
     #[error(transparent)]
     Owner(#[from] OwnerError),
@@ -198,7 +198,10 @@ impl Observed {
 }
 
 async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
-    let shard = guard.0.as_ref().map_err(|e| Error::Malformed(e.clone()))?;
+    let shard = guard
+        .0
+        .as_ref()
+        .map_err(|e| Error::Malformed(Box::new(e.clone())))?;
     if shard.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }

@@ -41,7 +41,7 @@ type Guard = DeserializeGuard<TopoServer>;
 pub enum Error {
     /// The stored object does not match the schema this binary knows.
     #[error("the TopoServer cannot be read: {0}")]
-    Malformed(#[source] InvalidObject),
+    Malformed(#[source] Box<InvalidObject>),
     /// The TopoServer does not say which cluster it belongs to.
     #[error(transparent)]
     Owner(#[from] OwnerError),
@@ -138,7 +138,10 @@ fn pull_settings(ctx: &Ctx<Guard>, owner: &Owner) -> PullSettings {
 }
 
 async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
-    let topo = guard.0.as_ref().map_err(|e| Error::Malformed(e.clone()))?;
+    let topo = guard
+        .0
+        .as_ref()
+        .map_err(|e| Error::Malformed(Box::new(e.clone())))?;
     if topo.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
