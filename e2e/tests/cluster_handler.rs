@@ -1,0 +1,861 @@
+//! The cluster-handler binary against a real control plane, running as its own ServiceAccount
+//! with only the rules of `deploy/rbac/cluster-handler.yaml` (bound in the test's namespace):
+//! every sample produces exactly its children; a template edit reaches every cluster using it;
+//! edits to children are reverted; a missing template is reported and healed once created; a
+//! switch to an external topology removes the managed one; deleting a cluster garbage-collects
+//! its children; an idle cluster costs no writes.
+//!
+//! Each test works in its own namespace with its own handler (`--watch-namespace`). No
+//! resource-handler runs, so children never report status: the cluster stays Initializing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use multigres_api::resolver::{self, GlobalTopo, Templates};
+use multigres_api::v1alpha1::{
+    Cell, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate, TableGroup,
+    TopoServer,
+};
+use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::process::Supervised;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Bound for anything the handler normally does within a second or two.
+const WAIT: Duration = Duration::from_secs(45);
+/// The handler's ServiceAccount in each test namespace.
+const SERVICE_ACCOUNT: &str = "cluster-handler";
+
+fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative)
+}
+
+async fn cluster() -> &'static LocalCluster {
+    LocalCluster::shared()
+        .await
+        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"))
+}
+
+/// A namespace no other test uses.
+async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    cluster
+        .create_namespace(&name)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+    name
+}
+
+/// Builds the cluster-handler once per test process (same profile and target directory as
+/// this test) and returns its path.
+fn binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .ancestors()
+            .nth(2)
+            .expect("profile directory above deps/")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("target directory");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(repo_path(""))
+            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
+            .arg(target_dir)
+            .args(["-p", "cluster-handler"])
+            .status()
+            .expect("running cargo build");
+        assert!(status.success(), "cargo build -p cluster-handler: {status}");
+        profile_dir.join("cluster-handler")
+    })
+}
+
+/// Retries `check` until it returns `Ok`, for at most `timeout`; panics with its last error.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: not reached within {timeout:?}; last: {last}"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The cluster-handler serving one namespace as its own ServiceAccount.
+struct Handler {
+    /// Declared before the log directory so the process stops before its log is removed.
+    process: Supervised,
+    _log_dir: tempfile::TempDir,
+    metrics: SocketAddr,
+}
+
+impl Handler {
+    /// Grants the ServiceAccount the shipped ClusterRole in `namespace` only, then starts the
+    /// handler with a token of that ServiceAccount and waits until its caches are synced.
+    async fn start(cluster: &LocalCluster, namespace: &str) -> Handler {
+        let admin = cluster.client().unwrap();
+        let rbac = std::fs::read_to_string(repo_path("deploy/rbac/cluster-handler.yaml")).unwrap();
+        for doc in manifest::parse_documents(&rbac, Path::new("cluster-handler.yaml")).unwrap() {
+            manifest::apply(&admin, &doc, None, Mode::Apply).await.unwrap();
+        }
+        let binding: kube::api::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "cluster-handler", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "multigres-operator-cluster-handler",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}],
+        }))
+        .unwrap();
+        manifest::apply(&admin, &binding, Some(namespace), Mode::Apply)
+            .await
+            .unwrap();
+        let kubeconfig = cluster
+            .service_account_kubeconfig(namespace, SERVICE_ACCOUNT, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let as_handler = cluster.client_for_kubeconfig(&kubeconfig).await.unwrap();
+        let clusters: Api<MultigresCluster> = Api::namespaced(as_handler, namespace);
+        eventually("the RoleBinding takes effect", WAIT, || async {
+            clusters
+                .list(&ListParams::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await;
+
+        let log_dir = tempfile::Builder::new()
+            .prefix("multigres-cluster-handler-")
+            .tempdir()
+            .unwrap();
+        let log = log_dir.path().join("cluster-handler.log");
+        let args = [
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--watch-namespace={namespace}"),
+            "--grpc-bind-address=127.0.0.1:0".to_owned(),
+            "--metrics-bind-address=127.0.0.1:0".to_owned(),
+            "--log-format=json".to_owned(),
+            "--log-level=info".to_owned(),
+        ];
+        let process = Supervised::spawn("cluster-handler", binary(), &args, &[], &log).unwrap();
+        let metrics = eventually("the handler syncs its caches", WAIT, || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(status) = process.exit_status() {
+                panic!("cluster-handler exited ({status}):\n{text}");
+            }
+            let entries: Vec<serde_json::Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            let listening = entries
+                .iter()
+                .find(|e| e["message"] == "servers listening")
+                .and_then(|e| e["metrics_addr"].as_str()?.parse::<SocketAddr>().ok());
+            let synced = entries.iter().any(|e| e["message"] == "caches synced; serving");
+            match (listening, synced) {
+                (Some(addr), true) => Ok(addr),
+                _ => Err(text),
+            }
+        })
+        .await;
+        Handler {
+            process,
+            _log_dir: log_dir,
+            metrics,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.process.log_path()).unwrap_or_default()
+    }
+
+    /// The handler's `/metrics` page.
+    async fn metrics(&self) -> String {
+        let mut stream = TcpStream::connect(self.metrics).await.expect("metrics connect");
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.metrics
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+    }
+
+    /// Every write the handler counted, by `controller/kind/verb`.
+    async fn writes(&self) -> BTreeMap<String, u64> {
+        self.metrics()
+            .await
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("multigres_operator_api_writes_total{")?;
+                let (labels, value) = rest.split_once("} ")?;
+                let label = |key: &str| {
+                    labels
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+                        .map(|v| v.trim_end_matches('"').to_owned())
+                        .unwrap_or_default()
+                };
+                let key = format!("{}/{}/{}", label("controller"), label("kind"), label("verb"));
+                Some((key, value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Handler {
+    /// A failing test shows what the handler logged.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- cluster-handler log (last 80 lines) ---\n{}", self.process.log_tail(80));
+        }
+    }
+}
+
+/// Server-side applies every document of `yaml` into `namespace` as the test (the user).
+async fn apply_yaml(client: &Client, namespace: &str, yaml: &str) {
+    for doc in manifest::parse_documents(yaml, Path::new("inline.yaml")).unwrap() {
+        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying {:?}: {e}", doc.metadata.name));
+    }
+}
+
+fn read_sample(name: &str) -> String {
+    std::fs::read_to_string(repo_path(&format!("deploy/samples/{name}.yaml"))).unwrap()
+}
+
+/// The templates a sample file defines, for the resolver.
+fn sample_templates(yaml: &str) -> Templates {
+    let mut templates = Templates::default();
+    for doc in manifest::parse_documents(yaml, Path::new("sample.yaml")).unwrap() {
+        let kind = doc.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
+        let name = doc.name_any();
+        let value = serde_json::to_value(&doc).unwrap();
+        match kind.as_str() {
+            "CoreTemplate" => {
+                let t: CoreTemplate = serde_json::from_value(value).unwrap();
+                templates.core.insert(name, t.spec);
+            }
+            "CellTemplate" => {
+                let t: CellTemplate = serde_json::from_value(value).unwrap();
+                templates.cell.insert(name, t.spec);
+            }
+            "ShardTemplate" => {
+                let t: ShardTemplate = serde_json::from_value(value).unwrap();
+                templates.shard.insert(name, t.spec);
+            }
+            _ => {}
+        }
+    }
+    templates
+}
+
+/// Names of every object of kind `K` in `namespace`, sorted.
+async fn names<K>(client: &Client, namespace: &str) -> Vec<String>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let mut out: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Names of every child in `namespace` by kind.
+async fn all_children(client: &Client, namespace: &str) -> BTreeMap<&'static str, Vec<String>> {
+    BTreeMap::from([
+        ("Cell", names::<Cell>(client, namespace).await),
+        ("Shard", names::<Shard>(client, namespace).await),
+        ("TableGroup", names::<TableGroup>(client, namespace).await),
+        ("TopoServer", names::<TopoServer>(client, namespace).await),
+    ])
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// The owner reference a child must carry: its controller, blocking foreground deletion.
+fn controller_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
+    OwnerReference {
+        api_version: "multigres.com/v1alpha1".to_owned(),
+        kind: K::kind(&()).into_owned(),
+        name: owner.meta().name.clone().unwrap(),
+        uid: owner.meta().uid.clone().unwrap(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// The standard labels of a child plus its topology labels.
+fn expected_labels(cluster: &str, component: &str, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = [
+        ("app.kubernetes.io/name", "multigres"),
+        ("app.kubernetes.io/part-of", "multigres"),
+        ("app.kubernetes.io/managed-by", "multigres-operator"),
+        ("app.kubernetes.io/instance", cluster),
+        ("app.kubernetes.io/component", component),
+        ("multigres.com/cluster", cluster),
+    ]
+    .iter()
+    .chain(extra)
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    out.retain(|_, v| !v.is_empty());
+    out
+}
+
+/// Waits until the cluster's status reflects its current generation.
+async fn wait_observed(clusters: &Api<MultigresCluster>, name: &str) -> MultigresCluster {
+    eventually(&format!("MultigresCluster {name} observed"), WAIT, || async {
+        let c = clusters.get(name).await.map_err(|e| e.to_string())?;
+        let observed = c.status.as_ref().and_then(|s| s.observed_generation);
+        if observed.is_some() && observed == c.metadata.generation {
+            Ok(c)
+        } else {
+            Err(format!("{:?}", c.status))
+        }
+    })
+    .await
+}
+
+/// What a sample must produce: child names by kind.
+struct Expected {
+    sample: &'static str,
+    topo_servers: &'static [&'static str],
+    cells: &'static [&'static str],
+}
+
+const SAMPLES: [Expected; 5] = [
+    Expected {
+        sample: "minimal",
+        topo_servers: &["minimal-global-topo"],
+        cells: &["minimal-zone-a"],
+    },
+    Expected {
+        sample: "inline",
+        topo_servers: &["inline-global-topo"],
+        cells: &["inline-zone-a", "inline-zone-b"],
+    },
+    Expected {
+        sample: "templated",
+        topo_servers: &["templated-global-topo"],
+        cells: &["templated-zone-a", "templated-zone-b", "templated-zone-c"],
+    },
+    Expected {
+        sample: "overrides",
+        topo_servers: &["overrides-global-topo"],
+        cells: &["overrides-zone-a", "overrides-zone-b"],
+    },
+    Expected {
+        sample: "external-topo",
+        topo_servers: &[],
+        cells: &["external-topo-zone-a", "external-topo-zone-b"],
+    },
+];
+
+#[tokio::test]
+async fn every_sample_produces_exactly_its_children() {
+    let cluster = cluster().await;
+    let namespace = fresh_namespace(cluster, "ch-samples").await;
+    let handler = Handler::start(cluster, &namespace).await;
+    let client = cluster.client().unwrap();
+    for expected in &SAMPLES {
+        apply_yaml(&client, &namespace, &read_sample(expected.sample)).await;
+    }
+
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    let topo_servers: Api<TopoServer> = Api::namespaced(client.clone(), &namespace);
+    let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
+    let table_groups: Api<TableGroup> = Api::namespaced(client.clone(), &namespace);
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &namespace);
+
+    let mut want: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for expected in &SAMPLES {
+        let name = expected.sample;
+        want.entry("TopoServer").or_default().extend(strings(expected.topo_servers));
+        want.entry("Cell").or_default().extend(strings(expected.cells));
+        want.entry("TableGroup").or_default().push(format!("{name}-postgres-default"));
+        want.entry("Shard").or_default().push(format!("{name}-postgres-default-0-inf"));
+    }
+    want.values_mut().for_each(|v| v.sort());
+    eventually("exactly the children of the five samples", WAIT, || async {
+        let got = all_children(&client, &namespace).await;
+        if got == want { Ok(()) } else { Err(format!("{got:?}")) }
+    })
+    .await;
+
+    for expected in &SAMPLES {
+        let stored = wait_observed(&clusters, expected.sample).await;
+        let name = expected.sample;
+        let templates = sample_templates(&read_sample(name));
+        let resolved = resolver::resolve(&stored, &templates).expect("sample resolves");
+        let owner = controller_ref(&stored);
+
+        match (&resolved.global_topo, expected.topo_servers) {
+            (GlobalTopo::Managed(spec), [topo_name]) => {
+                let topo = topo_servers.get(topo_name).await.unwrap();
+                assert_eq!(&topo.spec, spec.as_ref(), "{topo_name}");
+                assert_eq!(topo.labels(), &expected_labels(name, "global-topo", &[]));
+                assert_eq!(topo.owner_references(), [owner.clone()], "{topo_name}");
+            }
+            (GlobalTopo::External(_), []) => {}
+            (topo, names) => panic!("{name}: resolved {topo:?} but expected {names:?}"),
+        }
+        for (resolved_cell, cell_name) in resolved.cells.iter().zip(expected.cells) {
+            let cell = cells.get(cell_name).await.unwrap();
+            assert_eq!(cell.spec, resolved_cell.spec, "{cell_name}");
+            assert_eq!(
+                cell.labels(),
+                &expected_labels(name, "cell", &[("multigres.com/cell", resolved_cell.spec.name.as_str())])
+            );
+            assert_eq!(cell.owner_references(), [owner.clone()], "{cell_name}");
+        }
+        let tg_name = format!("{name}-postgres-default");
+        let tg = table_groups.get(&tg_name).await.unwrap();
+        assert_eq!(tg.spec, resolved.table_groups[0], "{tg_name}");
+        assert_eq!(
+            tg.labels(),
+            &expected_labels(
+                name,
+                "tablegroup",
+                &[("multigres.com/database", "postgres"), ("multigres.com/tablegroup", "default")]
+            )
+        );
+        assert_eq!(tg.owner_references(), [owner.clone()], "{tg_name}");
+
+        let shard_name = format!("{tg_name}-0-inf");
+        let shard = eventually(&format!("Shard {shard_name}"), WAIT, || async {
+            shards.get(&shard_name).await.map_err(|e| e.to_string())
+        })
+        .await;
+        assert_eq!(shard.spec, resolver::shard_spec(&tg.spec, &tg.spec.shards[0]));
+        assert_eq!(
+            shard.labels(),
+            &expected_labels(
+                name,
+                "shard",
+                &[
+                    ("multigres.com/database", "postgres"),
+                    ("multigres.com/tablegroup", "default"),
+                    ("multigres.com/shard", "0-inf"),
+                ]
+            )
+        );
+        assert_eq!(shard.owner_references(), [controller_ref(&tg)], "{shard_name}");
+
+        let status = stored.status.clone().unwrap();
+        assert_eq!(
+            status.resolved_templates,
+            Some(resolver::referenced_templates(&stored)),
+            "{name}"
+        );
+        assert_eq!(status.cells.len(), expected.cells.len(), "{name}");
+    }
+    println!("writes after the five samples converged: {:?}", handler.writes().await);
+}
+
+#[tokio::test]
+async fn a_template_edit_reaches_every_cluster_using_it_and_no_other() {
+    let cluster = cluster().await;
+    let namespace = fresh_namespace(cluster, "ch-template").await;
+    let _handler = Handler::start(cluster, &namespace).await;
+    let client = cluster.client().unwrap();
+    let cluster_yaml = |name: &str, template: Option<&str>| {
+        let defaults = template
+            .map(|t| format!("  templateDefaults: {{cellTemplate: {t}}}\n"))
+            .unwrap_or_default();
+        format!(
+            "apiVersion: multigres.com/v1alpha1\nkind: MultigresCluster\nmetadata: {{name: {name}}}\n\
+             spec:\n  postgresPasswordSecretRef: {{name: pw, key: password}}\n{defaults}\
+             \x20 cells:\n    - {{name: zone-a, zoneId: zone-a}}\n"
+        )
+    };
+    apply_yaml(
+        &client,
+        &namespace,
+        "apiVersion: multigres.com/v1alpha1\nkind: CellTemplate\nmetadata: {name: shared}\n\
+         spec:\n  multigateway: {replicas: 1}\n",
+    )
+    .await;
+    for (name, template) in [("first", Some("shared")), ("second", Some("shared")), ("third", None)] {
+        apply_yaml(&client, &namespace, &cluster_yaml(name, template)).await;
+    }
+    let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
+    let replicas = |name: &'static str| {
+        let cells = cells.clone();
+        async move {
+            let cell = cells.get(name).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((cell.spec.multigateway.stateless.replicas, cell.resource_version()))
+        }
+    };
+    for name in ["first-zone-a", "second-zone-a", "third-zone-a"] {
+        eventually(name, WAIT, || replicas(name)).await;
+    }
+    let (_, third_before) = replicas("third-zone-a").await.unwrap();
+
+    let edited_at = Instant::now();
+    apply_yaml(
+        &client,
+        &namespace,
+        "apiVersion: multigres.com/v1alpha1\nkind: CellTemplate\nmetadata: {name: shared}\n\
+         spec:\n  multigateway: {replicas: 3}\n",
+    )
+    .await;
+    for name in ["first-zone-a", "second-zone-a"] {
+        eventually(&format!("{name} takes the edited template"), WAIT, || async {
+            match replicas(name).await? {
+                (Some(3), _) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+    println!("template edit reached both clusters in {:?}", edited_at.elapsed());
+    let (third_replicas, third_after) = replicas("third-zone-a").await.unwrap();
+    assert_eq!(third_replicas, Some(1));
+    assert_eq!(third_after, third_before, "a cluster not using the template was written");
+}
+
+#[tokio::test]
+async fn edits_to_children_are_reverted_and_deleted_children_come_back() {
+    let cluster = cluster().await;
+    let namespace = fresh_namespace(cluster, "ch-revert").await;
+    let _handler = Handler::start(cluster, &namespace).await;
+    let client = cluster.client().unwrap();
+    apply_yaml(&client, &namespace, &read_sample("minimal")).await;
+    let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &namespace);
+    let table_groups: Api<TableGroup> = Api::namespaced(client.clone(), &namespace);
+    let shard_name = "minimal-postgres-default-0-inf";
+    let shard = eventually("the Shard exists", WAIT, || async {
+        shards.get(shard_name).await.map_err(|e| e.to_string())
+    })
+    .await;
+    let cell = cells.get("minimal-zone-a").await.unwrap();
+
+    // A person edits the Cell and the Shard (a plain update-style merge patch).
+    let edit = PatchParams {
+        field_manager: Some("kubectl-edit".to_owned()),
+        ..Default::default()
+    };
+    let edited_at = Instant::now();
+    cells
+        .patch(
+            "minimal-zone-a",
+            &edit,
+            &Patch::Merge(json!({"spec": {"multigateway": {"replicas": 7}}})),
+        )
+        .await
+        .unwrap();
+    shards
+        .patch(shard_name, &edit, &Patch::Merge(json!({"spec": {"replicas": 9}})))
+        .await
+        .unwrap();
+    eventually("the Cell edit is reverted", Duration::from_secs(10), || async {
+        let now = cells.get("minimal-zone-a").await.map_err(|e| e.to_string())?;
+        if now.spec == cell.spec { Ok(()) } else { Err(format!("{:?}", now.spec.multigateway)) }
+    })
+    .await;
+    eventually("the Shard edit is reverted", Duration::from_secs(10), || async {
+        let now = shards.get(shard_name).await.map_err(|e| e.to_string())?;
+        if now.spec == shard.spec { Ok(()) } else { Err(format!("{:?}", now.spec.replicas)) }
+    })
+    .await;
+    println!("manual edits reverted within {:?}", edited_at.elapsed());
+
+    // Deleting a child: it is recreated, and so is its own child.
+    let tg = table_groups.get("minimal-postgres-default").await.unwrap();
+    table_groups
+        .delete("minimal-postgres-default", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let recreated = eventually("the TableGroup is recreated", WAIT, || async {
+        match table_groups.get_opt("minimal-postgres-default").await {
+            Ok(Some(new)) if new.uid() != tg.uid() && new.metadata.deletion_timestamp.is_none() => {
+                Ok(new)
+            }
+            other => Err(format!("{:?}", other.map(|o| o.map(|t| t.uid())))),
+        }
+    })
+    .await;
+    assert_eq!(recreated.spec, tg.spec);
+    eventually("the Shard is recreated under the new TableGroup", WAIT, || async {
+        let shard = shards.get(shard_name).await.map_err(|e| e.to_string())?;
+        if shard.owner_references().iter().any(|o| Some(&o.uid) == recreated.uid().as_ref()) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", shard.owner_references()))
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_missing_template_is_reported_and_healed_once_created() {
+    let cluster = cluster().await;
+    let namespace = fresh_namespace(cluster, "ch-missing").await;
+    let _handler = Handler::start(cluster, &namespace).await;
+    let client = cluster.client().unwrap();
+    apply_yaml(
+        &client,
+        &namespace,
+        "apiVersion: multigres.com/v1alpha1\nkind: MultigresCluster\nmetadata: {name: waiting}\n\
+         spec:\n  postgresPasswordSecretRef: {name: pw, key: password}\n\
+         \x20 templateDefaults: {shardTemplate: not-yet}\n\
+         \x20 cells:\n    - {name: zone-a, zoneId: zone-a}\n",
+    )
+    .await;
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    let degraded = eventually("the Degraded condition", WAIT, || async {
+        let c = clusters.get("waiting").await.map_err(|e| e.to_string())?;
+        c.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded").cloned())
+            .filter(|c| c.status == "True")
+            .ok_or_else(|| format!("{:?}", c.status))
+    })
+    .await;
+    assert_eq!(degraded.reason, "TemplateNotFound");
+    assert!(
+        degraded.message.contains("ShardTemplate \"not-yet\" does not exist"),
+        "{}",
+        degraded.message
+    );
+    let status = clusters.get("waiting").await.unwrap().status.unwrap();
+    assert_eq!(status.phase, Some(multigres_api::v1alpha1::Phase::Degraded));
+
+    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let event = eventually("a TemplateNotFound event", WAIT, || async {
+        let list = events.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("TemplateNotFound")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("waiting")
+            })
+            .ok_or_else(|| "no event yet".to_owned())
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(event.note.unwrap_or_default().contains("not-yet"));
+    assert_eq!(
+        event.reporting_controller.as_deref(),
+        Some("multigres-operator/cluster-handler")
+    );
+    let none: BTreeMap<&str, Vec<String>> =
+        ["Cell", "Shard", "TableGroup", "TopoServer"].map(|k| (k, Vec::new())).into();
+    assert_eq!(all_children(&client, &namespace).await, none, "children made without the template");
+
+    // Creating the template re-resolves the cluster: its status named the template.
+    apply_yaml(
+        &client,
+        &namespace,
+        "apiVersion: multigres.com/v1alpha1\nkind: ShardTemplate\nmetadata: {name: not-yet}\n\
+         spec:\n  postgresConfig: {max_connections: \"50\"}\n",
+    )
+    .await;
+    let table_groups: Api<TableGroup> = Api::namespaced(client.clone(), &namespace);
+    let tg = eventually("the TableGroup once the template exists", WAIT, || async {
+        table_groups.get("waiting-postgres-default").await.map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(tg.spec.shards[0].postgres_config["max_connections"], "50");
+    eventually("Degraded clears", WAIT, || async {
+        let c = clusters.get("waiting").await.map_err(|e| e.to_string())?;
+        let status = c.status.unwrap_or_default();
+        match status.conditions.iter().find(|c| c.type_ == "Degraded") {
+            Some(c) if c.status == "False" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn switching_to_an_external_topology_deletes_the_managed_topo_server() {
+    let cluster = cluster().await;
+    let namespace = fresh_namespace(cluster, "ch-external").await;
+    let _handler = Handler::start(cluster, &namespace).await;
+    let client = cluster.client().unwrap();
+    apply_yaml(&client, &namespace, &read_sample("minimal")).await;
+    let topo_servers: Api<TopoServer> = Api::namespaced(client.clone(), &namespace);
+    eventually("the global TopoServer", WAIT, || async {
+        topo_servers.get("minimal-global-topo").await.map_err(|e| e.to_string())
+    })
+    .await;
+
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    clusters
+        .patch(
+            "minimal",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"globalTopoServer": {
+                "external": {"endpoints": ["http://etcd.example:2379"]}
+            }}})),
+        )
+        .await
+        .unwrap();
+    eventually("the managed TopoServer is deleted", WAIT, || async {
+        match topo_servers.get_opt("minimal-global-topo").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|t| t.map(|t| t.name_any())))),
+        }
+    })
+    .await;
+    let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
+    let cell = cells.get("minimal-zone-a").await.unwrap();
+    assert_eq!(cell.spec.global_topo_server.address, "etcd.example:2379");
+    let events: Api<Event> = Api::namespaced(client, &namespace);
+    let deleted = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .any(|e| {
+            e.reason.as_deref() == Some("Deleted")
+                && e.note.as_deref().is_some_and(|n| n.contains("TopoServer minimal-global-topo"))
+        });
+    assert!(deleted, "no Deleted event");
+}
+
+#[tokio::test]
+async fn deleting_a_cluster_garbage_collects_every_child() {
+    let cluster = cluster().await;
+    let namespace = fresh_namespace(cluster, "ch-delete").await;
+    let _handler = Handler::start(cluster, &namespace).await;
+    let client = cluster.client().unwrap();
+    apply_yaml(&client, &namespace, &read_sample("templated")).await;
+    eventually("the templated children", WAIT, || async {
+        let got = all_children(&client, &namespace).await;
+        if got.values().map(Vec::len).sum::<usize>() == 6 { Ok(()) } else { Err(format!("{got:?}")) }
+    })
+    .await;
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    clusters.delete("templated", &DeleteParams::default()).await.unwrap();
+    let started = Instant::now();
+    let none: BTreeMap<&str, Vec<String>> =
+        ["Cell", "Shard", "TableGroup", "TopoServer"].map(|k| (k, Vec::new())).into();
+    eventually("every child is garbage-collected", Duration::from_secs(90), || async {
+        let got = all_children(&client, &namespace).await;
+        if got == none { Ok(()) } else { Err(format!("{got:?}")) }
+    })
+    .await;
+    println!("children garbage-collected {:?} after the cluster's deletion", started.elapsed());
+    let templates = names::<CellTemplate>(&client, &namespace).await;
+    assert_eq!(templates, ["standard-cell"], "templates are not children");
+}
+
+#[tokio::test]
+async fn an_idle_cluster_costs_no_writes() {
+    let cluster = cluster().await;
+    let namespace = fresh_namespace(cluster, "ch-idle").await;
+    let handler = Handler::start(cluster, &namespace).await;
+    let client = cluster.client().unwrap();
+    apply_yaml(&client, &namespace, &read_sample("templated")).await;
+    apply_yaml(&client, &namespace, &read_sample("minimal")).await;
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    wait_observed(&clusters, "templated").await;
+    wait_observed(&clusters, "minimal").await;
+
+    // Converged: the counter holds still for a while.
+    let mut last = handler.writes().await;
+    let mut still_since = Instant::now();
+    let deadline = Instant::now() + WAIT;
+    while still_since.elapsed() < Duration::from_secs(5) {
+        assert!(Instant::now() < deadline, "writes never settle: {last:?}\n{}", handler.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = handler.writes().await;
+        if now != last {
+            last = now;
+            still_since = Instant::now();
+        }
+    }
+    let total: u64 = last.values().sum();
+    let children = all_children(&client, &namespace).await;
+    let child_count: usize = children.values().map(Vec::len).sum();
+    println!("converged after {total} writes for 2 clusters and {child_count} children: {last:?}");
+    // Each child applied once, each cluster and TableGroup status written a few times (as the
+    // children appear), events on phase changes: far below a write per child per second.
+    let applies: u64 = last.iter().filter(|(k, _)| k.ends_with("/apply")).map(|(_, v)| v).sum();
+    assert_eq!(applies, child_count as u64, "one apply per child: {last:?}");
+
+    let versions = |client: Client, namespace: String| async move {
+        let mut out = BTreeMap::new();
+        macro_rules! collect {
+            ($kind:ty) => {
+                let api: Api<$kind> = Api::namespaced(client.clone(), &namespace);
+                for o in api.list(&ListParams::default()).await.unwrap().items {
+                    out.insert(
+                        format!("{}/{}", <$kind>::kind(&()), o.name_any()),
+                        o.resource_version().unwrap_or_default(),
+                    );
+                }
+            };
+        }
+        collect!(MultigresCluster);
+        collect!(TopoServer);
+        collect!(Cell);
+        collect!(TableGroup);
+        collect!(Shard);
+        out
+    };
+    let before = versions(client.clone(), namespace.clone()).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let after = versions(client.clone(), namespace.clone()).await;
+    let writes_after = handler.writes().await;
+    assert_eq!(writes_after, last, "the handler wrote while idle");
+    assert_eq!(after, before, "objects changed while idle");
+    println!(
+        "idle for 60s: 0 writes, {} objects unchanged",
+        before.len()
+    );
+    let known: BTreeSet<&str> = ["multigrescluster", "tablegroup"].into();
+    assert!(
+        last.keys().all(|k| known.contains(k.split('/').next().unwrap())),
+        "{last:?}"
+    );
+}
