@@ -51,6 +51,28 @@ where
     pub handle: ReflectHandle<K>,
 }
 
+/// Which namespaces the handler serves: every namespace, or one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace (the ClusterRole bound with a ClusterRoleBinding).
+    All,
+    /// One namespace (the ClusterRole bound with a RoleBinding there).
+    Namespace(String),
+}
+
+impl Scope {
+    /// The API of kind `K` over this scope.
+    pub fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match self {
+            Scope::All => Api::all(client.clone()),
+            Scope::Namespace(namespace) => Api::namespaced(client.clone(), namespace),
+        }
+    }
+}
+
 /// Logs watch failures (the watcher retries with backoff) and drops the events.
 fn drive<S, T>(kind: String, events: S) -> impl Future<Output = ()> + Send + 'static
 where
@@ -69,16 +91,23 @@ where
 /// and often larger than the object.
 pub fn share<K>(
     client: &Client,
+    scope: &Scope,
     config: watcher::Config,
 ) -> (Shared<K>, impl Future<Output = ()> + Send + 'static)
 where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store_shared(SHARED_BUFFER);
     let handle = writer
         .subscribe()
         .expect("a shared store always accepts subscribers");
-    let events = watcher(Api::<K>::all(client.clone()), config)
+    let events = watcher(scope.api::<K>(client), config)
         .default_backoff()
         .modify(|obj: &mut K| obj.managed_fields_mut().clear())
         .reflect_shared(writer);
@@ -91,13 +120,20 @@ where
 /// Starts a cached watch of `K` that no controller is triggered by (only read from).
 pub fn cache<K>(
     client: &Client,
+    scope: &Scope,
     config: watcher::Config,
 ) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
 where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store();
-    let events = watcher(Api::<K>::all(client.clone()), config)
+    let events = watcher(scope.api::<K>(client), config)
         .default_backoff()
         .modify(|obj: &mut K| obj.managed_fields_mut().clear())
         .reflect(writer);
@@ -178,6 +214,7 @@ where
 #[derive(Clone)]
 pub struct Base {
     pub client: Client,
+    pub scope: Scope,
     pub state: HandlerState,
     pub recorder: Recorder,
     pub stores: Stores,
@@ -188,6 +225,7 @@ impl Base {
     pub fn ctx<K: Resource<DynamicType = ()>>(&self, name: &'static str) -> Arc<Ctx<K>> {
         Arc::new(Ctx {
             client: self.client.clone(),
+            scope: self.scope.clone(),
             state: self.state.clone(),
             recorder: self.recorder.clone(),
             stores: self.stores.clone(),
@@ -200,6 +238,8 @@ impl Base {
 /// Everything a reconciler needs.
 pub struct Ctx<K: Resource<DynamicType = ()>> {
     pub client: Client,
+    /// Namespaces served.
+    pub scope: Scope,
     pub state: HandlerState,
     pub recorder: Recorder,
     pub stores: Stores,
@@ -219,6 +259,7 @@ impl<K: Resource<DynamicType = ()>> Ctx<K> {
             action: "Reconcile".to_owned(),
             secondary: None,
         };
+        crate::sync::count(self.name, "Event", "event");
         if let Err(error) = self.recorder.publish(&event, &obj.object_ref(&())).await {
             tracing::warn!(error = %ErrorChain(&error), "cannot publish an event");
         }

@@ -27,25 +27,26 @@ use kube::runtime::watcher;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::HandlerContext;
 
-use controller::{Base, Stores, cache, managed, pool_pods, recorder, share};
+use controller::{Base, Scope, Stores, cache, managed, pool_pods, recorder, share};
 
 /// Runs every controller until shutdown; reports SERVING once every cache is filled.
-pub async fn run(handler: HandlerContext) {
+pub async fn run(handler: HandlerContext, scope: Scope) {
+    sync::describe();
     let client = handler.client.clone();
-    let (statefulsets, sts_watch) = share::<StatefulSet>(&client, managed());
-    let (deployments, deployment_watch) = share::<Deployment>(&client, managed());
-    let (services, service_watch) = share::<Service>(&client, managed());
-    let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, managed());
-    let (pods, pod_watch) = share::<Pod>(&client, pool_pods());
+    let (statefulsets, sts_watch) = share::<StatefulSet>(&client, &scope, managed());
+    let (deployments, deployment_watch) = share::<Deployment>(&client, &scope, managed());
+    let (services, service_watch) = share::<Service>(&client, &scope, managed());
+    let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, &scope, managed());
+    let (pods, pod_watch) = share::<Pod>(&client, &scope, pool_pods());
     let (clusters, cluster_watch) =
-        share::<DeserializeGuard<MultigresCluster>>(&client, watcher::Config::default());
+        share::<DeserializeGuard<MultigresCluster>>(&client, &scope, watcher::Config::default());
     let (core_templates, core_watch) =
-        share::<DeserializeGuard<CoreTemplate>>(&client, watcher::Config::default());
+        share::<DeserializeGuard<CoreTemplate>>(&client, &scope, watcher::Config::default());
     let (cell_templates, cell_watch) =
-        share::<DeserializeGuard<CellTemplate>>(&client, watcher::Config::default());
+        share::<DeserializeGuard<CellTemplate>>(&client, &scope, watcher::Config::default());
     let (shard_templates, shard_watch) =
-        share::<DeserializeGuard<ShardTemplate>>(&client, watcher::Config::default());
-    let (pvcs, pvc_watch) = cache::<PersistentVolumeClaim>(&client, managed());
+        share::<DeserializeGuard<ShardTemplate>>(&client, &scope, watcher::Config::default());
+    let (pvcs, pvc_watch) = cache::<PersistentVolumeClaim>(&client, &scope, managed());
     let stores = Stores {
         statefulsets: statefulsets.store.clone(),
         deployments: deployments.store.clone(),
@@ -60,6 +61,7 @@ pub async fn run(handler: HandlerContext) {
     };
     let base = Base {
         client: client.clone(),
+        scope,
         state: handler.state.clone(),
         recorder: recorder(&client),
         stores: stores.clone(),

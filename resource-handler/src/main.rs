@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use clap::Parser;
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
+use resource_handler::controller::Scope;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: "resource-handler",
@@ -23,15 +24,23 @@ struct Cli {
     common: CommonArgs,
     #[command(flatten)]
     leader: LeaderElectionArgs,
+    /// Serve only this namespace (the ClusterRole may then be bound with a RoleBinding there);
+    /// every namespace when unset.
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
+    let scope = match cli.watch_namespace.filter(|ns| !ns.is_empty()) {
+        Some(namespace) => Scope::Namespace(namespace),
+        None => Scope::All,
+    };
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime
         .run(Some(&cli.leader), |ctx| async move {
-            resource_handler::run(ctx).await;
+            resource_handler::run(ctx, scope).await;
             Ok::<(), Infallible>(())
         })
         .await?;
@@ -51,5 +60,9 @@ mod tests {
             cli.leader.leader_election_id,
             "multigres-operator-resource-handler"
         );
+        assert_eq!(cli.watch_namespace, None);
+        let cli: Cli =
+            cli::try_parse_from(&SPEC, ["resource-handler", "--watch-namespace=team-a"]).unwrap();
+        assert_eq!(cli.watch_namespace.as_deref(), Some("team-a"));
     }
 }

@@ -185,6 +185,7 @@ impl ResizeOutcome {
 /// Raises the request of `plan.grow` to the desired size with a merge patch of that one field
 /// (the PVCs belong to the StatefulSet controller; only their size is ours to change).
 pub async fn apply_resize(
+    controller: &'static str,
     api: &Api<PersistentVolumeClaim>,
     plan: ResizePlan,
 ) -> Result<ResizeOutcome, kube::Error> {
@@ -195,6 +196,7 @@ pub async fn apply_resize(
     };
     let patch = json!({"spec": {"resources": {"requests": {"storage": desired}}}});
     for name in plan.grow {
+        crate::sync::count(controller, "PersistentVolumeClaim", "patch");
         match api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -19,6 +19,30 @@ use serde_json::Value;
 /// The field manager of every write this handler makes.
 pub const FIELD_MANAGER: &str = "multigres-operator/resource-handler";
 
+/// Writes to the API server per controller, kind and verb (`apply`, `apply-status`,
+/// `delete`, `patch`, `event`): tests and alerts use it to see that an idle cluster costs
+/// nothing.
+pub const API_WRITES_TOTAL: &str = "multigres_operator_api_writes_total";
+
+/// Registers the HELP text of the write counter with the installed recorder.
+pub fn describe() {
+    metrics::describe_counter!(
+        API_WRITES_TOTAL,
+        "Writes to the Kubernetes API per controller, kind and verb."
+    );
+}
+
+/// Counts one write.
+pub fn count(controller: &'static str, kind: &str, verb: &'static str) {
+    metrics::counter!(
+        API_WRITES_TOTAL,
+        "controller" => controller,
+        "kind" => kind.to_owned(),
+        "verb" => verb
+    )
+    .increment(1);
+}
+
 /// Annotation holding the hash of the object as this handler last applied it.
 pub const APPLIED_HASH: &str = "multigres.com/applied-hash";
 
@@ -113,6 +137,7 @@ pub fn up_to_date<K: Resource + Serialize>(desired: &K, observed: &K) -> bool {
 /// Applies `desired` (stamping it first) unless `observed` is already up to date. Returns
 /// whether a write happened.
 pub async fn ensure<K: Child>(
+    controller: &'static str,
     api: &Api<K>,
     mut desired: K,
     observed: Option<&K>,
@@ -121,6 +146,7 @@ pub async fn ensure<K: Child>(
     if observed.is_some_and(|o| up_to_date(&desired, o)) {
         return Ok(false);
     }
+    count(controller, &K::kind(&()), "apply");
     apply(api, FIELD_MANAGER, &desired).await?;
     tracing::info!(
         kind = %K::kind(&()),
@@ -143,6 +169,7 @@ pub fn controlled_by(obj: &impl Resource, uid: &str) -> bool {
 /// Deletes the objects in `owned` whose names are not in `keep` (objects the owner no longer
 /// wants, e.g. the multiorch of a cell it stopped watching). Returns the deleted names.
 pub async fn prune<K: Child>(
+    controller: &'static str,
     api: &Api<K>,
     owned: &[Arc<K>],
     keep: &BTreeSet<String>,
@@ -160,6 +187,7 @@ pub async fn prune<K: Child>(
             }),
             ..DeleteParams::background()
         };
+        count(controller, &K::kind(&()), "delete");
         match api.delete(&name, &params).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => continue,
@@ -206,6 +234,7 @@ pub fn status_differs(desired: &impl Serialize, observed: Option<&impl Serialize
 /// Applies `desired` to the status of `obj` unless it already holds it. Returns whether a
 /// write happened.
 pub async fn ensure_status<K, S>(
+    controller: &'static str,
     api: &Api<K>,
     obj: &K,
     desired: &S,
@@ -218,6 +247,7 @@ where
     if !status_differs(desired, observed) {
         return Ok(false);
     }
+    count(controller, &K::kind(&()), "apply-status");
     apply_status(api, FIELD_MANAGER, &obj.name_any(), desired).await?;
     Ok(true)
 }

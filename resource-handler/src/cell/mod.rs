@@ -65,7 +65,7 @@ pub fn run(
     shutdown: &Shutdown,
 ) -> (Store<Guard>, impl Future<Output = ()> + Send + 'static) {
     let controller = Controller::new(
-        Api::<Guard>::all(ctx.client.clone()),
+        ctx.scope.api::<Guard>(&ctx.client),
         watcher::Config::default(),
     );
     let store = controller.store();
@@ -102,6 +102,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
     sync::ensure(
+        NAME,
         &services,
         objects.service,
         ctx.stores
@@ -111,6 +112,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     )
     .await?;
     sync::ensure(
+        NAME,
         &deployments,
         objects.deployment,
         observed_deployment.as_deref(),
@@ -119,8 +121,15 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
 
     let keep = BTreeSet::from([name.clone()]);
     let uid = owner.uid();
-    sync::prune(&services, &owned(&ctx.stores.services, ns, uid), &keep).await?;
     sync::prune(
+        NAME,
+        &services,
+        &owned(&ctx.stores.services, ns, uid),
+        &keep,
+    )
+    .await?;
+    sync::prune(
+        NAME,
         &deployments,
         &owned(&ctx.stores.deployments, ns, uid),
         &keep,
@@ -130,7 +139,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let counts = readiness::deployment(observed_deployment.as_deref());
     let desired = status(cell, counts, &name, Timestamp::now());
     let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
-    sync::ensure_status(&api, cell, &desired, cell.status.as_ref()).await?;
+    sync::ensure_status(NAME, &api, cell, &desired, cell.status.as_ref()).await?;
     Ok(Action::await_change())
 }
 

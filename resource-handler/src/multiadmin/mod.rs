@@ -161,6 +161,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
     sync::ensure(
+        NAME,
         &services,
         objects.service,
         ctx.stores
@@ -170,6 +171,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     )
     .await?;
     sync::ensure(
+        NAME,
         &deployments,
         objects.deployment,
         ctx.stores
@@ -180,8 +182,15 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     .await?;
     let keep = BTreeSet::from([name]);
     let uid = owner.uid();
-    sync::prune(&services, &owned(&ctx.stores.services, ns, uid), &keep).await?;
     sync::prune(
+        NAME,
+        &services,
+        &owned(&ctx.stores.services, ns, uid),
+        &keep,
+    )
+    .await?;
+    sync::prune(
+        NAME,
         &deployments,
         &owned(&ctx.stores.deployments, ns, uid),
         &keep,

@@ -114,7 +114,7 @@ pub fn run(
     shutdown: &Shutdown,
 ) -> (Store<Guard>, impl Future<Output = ()> + Send + 'static) {
     let controller = Controller::new(
-        Api::<Guard>::all(ctx.client.clone()),
+        ctx.scope.api::<Guard>(&ctx.client),
         watcher::Config::default(),
     );
     let store = controller.store();
@@ -216,7 +216,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
                 ..Report::default()
             };
             let desired = status(shard, &report, Timestamp::now());
-            sync::ensure_status(&api, shard, &desired, shard.status.as_ref()).await?;
+            sync::ensure_status(NAME, &api, shard, &desired, shard.status.as_ref()).await?;
             return Err(Error::InvalidSpec(problem));
         }
     };
@@ -241,7 +241,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         problem: None,
     };
     let desired = status(shard, &report, Timestamp::now());
-    sync::ensure_status(&api, shard, &desired, shard.status.as_ref()).await?;
+    sync::ensure_status(NAME, &api, shard, &desired, shard.status.as_ref()).await?;
     Ok(match step {
         Some(Step::UpToDate { .. }) => Action::await_change(),
         // A restart is under way (or about to be decided once the StatefulSet controller has
@@ -276,24 +276,26 @@ async fn apply_workloads(
             spec.access_modes = current.access_modes;
             spec.storage_class_name = current.storage_class_name;
         }
-        sync::ensure(&api, pvc, existing.as_deref()).await?;
+        sync::ensure(NAME, &api, pvc, existing.as_deref()).await?;
     }
     let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
     for m in &objects.multiorch {
         sync::ensure(
+            NAME,
             &services,
             m.service.clone(),
             service(m.service.name_any()).as_deref(),
         )
         .await?;
         let current = observed.orchs.get(&m.deployment.name_any()).map(|d| &**d);
-        sync::ensure(&deployments, m.deployment.clone(), current).await?;
+        sync::ensure(NAME, &deployments, m.deployment.clone(), current).await?;
     }
     let pdbs = Api::<PodDisruptionBudget>::namespaced(client.clone(), ns);
     let sets = Api::<StatefulSet>::namespaced(client.clone(), ns);
     let mut sets_written = false;
     for p in &objects.pools {
         sync::ensure(
+            NAME,
             &services,
             p.service.clone(),
             service(p.service.name_any()).as_deref(),
@@ -303,13 +305,13 @@ async fn apply_workloads(
             .stores
             .pdbs
             .get(&ObjectRef::new(&p.pdb.name_any()).within(ns));
-        sync::ensure(&pdbs, p.pdb.clone(), pdb.as_deref()).await?;
+        sync::ensure(NAME, &pdbs, p.pdb.clone(), pdb.as_deref()).await?;
         let mut desired = p.statefulset.clone();
         let current = observed.sets.get(&desired.name_any()).map(|s| &**s);
         if let Some(current) = current {
             keep_claim_templates(&mut desired, current);
         }
-        sets_written |= sync::ensure(&sets, desired, current).await?;
+        sets_written |= sync::ensure(NAME, &sets, desired, current).await?;
     }
     Ok(sets_written)
 }
@@ -346,7 +348,7 @@ async fn resize(
     }
     for plan in groups {
         outcome.extend(
-            storage::apply_resize(&api, plan)
+            storage::apply_resize(NAME, &api, plan)
                 .await
                 .map_err(Error::Resize)?,
         );
@@ -374,24 +376,28 @@ async fn prune(ctx: &Ctx<Guard>, owner: &Owner, objects: &ShardObjects) -> Resul
     let service_names: BTreeSet<String> = pool_names.union(&orch_names).cloned().collect();
     let stores = &ctx.stores;
     sync::prune(
+        NAME,
         &Api::<StatefulSet>::namespaced(client.clone(), ns),
         &owned(&stores.statefulsets, ns, uid),
         &pool_names,
     )
     .await?;
     sync::prune(
+        NAME,
         &Api::<PodDisruptionBudget>::namespaced(client.clone(), ns),
         &owned(&stores.pdbs, ns, uid),
         &pool_names,
     )
     .await?;
     sync::prune(
+        NAME,
         &Api::<Deployment>::namespaced(client.clone(), ns),
         &owned(&stores.deployments, ns, uid),
         &orch_names,
     )
     .await?;
     sync::prune(
+        NAME,
         &Api::<Service>::namespaced(client.clone(), ns),
         &owned(&stores.services, ns, uid),
         &service_names,
@@ -456,6 +462,7 @@ async fn restart(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, step: &Step) -> Resu
         ..DeleteParams::default()
     };
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    crate::sync::count(NAME, "Pod", "delete");
     match pods.delete(pod, &params).await {
         Ok(_) => {}
         // Already gone or replaced: the next reconcile sees the new pod.

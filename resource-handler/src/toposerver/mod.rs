@@ -81,7 +81,7 @@ pub fn run(
     clusters: ReflectHandle<DeserializeGuard<MultigresCluster>>,
     shutdown: &Shutdown,
 ) -> (Store<Guard>, impl Future<Output = ()> + Send + 'static) {
-    let api = Api::<Guard>::all(ctx.client.clone());
+    let api = ctx.scope.api::<Guard>(&ctx.client);
     let controller = Controller::new(api, watcher::Config::default());
     let store = controller.store();
     let topo_servers = store.clone();
@@ -195,12 +195,14 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let peer_name = topo_peer_service(&owner.name);
     let client_name = crate::names::topo_client_service(&owner.name);
     sync::ensure(
+        NAME,
         &services_api,
         peer_service,
         observed_service(&peer_name).as_deref(),
     )
     .await?;
     sync::ensure(
+        NAME,
         &services_api,
         client_service,
         observed_service(&client_name).as_deref(),
@@ -208,9 +210,9 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     .await?;
     let pdb_api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns);
     let observed_pdb = ctx.stores.pdbs.get(&ObjectRef::new(&sts_name).within(ns));
-    sync::ensure(&pdb_api, pdb, observed_pdb.as_deref()).await?;
+    sync::ensure(NAME, &pdb_api, pdb, observed_pdb.as_deref()).await?;
     let sts_api = Api::<StatefulSet>::namespaced(ctx.client.clone(), ns);
-    sync::ensure(&sts_api, statefulset, observed_sts.as_deref()).await?;
+    sync::ensure(NAME, &sts_api, statefulset, observed_sts.as_deref()).await?;
 
     let (_, selector) = build::labels(&input);
     let pvcs = ctx.stores.pvcs.state_filter(|pvc| {
@@ -219,7 +221,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     });
     let plan = storage::plan_resize(&storage_size, pvcs.iter().map(|p| p.as_ref()));
     let pvc_api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
-    let outcome = storage::apply_resize(&pvc_api, plan)
+    let outcome = storage::apply_resize(NAME, &pvc_api, plan)
         .await
         .map_err(Error::Resize)?;
     storage::report(ctx, guard, &outcome).await;
@@ -228,13 +230,21 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let keep_named = BTreeSet::from([sts_name]);
     let uid = owner.uid();
     sync::prune(
+        NAME,
         &services_api,
         &owned(&ctx.stores.services, ns, uid),
         &keep_services,
     )
     .await?;
-    sync::prune(&pdb_api, &owned(&ctx.stores.pdbs, ns, uid), &keep_named).await?;
     sync::prune(
+        NAME,
+        &pdb_api,
+        &owned(&ctx.stores.pdbs, ns, uid),
+        &keep_named,
+    )
+    .await?;
+    sync::prune(
+        NAME,
         &sts_api,
         &owned(&ctx.stores.statefulsets, ns, uid),
         &keep_named,
@@ -287,7 +297,7 @@ async fn write_status(
         problem,
         Timestamp::now(),
     );
-    sync::ensure_status(api, topo, &desired, topo.status.as_ref()).await?;
+    sync::ensure_status(NAME, api, topo, &desired, topo.status.as_ref()).await?;
     Ok(())
 }
 
