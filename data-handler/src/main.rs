@@ -2,13 +2,16 @@
 //! what it reads there (pod roles) on Shard status.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
-use clap::Parser;
+use clap::{Args, Parser};
+use data_handler::Settings;
+use data_handler::watch::Scope;
 use multigres_common::HandlerRuntime;
-use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
+use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, parse_duration};
 
 const SPEC: HandlerSpec = HandlerSpec {
-    name: "data-handler",
+    name: data_handler::NAME,
     version: env!("CARGO_PKG_VERSION"),
     grpc_bind_address: ":9443",
     metrics_bind_address: ":8083",
@@ -23,16 +26,65 @@ struct Cli {
     common: CommonArgs,
     #[command(flatten)]
     leader: LeaderElectionArgs,
+    #[command(flatten)]
+    topology: TopologyArgs,
+    /// Serve only this namespace (the ClusterRole may then be bound with a RoleBinding there);
+    /// every namespace when unset.
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
+}
+
+/// Timings of the topology controllers.
+#[derive(Debug, Args)]
+struct TopologyArgs {
+    /// How often a registered cluster and its cells are checked against etcd (reachability,
+    /// records edited behind the operator's back).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    topo_check_period: Duration,
+    /// How long a deleted cluster or cell may fail to deregister (for example while its etcd is
+    /// unreachable) before its finalizer is released anyway, with a Warning event.
+    #[arg(long, value_parser = parse_duration, default_value = "2m")]
+    topo_unreachable_timeout: Duration,
+    /// Longest retry delay while the topology server is failing; registration resumes within
+    /// this long after it is back.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    topo_retry_max: Duration,
+    /// Time allowed to connect to an etcd endpoint.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    topo_connect_timeout: Duration,
+    /// Time allowed for each etcd request.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    topo_request_timeout: Duration,
+    /// How often pool pod roles (primary / replica) are read from the pooler records.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    roles_poll_period: Duration,
+}
+
+impl From<TopologyArgs> for Settings {
+    fn from(args: TopologyArgs) -> Self {
+        Settings {
+            check_period: args.topo_check_period,
+            unreachable_timeout: args.topo_unreachable_timeout,
+            roles_period: args.roles_poll_period,
+            connect_timeout: args.topo_connect_timeout,
+            request_timeout: args.topo_request_timeout,
+            retry_max: args.topo_retry_max,
+        }
+    }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
+    let scope = match cli.watch_namespace.filter(|ns| !ns.is_empty()) {
+        Some(namespace) => Scope::Namespace(namespace),
+        None => Scope::All,
+    };
+    let settings = Settings::from(cli.topology);
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime
         .run(Some(&cli.leader), |ctx| async move {
-            ctx.state.set_serving(true).await;
-            ctx.shutdown.wait().await;
+            data_handler::run(ctx, scope, settings).await;
             Ok::<(), Infallible>(())
         })
         .await?;
@@ -51,6 +103,37 @@ mod tests {
         assert_eq!(
             cli.leader.leader_election_id,
             "multigres-operator-data-handler"
+        );
+        assert_eq!(cli.watch_namespace, None);
+        let settings = Settings::from(cli.topology);
+        assert_eq!(settings.check_period, Duration::from_secs(30));
+        assert_eq!(settings.unreachable_timeout, Duration::from_secs(120));
+        assert_eq!(settings.roles_period, Duration::from_secs(10));
+        assert_eq!(settings.retry_max, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn timings_are_go_durations() {
+        let cli: Cli = cli::try_parse_from(
+            &SPEC,
+            [
+                "data-handler",
+                "--topo-unreachable-timeout=10s",
+                "--topo-check-period=500ms",
+                "--roles-poll-period=1s",
+                "--watch-namespace=team-a",
+            ],
+        )
+        .unwrap();
+        assert_eq!(cli.watch_namespace.as_deref(), Some("team-a"));
+        let settings = Settings::from(cli.topology);
+        assert_eq!(settings.unreachable_timeout, Duration::from_secs(10));
+        assert_eq!(settings.check_period, Duration::from_millis(500));
+        assert_eq!(settings.roles_period, Duration::from_secs(1));
+        assert!(
+            cli::try_parse_from::<Cli, _, _>(&SPEC, ["data-handler", "--topo-check-period=10"])
+                .is_err(),
+            "a duration needs a unit"
         );
     }
 }

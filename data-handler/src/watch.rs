@@ -4,11 +4,10 @@
 //! larger than the object itself).
 
 use std::fmt::Debug;
-use std::sync::Arc;
 
 use futures::Stream;
 use kube::core::DeserializeGuard;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -38,6 +37,12 @@ impl Scope {
 /// A guarded object, as cached and handed to reconcilers.
 pub type Guarded<K> = DeserializeGuard<K>;
 
+/// Subscriptions to a shared watch of `K`, one per controller it triggers.
+pub type Subscribers<K, const N: usize> = [ReflectHandle<Guarded<K>>; N];
+
+/// What a watch of `K` yields.
+pub type WatchEvent<K> = watcher::Result<watcher::Event<Guarded<K>>>;
+
 /// A reflector of `K` over `scope` with `config`: the store to read and the event stream that
 /// fills it. The stream must be polled (by a controller) for the store to fill.
 pub fn reflect<K>(
@@ -46,7 +51,7 @@ pub fn reflect<K>(
     config: watcher::Config,
 ) -> (
     Store<Guarded<K>>,
-    impl Stream<Item = watcher::Result<watcher::Event<Guarded<K>>>> + Send + 'static,
+    impl Stream<Item = WatchEvent<K>> + Send + 'static,
 )
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -64,6 +69,43 @@ where
         .reflect(writer);
     (reader, stream)
 }
+
+/// Like [`reflect`], for a kind several controllers are triggered by: one watch, one store, and
+/// `N` handles that each see every applied object. The returned stream drives the
+/// watch and must be polled; each handle must be consumed too (a full buffer pauses the watch).
+pub fn reflect_shared<K, const N: usize>(
+    client: &Client,
+    scope: &Scope,
+    config: watcher::Config,
+) -> (
+    Store<Guarded<K>>,
+    Subscribers<K, N>,
+    impl Stream<Item = WatchEvent<K>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store_shared(SHARED_BUFFER);
+    let handles = std::array::from_fn(|_| {
+        writer
+            .subscribe()
+            .expect("a writer made by store_shared always hands out subscriptions")
+    });
+    let stream = watcher(scope.api::<Guarded<K>>(client), config)
+        .default_backoff()
+        .modify(|obj: &mut Guarded<K>| obj.managed_fields_mut().clear())
+        .reflect_shared(writer);
+    (reader, handles, stream)
+}
+
+/// Events a shared watch buffers per subscriber before it waits for the slowest.
+const SHARED_BUFFER: usize = 256;
 
 /// The valid objects of `store` in `namespace`.
 pub fn valid_in<K>(store: &Store<Guarded<K>>, namespace: &str) -> Vec<K>
@@ -117,12 +159,4 @@ pub fn full_name<K: Resource>(obj: &K) -> String {
         obj.meta().namespace.as_deref().unwrap_or_default(),
         obj.meta().name.as_deref().unwrap_or_default()
     )
-}
-
-/// The reference a mapper returns for `obj`.
-pub fn reference<K>(obj: &Arc<Guarded<K>>) -> ObjectRef<Guarded<K>>
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    ObjectRef::from_obj(&**obj)
 }

@@ -1,0 +1,419 @@
+//! The MultigresCluster controller: registers the cluster's cells and databases in its global
+//! topology, prunes the records it holds that the spec no longer has, reports
+//! `TopoServerReachable` and `TopologyRegistered` on the cluster, and removes its records when the
+//! cluster is deleted (a finalizer that gives up, with a Warning event, once the server is gone
+//! for good).
+//!
+//! dereference → validate (resolve, target, records) → apply to etcd ([`crate::sync`]) →
+//! status. A healthy cluster is checked again every `check_period`, since an etcd outage or an
+//! edit of the records makes no Kubernetes event; a failing one is retried with backoff.
+
+pub mod status;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use multigres_api::names;
+use multigres_api::resolver::{self, ResolveError, Templates};
+use multigres_api::v1alpha1::{
+    CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate, TopoServer,
+};
+use multigres_common::apply::ApplyError;
+use multigres_common::backoff::ObjectBackoff;
+use multigres_common::state::HandlerState;
+
+use crate::Settings;
+use crate::conditions::{self, Notice};
+use crate::deletion::{self, Verdict};
+use crate::desired::{self, owner_id};
+use crate::finalizer;
+use crate::sync::{self, Registered};
+use crate::target::{ConnectError, Connections, Target, TargetError};
+use crate::topo::{RecordRef, TopoError};
+use crate::watch::{Guarded, full_name, valid, valid_in};
+use crate::writes::Writer;
+
+/// Name of this controller in metrics and `HandlerInfo`.
+pub const CONTROLLER: &str = "multigrescluster";
+
+/// Why a cluster's topology could not be reconciled.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The stored object does not match the API types.
+    #[error("MultigresCluster {name} cannot be read: {message}")]
+    Malformed { name: String, message: String },
+    /// The spec and templates do not resolve.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The topology server settings cannot be used.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// A record built from the spec would be unusable by Multigres.
+    #[error("the spec gives an unusable topology record: {0}")]
+    Records(#[source] TopoError),
+    /// The connection could not be prepared (TLS Secrets).
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// etcd failed or refused.
+    #[error(transparent)]
+    Topo(TopoError),
+    /// Adding or removing the finalizer failed.
+    #[error("cannot update the finalizers")]
+    Finalizer(#[source] kube::Error),
+    /// Writing the conditions failed.
+    #[error("cannot write the status")]
+    Status(#[source] ApplyError),
+    /// Deleting the cluster's records failed; retried until the give-up timeout.
+    #[error("cannot remove the topology records of the deleted cluster yet")]
+    Cleanup(#[source] Box<Error>),
+}
+
+impl Error {
+    /// Whether only a change of the cluster can fix this: no retry until it changes.
+    /// Everything else (server down, Secret missing, record held by another cluster) is retried
+    /// with backoff, since the fix happens outside the cluster object.
+    pub fn is_invalid_spec(&self) -> bool {
+        matches!(
+            self,
+            Error::Malformed { .. } | Error::Resolve(_) | Error::Target(_) | Error::Records(_)
+        )
+    }
+
+    /// Short category, for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Malformed { .. } => "malformed",
+            Error::Resolve(_) | Error::Target(_) | Error::Records(_) => "invalid_spec",
+            Error::Connect(_) => "connect",
+            Error::Topo(e) if e.is_transient() => "topo_unavailable",
+            Error::Topo(_) => "topo",
+            Error::Finalizer(_) | Error::Status(_) => "kube_api",
+            Error::Cleanup(_) => "cleanup",
+        }
+    }
+}
+
+/// The template caches the resolver reads.
+#[derive(Clone)]
+pub struct TemplateStores {
+    /// CoreTemplates.
+    pub core: Store<Guarded<CoreTemplate>>,
+    /// CellTemplates.
+    pub cell: Store<Guarded<CellTemplate>>,
+    /// ShardTemplates.
+    pub shard: Store<Guarded<ShardTemplate>>,
+}
+
+/// What every reconcile of this controller shares.
+pub struct Context {
+    /// Templates, for resolving clusters.
+    pub templates: TemplateStores,
+    /// Managed TopoServers, to tell when a cluster's server is going away.
+    pub topo_servers: Store<Guarded<TopoServer>>,
+    /// Open topology connections.
+    pub connections: Arc<Connections>,
+    /// The write path.
+    pub writer: Writer,
+    /// Events about clusters.
+    pub recorder: Recorder,
+    /// Reconcile counts for `HandlerInfo` and metrics.
+    pub state: HandlerState,
+    /// Retry delays of failing clusters.
+    pub backoff: ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>>,
+    /// Periods and timeouts.
+    pub settings: Settings,
+}
+
+/// Reconciles one cluster and records the outcome.
+pub async fn reconcile(
+    obj: Arc<Guarded<MultigresCluster>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_cluster(&obj, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.reset(&ObjectRef::from_obj(&*obj));
+    }
+    ctx.state.record_reconcile(
+        CONTROLLER,
+        result.as_ref().map(|_| ()).map_err(Error::category),
+        started.elapsed(),
+    );
+    result
+}
+
+/// Waits for a change after a spec problem; backs off (with jitter) after anything else.
+pub fn error_policy(
+    obj: Arc<Guarded<MultigresCluster>>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    if error.is_invalid_spec() {
+        Action::await_change()
+    } else {
+        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&*obj)))
+    }
+}
+
+async fn reconcile_cluster(
+    obj: &Guarded<MultigresCluster>,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let cluster = match &obj.0 {
+        Ok(cluster) => cluster,
+        Err(invalid) => return malformed(obj, &invalid.error, ctx).await,
+    };
+    if cluster.meta().deletion_timestamp.is_some() {
+        return finalize(cluster, ctx).await;
+    }
+    if let Some(patch) = finalizer::add(cluster.meta().finalizers.as_deref()) {
+        ctx.writer
+            .patch_json(cluster, patch)
+            .await
+            .map_err(Error::Finalizer)?;
+    }
+    let pass = register(cluster, ctx).await;
+    let existing = cluster
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let computed = status::conditions(pass.target.as_ref(), &pass.result);
+    let (ours, changed) = conditions::merge(
+        existing,
+        &computed,
+        cluster.meta().generation,
+        Timestamp::now(),
+    );
+    if changed {
+        ctx.writer
+            .apply_status(cluster, &conditions::status_body(&ours))
+            .await
+            .map_err(Error::Status)?;
+    }
+    let mut notices = conditions::transitions(existing, &ours);
+    if let (Some(target), Ok(done)) = (&pass.target, &pass.result) {
+        notices.extend(status::registration_notices(target, done));
+    }
+    let reference = cluster.object_ref(&());
+    for notice in &notices {
+        ctx.writer
+            .publish(&ctx.recorder, &notice.event("Register"), &reference)
+            .await;
+    }
+    pass.result
+        .map(|_| Action::requeue(ctx.settings.check_period))
+}
+
+/// A cluster that cannot be read: nothing can be registered. If it is being deleted, its
+/// finalizer is released at once, since its topology settings are unknown.
+async fn malformed(
+    obj: &Guarded<MultigresCluster>,
+    message: &str,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let error = Error::Malformed {
+        name: full_name(obj),
+        message: message.to_owned(),
+    };
+    let reference = obj.object_ref(&());
+    if obj.meta().deletion_timestamp.is_some() {
+        if let Some(patch) = finalizer::remove(obj.meta().finalizers.as_deref()) {
+            let notice = Notice::warning(
+                "TopologyCleanupSkipped",
+                format!(
+                    "Released the {} finalizer without removing topology records: {error}",
+                    finalizer::FINALIZER
+                ),
+            );
+            ctx.writer
+                .publish(&ctx.recorder, &notice.event("Deregister"), &reference)
+                .await;
+            ctx.writer
+                .patch_json(obj, patch)
+                .await
+                .map_err(Error::Finalizer)?;
+        }
+        return Ok(Action::await_change());
+    }
+    let notice = Notice::warning("InvalidObject", error.to_string());
+    ctx.writer
+        .publish(&ctx.recorder, &notice.event("Register"), &reference)
+        .await;
+    Err(error)
+}
+
+/// One registration attempt: the target (when it could be worked out) and what happened.
+struct Pass {
+    target: Option<Target>,
+    result: Result<Registered, Error>,
+}
+
+async fn register(cluster: &MultigresCluster, ctx: &Context) -> Pass {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let resolved = match resolver::resolve(cluster, &templates(&ctx.templates, &namespace)) {
+        Ok(resolved) => resolved,
+        Err(error) => return failed(None, error.into()),
+    };
+    let target = match Target::new(cluster, &resolved.topo_ref) {
+        Ok(target) => target,
+        Err(error) => return failed(None, error.into()),
+    };
+    let topology = match desired::topology(cluster, &resolved) {
+        Ok(topology) => topology,
+        Err(error) => return failed(Some(target), Error::Records(error)),
+    };
+    let store = match ctx.connections.open(&namespace, &target).await {
+        Ok(store) => store,
+        Err(error) => return failed(Some(target), error.into()),
+    };
+    let owner = owner_id(&namespace, &cluster.name_any());
+    let result = sync::register(&store, &owner, &topology)
+        .await
+        .map_err(Error::Topo);
+    Pass {
+        target: Some(target),
+        result,
+    }
+}
+
+fn failed(target: Option<Target>, error: Error) -> Pass {
+    Pass {
+        target,
+        result: Err(error),
+    }
+}
+
+/// The valid templates of `namespace`; an unreadable one counts as missing, which the resolver
+/// reports when the cluster uses it.
+fn templates(stores: &TemplateStores, namespace: &str) -> Templates {
+    Templates {
+        core: specs(&stores.core, namespace, |t: CoreTemplate| t.spec),
+        cell: specs(&stores.cell, namespace, |t: CellTemplate| t.spec),
+        shard: specs(&stores.shard, namespace, |t: ShardTemplate| t.spec),
+    }
+}
+
+fn specs<K, S>(
+    store: &Store<Guarded<K>>,
+    namespace: &str,
+    spec: impl Fn(K) -> S,
+) -> BTreeMap<String, S>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    valid_in(store, namespace)
+        .into_iter()
+        .map(|t| (t.name_any(), spec(t)))
+        .collect()
+}
+
+/// Deletion: removes every record the cluster holds, then its finalizer. Failures are retried
+/// until [`deletion::after_failure`] gives up; then the finalizer is released with a Warning
+/// event naming what may remain.
+async fn finalize(cluster: &MultigresCluster, ctx: &Context) -> Result<Action, Error> {
+    let Some(release) = finalizer::remove(cluster.meta().finalizers.as_deref()) else {
+        return Ok(Action::await_change());
+    };
+    let namespace = cluster.namespace().unwrap_or_default();
+    let topo_server = valid(
+        &ctx.topo_servers,
+        &namespace,
+        &names::global_topo_server(&cluster.name_any()),
+    );
+    let notice = match deregister(cluster, topo_server.as_ref(), ctx).await {
+        Cleanup::Done { target, removed } => {
+            ctx.connections.forget(&target);
+            status::deregistered_notice(&target, &removed)
+        }
+        Cleanup::ServerGone { why } => status::cleanup_skipped_notice(cluster, None, &why, None),
+        Cleanup::Failed { target, error } => {
+            let server = target.as_ref().map_or(deletion::ServerState::Present, |t| {
+                deletion::server_state(&t.server, topo_server.as_ref())
+            });
+            let since = cluster.meta().deletion_timestamp.as_ref().map(|t| t.0);
+            let timeout = ctx.settings.unreachable_timeout;
+            match deletion::after_failure(&server, since, Timestamp::now(), timeout) {
+                Verdict::Retry => return Err(Error::Cleanup(Box::new(error))),
+                Verdict::GiveUp { why } => {
+                    if let Some(target) = &target {
+                        ctx.connections.forget(target);
+                    }
+                    status::cleanup_skipped_notice(cluster, target.as_ref(), &why, Some(&error))
+                }
+            }
+        }
+    };
+    let reference = cluster.object_ref(&());
+    ctx.writer
+        .publish(&ctx.recorder, &notice.event("Deregister"), &reference)
+        .await;
+    ctx.writer
+        .patch_json(cluster, release)
+        .await
+        .map_err(Error::Finalizer)?;
+    Ok(Action::await_change())
+}
+
+/// How removing a deleted cluster's records went.
+enum Cleanup {
+    /// Every record it held is gone.
+    Done {
+        target: Target,
+        removed: Vec<RecordRef>,
+    },
+    /// Its managed topology server no longer exists: the records went with it.
+    ServerGone { why: String },
+    /// Something failed; `target` when it could be worked out.
+    Failed {
+        target: Option<Target>,
+        error: Error,
+    },
+}
+
+async fn deregister(
+    cluster: &MultigresCluster,
+    topo_server: Option<&TopoServer>,
+    ctx: &Context,
+) -> Cleanup {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let Some(topo_ref) = crate::target::deletion_topo_ref(cluster, topo_server) else {
+        return Cleanup::ServerGone {
+            why: format!(
+                "its TopoServer {} no longer exists",
+                names::global_topo_server(&cluster.name_any())
+            ),
+        };
+    };
+    let target = match Target::new(cluster, &topo_ref) {
+        Ok(target) => target,
+        Err(error) => {
+            return Cleanup::Failed {
+                target: None,
+                error: error.into(),
+            };
+        }
+    };
+    let store = match ctx.connections.open(&namespace, &target).await {
+        Ok(store) => store,
+        Err(error) => {
+            return Cleanup::Failed {
+                target: Some(target),
+                error: error.into(),
+            };
+        }
+    };
+    match sync::deregister(&store, &owner_id(&namespace, &cluster.name_any())).await {
+        Ok(removed) => Cleanup::Done { target, removed },
+        Err(error) => Cleanup::Failed {
+            target: Some(target),
+            error: Error::Topo(error),
+        },
+    }
+}

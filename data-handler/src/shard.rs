@@ -1,0 +1,306 @@
+//! The Shard roles controller: reads the pooler records of the shard's cells and publishes each
+//! pool pod's role on `Shard.status.podRoles` (`PRIMARY` / `REPLICA`) and as the pod label
+//! `multigres.com/role` (`primary` / `replica`). The resource-handler orders restarts with it:
+//! replicas first, the primary last.
+//!
+//! etcd changes make no Kubernetes event, so each Shard is read again every `roles_period`.
+//! Nothing is written when the published roles and labels already match.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use multigres_api::labels::{self, Component, ROLE};
+use multigres_api::names;
+use multigres_api::v1alpha1::{MultigresCluster, Shard};
+use multigres_common::apply::ApplyError;
+use multigres_common::backoff::ObjectBackoff;
+use multigres_common::state::HandlerState;
+use serde_json::json;
+
+use crate::Settings;
+use crate::roles::{self, PoolPod, ShardKey};
+use crate::target::{ConnectError, Connections, Target, TargetError};
+use crate::topo::TopoError;
+use crate::watch::{Guarded, full_name, valid, valid_in};
+use crate::writes::Writer;
+
+/// Name of this controller in metrics and `HandlerInfo`.
+pub const CONTROLLER: &str = "shard-roles";
+
+/// Why a Shard's roles could not be published.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The stored object does not match the API types.
+    #[error("Shard {name} cannot be read: {message}")]
+    Malformed { name: String, message: String },
+    /// The Shard names no MultigresCluster that exists (yet).
+    #[error("MultigresCluster {cluster} of this Shard is not found")]
+    ClusterNotFound { cluster: String },
+    /// The topology server settings cannot be used.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// The connection could not be prepared (TLS Secrets).
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// A cell's pooler records could not be read; the other cells' roles were published.
+    #[error("cannot read the pooler records of cell {cell}")]
+    Poolers {
+        cell: String,
+        #[source]
+        source: TopoError,
+    },
+    /// Writing `status.podRoles` failed.
+    #[error("cannot write the status")]
+    Status(#[source] ApplyError),
+    /// Writing a pod's role label failed.
+    #[error("cannot label pod {pod}")]
+    Label {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl Error {
+    /// Whether only a change can fix this (no periodic retry).
+    pub fn is_invalid_spec(&self) -> bool {
+        matches!(self, Error::Malformed { .. } | Error::Target(_))
+    }
+
+    /// Short category, for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Malformed { .. } => "malformed",
+            Error::ClusterNotFound { .. } => "cluster_not_found",
+            Error::Target(_) => "invalid_spec",
+            Error::Connect(_) => "connect",
+            Error::Poolers { .. } => "topo",
+            Error::Status(_) | Error::Label { .. } => "kube_api",
+        }
+    }
+}
+
+/// What every reconcile of this controller shares.
+pub struct Context {
+    /// MultigresClusters, for each Shard's connection settings.
+    pub clusters: Store<Guarded<MultigresCluster>>,
+    /// Pool pods managed by the operator.
+    pub pods: Store<Guarded<Pod>>,
+    /// Open topology connections.
+    pub connections: Arc<Connections>,
+    /// The write path.
+    pub writer: Writer,
+    /// Reconcile counts for `HandlerInfo` and metrics.
+    pub state: HandlerState,
+    /// Retry delays of failing Shards.
+    pub backoff: ObjectBackoff<ObjectRef<Guarded<Shard>>>,
+    /// Periods and timeouts.
+    pub settings: Settings,
+}
+
+/// Reconciles one Shard and records the outcome.
+pub async fn reconcile(obj: Arc<Guarded<Shard>>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_shard(&obj, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.reset(&ObjectRef::from_obj(&*obj));
+    }
+    ctx.state.record_reconcile(
+        CONTROLLER,
+        result.as_ref().map(|_| ()).map_err(Error::category),
+        started.elapsed(),
+    );
+    result
+}
+
+/// Waits for a change after a spec problem; backs off (with jitter) after anything else.
+pub fn error_policy(obj: Arc<Guarded<Shard>>, error: &Error, ctx: Arc<Context>) -> Action {
+    if error.is_invalid_spec() {
+        Action::await_change()
+    } else {
+        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&*obj)))
+    }
+}
+
+/// The Shard a pool pod belongs to, from its labels, for mapping pod changes.
+pub fn shard_of(pod: &Pod) -> Option<ObjectRef<Guarded<Shard>>> {
+    let l = pod.labels();
+    let name = names::shard(
+        l.get(labels::CLUSTER)?,
+        l.get(labels::DATABASE)?,
+        l.get(labels::TABLE_GROUP)?,
+        l.get(labels::SHARD)?,
+    );
+    Some(ObjectRef::new(&name).within(&pod.namespace()?))
+}
+
+/// Whether `pod` is a pool pod of `shard` (of cluster `cluster`).
+pub fn is_pool_pod_of(pod: &Pod, shard: &Shard, cluster: &str) -> bool {
+    let l = pod.labels();
+    let is = |key: &str, value: &str| l.get(key).map(String::as_str) == Some(value);
+    is(labels::CLUSTER, cluster)
+        && is(labels::COMPONENT, Component::Pool.as_str())
+        && is(labels::DATABASE, shard.spec.database_name.as_str())
+        && is(labels::TABLE_GROUP, shard.spec.table_group_name.as_str())
+        && is(labels::SHARD, shard.spec.shard_name.as_str())
+}
+
+async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, Error> {
+    let shard = obj.0.as_ref().map_err(|invalid| Error::Malformed {
+        name: full_name(obj),
+        message: invalid.error.clone(),
+    })?;
+    if shard.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let namespace = shard.namespace().unwrap_or_default();
+    let cluster_name = shard
+        .labels()
+        .get(labels::CLUSTER)
+        .cloned()
+        .unwrap_or_default();
+    let cluster =
+        valid(&ctx.clusters, &namespace, &cluster_name).ok_or_else(|| Error::ClusterNotFound {
+            cluster: format!("{namespace}/{cluster_name}"),
+        })?;
+    let target = Target::new(&cluster, &shard.spec.global_topo_server)?;
+    let store = ctx.connections.open(&namespace, &target).await?;
+
+    let cells: BTreeSet<&str> = shard
+        .spec
+        .pools
+        .values()
+        .flat_map(|p| p.cells.iter().map(|c| c.as_str()))
+        .collect();
+    let mut poolers = BTreeMap::new();
+    let mut failure = None;
+    for cell in cells {
+        let records = match store.list_poolers(cell).await {
+            Ok(records) => Some(records),
+            // No Cell record yet: no pooler can have registered in it either.
+            Err(TopoError::CellNotRegistered { .. }) => Some(Vec::new()),
+            Err(source) => {
+                failure.get_or_insert(Error::Poolers {
+                    cell: cell.to_owned(),
+                    source,
+                });
+                None
+            }
+        };
+        poolers.insert(cell.to_owned(), records);
+    }
+
+    let pods: Vec<Pod> = valid_in(&ctx.pods, &namespace)
+        .into_iter()
+        .filter(|p| is_pool_pod_of(p, shard, &cluster_name))
+        .collect();
+    let pool_pods: Vec<PoolPod> = pods
+        .iter()
+        .map(|p| PoolPod {
+            name: p.name_any(),
+            cell: p.labels().get(labels::CELL).cloned(),
+        })
+        .collect();
+    let previous = shard
+        .status
+        .as_ref()
+        .map(|s| s.pod_roles.clone())
+        .unwrap_or_default();
+    let key = ShardKey {
+        database: shard.spec.database_name.as_str(),
+        table_group: shard.spec.table_group_name.as_str(),
+        shard: shard.spec.shard_name.as_str(),
+    };
+    let published = roles::roles(key, &pool_pods, &poolers, &previous);
+    if published != previous {
+        ctx.writer
+            .apply_status(shard, &json!({ "podRoles": published }))
+            .await
+            .map_err(Error::Status)?;
+    }
+    for pod in &pods {
+        let wanted = published
+            .get(&pod.name_any())
+            .map(|r| roles::label_value(r));
+        if pod.labels().get(ROLE) != wanted.as_ref() {
+            ctx.writer
+                .apply_role_label(pod, wanted.as_deref())
+                .await
+                .map_err(|source| Error::Label {
+                    pod: pod.name_any(),
+                    source,
+                })?;
+        }
+    }
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(Action::requeue(ctx.settings.roles_period)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use multigres_api::v1alpha1::{DatabaseName, ShardName, ShardSpec, TableGroupName};
+
+    use super::*;
+
+    fn pod(labels: &[(&str, &str)]) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("prod-postgres-default-0-inf-pool-default-zone-a-0".into());
+        p.metadata.namespace = Some("team-a".into());
+        p.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<BTreeMap<_, _>>(),
+        );
+        p
+    }
+
+    fn pool_labels() -> Vec<(&'static str, &'static str)> {
+        vec![
+            (labels::CLUSTER, "prod"),
+            (labels::COMPONENT, "shard-pool"),
+            (labels::DATABASE, "postgres"),
+            (labels::TABLE_GROUP, "default"),
+            (labels::SHARD, "0-inf"),
+            (labels::CELL, "zone-a"),
+        ]
+    }
+
+    #[test]
+    fn pool_pods_map_to_their_shard() {
+        let r = shard_of(&pod(&pool_labels())).unwrap();
+        assert_eq!(r.name, "prod-postgres-default-0-inf");
+        assert_eq!(r.namespace.as_deref(), Some("team-a"));
+        assert!(shard_of(&pod(&[(labels::CLUSTER, "prod")])).is_none());
+    }
+
+    #[test]
+    fn only_the_shards_pool_pods_are_considered() {
+        let shard = Shard::new(
+            "prod-postgres-default-0-inf",
+            ShardSpec {
+                database_name: DatabaseName::new("postgres"),
+                table_group_name: TableGroupName::new("default"),
+                shard_name: ShardName::new("0-inf"),
+                ..Default::default()
+            },
+        );
+        assert!(is_pool_pod_of(&pod(&pool_labels()), &shard, "prod"));
+        assert!(!is_pool_pod_of(&pod(&pool_labels()), &shard, "other"));
+        let mut orch = pool_labels();
+        orch[1] = (labels::COMPONENT, "multiorch");
+        assert!(!is_pool_pod_of(&pod(&orch), &shard, "prod"));
+        let mut other_tg = pool_labels();
+        other_tg[3] = (labels::TABLE_GROUP, "orders");
+        assert!(!is_pool_pod_of(&pod(&other_tg), &shard, "prod"));
+    }
+}
