@@ -16,6 +16,7 @@ use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{DynamicObject, Status};
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use crate::defaults;
 use crate::lookup::{LookupError, Lookups};
@@ -29,6 +30,24 @@ use crate::violation::Findings;
 pub const REQUESTS_TOTAL: &str = "multigres_operator_webhook_requests_total";
 /// Admission latency by webhook, from body received to response built.
 pub const DURATION_SECONDS: &str = "multigres_operator_webhook_request_duration_seconds";
+
+/// Registers HELP text for the webhook's metrics with the current recorder.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        REQUESTS_TOTAL,
+        "Admission requests by webhook, operation and result (allowed, denied, invalid, error)."
+    );
+    metrics::describe_histogram!(
+        DURATION_SECONDS,
+        metrics::Unit::Seconds,
+        "Admission latency by webhook, from request body to response."
+    );
+    metrics::describe_gauge!(
+        crate::tls::CERTIFICATE_EXPIRY,
+        metrics::Unit::Seconds,
+        "Expiry of the serving certificate, as a Unix timestamp."
+    );
+}
 
 /// Largest AdmissionReview accepted: an object and its old version, each up to the API server's
 /// 3 MiB request limit, plus the envelope.
@@ -171,8 +190,8 @@ pub async fn handle(
                 namespace = request.namespace.as_deref().unwrap_or_default(),
                 name = %request.name,
             );
-            let _entered = span.enter();
-            (operation, review(webhook, state, &request).await)
+            let response = review(webhook, state, &request).instrument(span).await;
+            (operation, response)
         }
         Err(message) => {
             tracing::warn!(webhook = %webhook.label(), %message, "unreadable admission request");
@@ -367,6 +386,13 @@ async fn validate_cluster(
     if !matches!(request.operation, Operation::Create | Operation::Update) {
         return Ok(Findings::default());
     }
+    if request.operation == Operation::Update && (spec_unchanged(request) || being_deleted(request))
+    {
+        // Metadata-only updates (labels, annotations, finalizers written by the operator) and
+        // updates of a cluster on its way out never need the spec checked: refusing them could
+        // wedge the operator or a deletion.
+        return Ok(Findings::default());
+    }
     let new: MultigresCluster = typed(request.object.as_ref(), "object")?;
     let old: Option<MultigresCluster> = match request.operation {
         Operation::Update => Some(typed(request.old_object.as_ref(), "old object")?),
@@ -395,6 +421,23 @@ fn template_spec(
     })
 }
 
+/// Whether an update leaves the spec as it was.
+fn spec_unchanged(request: &AdmissionRequest<DynamicObject>) -> bool {
+    request.old_object.as_ref().map(|o| o.data.get("spec"))
+        == request.object.as_ref().map(|o| o.data.get("spec"))
+}
+
+/// Whether the object already has a deletion timestamp.
+fn being_deleted(request: &AdmissionRequest<DynamicObject>) -> bool {
+    request
+        .object
+        .as_ref()
+        .is_some_and(|o| o.metadata.deletion_timestamp.is_some())
+}
+
+/// The namespace controller deletes everything of a namespace being deleted, clusters included.
+const NAMESPACE_CONTROLLER: &str = "system:serviceaccount:kube-system:namespace-controller";
+
 async fn validate_template(
     state: &AdmissionState,
     request: &AdmissionRequest<DynamicObject>,
@@ -402,20 +445,26 @@ async fn validate_template(
     kind: TemplateKind,
 ) -> Result<Findings, Failure> {
     match request.operation {
+        Operation::Delete
+            if request.user_info.username.as_deref() == Some(NAMESPACE_CONTROLLER) =>
+        {
+            Ok(Findings::default())
+        }
         Operation::Delete => {
             let clusters = state.lookups.clusters(namespace).await?;
             Ok(templates::deletion(kind, &request.name, &clusters))
         }
+        Operation::Update if spec_unchanged(request) => Ok(Findings::default()),
         Operation::Create | Operation::Update => {
             let new = template_spec(kind, request.object.as_ref(), "object")?;
             let mut findings = new.validate();
             if request.operation == Operation::Update {
                 let old = template_spec(kind, request.old_object.as_ref(), "old object")?;
-                let changed = request.old_object.as_ref().map(|o| &o.data["spec"])
-                    != request.object.as_ref().map(|o| &o.data["spec"]);
-                if changed {
-                    findings.extend(template_update(state, request, namespace, &old, &new).await?);
-                }
+                let before = old.validate();
+                findings
+                    .violations
+                    .retain(|v| !before.violations.contains(v));
+                findings.extend(template_update(state, request, namespace, &old, &new).await?);
             }
             Ok(findings)
         }

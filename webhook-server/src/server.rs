@@ -65,6 +65,7 @@ impl RunningWebhook {
         client: Client,
         state: HandlerState,
     ) -> Result<Self, WebhookError> {
+        admission::describe_metrics();
         let store = Arc::new(CertStore::new());
         let tcp = TcpListener::bind(options.bind_address)
             .await

@@ -575,3 +575,24 @@ async fn unreachable_api_server_fails_closed() {
         "{response:#}"
     );
 }
+
+#[tokio::test]
+async fn metadata_only_updates_and_deletions_are_not_rechecked() {
+    // Both clusters name templates that do not exist; neither update touches the spec in a way
+    // that needs checking, so nothing is read (the client points nowhere).
+    let router = router(unused_client());
+    for name in [
+        "cluster-update-metadata-only",
+        "cluster-update-being-deleted",
+    ] {
+        let response = post(&router, VALIDATE_CLUSTER, fixture(name, "ns")).await;
+        assert_eq!(response["allowed"], true, "{name}: {response:#}");
+    }
+    let response = post(
+        &router,
+        "/validate-multigres-com-v1alpha1-celltemplate",
+        fixture("celltemplate-delete-by-namespace-controller", "ns"),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response:#}");
+}

@@ -45,29 +45,48 @@ pub fn needed_templates<'a>(
 }
 
 /// Validates a cluster being created (`old` is `None`) or updated.
+///
+/// On update, problems the stored cluster already had are not held against the edit (ratcheting,
+/// as Kubernetes does for CRD schemas): a cluster admitted before a rule existed, or broken by a
+/// template change, can still be edited, including to fix it.
 pub fn validate(
     new: &MultigresCluster,
     old: Option<&MultigresCluster>,
     templates: &Templates,
 ) -> Findings {
-    let mut findings = Findings::default();
-    let namespace = new.metadata.namespace.as_deref().unwrap_or_default();
-    missing_templates(&mut findings, &new.spec, templates, namespace);
-    written(&mut findings, &new.spec);
-    if let Some(old) = old {
-        written_transition(&mut findings, &old.spec, &new.spec);
+    let mut findings = state_checks(new, templates);
+    let Some(old) = old else {
+        return findings;
+    };
+    let before = state_checks(old, templates);
+    findings
+        .violations
+        .retain(|v| !before.violations.contains(v));
+    written_transition(&mut findings, &old.spec, &new.spec);
+    if let (Ok(old_resolved), Ok(new_resolved)) = (
+        resolver::resolve(old, templates),
+        resolver::resolve(new, templates),
+    ) {
+        let old_view = View::new(&old.spec, templates, &old_resolved);
+        let new_view = View::new(&new.spec, templates, &new_resolved);
+        transition(&mut findings, &old_view, &new_view);
     }
+    findings
+}
+
+/// The checks of one cluster on its own, written and resolved.
+fn state_checks(cluster: &MultigresCluster, templates: &Templates) -> Findings {
+    let mut findings = Findings::default();
+    let namespace = cluster.metadata.namespace.as_deref().unwrap_or_default();
+    missing_templates(&mut findings, &cluster.spec, templates, namespace);
+    written(&mut findings, &cluster.spec);
     // A cluster that does not resolve has a missing template or an unsupported durability
     // policy, both reported above.
-    if let Ok(resolved) = resolver::resolve(new, templates) {
-        let new_view = View::new(&new.spec, templates, &resolved);
-        resolved_checks(&mut findings, &new_view);
-        if let Some(old) = old
-            && let Ok(old_resolved) = resolver::resolve(old, templates)
-        {
-            let old_view = View::new(&old.spec, templates, &old_resolved);
-            transition(&mut findings, &old_view, &new_view);
-        }
+    if let Ok(resolved) = resolver::resolve(cluster, templates) {
+        resolved_checks(
+            &mut findings,
+            &View::new(&cluster.spec, templates, &resolved),
+        );
     }
     findings
 }
@@ -1271,6 +1290,20 @@ cells: [{name: zone-b, region: r-1}, {name: zone-c, zoneId: z-c}]
                 .message
                 .contains("(was \"z-b\", now unset)")
         );
+    }
+
+    #[test]
+    fn problems_the_stored_cluster_already_had_do_not_block_an_edit() {
+        let broken = with("durabilityPolicy: LEGACY\n");
+        let old = cluster(&broken);
+        let edited = cluster(&format!("{broken}topologyPruning: {{enabled: false}}\n"));
+        assert!(validate(&edited, Some(&old), &Templates::default()).allowed());
+        // A new problem in the same edit is still refused.
+        let worse = cluster(&format!(
+            "{broken}externalGateway: {{enabled: true, externalIPs: [x]}}\n"
+        ));
+        let findings = validate(&worse, Some(&old), &Templates::default());
+        assert_eq!(fields(&findings), ["spec.externalGateway.externalIPs[0]"]);
     }
 
     #[test]
