@@ -115,8 +115,8 @@ pub enum Health {
     Pending(String),
 }
 
-/// The health of `observed` (the cached child named `name`, if it exists). `reported` is set
-/// when its handler has written any status at all.
+/// The health of `observed` (the cached child named `name`, if it exists), and whether the
+/// child has started: its handler reported a phase past Initializing.
 pub fn health<K: Child>(name: &str, observed: Option<&K>) -> (Health, bool) {
     let kind = K::kind(&());
     let Some(child) = observed else {
@@ -131,12 +131,13 @@ pub fn health<K: Child>(name: &str, observed: Option<&K>) -> (Health, bool) {
             false,
         );
     };
+    let started = phase != Phase::Initializing;
     if report.observed_generation != child.meta().generation {
         return (
             Health::Pending(format!(
                 "{kind} {name} has not observed its latest spec yet"
             )),
-            true,
+            started,
         );
     }
     let health = match phase {
@@ -147,13 +148,13 @@ pub fn health<K: Child>(name: &str, observed: Option<&K>) -> (Health, bool) {
         }),
         phase => Health::Pending(format!("{kind} {name} is {phase:?}")),
     };
-    (health, true)
+    (health, started)
 }
 
 /// How a set of children is doing as a whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Aggregate {
-    /// Degraded if any child is; Healthy if all are; Initializing while none has reported;
+    /// Degraded if any child is; Healthy if all are; Initializing while none has started;
     /// Progressing otherwise.
     pub phase: Phase,
     /// What the phase is about, naming the first few children that hold it back.
@@ -167,7 +168,7 @@ pub struct Aggregate {
 /// How many children a status message names before summarizing the rest.
 const LISTED: usize = 3;
 
-/// Aggregates `healths` (one per desired child, with whether it reported) for a status; `noun`
+/// Aggregates `healths` (one per desired child, with whether it started) for a status; `noun`
 /// names the children in messages (`components`, `shards`).
 pub fn aggregate(healths: &[(Health, bool)], noun: &str) -> Aggregate {
     let total = healths.len();
@@ -205,7 +206,7 @@ pub fn aggregate(healths: &[(Health, bool)], noun: &str) -> Aggregate {
             _ => None,
         })
         .collect();
-    let phase = if healths.iter().any(|(_, reported)| *reported) {
+    let phase = if healths.iter().any(|(_, started)| *started) {
         Phase::Progressing
     } else {
         Phase::Initializing
@@ -305,22 +306,31 @@ mod tests {
 
     #[test]
     fn health_needs_a_current_healthy_report() {
-        let (missing, reported) = health::<Cell>("prod-zone-a", None);
+        let (missing, started) = health::<Cell>("prod-zone-a", None);
         assert!(
             matches!(missing, Health::Pending(m) if m == "Cell prod-zone-a does not exist yet")
         );
-        assert!(!reported);
+        assert!(!started);
 
         let silent = cell(base());
-        let (h, reported) = health("prod-zone-a", Some(&silent));
+        let (h, started) = health("prod-zone-a", Some(&silent));
         assert!(matches!(h, Health::Pending(m) if m.contains("has not reported status")));
-        assert!(!reported);
+        assert!(!started);
+
+        let mut initializing = base();
+        initializing["status"] = json!({"phase": "Initializing", "observedGeneration": 3});
+        let (h, started) = health("prod-zone-a", Some(&cell(initializing)));
+        assert_eq!(
+            h,
+            Health::Pending("Cell prod-zone-a is Initializing".into())
+        );
+        assert!(!started);
 
         let mut stale = base();
         stale["status"] = json!({"phase": "Healthy", "observedGeneration": 2});
-        let (h, reported) = health("prod-zone-a", Some(&cell(stale)));
+        let (h, started) = health("prod-zone-a", Some(&cell(stale)));
         assert!(matches!(h, Health::Pending(m) if m.contains("latest spec")));
-        assert!(reported);
+        assert!(started);
 
         let mut healthy = base();
         healthy["status"] = json!({"phase": "Healthy", "observedGeneration": 3});
@@ -348,7 +358,7 @@ mod tests {
     #[test]
     fn aggregate_orders_degraded_healthy_initializing_progressing() {
         let healthy = (Health::Healthy, true);
-        let pending = |m: &str, reported| (Health::Pending(m.to_owned()), reported);
+        let pending = |m: &str, started| (Health::Pending(m.to_owned()), started);
         let degraded = (Health::Degraded("Shard s: pool down".to_owned()), true);
 
         let a = aggregate(&[healthy.clone(), degraded, pending("x", true)], "shards");

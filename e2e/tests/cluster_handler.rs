@@ -38,7 +38,9 @@ const WAIT: Duration = Duration::from_secs(45);
 const SERVICE_ACCOUNT: &str = "cluster-handler";
 
 fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative)
 }
 
 async fn cluster() -> &'static LocalCluster {
@@ -123,7 +125,9 @@ impl Handler {
         let admin = cluster.client().unwrap();
         let rbac = std::fs::read_to_string(repo_path("deploy/rbac/cluster-handler.yaml")).unwrap();
         for doc in manifest::parse_documents(&rbac, Path::new("cluster-handler.yaml")).unwrap() {
-            manifest::apply(&admin, &doc, None, Mode::Apply).await.unwrap();
+            manifest::apply(&admin, &doc, None, Mode::Apply)
+                .await
+                .unwrap();
         }
         let binding: kube::api::DynamicObject = serde_json::from_value(json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -180,7 +184,9 @@ impl Handler {
                 .iter()
                 .find(|e| e["message"] == "servers listening")
                 .and_then(|e| e["metrics_addr"].as_str()?.parse::<SocketAddr>().ok());
-            let synced = entries.iter().any(|e| e["message"] == "caches synced; serving");
+            let synced = entries
+                .iter()
+                .any(|e| e["message"] == "caches synced; serving");
             match (listening, synced) {
                 (Some(addr), true) => Ok(addr),
                 _ => Err(text),
@@ -200,7 +206,9 @@ impl Handler {
 
     /// The handler's `/metrics` page.
     async fn metrics(&self) -> String {
-        let mut stream = TcpStream::connect(self.metrics).await.expect("metrics connect");
+        let mut stream = TcpStream::connect(self.metrics)
+            .await
+            .expect("metrics connect");
         let request = format!(
             "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
             self.metrics
@@ -227,7 +235,12 @@ impl Handler {
                         .map(|v| v.trim_end_matches('"').to_owned())
                         .unwrap_or_default()
                 };
-                let key = format!("{}/{}/{}", label("controller"), label("kind"), label("verb"));
+                let key = format!(
+                    "{}/{}/{}",
+                    label("controller"),
+                    label("kind"),
+                    label("verb")
+                );
                 Some((key, value.trim().parse().ok()?))
             })
             .collect()
@@ -238,7 +251,10 @@ impl Drop for Handler {
     /// A failing test shows what the handler logged.
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("--- cluster-handler log (last 80 lines) ---\n{}", self.process.log_tail(80));
+            eprintln!(
+                "--- cluster-handler log (last 80 lines) ---\n{}",
+                self.process.log_tail(80)
+            );
         }
     }
 }
@@ -260,7 +276,11 @@ fn read_sample(name: &str) -> String {
 fn sample_templates(yaml: &str) -> Templates {
     let mut templates = Templates::default();
     for doc in manifest::parse_documents(yaml, Path::new("sample.yaml")).unwrap() {
-        let kind = doc.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
+        let kind = doc
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
         let name = doc.name_any();
         let value = serde_json::to_value(&doc).unwrap();
         match kind.as_str() {
@@ -330,7 +350,11 @@ fn controller_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
 }
 
 /// The standard labels of a child plus its topology labels.
-fn expected_labels(cluster: &str, component: &str, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+fn expected_labels(
+    cluster: &str,
+    component: &str,
+    extra: &[(&str, &str)],
+) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = [
         ("app.kubernetes.io/name", "multigres"),
         ("app.kubernetes.io/part-of", "multigres"),
@@ -349,15 +373,19 @@ fn expected_labels(cluster: &str, component: &str, extra: &[(&str, &str)]) -> BT
 
 /// Waits until the cluster's status reflects its current generation.
 async fn wait_observed(clusters: &Api<MultigresCluster>, name: &str) -> MultigresCluster {
-    eventually(&format!("MultigresCluster {name} observed"), WAIT, || async {
-        let c = clusters.get(name).await.map_err(|e| e.to_string())?;
-        let observed = c.status.as_ref().and_then(|s| s.observed_generation);
-        if observed.is_some() && observed == c.metadata.generation {
-            Ok(c)
-        } else {
-            Err(format!("{:?}", c.status))
-        }
-    })
+    eventually(
+        &format!("MultigresCluster {name} observed"),
+        WAIT,
+        || async {
+            let c = clusters.get(name).await.map_err(|e| e.to_string())?;
+            let observed = c.status.as_ref().and_then(|s| s.observed_generation);
+            if observed.is_some() && observed == c.metadata.generation {
+                Ok(c)
+            } else {
+                Err(format!("{:?}", c.status))
+            }
+        },
+    )
     .await
 }
 
@@ -415,15 +443,27 @@ async fn every_sample_produces_exactly_its_children() {
     let mut want: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for expected in &SAMPLES {
         let name = expected.sample;
-        want.entry("TopoServer").or_default().extend(strings(expected.topo_servers));
-        want.entry("Cell").or_default().extend(strings(expected.cells));
-        want.entry("TableGroup").or_default().push(format!("{name}-postgres-default"));
-        want.entry("Shard").or_default().push(format!("{name}-postgres-default-0-inf"));
+        want.entry("TopoServer")
+            .or_default()
+            .extend(strings(expected.topo_servers));
+        want.entry("Cell")
+            .or_default()
+            .extend(strings(expected.cells));
+        want.entry("TableGroup")
+            .or_default()
+            .push(format!("{name}-postgres-default"));
+        want.entry("Shard")
+            .or_default()
+            .push(format!("{name}-postgres-default-0-inf"));
     }
     want.values_mut().for_each(|v| v.sort());
     eventually("exactly the children of the five samples", WAIT, || async {
         let got = all_children(&client, &namespace).await;
-        if got == want { Ok(()) } else { Err(format!("{got:?}")) }
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{got:?}"))
+        }
     })
     .await;
 
@@ -439,7 +479,11 @@ async fn every_sample_produces_exactly_its_children() {
                 let topo = topo_servers.get(topo_name).await.unwrap();
                 assert_eq!(&topo.spec, spec.as_ref(), "{topo_name}");
                 assert_eq!(topo.labels(), &expected_labels(name, "global-topo", &[]));
-                assert_eq!(topo.owner_references(), [owner.clone()], "{topo_name}");
+                assert_eq!(
+                    topo.owner_references(),
+                    std::slice::from_ref(&owner),
+                    "{topo_name}"
+                );
             }
             (GlobalTopo::External(_), []) => {}
             (topo, names) => panic!("{name}: resolved {topo:?} but expected {names:?}"),
@@ -449,9 +493,17 @@ async fn every_sample_produces_exactly_its_children() {
             assert_eq!(cell.spec, resolved_cell.spec, "{cell_name}");
             assert_eq!(
                 cell.labels(),
-                &expected_labels(name, "cell", &[("multigres.com/cell", resolved_cell.spec.name.as_str())])
+                &expected_labels(
+                    name,
+                    "cell",
+                    &[("multigres.com/cell", resolved_cell.spec.name.as_str())]
+                )
             );
-            assert_eq!(cell.owner_references(), [owner.clone()], "{cell_name}");
+            assert_eq!(
+                cell.owner_references(),
+                std::slice::from_ref(&owner),
+                "{cell_name}"
+            );
         }
         let tg_name = format!("{name}-postgres-default");
         let tg = table_groups.get(&tg_name).await.unwrap();
@@ -461,17 +513,27 @@ async fn every_sample_produces_exactly_its_children() {
             &expected_labels(
                 name,
                 "tablegroup",
-                &[("multigres.com/database", "postgres"), ("multigres.com/tablegroup", "default")]
+                &[
+                    ("multigres.com/database", "postgres"),
+                    ("multigres.com/tablegroup", "default")
+                ]
             )
         );
-        assert_eq!(tg.owner_references(), [owner.clone()], "{tg_name}");
+        assert_eq!(
+            tg.owner_references(),
+            std::slice::from_ref(&owner),
+            "{tg_name}"
+        );
 
         let shard_name = format!("{tg_name}-0-inf");
         let shard = eventually(&format!("Shard {shard_name}"), WAIT, || async {
             shards.get(&shard_name).await.map_err(|e| e.to_string())
         })
         .await;
-        assert_eq!(shard.spec, resolver::shard_spec(&tg.spec, &tg.spec.shards[0]));
+        assert_eq!(
+            shard.spec,
+            resolver::shard_spec(&tg.spec, &tg.spec.shards[0])
+        );
         assert_eq!(
             shard.labels(),
             &expected_labels(
@@ -484,7 +546,11 @@ async fn every_sample_produces_exactly_its_children() {
                 ]
             )
         );
-        assert_eq!(shard.owner_references(), [controller_ref(&tg)], "{shard_name}");
+        assert_eq!(
+            shard.owner_references(),
+            [controller_ref(&tg)],
+            "{shard_name}"
+        );
 
         let status = stored.status.clone().unwrap();
         assert_eq!(
@@ -494,7 +560,10 @@ async fn every_sample_produces_exactly_its_children() {
         );
         assert_eq!(status.cells.len(), expected.cells.len(), "{name}");
     }
-    println!("writes after the five samples converged: {:?}", handler.writes().await);
+    println!(
+        "writes after the five samples converged: {:?}",
+        handler.writes().await
+    );
 }
 
 #[tokio::test]
@@ -520,7 +589,11 @@ async fn a_template_edit_reaches_every_cluster_using_it_and_no_other() {
          spec:\n  multigateway: {replicas: 1}\n",
     )
     .await;
-    for (name, template) in [("first", Some("shared")), ("second", Some("shared")), ("third", None)] {
+    for (name, template) in [
+        ("first", Some("shared")),
+        ("second", Some("shared")),
+        ("third", None),
+    ] {
         apply_yaml(&client, &namespace, &cluster_yaml(name, template)).await;
     }
     let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
@@ -528,7 +601,10 @@ async fn a_template_edit_reaches_every_cluster_using_it_and_no_other() {
         let cells = cells.clone();
         async move {
             let cell = cells.get(name).await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((cell.spec.multigateway.stateless.replicas, cell.resource_version()))
+            Ok::<_, String>((
+                cell.spec.multigateway.stateless.replicas,
+                cell.resource_version(),
+            ))
         }
     };
     for name in ["first-zone-a", "second-zone-a", "third-zone-a"] {
@@ -545,18 +621,28 @@ async fn a_template_edit_reaches_every_cluster_using_it_and_no_other() {
     )
     .await;
     for name in ["first-zone-a", "second-zone-a"] {
-        eventually(&format!("{name} takes the edited template"), WAIT, || async {
-            match replicas(name).await? {
-                (Some(3), _) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
+        eventually(
+            &format!("{name} takes the edited template"),
+            WAIT,
+            || async {
+                match replicas(name).await? {
+                    (Some(3), _) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
         .await;
     }
-    println!("template edit reached both clusters in {:?}", edited_at.elapsed());
+    println!(
+        "template edit reached both clusters in {:?}",
+        edited_at.elapsed()
+    );
     let (third_replicas, third_after) = replicas("third-zone-a").await.unwrap();
     assert_eq!(third_replicas, Some(1));
-    assert_eq!(third_after, third_before, "a cluster not using the template was written");
+    assert_eq!(
+        third_after, third_before,
+        "a cluster not using the template was written"
+    );
 }
 
 #[tokio::test]
@@ -591,18 +677,41 @@ async fn edits_to_children_are_reverted_and_deleted_children_come_back() {
         .await
         .unwrap();
     shards
-        .patch(shard_name, &edit, &Patch::Merge(json!({"spec": {"replicas": 9}})))
+        .patch(
+            shard_name,
+            &edit,
+            &Patch::Merge(json!({"spec": {"replicas": 9}})),
+        )
         .await
         .unwrap();
-    eventually("the Cell edit is reverted", Duration::from_secs(10), || async {
-        let now = cells.get("minimal-zone-a").await.map_err(|e| e.to_string())?;
-        if now.spec == cell.spec { Ok(()) } else { Err(format!("{:?}", now.spec.multigateway)) }
-    })
+    eventually(
+        "the Cell edit is reverted",
+        Duration::from_secs(10),
+        || async {
+            let now = cells
+                .get("minimal-zone-a")
+                .await
+                .map_err(|e| e.to_string())?;
+            if now.spec == cell.spec {
+                Ok(())
+            } else {
+                Err(format!("{:?}", now.spec.multigateway))
+            }
+        },
+    )
     .await;
-    eventually("the Shard edit is reverted", Duration::from_secs(10), || async {
-        let now = shards.get(shard_name).await.map_err(|e| e.to_string())?;
-        if now.spec == shard.spec { Ok(()) } else { Err(format!("{:?}", now.spec.replicas)) }
-    })
+    eventually(
+        "the Shard edit is reverted",
+        Duration::from_secs(10),
+        || async {
+            let now = shards.get(shard_name).await.map_err(|e| e.to_string())?;
+            if now.spec == shard.spec {
+                Ok(())
+            } else {
+                Err(format!("{:?}", now.spec.replicas))
+            }
+        },
+    )
     .await;
     println!("manual edits reverted within {:?}", edited_at.elapsed());
 
@@ -622,14 +731,22 @@ async fn edits_to_children_are_reverted_and_deleted_children_come_back() {
     })
     .await;
     assert_eq!(recreated.spec, tg.spec);
-    eventually("the Shard is recreated under the new TableGroup", WAIT, || async {
-        let shard = shards.get(shard_name).await.map_err(|e| e.to_string())?;
-        if shard.owner_references().iter().any(|o| Some(&o.uid) == recreated.uid().as_ref()) {
-            Ok(())
-        } else {
-            Err(format!("{:?}", shard.owner_references()))
-        }
-    })
+    eventually(
+        "the Shard is recreated under the new TableGroup",
+        WAIT,
+        || async {
+            let shard = shards.get(shard_name).await.map_err(|e| e.to_string())?;
+            if shard
+                .owner_references()
+                .iter()
+                .any(|o| Some(&o.uid) == recreated.uid().as_ref())
+            {
+                Ok(())
+            } else {
+                Err(format!("{:?}", shard.owner_references()))
+            }
+        },
+    )
     .await;
 }
 
@@ -660,7 +777,9 @@ async fn a_missing_template_is_reported_and_healed_once_created() {
     .await;
     assert_eq!(degraded.reason, "TemplateNotFound");
     assert!(
-        degraded.message.contains("ShardTemplate \"not-yet\" does not exist"),
+        degraded
+            .message
+            .contains("ShardTemplate \"not-yet\" does not exist"),
         "{}",
         degraded.message
     );
@@ -669,7 +788,10 @@ async fn a_missing_template_is_reported_and_healed_once_created() {
 
     let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
     let event = eventually("a TemplateNotFound event", WAIT, || async {
-        let list = events.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
         list.items
             .into_iter()
             .find(|e| {
@@ -685,9 +807,14 @@ async fn a_missing_template_is_reported_and_healed_once_created() {
         event.reporting_controller.as_deref(),
         Some("multigres-operator/cluster-handler")
     );
-    let none: BTreeMap<&str, Vec<String>> =
-        ["Cell", "Shard", "TableGroup", "TopoServer"].map(|k| (k, Vec::new())).into();
-    assert_eq!(all_children(&client, &namespace).await, none, "children made without the template");
+    let none: BTreeMap<&str, Vec<String>> = ["Cell", "Shard", "TableGroup", "TopoServer"]
+        .map(|k| (k, Vec::new()))
+        .into();
+    assert_eq!(
+        all_children(&client, &namespace).await,
+        none,
+        "children made without the template"
+    );
 
     // Creating the template re-resolves the cluster: its status named the template.
     apply_yaml(
@@ -699,7 +826,10 @@ async fn a_missing_template_is_reported_and_healed_once_created() {
     .await;
     let table_groups: Api<TableGroup> = Api::namespaced(client.clone(), &namespace);
     let tg = eventually("the TableGroup once the template exists", WAIT, || async {
-        table_groups.get("waiting-postgres-default").await.map_err(|e| e.to_string())
+        table_groups
+            .get("waiting-postgres-default")
+            .await
+            .map_err(|e| e.to_string())
     })
     .await;
     assert_eq!(tg.spec.shards[0].postgres_config["max_connections"], "50");
@@ -723,7 +853,10 @@ async fn switching_to_an_external_topology_deletes_the_managed_topo_server() {
     apply_yaml(&client, &namespace, &read_sample("minimal")).await;
     let topo_servers: Api<TopoServer> = Api::namespaced(client.clone(), &namespace);
     eventually("the global TopoServer", WAIT, || async {
-        topo_servers.get("minimal-global-topo").await.map_err(|e| e.to_string())
+        topo_servers
+            .get("minimal-global-topo")
+            .await
+            .map_err(|e| e.to_string())
     })
     .await;
 
@@ -757,7 +890,9 @@ async fn switching_to_an_external_topology_deletes_the_managed_topo_server() {
         .into_iter()
         .any(|e| {
             e.reason.as_deref() == Some("Deleted")
-                && e.note.as_deref().is_some_and(|n| n.contains("TopoServer minimal-global-topo"))
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("TopoServer minimal-global-topo"))
         });
     assert!(deleted, "no Deleted event");
 }
@@ -771,20 +906,39 @@ async fn deleting_a_cluster_garbage_collects_every_child() {
     apply_yaml(&client, &namespace, &read_sample("templated")).await;
     eventually("the templated children", WAIT, || async {
         let got = all_children(&client, &namespace).await;
-        if got.values().map(Vec::len).sum::<usize>() == 6 { Ok(()) } else { Err(format!("{got:?}")) }
+        if got.values().map(Vec::len).sum::<usize>() == 6 {
+            Ok(())
+        } else {
+            Err(format!("{got:?}"))
+        }
     })
     .await;
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
-    clusters.delete("templated", &DeleteParams::default()).await.unwrap();
+    clusters
+        .delete("templated", &DeleteParams::default())
+        .await
+        .unwrap();
     let started = Instant::now();
-    let none: BTreeMap<&str, Vec<String>> =
-        ["Cell", "Shard", "TableGroup", "TopoServer"].map(|k| (k, Vec::new())).into();
-    eventually("every child is garbage-collected", Duration::from_secs(90), || async {
-        let got = all_children(&client, &namespace).await;
-        if got == none { Ok(()) } else { Err(format!("{got:?}")) }
-    })
+    let none: BTreeMap<&str, Vec<String>> = ["Cell", "Shard", "TableGroup", "TopoServer"]
+        .map(|k| (k, Vec::new()))
+        .into();
+    eventually(
+        "every child is garbage-collected",
+        Duration::from_secs(90),
+        || async {
+            let got = all_children(&client, &namespace).await;
+            if got == none {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            }
+        },
+    )
     .await;
-    println!("children garbage-collected {:?} after the cluster's deletion", started.elapsed());
+    println!(
+        "children garbage-collected {:?} after the cluster's deletion",
+        started.elapsed()
+    );
     let templates = names::<CellTemplate>(&client, &namespace).await;
     assert_eq!(templates, ["standard-cell"], "templates are not children");
 }
@@ -806,7 +960,11 @@ async fn an_idle_cluster_costs_no_writes() {
     let mut still_since = Instant::now();
     let deadline = Instant::now() + WAIT;
     while still_since.elapsed() < Duration::from_secs(5) {
-        assert!(Instant::now() < deadline, "writes never settle: {last:?}\n{}", handler.log());
+        assert!(
+            Instant::now() < deadline,
+            "writes never settle: {last:?}\n{}",
+            handler.log()
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = handler.writes().await;
         if now != last {
@@ -818,9 +976,23 @@ async fn an_idle_cluster_costs_no_writes() {
     let children = all_children(&client, &namespace).await;
     let child_count: usize = children.values().map(Vec::len).sum();
     println!("converged after {total} writes for 2 clusters and {child_count} children: {last:?}");
+    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    for e in events.list(&ListParams::default()).await.unwrap().items {
+        println!(
+            "event {:?} {:?} {:?}: {:?}",
+            e.regarding.and_then(|r| r.name),
+            e.type_,
+            e.reason,
+            e.note
+        );
+    }
     // Each child applied once, each cluster and TableGroup status written a few times (as the
     // children appear), events on phase changes: far below a write per child per second.
-    let applies: u64 = last.iter().filter(|(k, _)| k.ends_with("/apply")).map(|(_, v)| v).sum();
+    let applies: u64 = last
+        .iter()
+        .filter(|(k, _)| k.ends_with("/apply"))
+        .map(|(_, v)| v)
+        .sum();
     assert_eq!(applies, child_count as u64, "one apply per child: {last:?}");
 
     let versions = |client: Client, namespace: String| async move {
@@ -849,13 +1021,11 @@ async fn an_idle_cluster_costs_no_writes() {
     let writes_after = handler.writes().await;
     assert_eq!(writes_after, last, "the handler wrote while idle");
     assert_eq!(after, before, "objects changed while idle");
-    println!(
-        "idle for 60s: 0 writes, {} objects unchanged",
-        before.len()
-    );
+    println!("idle for 60s: 0 writes, {} objects unchanged", before.len());
     let known: BTreeSet<&str> = ["multigrescluster", "tablegroup"].into();
     assert!(
-        last.keys().all(|k| known.contains(k.split('/').next().unwrap())),
+        last.keys()
+            .all(|k| known.contains(k.split('/').next().unwrap())),
         "{last:?}"
     );
 }
