@@ -1,0 +1,1436 @@
+//! The Helm chart `deploy/helm/multigres-operator`, for real.
+//!
+//! Without a cluster: `helm lint` passes, `helm template` renders every option, the rendered
+//! RBAC is exactly the handlers' own role files, the webhooks are the webhook-server's
+//! registrations, every alert has a runbook, and alerts and dashboards use only documented
+//! metrics.
+//!
+//! Against the real local control plane: `helm install` (which creates the CRDs from the
+//! chart) and `helm upgrade` succeed. kwok runs the chart's pods as fakes, so each handler runs
+//! as a local process with the container arguments of its Deployment and a token of the chart's
+//! ServiceAccount: every handler becomes ready and reconciles under the chart's RBAC, a rule
+//! removed from it makes its handler fail (and `helm upgrade` puts it back), killing the leader
+//! of two replicas hands over and reconciling continues, and each handler's `/metrics` exposes
+//! the names `docs/observability.md` documents.
+//!
+//! The chart registers its webhooks by URL on loopback (`webhook.url`), served by a
+//! webhook-server process started with the release, so every multigres.com write in these
+//! tests goes through the chart's admission webhooks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, WatchParams};
+use kube::{Api, Client};
+use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TableGroup};
+use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::process::Supervised;
+use multigres_e2e::toolchain;
+use multigres_proto::operator::v1::handler_info_client::HandlerInfoClient;
+use multigres_proto::operator::v1::{GetInfoRequest, GetInfoResponse, LeaderState};
+use serde::Deserialize as _;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+const RELEASE: &str = "multigres-operator";
+const NAMESPACE: &str = "multigres-system";
+const HANDLERS: [&str; 4] = [
+    "cluster-handler",
+    "resource-handler",
+    "data-handler",
+    "webhook-server",
+];
+const CONTROLLERS: [&str; 3] = ["cluster-handler", "resource-handler", "data-handler"];
+/// Bound for anything that normally takes a few seconds.
+const WAIT: Duration = Duration::from_secs(60);
+/// Leader election of the installed release: a killed leader is replaced within seconds.
+const LEASE_VALUES: [&str; 3] = [
+    "leaderElection.leaseDuration=4s",
+    "leaderElection.renewDeadline=3s",
+    "leaderElection.retryPeriod=500ms",
+];
+
+fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative)
+}
+
+fn chart_dir() -> PathBuf {
+    repo_path("deploy/helm/multigres-operator")
+}
+
+/// Retries `check` until it returns `Ok`, for at most `timeout`; panics with its last error.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) => assert!(
+                Instant::now() < deadline,
+                "{what}: not reached within {timeout:?}; last: {last}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// helm
+
+/// Runs the real helm with its own cache and config directories; returns stdout, or panics
+/// with stderr. `kubeconfig` is given for commands that talk to a cluster.
+async fn helm(args: &[&str], kubeconfig: Option<&Path>) -> String {
+    static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let home = HOME.get_or_init(|| {
+        tempfile::Builder::new()
+            .prefix("multigres-helm-")
+            .tempdir()
+            .expect("helm home")
+    });
+    let program = toolchain::binary("helm").unwrap_or_else(|e| panic!("{e}"));
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .kill_on_drop(true);
+    if let Some(path) = kubeconfig {
+        command.arg(format!("--kubeconfig={}", path.display()));
+    }
+    let out = command.output().await.expect("running helm");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "helm {} failed ({}):\n{stderr}",
+        args.join(" "),
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Values that switch every optional part of the chart on.
+const ALL_OPTIONS: [&str; 10] = [
+    "webhook.certificate.mode=cert-manager",
+    "webhook.url=https://127.0.0.1:9443",
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.prometheusRule.enabled=true",
+    "metrics.prometheusRule.runbookBaseUrl=https://runbooks.example/multigres",
+    "metrics.grafanaDashboards.enabled=true",
+    "tracing.otlpEndpoint=http://otel-collector.observability:4317",
+    "tracing.sampler=parentbased_traceidratio",
+    "tracing.samplerArg=0.25",
+    "clusterHandler.replicas=1",
+];
+
+/// `helm template` of the chart with `sets`, as parsed documents.
+async fn render(sets: &[&str]) -> Vec<Value> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        RELEASE,
+        chart.to_str().expect("utf-8 path"),
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        "1.36.0",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let text = helm(&args, None).await;
+    documents(&text)
+}
+
+fn documents(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|doc| {
+            let value = Value::deserialize(doc).expect("rendered YAML parses");
+            (!value.is_null()).then_some(value)
+        })
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+#[tokio::test]
+async fn the_chart_lints_and_renders_every_option() {
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("utf-8 path");
+    let lint = helm(&["lint", "--strict", chart], None).await;
+    assert!(lint.contains("0 chart(s) failed"), "{lint}");
+    let mut all = vec!["lint", "--strict", chart];
+    for set in ALL_OPTIONS {
+        all.extend(["--set", set]);
+    }
+    let lint = helm(&all, None).await;
+    assert!(lint.contains("0 chart(s) failed"), "{lint}");
+
+    let docs = render(&[]).await;
+    let deployments = of_kind(&docs, "Deployment");
+    assert_eq!(deployments.len(), 4);
+    for (handler, (grpc, metrics)) in
+        HANDLERS
+            .iter()
+            .zip([(9441, 8081), (9442, 8082), (9443, 8083), (9444, 8084)])
+    {
+        let name = format!("{RELEASE}-{handler}");
+        let deployment = named(&docs, "Deployment", &name);
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], name.as_str());
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"],
+            "RuntimeDefault"
+        );
+        let container = &pod["containers"][0];
+        assert_eq!(
+            container["command"][0],
+            format!("/usr/local/bin/{handler}").as_str()
+        );
+        let security = &container["securityContext"];
+        assert_eq!(security["readOnlyRootFilesystem"], true, "{handler}");
+        assert_eq!(security["allowPrivilegeEscalation"], false, "{handler}");
+        assert_eq!(security["capabilities"]["drop"][0], "ALL", "{handler}");
+        for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+            assert_eq!(container[probe]["grpc"]["port"], grpc, "{handler} {probe}");
+        }
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(args.contains(&format!("--grpc-bind-address=:{grpc}").as_str()));
+        assert!(args.contains(&format!("--metrics-bind-address=:{metrics}").as_str()));
+        let ports: BTreeMap<&str, i64> = container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["name"].as_str().unwrap(),
+                    p["containerPort"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(ports["grpc"], grpc);
+        assert_eq!(ports["metrics"], metrics);
+        named(&docs, "ServiceAccount", &name);
+        named(&docs, "PodDisruptionBudget", &name);
+        named(&docs, "Service", &format!("{name}-metrics"));
+        if CONTROLLERS.contains(handler) {
+            assert!(args.contains(&"--leader-elect=true"), "{args:?}");
+            assert!(args.contains(&format!("--leader-election-id={name}").as_str()));
+        }
+    }
+    named(&docs, "Service", &format!("{RELEASE}-webhook-service"));
+    for kind in [
+        "ServiceMonitor",
+        "PrometheusRule",
+        "Certificate",
+        "Issuer",
+        "ConfigMap",
+    ] {
+        assert!(
+            of_kind(&docs, kind).is_empty(),
+            "{kind} rendered by default"
+        );
+    }
+    let crds = helm(
+        &[
+            "template",
+            RELEASE,
+            chart,
+            "--include-crds",
+            "--kube-version",
+            "1.36.0",
+        ],
+        None,
+    )
+    .await;
+    let crds = of_kind(&documents(&crds), "CustomResourceDefinition").len();
+    assert_eq!(crds, 8, "CRDs shipped in crds/");
+
+    let docs = render(&ALL_OPTIONS).await;
+    assert_eq!(of_kind(&docs, "ServiceMonitor").len(), 1);
+    let rule = &of_kind(&docs, "PrometheusRule")[0];
+    let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), alerts().len());
+    for rule in rules {
+        let alert = rule["alert"].as_str().unwrap();
+        assert_eq!(
+            rule["annotations"]["runbook_url"],
+            format!("https://runbooks.example/multigres/{alert}.md").as_str()
+        );
+    }
+    let dashboards = &of_kind(&docs, "ConfigMap")[0]["data"];
+    for file in ["operator.json", "clusters.json"] {
+        let json: Value = serde_json::from_str(dashboards[file].as_str().unwrap()).unwrap();
+        assert!(json["uid"].is_string(), "{file}");
+    }
+    let certificate = &of_kind(&docs, "Certificate")[0];
+    let webhook = named(&docs, "Deployment", &format!("{RELEASE}-webhook-server"));
+    let pod = &webhook["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"][0]["secret"]["secretName"],
+        certificate["spec"]["secretName"]
+    );
+    assert_eq!(
+        pod["containers"][0]["volumeMounts"][0]["mountPath"],
+        "/var/run/secrets/webhook"
+    );
+    let validating = &of_kind(&docs, "ValidatingWebhookConfiguration")[0];
+    assert_eq!(
+        validating["webhooks"][0]["clientConfig"]["url"],
+        "https://127.0.0.1:9443/validate-multigres-com-v1alpha1-multigrescluster"
+    );
+    assert!(validating["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].is_string());
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "OTEL_EXPORTER_OTLP_ENDPOINT"
+                && e["value"] == "http://otel-collector.observability:4317"),
+        "{env:?}"
+    );
+    assert!(
+        of_kind(&docs, "PodDisruptionBudget")
+            .iter()
+            .all(|pdb| pdb["metadata"]["name"] != format!("{RELEASE}-cluster-handler").as_str())
+    );
+}
+
+/// The role documents of a handler's own RBAC file.
+fn source_roles(handler: &str) -> Vec<Value> {
+    let path = if handler == "webhook-server" {
+        repo_path("deploy/webhook/rbac.yaml")
+    } else {
+        repo_path(&format!("deploy/rbac/{handler}.yaml"))
+    };
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    documents(&text)
+}
+
+#[tokio::test]
+async fn the_chart_rbac_is_exactly_the_handlers_own_role_files() {
+    let docs = render(&[]).await;
+    for handler in HANDLERS {
+        let account = format!("{RELEASE}-{handler}");
+        let roles = source_roles(handler);
+        assert!(!roles.is_empty(), "{handler} has no roles");
+        for role in &roles {
+            let name = role["metadata"]["name"].as_str().unwrap();
+            let kind = role["kind"].as_str().unwrap();
+            let rendered = named(&docs, kind, name);
+            assert_eq!(rendered["rules"], role["rules"], "{handler}: {name}");
+            let cluster_wide = name == account;
+            let binding_kind = if cluster_wide {
+                "ClusterRoleBinding"
+            } else {
+                "RoleBinding"
+            };
+            let binding = named(&docs, binding_kind, name);
+            assert_eq!(binding["roleRef"]["name"], name);
+            assert_eq!(binding["roleRef"]["kind"], kind);
+            assert_eq!(binding["subjects"][0]["name"], account.as_str());
+            assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+            if !cluster_wide {
+                assert_eq!(binding["metadata"]["namespace"], NAMESPACE, "{name}");
+            }
+        }
+        assert!(
+            roles
+                .iter()
+                .any(|r| r["metadata"]["name"] == account.as_str()),
+            "{handler}: no role named {account}"
+        );
+    }
+    let bound: BTreeSet<&str> = of_kind(&docs, "ClusterRoleBinding")
+        .into_iter()
+        .chain(of_kind(&docs, "RoleBinding"))
+        .map(|b| b["roleRef"]["name"].as_str().unwrap())
+        .collect();
+    let rendered: BTreeSet<&str> = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .chain(of_kind(&docs, "Role"))
+        .map(|r| r["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        bound, rendered,
+        "every rendered role is bound, and only those"
+    );
+}
+
+/// The parts of a webhook that decide what is called and how.
+fn webhook_summary(webhook: &Value) -> Value {
+    let path = webhook["clientConfig"]["service"]["path"].clone();
+    let mut rules = webhook["rules"].clone();
+    for rule in rules.as_array_mut().unwrap() {
+        rule.as_object_mut().unwrap().remove("scope");
+    }
+    serde_json::json!({
+        "name": webhook["name"],
+        "path": path,
+        "rules": rules,
+        "failurePolicy": webhook["failurePolicy"],
+        "sideEffects": webhook["sideEffects"],
+        "admissionReviewVersions": webhook["admissionReviewVersions"],
+        "reinvocationPolicy": webhook["reinvocationPolicy"],
+    })
+}
+
+#[tokio::test]
+async fn the_chart_registers_the_webhook_servers_own_webhooks() {
+    let docs = render(&[]).await;
+    let shipped = std::fs::read_to_string(repo_path("deploy/webhook/webhook-configurations.yaml"))
+        .expect("the webhook-server's registrations");
+    let shipped = documents(&shipped);
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let expected = of_kind(&shipped, kind)[0];
+        let rendered = of_kind(&docs, kind)[0];
+        assert_eq!(rendered["metadata"]["name"], expected["metadata"]["name"]);
+        let summarize = |config: &Value| -> Vec<Value> {
+            config["webhooks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(webhook_summary)
+                .collect()
+        };
+        assert_eq!(summarize(rendered), summarize(expected), "{kind}");
+        for webhook in rendered["webhooks"].as_array().unwrap() {
+            assert_eq!(
+                webhook["clientConfig"]["service"]["name"],
+                format!("{RELEASE}-webhook-service").as_str()
+            );
+            assert_eq!(webhook["clientConfig"]["service"]["namespace"], NAMESPACE);
+            assert!(webhook["clientConfig"].get("caBundle").is_none());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Alerts, runbooks, dashboards, documented metrics
+
+/// A row of the metrics table in docs/observability.md.
+#[derive(Debug)]
+struct DocumentedMetric {
+    name: String,
+    handlers: Vec<String>,
+    /// Appears only once something happened (a first error).
+    on_first_event: bool,
+}
+
+fn documented_metrics() -> Vec<DocumentedMetric> {
+    let text = std::fs::read_to_string(repo_path("docs/observability.md")).unwrap();
+    let rows: Vec<DocumentedMetric> = text
+        .lines()
+        .filter(|line| line.starts_with("| `multigres_operator_"))
+        .map(|line| {
+            let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+            let handlers = match cells[3] {
+                "every handler" => HANDLERS.iter().map(|h| (*h).to_owned()).collect(),
+                list => list.split(',').map(|h| h.trim().to_owned()).collect(),
+            };
+            DocumentedMetric {
+                name: cells[0].trim_matches('`').to_owned(),
+                handlers,
+                on_first_event: cells[1].contains("on first event"),
+            }
+        })
+        .collect();
+    assert!(rows.len() >= 13, "metrics table not found: {rows:?}");
+    for row in &rows {
+        for handler in &row.handlers {
+            assert!(HANDLERS.contains(&handler.as_str()), "{row:?}");
+        }
+    }
+    rows
+}
+
+/// Metric names a PromQL expression uses, histogram series mapped to their family.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(start) = rest.find("multigres_operator_") {
+        let tail = &rest[start..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .filter(|family| family.ends_with("_seconds"))
+            .unwrap_or(name);
+        names.insert(family.to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// (alert name, expression) of files/alerts.yaml.
+fn alerts() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(chart_dir().join("files/alerts.yaml")).unwrap();
+    let doc: Value = serde_yaml::from_str(&text).unwrap();
+    doc["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .map(|r| {
+            (
+                r["alert"].as_str().unwrap().to_owned(),
+                r["expr"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn every_alert_has_a_runbook_and_uses_documented_metrics() {
+    let documented: BTreeSet<String> = documented_metrics().into_iter().map(|m| m.name).collect();
+    let index = std::fs::read_to_string(repo_path("docs/runbooks/README.md")).unwrap();
+    let alerts = alerts();
+    assert!(alerts.len() >= 7, "{alerts:?}");
+    for (alert, expr) in &alerts {
+        let path = repo_path(&format!("docs/runbooks/{alert}.md"));
+        let runbook = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{alert} has no runbook at {}: {e}", path.display()));
+        assert!(runbook.starts_with(&format!("# {alert}\n")), "{alert}");
+        for section in ["## Meaning", "## Impact", "## Diagnosis", "## Mitigation"] {
+            assert!(runbook.contains(section), "{alert} runbook lacks {section}");
+        }
+        assert!(
+            index.contains(&format!("[{alert}]({alert}.md)")),
+            "{alert} not indexed"
+        );
+        let used = metric_names(expr);
+        assert!(!used.is_empty(), "{alert}: {expr}");
+        for name in used {
+            assert!(
+                documented.contains(&name),
+                "{alert} uses undocumented {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn dashboards_use_only_documented_metrics() {
+    let documented: BTreeSet<String> = documented_metrics().into_iter().map(|m| m.name).collect();
+    let mut uids = BTreeSet::new();
+    for file in ["operator.json", "clusters.json"] {
+        let path = repo_path(&format!("deploy/dashboards/{file}"));
+        let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(uids.insert(dashboard["uid"].as_str().unwrap().to_owned()));
+        let mut exprs = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().unwrap();
+                exprs += 1;
+                let used = metric_names(expr);
+                assert!(!used.is_empty(), "{file}: {expr}");
+                for name in used {
+                    assert!(
+                        documented.contains(&name),
+                        "{file} uses undocumented {name}"
+                    );
+                }
+            }
+        }
+        assert!(exprs >= 8, "{file} has {exprs} queries");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The installed release
+
+/// Builds the four handlers once per test process and returns their directory.
+fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        // This test runs as <target>/<profile>/deps/chart-<hash>.
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .ancestors()
+            .nth(2)
+            .expect("profile directory above deps/")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("target directory");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut command = Command::new(cargo);
+        command
+            .current_dir(repo_path(""))
+            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
+            .arg(target_dir);
+        for handler in HANDLERS {
+            command.args(["-p", handler]);
+        }
+        let status = command.status().expect("running cargo build");
+        assert!(status.success(), "cargo build of the handlers: {status}");
+        profile_dir
+    })
+}
+
+/// A handler process started from its Deployment, as its ServiceAccount.
+struct Handler {
+    name: &'static str,
+    /// Declared before the log directory so the process stops before its log is removed.
+    process: Supervised,
+    _log_dir: tempfile::TempDir,
+    grpc: SocketAddr,
+    metrics: SocketAddr,
+}
+
+/// The release, installed once per test process, and the webhook-server serving its webhooks.
+struct Release {
+    cluster: &'static LocalCluster,
+    webhook_port: u16,
+    webhook: Handler,
+}
+
+/// Tests that use the release run one at a time: they share its ServiceAccounts, Leases and
+/// roles, and some change them.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn release() -> &'static Release {
+    static RELEASE_ONCE: tokio::sync::OnceCell<Release> = tokio::sync::OnceCell::const_new();
+    RELEASE_ONCE.get_or_init(install).await
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// Removes the CRDs the harness installed, so `helm install` creates them from the chart.
+async fn remove_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let names: Vec<String> = crds
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|crd| crd.metadata.name)
+        .filter(|name| name.ends_with(".multigres.com"))
+        .collect();
+    for name in &names {
+        crds.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    eventually("the harness CRDs are gone", WAIT, || async {
+        let left = crds
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let left: Vec<_> = left
+            .items
+            .iter()
+            .filter_map(|c| c.metadata.name.as_deref())
+            .filter(|n| n.ends_with(".multigres.com"))
+            .map(str::to_owned)
+            .collect();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await;
+}
+
+/// `helm install` with the webhooks on loopback and short Leases, then the webhook-server.
+async fn install() -> Release {
+    let cluster = LocalCluster::shared()
+        .await
+        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"));
+    remove_crds(&cluster.client().unwrap()).await;
+    let webhook_port = free_port();
+    let url = format!("webhook.url=https://127.0.0.1:{webhook_port}");
+    let chart = chart_dir();
+    let mut args = vec![
+        "install",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "5m",
+        "--set",
+        &url,
+        "--set-json",
+        r#"webhookServer.extraArgs=["--webhook-extra-sans=127.0.0.1"]"#,
+    ];
+    for set in LEASE_VALUES {
+        args.extend(["--set", set]);
+    }
+    let out = helm(&args, Some(cluster.kubeconfig())).await;
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let webhook = Handler::start(cluster, "webhook-server", webhook_port, &[]).await;
+    webhook.wait_info("certificate loaded", |i| i.serving).await;
+    Release {
+        cluster,
+        webhook_port,
+        webhook,
+    }
+}
+
+/// Reads the JSON log until the "servers listening" line and returns the bound addresses.
+fn listening_addrs(log: &str) -> Option<(SocketAddr, SocketAddr)> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|entry| entry["message"] == "servers listening")
+        .map(|entry| {
+            let addr = |field: &str| {
+                entry[field]
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or_else(|| panic!("bad {field} in {entry}"))
+            };
+            (addr("grpc_addr"), addr("metrics_addr"))
+        })
+}
+
+/// The container arguments of the release's Deployment for `handler`, with its listen
+/// addresses moved to loopback (`webhook_port` for the admission server).
+async fn deployment_args(client: &Client, handler: &str, webhook_port: u16) -> Vec<String> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let deployment = deployments
+        .get(&format!("{RELEASE}-{handler}"))
+        .await
+        .unwrap_or_else(|e| panic!("reading the {handler} Deployment: {e}"));
+    let container = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|s| s.containers)
+        .and_then(|c| c.into_iter().next())
+        .expect("a container");
+    assert_eq!(
+        container.command.as_deref(),
+        Some(&[format!("/usr/local/bin/{handler}")][..])
+    );
+    container
+        .args
+        .unwrap_or_default()
+        .into_iter()
+        .map(|arg| {
+            let flag = arg.split('=').next().unwrap_or_default();
+            match flag {
+                "--grpc-bind-address" | "--metrics-bind-address" => {
+                    format!("{flag}=127.0.0.1:0")
+                }
+                "--webhook-bind-address" => format!("{flag}=127.0.0.1:{webhook_port}"),
+                _ => arg,
+            }
+        })
+        .collect()
+}
+
+impl Handler {
+    /// Starts `name` with its Deployment's arguments and a token of its ServiceAccount.
+    async fn start(
+        cluster: &LocalCluster,
+        name: &'static str,
+        webhook_port: u16,
+        extra_env: &[(&str, &str)],
+    ) -> Handler {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let admin = cluster.client().unwrap();
+        let kubeconfig = cluster
+            .service_account_kubeconfig(
+                NAMESPACE,
+                &format!("{RELEASE}-{name}"),
+                Duration::from_secs(3600),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("a token for {name}: {e}"));
+        let mut args = deployment_args(&admin, name, webhook_port).await;
+        args.push(format!("--kubeconfig={}", kubeconfig.display()));
+        let log_dir = tempfile::Builder::new()
+            .prefix(&format!("multigres-chart-{name}-"))
+            .tempdir()
+            .unwrap();
+        let log = log_dir.path().join(format!("{name}.log"));
+        let pod = format!("{name}-local-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let mut env = vec![("POD_NAMESPACE", NAMESPACE), ("POD_NAME", pod.as_str())];
+        env.extend_from_slice(extra_env);
+        let process = Supervised::spawn(name, &bin_dir().join(name), &args, &env, &log)
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let (grpc, metrics) = eventually(&format!("{name} listens"), WAIT, || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(status) = process.exit_status() {
+                panic!("{name} exited early ({status}):\n{text}");
+            }
+            listening_addrs(&text).ok_or(text)
+        })
+        .await;
+        Handler {
+            name,
+            process,
+            _log_dir: log_dir,
+            grpc,
+            metrics,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.process.log_path()).unwrap_or_default()
+    }
+
+    async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.grpc))
+            .expect("endpoint")
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("{} gRPC at {}: {e}\n{}", self.name, self.grpc, self.log()))
+    }
+
+    async fn health(&self) -> ServingStatus {
+        HealthClient::new(self.channel().await)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{} health: {e}", self.name))
+            .into_inner()
+            .status()
+    }
+
+    async fn info(&self) -> GetInfoResponse {
+        HandlerInfoClient::new(self.channel().await)
+            .get_info(GetInfoRequest {})
+            .await
+            .unwrap_or_else(|e| panic!("{} HandlerInfo: {e}", self.name))
+            .into_inner()
+    }
+
+    /// Polls HandlerInfo until `done` holds.
+    async fn wait_info(
+        &self,
+        what: &str,
+        done: impl Fn(&GetInfoResponse) -> bool,
+    ) -> GetInfoResponse {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.process.exit_status() {
+                panic!(
+                    "{} exited ({status}) waiting for {what}:\n{}",
+                    self.name,
+                    self.log()
+                );
+            }
+            let info = self.info().await;
+            if done(&info) {
+                return info;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: {what} not reached; last HandlerInfo {info:?}\n{}",
+                self.name,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        let mut stream = TcpStream::connect(self.metrics)
+            .await
+            .expect("metrics connect");
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.metrics
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .expect("metrics request");
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .await
+            .expect("metrics response");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+    }
+
+    fn kill(&self) {
+        let pid = libc::pid_t::try_from(self.process.pid()).expect("pid fits pid_t");
+        // SAFETY: kill(2) only sends a signal to our own child; no memory is involved.
+        let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert_eq!(rc, 0, "killing {}", self.name);
+    }
+
+    /// SIGTERM (releasing a held Lease), then waits for the exit.
+    fn stop(&self) {
+        self.process.stop(Duration::from_secs(20));
+    }
+
+    /// Whether the log reports an authorization failure from the API server.
+    fn forbidden(&self) -> bool {
+        self.log().to_lowercase().contains("forbidden")
+    }
+}
+
+impl Drop for Handler {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A namespace no other test uses.
+async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    cluster
+        .create_namespace(&name)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+    name
+}
+
+/// Applies `deploy/samples/minimal.yaml` into `namespace`, its cluster named `name`; every
+/// document goes through the chart's webhooks.
+async fn apply_minimal(client: &Client, namespace: &str, name: &str) {
+    let path = repo_path("deploy/samples/minimal.yaml");
+    for mut doc in manifest::read_documents(&path).unwrap() {
+        if doc
+            .types
+            .as_ref()
+            .is_some_and(|t| t.kind == "MultigresCluster")
+        {
+            doc.metadata.name = Some(name.to_owned());
+        }
+        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+    }
+}
+
+/// Names of the objects of kind `K` in `namespace`.
+async fn names<K>(client: &Client, namespace: &str) -> Vec<String>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    api.list(&ListParams::default())
+        .await
+        .map(|list| {
+            list.items
+                .iter()
+                .filter_map(|o| o.meta().name.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Starts the three controllers from the release and waits until each leads and serves.
+async fn start_controllers(release: &Release) -> Vec<Handler> {
+    let mut controllers = Vec::new();
+    for name in CONTROLLERS {
+        let handler = Handler::start(release.cluster, name, release.webhook_port, &[]).await;
+        handler
+            .wait_info("leading and serving", |i| {
+                i.leader_state() == LeaderState::Leader && i.serving
+            })
+            .await;
+        controllers.push(handler);
+    }
+    controllers
+}
+
+#[tokio::test]
+async fn helm_install_and_upgrade_succeed() {
+    let release = release().await;
+    let _serial = SERIAL.lock().await;
+    let client = release.cluster.client().unwrap();
+    let kubeconfig = release.cluster.kubeconfig();
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for file in manifest::yaml_files(&repo_path("deploy/crds")).unwrap() {
+        let name = file.file_stem().unwrap().to_str().unwrap().to_owned();
+        let crd = crds
+            .get(&name)
+            .await
+            .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
+        let labels = crd.metadata.labels.unwrap_or_default();
+        assert!(
+            !labels.contains_key("app.kubernetes.io/managed-by"),
+            "{name}: CRDs come from crds/, outside the release, so uninstall keeps them"
+        );
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    for handler in HANDLERS {
+        let deployment = deployments
+            .get(&format!("{RELEASE}-{handler}"))
+            .await
+            .unwrap();
+        let status = deployment.status.unwrap_or_default();
+        assert_eq!(status.ready_replicas, Some(2), "{handler}: {status:?}");
+    }
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let ca_bundle = |config: MutatingWebhookConfiguration| {
+        config.webhooks.unwrap_or_default()[0]
+            .client_config
+            .ca_bundle
+            .clone()
+    };
+    let before = ca_bundle(
+        mutating
+            .get("multigres-operator-mutating-webhook-configuration")
+            .await
+            .unwrap(),
+    );
+    assert!(before.is_some(), "the webhook-server set the caBundle");
+
+    let chart = chart_dir();
+    let out = helm(
+        &[
+            "upgrade",
+            RELEASE,
+            chart.to_str().unwrap(),
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "dataHandler.replicas=3",
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+        Some(kubeconfig),
+    )
+    .await;
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let history = helm(
+        &["history", RELEASE, "--namespace", NAMESPACE, "-o", "json"],
+        Some(kubeconfig),
+    )
+    .await;
+    let history: Vec<Value> = serde_json::from_str(&history).unwrap();
+    assert_eq!(history.last().unwrap()["status"], "deployed");
+    assert!(history.len() >= 2, "{history:?}");
+    let data = deployments
+        .get(&format!("{RELEASE}-data-handler"))
+        .await
+        .unwrap();
+    assert_eq!(data.spec.unwrap().replicas, Some(3));
+    eventually("the third data-handler replica is ready", WAIT, || async {
+        let status = deployments
+            .get(&format!("{RELEASE}-data-handler"))
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        (status.ready_replicas == Some(3))
+            .then_some(())
+            .ok_or_else(|| format!("{status:?}"))
+    })
+    .await;
+    let after = ca_bundle(
+        mutating
+            .get("multigres-operator-mutating-webhook-configuration")
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        after, before,
+        "helm upgrade keeps the caBundle the webhook-server set"
+    );
+}
+
+#[tokio::test]
+async fn every_handler_runs_and_reconciles_under_the_chart_rbac() {
+    let release = release().await;
+    let _serial = SERIAL.lock().await;
+    let client = release.cluster.client().unwrap();
+    let namespace = fresh_namespace(release.cluster, "chart-rbac").await;
+    let controllers = start_controllers(release).await;
+    apply_minimal(&client, &namespace, "minimal").await;
+
+    for handler in &controllers {
+        let info = handler
+            .wait_info("reconciles", |i| {
+                i.controllers.iter().any(|c| c.reconciles > 0)
+            })
+            .await;
+        assert!(info.serving, "{info:?}");
+    }
+    eventually("the cluster-handler creates the children", WAIT, || async {
+        let cells = names::<Cell>(&client, &namespace).await;
+        let groups = names::<TableGroup>(&client, &namespace).await;
+        let shards = names::<Shard>(&client, &namespace).await;
+        if cells.is_empty() || groups.is_empty() || shards.is_empty() {
+            Err(format!(
+                "cells {cells:?} tablegroups {groups:?} shards {shards:?}; log:\n{}",
+                controllers[0].log()
+            ))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    eventually(
+        "the resource-handler creates the workloads",
+        WAIT,
+        || async {
+            let sets = names::<StatefulSet>(&client, &namespace).await;
+            let deployments = names::<Deployment>(&client, &namespace).await;
+            if sets.is_empty() || deployments.is_empty() {
+                Err(format!(
+                    "statefulsets {sets:?} deployments {deployments:?}; log:\n{}",
+                    controllers[1].log()
+                ))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+
+    // The webhook-server admitted the sample as its ServiceAccount: it created its certificate
+    // Secret and set the caBundle of both configurations.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    secrets.get("multigres-webhook-certs").await.unwrap();
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let config = validating
+        .get("multigres-operator-validating-webhook-configuration")
+        .await
+        .unwrap();
+    assert!(
+        config
+            .webhooks
+            .unwrap_or_default()
+            .iter()
+            .all(|w| w.client_config.ca_bundle.is_some())
+    );
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    clusters.get("minimal").await.unwrap();
+
+    for handler in controllers.iter().chain([&release.webhook]) {
+        assert!(
+            !handler.forbidden(),
+            "{} was refused:\n{}",
+            handler.name,
+            handler.log()
+        );
+        assert_eq!(
+            handler.health().await,
+            ServingStatus::Serving,
+            "{}",
+            handler.name
+        );
+    }
+}
+
+/// Rules without those granting `verb` on `resource`.
+fn without(rules: &[PolicyRule], resource: &str, verb: &str) -> Vec<PolicyRule> {
+    rules
+        .iter()
+        .filter(|rule| {
+            let grants = rule
+                .resources
+                .as_ref()
+                .is_some_and(|r| r.iter().any(|r| r == resource))
+                && rule.verbs.iter().any(|v| v == verb);
+            !grants
+        })
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn a_rule_missing_from_the_chart_rbac_fails_its_handler_until_helm_upgrade_restores_it() {
+    let release = release().await;
+    let _serial = SERIAL.lock().await;
+    let client = release.cluster.client().unwrap();
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let name = format!("{RELEASE}-cluster-handler");
+    let mut role = roles.get(&name).await.unwrap();
+    let rules = role.rules.clone().unwrap_or_default();
+    let reduced = without(&rules, "multigresclusters", "watch");
+    assert!(
+        reduced.len() < rules.len(),
+        "no rule to remove in {rules:?}"
+    );
+    role.rules = Some(reduced);
+    role.metadata.managed_fields = None;
+    roles
+        .replace(&name, &PostParams::default(), &role)
+        .await
+        .unwrap();
+
+    let account = release
+        .cluster
+        .service_account_kubeconfig(NAMESPACE, &name, Duration::from_secs(600))
+        .await
+        .unwrap();
+    let as_handler = release
+        .cluster
+        .client_for_kubeconfig(&account)
+        .await
+        .unwrap();
+    let watch = WatchParams::default().timeout(1);
+    eventually("the reduced role takes effect", WAIT, || async {
+        let clusters: Api<MultigresCluster> = Api::all(as_handler.clone());
+        match clusters.watch(&watch, "0").await {
+            Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),
+            other => Err(format!("{:?}", other.map(|_| "watch allowed"))),
+        }
+    })
+    .await;
+
+    let handler = Handler::start(
+        release.cluster,
+        "cluster-handler",
+        release.webhook_port,
+        &[],
+    )
+    .await;
+    eventually("the handler reports the refusal", WAIT, || async {
+        handler
+            .forbidden()
+            .then_some(())
+            .ok_or_else(|| handler.log())
+    })
+    .await;
+    let info = handler.info().await;
+    assert!(
+        info.synced_kinds.is_empty() && info.controllers.iter().all(|c| c.reconciles == 0),
+        "synced or reconciled without its watch: {info:?}"
+    );
+    drop(handler);
+
+    let chart = chart_dir();
+    helm(
+        &[
+            "upgrade",
+            RELEASE,
+            chart.to_str().unwrap(),
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--wait",
+        ],
+        Some(release.cluster.kubeconfig()),
+    )
+    .await;
+    let restored = roles.get(&name).await.unwrap().rules.unwrap_or_default();
+    assert_eq!(restored, rules, "helm upgrade restores the role");
+    let handler = Handler::start(
+        release.cluster,
+        "cluster-handler",
+        release.webhook_port,
+        &[],
+    )
+    .await;
+    handler
+        .wait_info("leading and serving again", |i| {
+            i.leader_state() == LeaderState::Leader && i.serving
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn killing_the_leader_of_two_replicas_hands_over_and_reconciling_continues() {
+    let release = release().await;
+    let _serial = SERIAL.lock().await;
+    let client = release.cluster.client().unwrap();
+    let namespace = fresh_namespace(release.cluster, "chart-failover").await;
+    let first = Handler::start(
+        release.cluster,
+        "cluster-handler",
+        release.webhook_port,
+        &[],
+    )
+    .await;
+    let second = Handler::start(
+        release.cluster,
+        "cluster-handler",
+        release.webhook_port,
+        &[],
+    )
+    .await;
+    let first_leads = eventually("one leader", WAIT, || async {
+        let (a, b) = (first.info().await, second.info().await);
+        match (a.leader_state(), b.leader_state()) {
+            (LeaderState::Leader, LeaderState::Leader) => panic!("two leaders: {a:?} {b:?}"),
+            (LeaderState::Leader, LeaderState::Standby) => Ok(true),
+            (LeaderState::Standby, LeaderState::Leader) => Ok(false),
+            _ => Err(format!("{a:?} {b:?}")),
+        }
+    })
+    .await;
+    let (leader, standby) = if first_leads {
+        (&first, &second)
+    } else {
+        (&second, &first)
+    };
+
+    apply_minimal(&client, &namespace, "before").await;
+    eventually("the leader reconciles the first cluster", WAIT, || async {
+        let groups = names::<TableGroup>(&client, &namespace).await;
+        groups
+            .iter()
+            .any(|g| g.starts_with("before"))
+            .then_some(())
+            .ok_or_else(|| format!("{groups:?}"))
+    })
+    .await;
+    let standby_info = standby.info().await;
+    assert!(
+        standby_info.controllers.iter().all(|c| c.reconciles == 0),
+        "a standby reconciled: {standby_info:?}"
+    );
+
+    leader.kill();
+    let new_leader = standby
+        .wait_info("takeover", |i| {
+            i.leader_state() == LeaderState::Leader && i.serving
+        })
+        .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let lease = leases
+        .get(&format!("{RELEASE}-cluster-handler"))
+        .await
+        .unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some(new_leader.identity.as_str())
+    );
+
+    apply_minimal(&client, &namespace, "after").await;
+    eventually(
+        "the new leader reconciles the second cluster",
+        WAIT,
+        || async {
+            let groups = names::<TableGroup>(&client, &namespace).await;
+            groups
+                .iter()
+                .any(|g| g.starts_with("after"))
+                .then_some(())
+                .ok_or_else(|| format!("{groups:?}"))
+        },
+    )
+    .await;
+    let info = standby.info().await;
+    assert!(
+        info.controllers.iter().any(|c| c.reconciles > 0),
+        "the new leader reconciled nothing: {info:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_handler_exposes_its_documented_metrics() {
+    let release = release().await;
+    let _serial = SERIAL.lock().await;
+    let client = release.cluster.client().unwrap();
+    let namespace = fresh_namespace(release.cluster, "chart-metrics").await;
+    let controllers = start_controllers(release).await;
+    apply_minimal(&client, &namespace, "metrics").await;
+
+    let by_name: BTreeMap<&str, &Handler> = controllers
+        .iter()
+        .chain([&release.webhook])
+        .map(|h| (h.name, h))
+        .collect();
+    for metric in documented_metrics() {
+        if metric.on_first_event {
+            continue;
+        }
+        for handler in &metric.handlers {
+            let handler = by_name[handler.as_str()];
+            eventually(
+                &format!("{} on {}", metric.name, handler.name),
+                WAIT,
+                || async {
+                    let text = handler.metrics().await;
+                    let exposed = text.lines().any(|line| {
+                        line.strip_prefix(&metric.name).is_some_and(|rest| {
+                            rest.starts_with(['{', ' ']) || rest.starts_with("_bucket{")
+                        })
+                    });
+                    exposed.then_some(()).ok_or(text)
+                },
+            )
+            .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_installed_object_passes_strict_field_validation() {
+    let release = release().await;
+    let _serial = SERIAL.lock().await;
+    let client = release.cluster.client().unwrap();
+    let manifest = helm(
+        &["get", "manifest", RELEASE, "--namespace", NAMESPACE],
+        Some(release.cluster.kubeconfig()),
+    )
+    .await;
+    let installed = documents(&manifest);
+    for doc in &installed {
+        let object: DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+        let mut probe = object.clone();
+        probe.metadata.namespace = doc["metadata"]["namespace"].as_str().map(str::to_owned);
+        manifest::apply(
+            &client,
+            &probe,
+            probe.metadata.namespace.as_deref(),
+            Mode::DryRun,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the API server refuses {}: {e}", doc["metadata"]["name"]));
+    }
+    assert!(installed.len() >= 30, "{} objects", installed.len());
+}
