@@ -37,6 +37,8 @@ pub fn cell_root(cell: &str) -> String {
     format!("/multigres/{cell}")
 }
 pub const TOPO_IMPLEMENTATION: &str = "etcd";
+/// Key of the trace sampling file in its ConfigMap (the CRD schema default).
+pub const SAMPLING_CONFIG_KEY: &str = "sampling-config.yaml";
 pub const ETCD_CLIENT_PORT: u16 = 2379;
 
 pub const DURABILITY_POLICY: &str = "AT_LEAST_2";

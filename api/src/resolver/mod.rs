@@ -25,10 +25,10 @@ use crate::v1alpha1::{
     BackupConfig, BackupType, CellConfig, CellImages, CellName, CellSpec, CellTemplateSpec,
     ComponentLogLevels, ContainerConfig, CoreTemplateSpec, DatabaseConfig, EtcdSpec,
     ExternalTopoServerSpec, FilesystemBackupConfig, GlobalTopoServerRef, ImagePullPolicy, ImageRef,
-    LocalTopoServerSpec, LogLevel, MultigresCluster, PodPlacementSpec, PoolName, PoolSpec,
-    PoolType, PvcDeletionPolicy, ResolvedTemplates, ShardConfig, ShardImages, ShardResolvedSpec,
-    ShardSpec, ShardTemplateSpec, StatelessSpec, StorageSpec, TableGroupConfig, TableGroupSpec,
-    TemplateRef, TopoServerSpec, TopologyPruningConfig, TopologyReconciliation,
+    LocalTopoServerSpec, LogLevel, MultigresCluster, ObservabilityConfig, PodPlacementSpec,
+    PoolName, PoolSpec, PoolType, PvcDeletionPolicy, ResolvedTemplates, ShardConfig, ShardImages,
+    ShardResolvedSpec, ShardSpec, ShardTemplateSpec, StatelessSpec, StorageSpec, TableGroupConfig,
+    TableGroupSpec, TemplateRef, TopoServerSpec, TopologyPruningConfig, TopologyReconciliation,
 };
 use crate::{DEFAULT_DATABASE, DEFAULT_POOL, DEFAULT_SHARD, DEFAULT_TABLEGROUP, DEFAULT_TEMPLATE};
 use merge::{Overlay, merge_map, merge_pools, overlay_opt, replace};
@@ -238,6 +238,7 @@ pub fn resolve(
     let cluster_pvc = resolve_pvc_policy(&[spec.pvc_deletion_policy.as_ref()]);
     let images = resolve_images(cluster);
     let log_levels = resolve_log_levels(spec.log_levels.as_ref());
+    let observability = resolve_observability(spec.observability.as_ref());
 
     // Global topology server.
     let gts = spec.global_topo_server.clone().unwrap_or_default();
@@ -392,6 +393,7 @@ pub fn resolve(
                     all_cells: &all_cells,
                     prune: pruning.enabled == Some(true),
                     log_levels: &log_levels,
+                    observability: observability.as_ref(),
                     cluster: spec,
                 },
             )
@@ -473,7 +475,7 @@ pub fn resolve(
                 shards,
                 pvc_deletion_policy: Some(tg_pvc),
                 internal_tls: spec.internal_tls.clone(),
-                observability: spec.observability.clone(),
+                observability: observability.clone(),
                 log_levels: Some(log_levels.clone()),
                 backup: Some(tg_backup),
                 cell_topology_labels: cell_topology_labels(&spec.cells),
@@ -571,6 +573,19 @@ fn resolve_images(cluster: &MultigresCluster) -> ResolvedImages {
     }
 }
 
+/// OpenTelemetry settings as children receive them: the sampling ConfigMap key filled in as the
+/// API server's schema default would, so a child compares equal to its stored form and an
+/// unchanged cluster costs no apply.
+fn resolve_observability(config: Option<&ObservabilityConfig>) -> Option<ObservabilityConfig> {
+    let mut config = config?.clone();
+    if let Some(sampling) = &mut config.sampling_config_ref {
+        sampling
+            .key
+            .get_or_insert_with(|| defaults::SAMPLING_CONFIG_KEY.to_string());
+    }
+    Some(config)
+}
+
 fn resolve_log_levels(levels: Option<&ComponentLogLevels>) -> ComponentLogLevels {
     let l = levels.cloned().unwrap_or_default();
     let info = Some(LogLevel::Info);
@@ -619,6 +634,7 @@ struct CellContext<'a> {
     all_cells: &'a [CellName],
     prune: bool,
     log_levels: &'a ComponentLogLevels,
+    observability: Option<&'a ObservabilityConfig>,
     cluster: &'a crate::v1alpha1::MultigresClusterSpec,
 }
 
@@ -701,7 +717,7 @@ fn resolve_cell(
                 register_cell: true,
                 prune_poolers: ctx.prune,
             }),
-            observability: ctx.cluster.observability.clone(),
+            observability: ctx.observability.cloned(),
             log_levels: Some(ctx.log_levels.clone()),
             internal_tls: ctx.cluster.internal_tls.clone(),
             cert_common_name: ctx.cluster.cert_common_name.clone(),

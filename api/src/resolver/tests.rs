@@ -466,3 +466,43 @@ spec:
     assert_eq!(s.global_topo_server, r.topo_ref);
     assert_eq!(s.images.postgres.as_str(), defaults::POSTGRES_IMAGE);
 }
+
+#[test]
+fn observability_reaches_every_child_with_the_sampling_key_defaulted() {
+    let r = resolve(
+        &with_spec(
+            "  observability:\n    tracesSampler: multigres_custom\n    samplingConfigRef: {name: sampling}\n",
+        ),
+        &Templates::default(),
+    )
+    .unwrap();
+    let expected = ObservabilityConfig {
+        traces_sampler: Some("multigres_custom".into()),
+        sampling_config_ref: Some(crate::v1alpha1::SamplingConfigRef {
+            name: "sampling".into(),
+            key: Some("sampling-config.yaml".into()),
+        }),
+        ..Default::default()
+    };
+    assert_eq!(r.cells[0].spec.observability.as_ref(), Some(&expected));
+    assert_eq!(r.table_groups[0].observability.as_ref(), Some(&expected));
+
+    let own_key =
+        with_spec("  observability:\n    samplingConfigRef: {name: sampling, key: custom.yaml}\n");
+    let r = resolve(&own_key, &Templates::default()).unwrap();
+    let key = r.cells[0]
+        .spec
+        .observability
+        .as_ref()
+        .and_then(|o| o.sampling_config_ref.as_ref())
+        .and_then(|s| s.key.as_deref());
+    assert_eq!(key, Some("custom.yaml"));
+    assert_eq!(
+        resolve(&with_spec(""), &Templates::default())
+            .unwrap()
+            .cells[0]
+            .spec
+            .observability,
+        None
+    );
+}
