@@ -25,23 +25,10 @@ use crate::rules::templates::{self, TemplateSpec};
 use crate::rules::{TemplateKind, cluster};
 use crate::violation::Findings;
 
-/// Admission requests handled, by webhook, operation and result (`allowed`, `denied`,
-/// `invalid`, `error`).
-pub const REQUESTS_TOTAL: &str = "multigres_operator_webhook_requests_total";
-/// Admission latency by webhook, from body received to response built.
-pub const DURATION_SECONDS: &str = "multigres_operator_webhook_request_duration_seconds";
-
-/// Registers HELP text for the webhook's metrics with the current recorder.
+/// Registers HELP text for the webhook's own metrics with the current recorder (the request
+/// metrics, `multigres_operator_webhook_request_total` and `_duration_seconds`, are the seed's
+/// and described by `multigres_common::metrics`).
 pub fn describe_metrics() {
-    metrics::describe_counter!(
-        REQUESTS_TOTAL,
-        "Admission requests by webhook, operation and result (allowed, denied, invalid, error)."
-    );
-    metrics::describe_histogram!(
-        DURATION_SECONDS,
-        metrics::Unit::Seconds,
-        "Admission latency by webhook, from request body to response."
-    );
     metrics::describe_gauge!(
         crate::tls::CERTIFICATE_EXPIRY,
         metrics::Unit::Seconds,
@@ -128,7 +115,16 @@ impl Webhook {
         format!("/{verb}-multigres-com-v1alpha1-{}", self.resource())
     }
 
-    /// Short name used as the metrics label.
+    /// The `operation` label of the request metrics: `DEFAULT` for the mutating webhook,
+    /// `VALIDATE` for the validating ones (the upstream operator's values).
+    fn check(self) -> &'static str {
+        match self {
+            Self::MutateCluster => "DEFAULT",
+            _ => "VALIDATE",
+        }
+    }
+
+    /// Short name used in logs.
     fn label(self) -> String {
         match self {
             Self::MutateCluster => "mutate-multigrescluster".to_owned(),
@@ -179,7 +175,7 @@ pub async fn handle(
     body: &[u8],
 ) -> AdmissionReview<DynamicObject> {
     let started = Instant::now();
-    let (operation, response) = match parse(body) {
+    let response = match parse(body) {
         Ok(request) => {
             let operation = format!("{:?}", request.operation).to_uppercase();
             let span = tracing::debug_span!(
@@ -190,12 +186,11 @@ pub async fn handle(
                 namespace = request.namespace.as_deref().unwrap_or_default(),
                 name = %request.name,
             );
-            let response = review(webhook, state, &request).instrument(span).await;
-            (operation, response)
+            review(webhook, state, &request).instrument(span).await
         }
         Err(message) => {
             tracing::warn!(webhook = %webhook.label(), %message, "unreadable admission request");
-            ("UNKNOWN".to_owned(), invalid(message, String::new()))
+            invalid(message, String::new())
         }
     };
     let result = if response.allowed {
@@ -207,11 +202,12 @@ pub async fn handle(
             _ => "denied",
         }
     };
-    let label = webhook.label();
-    metrics::counter!(REQUESTS_TOTAL, "webhook" => label.clone(), "operation" => operation, "result" => result)
-        .increment(1);
-    metrics::histogram!(DURATION_SECONDS, "webhook" => label)
-        .record(started.elapsed().as_secs_f64());
+    multigres_common::metrics::record_webhook_request(
+        webhook.check(),
+        webhook.resource(),
+        result,
+        started.elapsed(),
+    );
     response.into_review()
 }
 
