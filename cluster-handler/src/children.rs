@@ -6,6 +6,7 @@ use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::core::DeserializeGuard;
 use kube::{Resource, ResourceExt};
 use multigres_api::v1alpha1::{
     Cell, CellSpec, Phase, Shard, ShardSpec, TableGroup, TableGroupSpec, TopoServer, TopoServerSpec,
@@ -102,6 +103,32 @@ pub fn controller_of(obj: &impl Resource) -> Option<&OwnerReference> {
         .iter()
         .flatten()
         .find(|o| o.controller == Some(true))
+}
+
+/// What the cache holds under the name a desired child takes.
+#[derive(Debug)]
+pub enum Slot<'a, K> {
+    /// Nothing, an unreadable object (an apply repairs it), or an object this owner controls
+    /// or nobody controls (an apply adopts it).
+    Free(Option<&'a K>),
+    /// An object of that name is being deleted; apply once it is gone.
+    Terminating,
+    /// Another owner controls an object of that name.
+    Taken(&'a OwnerReference),
+}
+
+/// The slot of a desired child of the owner `owner_uid`, given its cached object.
+pub fn slot<'a, K: Child>(cached: Option<&'a DeserializeGuard<K>>, owner_uid: &str) -> Slot<'a, K> {
+    let Some(observed) = cached.and_then(|c| c.0.as_ref().ok()) else {
+        return Slot::Free(None);
+    };
+    if observed.meta().deletion_timestamp.is_some() {
+        return Slot::Terminating;
+    }
+    match controller_of(observed) {
+        Some(controller) if controller.uid != owner_uid => Slot::Taken(controller),
+        _ => Slot::Free(Some(observed)),
+    }
 }
 
 /// How a child is doing, from its own handler's point of view.
@@ -394,5 +421,35 @@ mod tests {
                 "1/7 components healthy; z; a; b; and 3 more"
             )
         );
+    }
+
+    #[test]
+    fn a_slot_is_free_unless_terminating_or_controlled_by_another_owner() {
+        use kube::core::error_boundary::InvalidObject;
+
+        assert!(matches!(slot::<Cell>(None, "u-1"), Slot::Free(None)));
+        let broken = DeserializeGuard::<Cell>(Err(InvalidObject {
+            error: "unknown variant".into(),
+            metadata: Default::default(),
+        }));
+        assert!(matches!(slot(Some(&broken), "u-1"), Slot::Free(None)));
+
+        let ours = DeserializeGuard(Ok(cell(base())));
+        assert!(matches!(slot(Some(&ours), "u-1"), Slot::Free(Some(_))));
+        assert!(matches!(slot(Some(&ours), "u-2"), Slot::Taken(o) if o.name == "prod"));
+
+        let mut orphan = base();
+        orphan["metadata"]["ownerReferences"] = json!([]);
+        let orphan = DeserializeGuard(Ok(cell(orphan)));
+        assert!(
+            matches!(slot(Some(&orphan), "u-2"), Slot::Free(Some(_))),
+            "adopted"
+        );
+
+        let mut going = base();
+        going["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        going["metadata"]["finalizers"] = json!(["multigres.com/topology"]);
+        let going = DeserializeGuard(Ok(cell(going)));
+        assert!(matches!(slot(Some(&going), "u-1"), Slot::Terminating));
     }
 }

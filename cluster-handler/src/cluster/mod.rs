@@ -24,7 +24,7 @@ use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
 
-use crate::children::{Child, controller_of, owned_by};
+use crate::children::{Child, Slot, owned_by, slot};
 use crate::notice::Notice;
 use crate::watch::{Guarded, in_namespace};
 use crate::writes::{self, Writer};
@@ -360,12 +360,10 @@ async fn apply_child<K: Child>(
 ) -> Result<bool, Error> {
     let key = ObjectRef::<Guarded<K>>::new(&desired.name_any()).within(&owner.namespace);
     let cached = store.get(&key);
-    let observed = cached.as_deref().and_then(|c| c.0.as_ref().ok());
-    if let Some(observed) = observed {
-        if observed.meta().deletion_timestamp.is_some() {
-            return Ok(true);
-        }
-        if let Some(controller) = controller_of(observed).filter(|c| c.uid != owner.reference.uid) {
+    let observed = match slot(cached.as_deref(), &owner.reference.uid) {
+        Slot::Free(observed) => observed,
+        Slot::Terminating => return Ok(true),
+        Slot::Taken(controller) => {
             return Err(Error::Foreign {
                 kind: K::kind(&()).into_owned(),
                 name: desired.name_any(),
@@ -373,7 +371,7 @@ async fn apply_child<K: Child>(
                 owner: controller.name.clone(),
             });
         }
-    }
+    };
     writer
         .apply_child(store, desired, observed)
         .await

@@ -18,7 +18,7 @@ use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
 
-use crate::children::{controller_of, owned_by};
+use crate::children::{Slot, owned_by, slot};
 use crate::notice::Notice;
 use crate::watch::{Guarded, in_namespace};
 use crate::writes::{self, Writer};
@@ -248,22 +248,20 @@ async fn realize(tg: &TableGroup, ctx: &Context) -> Result<Realized, Error> {
         let cached = ctx
             .shards
             .get(&ObjectRef::new(&name).within(&owner.namespace));
-        let observed = cached.as_deref().and_then(|c| c.0.as_ref().ok());
-        if let Some(observed) = observed {
-            if observed.meta().deletion_timestamp.is_some() {
+        let observed = match slot(cached.as_deref(), &owner.reference.uid) {
+            Slot::Free(observed) => observed,
+            Slot::Terminating => {
                 terminating = true;
                 continue;
             }
-            if let Some(controller) =
-                controller_of(observed).filter(|c| c.uid != owner.reference.uid)
-            {
+            Slot::Taken(controller) => {
                 return Err(Error::Foreign {
                     name,
                     owner_kind: controller.kind.clone(),
                     owner: controller.name.clone(),
                 });
             }
-        }
+        };
         ctx.writer
             .apply_child(&ctx.shards, desired, observed)
             .await
