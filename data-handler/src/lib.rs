@@ -213,12 +213,19 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
             () = ctx.shutdown.wait() => {}
         }
     };
-    // The cluster watch feeds the three controllers through their handles; drive it here.
-    let cluster_watch = cluster_watch.for_each(|event| async move {
-        if let Err(error) = event {
-            tracing::warn!(error = %ErrorChain(&error), "MultigresCluster watch failed; retrying");
+    // The cluster watch feeds the three controllers through their handles; drive it here
+    // until shutdown (it never ends on its own).
+    let cluster_watch = async {
+        let watch = cluster_watch.for_each(|event| async move {
+            if let Err(error) = event {
+                tracing::warn!(error = %ErrorChain(&error), "MultigresCluster watch failed; retrying");
+            }
+        });
+        tokio::select! {
+            () = watch => {}
+            () = ctx.shutdown.wait() => {}
         }
-    });
+    };
     futures::join!(
         cluster_watch,
         cluster_controller,
