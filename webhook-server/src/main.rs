@@ -106,9 +106,12 @@ struct Cli {
 
 impl WebhookArgs {
     fn options(&self, namespace: &str) -> anyhow::Result<WebhookOptions> {
+        // Empty entries (a stray comma from templating) are skipped, not errors.
         let accounts = self
             .operator_service_accounts
             .iter()
+            .map(|sa| sa.trim())
+            .filter(|sa| !sa.is_empty())
             .map(|sa| ServiceAccount::parse(sa, namespace))
             .collect::<Result<Vec<_>, _>>()
             .map_err(anyhow::Error::msg)
@@ -236,7 +239,7 @@ mod tests {
                 "--webhook-cert-secret-name=hooks-tls",
                 "--webhook-mutating-configurations=m1,m2",
                 "--webhook-cert-check-interval=30s",
-                "--operator-service-accounts=ops:handler,other:x",
+                "--operator-service-accounts=,ops:handler,other:x,",
             ],
         )
         .unwrap();
@@ -264,6 +267,15 @@ mod tests {
             ["multigres-operator-validating-webhook-configuration"]
         );
         assert_eq!(managed.check_interval, Duration::from_secs(30));
+        let operators = webhook_server::rules::children::check(
+            "Cell",
+            &kube::core::admission::Operation::Create,
+            "system:serviceaccount:other:x",
+            None,
+            None,
+            &options.operators,
+        );
+        assert!(operators.allowed(), "{operators:?}");
 
         let bad: Cli = cli::try_parse_from(
             &SPEC,
