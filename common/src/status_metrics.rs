@@ -1,17 +1,16 @@
 //! Gauges that describe the objects the operator manages (the seed README's table): cluster
 //! phase and size, gateway, pool and topology-server replicas.
 //!
-//! They live outside the `metrics` facade because they are per object: when a cluster changes
-//! phase or a cell is deleted, its old series must disappear from `/metrics` (as Prometheus
-//! client libraries' `DeletePartialMatch` does), otherwise alerts such as "no ready gateway"
-//! would fire forever for objects that no longer exist. The facade cannot remove a series.
-//!
-//! A handler sets an object's gauges after computing its status and removes them when the
-//! object is gone; [`render`] appends them to the `/metrics` output.
+//! They are computed at scrape time from what a handler already caches, the way a Prometheus
+//! client library's custom collector works: a handler [`register`]s a collector that fills a
+//! fresh [`StatusGauges`] from its watch caches, and `/metrics` renders the result. A deleted
+//! object, or a cluster that changed phase, is simply no longer there, so no stale series is
+//! left behind for alerts to fire on (the `metrics` facade cannot remove a series). A standby's
+//! caches are empty, so only the acting replica reports.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 /// Cluster phase: 1 for the current phase (`name`, `namespace`, `phase`).
 pub const CLUSTER_INFO: &str = "multigres_operator_cluster_info";
@@ -57,32 +56,38 @@ pub struct Replicas {
     pub ready: i64,
 }
 
-/// The object a set of series belongs to: kind, namespace, name.
-type Owner = (&'static str, String, String);
 /// Label pairs of one series, in output order.
 type Labels = Vec<(&'static str, String)>;
-/// Series per (family, owning object).
-type SeriesMap = BTreeMap<(&'static str, Owner), Vec<(Labels, f64)>>;
 
-/// Current series per family and owning object.
+/// A collector: fills the gauges from the handler's caches at every scrape.
+type Collector = Box<dyn Fn(&mut StatusGauges) + Send + Sync>;
+
+static COLLECTORS: Mutex<Vec<Collector>> = Mutex::new(Vec::new());
+
+fn collectors() -> MutexGuard<'static, Vec<Collector>> {
+    // Collectors only read caches; keep the list if one ever panicked.
+    COLLECTORS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Adds a collector run at every scrape of `/metrics`; it sets the gauges of the objects the
+/// handler currently knows.
+pub fn register(collector: impl Fn(&mut StatusGauges) + Send + Sync + 'static) {
+    collectors().push(Box::new(collector));
+}
+
+/// The gauges of every registered collector, in the Prometheus text format.
+pub fn render() -> String {
+    let mut gauges = StatusGauges::default();
+    for collector in collectors().iter() {
+        collector(&mut gauges);
+    }
+    gauges.render()
+}
+
+/// The series of one scrape, per family.
 #[derive(Debug, Default)]
 pub struct StatusGauges {
-    series: Mutex<SeriesMap>,
-}
-
-/// The process-wide gauges rendered on `/metrics`.
-pub fn global() -> &'static StatusGauges {
-    static GLOBAL: LazyLock<StatusGauges> = LazyLock::new(StatusGauges::default);
-    &GLOBAL
-}
-
-/// [`StatusGauges::render`] of the process-wide gauges.
-pub fn render() -> String {
-    global().render()
-}
-
-fn owner(kind: &'static str, namespace: &str, name: &str) -> Owner {
-    (kind, namespace.to_owned(), name.to_owned())
+    series: BTreeMap<&'static str, Vec<(Labels, f64)>>,
 }
 
 fn replica_series(labels: &Labels, replicas: Replicas) -> Vec<(Labels, f64)> {
@@ -97,131 +102,75 @@ fn replica_series(labels: &Labels, replicas: Replicas) -> Vec<(Labels, f64)> {
 }
 
 impl StatusGauges {
-    fn lock(&self) -> MutexGuard<'_, SeriesMap> {
-        // Nothing panics while holding the lock; keep the data if something ever does.
-        self.series.lock().unwrap_or_else(|p| p.into_inner())
+    fn add(&mut self, family: &'static str, series: impl IntoIterator<Item = (Labels, f64)>) {
+        self.series.entry(family).or_default().extend(series);
     }
 
-    fn replace(&self, family: &'static str, owner: Owner, series: Vec<(Labels, f64)>) {
-        self.lock().insert((family, owner), series);
-    }
-
-    fn remove(&self, kind: &'static str, namespace: &str, name: &str) {
-        let gone = owner(kind, namespace, name);
-        self.lock().retain(|(_, owner), _| *owner != gone);
-    }
-
-    /// Sets a MultigresCluster's phase (the previous phase's series goes away) and its cell and
-    /// shard counts.
-    pub fn set_cluster(&self, namespace: &str, name: &str, phase: &str, cells: u64, shards: u64) {
-        let who = owner("MultigresCluster", namespace, name);
-        let info = vec![(
-            vec![
-                ("name", name.to_owned()),
-                ("namespace", namespace.to_owned()),
-                ("phase", phase.to_owned()),
-            ],
-            1.0,
-        )];
+    /// A MultigresCluster: its phase (`Unknown` before it has one) and its cell and shard
+    /// counts.
+    pub fn set_cluster(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        phase: &str,
+        cells: u64,
+        shards: u64,
+    ) {
+        let info = vec![
+            ("name", name.to_owned()),
+            ("namespace", namespace.to_owned()),
+            ("phase", phase.to_owned()),
+        ];
         let by_cluster = vec![
             ("cluster", name.to_owned()),
             ("namespace", namespace.to_owned()),
         ];
-        self.replace(CLUSTER_INFO, who.clone(), info);
-        self.replace(
-            CLUSTER_CELLS_TOTAL,
-            who.clone(),
-            vec![(by_cluster.clone(), cells as f64)],
-        );
-        self.replace(CLUSTER_SHARDS_TOTAL, who, vec![(by_cluster, shards as f64)]);
+        self.add(CLUSTER_INFO, [(info, 1.0)]);
+        self.add(CLUSTER_CELLS_TOTAL, [(by_cluster.clone(), cells as f64)]);
+        self.add(CLUSTER_SHARDS_TOTAL, [(by_cluster, shards as f64)]);
     }
 
-    /// Drops every series of a deleted MultigresCluster.
-    pub fn remove_cluster(&self, namespace: &str, name: &str) {
-        self.remove("MultigresCluster", namespace, name);
-    }
-
-    /// Sets a Cell's gateway replicas.
-    pub fn set_cell_gateway(&self, namespace: &str, cell: &str, replicas: Replicas) {
+    /// A Cell's gateway replicas.
+    pub fn set_cell_gateway(&mut self, namespace: &str, cell: &str, replicas: Replicas) {
         let labels = vec![
             ("cell", cell.to_owned()),
             ("namespace", namespace.to_owned()),
         ];
-        self.replace(
-            CELL_GATEWAY_REPLICAS,
-            owner("Cell", namespace, cell),
-            replica_series(&labels, replicas),
-        );
+        self.add(CELL_GATEWAY_REPLICAS, replica_series(&labels, replicas));
     }
 
-    /// Drops every series of a deleted Cell.
-    pub fn remove_cell(&self, namespace: &str, cell: &str) {
-        self.remove("Cell", namespace, cell);
+    /// The replicas of one pool of a Shard, over all its cells.
+    pub fn set_shard_pool(&mut self, namespace: &str, shard: &str, pool: &str, replicas: Replicas) {
+        let labels = vec![
+            ("shard", shard.to_owned()),
+            ("pool", pool.to_owned()),
+            ("namespace", namespace.to_owned()),
+        ];
+        self.add(SHARD_POOL_REPLICAS, replica_series(&labels, replicas));
     }
 
-    /// Sets the replicas of every pool of a Shard; pools not listed lose their series.
-    pub fn set_shard_pools<'a>(
-        &self,
-        namespace: &str,
-        shard: &str,
-        pools: impl IntoIterator<Item = (&'a str, Replicas)>,
-    ) {
-        let series = pools
-            .into_iter()
-            .flat_map(|(pool, replicas)| {
-                let labels = vec![
-                    ("shard", shard.to_owned()),
-                    ("pool", pool.to_owned()),
-                    ("namespace", namespace.to_owned()),
-                ];
-                replica_series(&labels, replicas)
-            })
-            .collect();
-        self.replace(
-            SHARD_POOL_REPLICAS,
-            owner("Shard", namespace, shard),
-            series,
-        );
-    }
-
-    /// Drops every series of a deleted Shard.
-    pub fn remove_shard(&self, namespace: &str, shard: &str) {
-        self.remove("Shard", namespace, shard);
-    }
-
-    /// Sets a TopoServer's replicas.
-    pub fn set_toposerver(&self, namespace: &str, name: &str, replicas: Replicas) {
+    /// A TopoServer's replicas.
+    pub fn set_toposerver(&mut self, namespace: &str, name: &str, replicas: Replicas) {
         let labels = vec![
             ("name", name.to_owned()),
             ("namespace", namespace.to_owned()),
         ];
-        self.replace(
-            TOPOSERVER_REPLICAS,
-            owner("TopoServer", namespace, name),
-            replica_series(&labels, replicas),
-        );
+        self.add(TOPOSERVER_REPLICAS, replica_series(&labels, replicas));
     }
 
-    /// Drops every series of a deleted TopoServer.
-    pub fn remove_toposerver(&self, namespace: &str, name: &str) {
-        self.remove("TopoServer", namespace, name);
-    }
-
-    /// The current series in the Prometheus text format; families without series are left out.
+    /// The series in the Prometheus text format; families without series are left out.
     pub fn render(&self) -> String {
-        let series = self.lock();
         let mut out = String::new();
         for (family, help) in FAMILIES {
+            let Some(series) = self.series.get(family).filter(|s| !s.is_empty()) else {
+                continue;
+            };
             let mut lines: Vec<String> = series
                 .iter()
-                .filter(|((name, _), _)| *name == family)
-                .flat_map(|(_, samples)| samples)
                 .map(|(labels, value)| sample_line(family, labels, *value))
                 .collect();
-            if lines.is_empty() {
-                continue;
-            }
             lines.sort_unstable();
+            lines.dedup();
             let _ = writeln!(out, "# HELP {family} {help}");
             let _ = writeln!(out, "# TYPE {family} gauge");
             for line in lines {
@@ -264,13 +213,11 @@ mod tests {
     }
 
     #[test]
-    fn cluster_phase_change_replaces_the_old_series() {
-        let gauges = StatusGauges::default();
-        gauges.set_cluster("db", "main", "Initializing", 1, 1);
+    fn a_cluster_renders_its_three_families() {
+        let mut gauges = StatusGauges::default();
         gauges.set_cluster("db", "main", "Healthy", 2, 3);
-        let text = gauges.render();
         assert_eq!(
-            lines(&text),
+            lines(&gauges.render()),
             [
                 "# HELP multigres_operator_cluster_info MultigresCluster phase: 1 for the cluster's current phase.",
                 "# TYPE multigres_operator_cluster_info gauge",
@@ -286,74 +233,54 @@ mod tests {
     }
 
     #[test]
-    fn removing_an_object_removes_only_its_series() {
-        let gauges = StatusGauges::default();
+    fn replicas_render_desired_and_ready_per_object() {
+        let mut gauges = StatusGauges::default();
         let replicas = Replicas {
-            desired: 2,
+            desired: 3,
             ready: 1,
         };
-        gauges.set_cell_gateway("db", "zone-a", replicas);
-        gauges.set_cell_gateway("db", "zone-b", replicas);
-        gauges.set_toposerver("db", "zone-a", replicas);
-        gauges.remove_cell("db", "zone-a");
+        gauges.set_toposerver("db", "main-global", replicas);
+        gauges.set_cell_gateway("db", "main-zone-a", replicas);
+        gauges.set_shard_pool("db", "main-postgres-default-0-inf", "default", replicas);
         let text = gauges.render();
-        assert!(!text.contains(r#"cell="zone-a""#), "{text}");
-        assert!(
-            text.contains(
-                r#"multigres_operator_cell_gateway_replicas{cell="zone-b",namespace="db",state="ready"} 1"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                r#"multigres_operator_toposerver_replicas{name="zone-a",namespace="db",state="desired"} 2"#
-            ),
-            "a TopoServer named like the removed Cell keeps its series:\n{text}"
-        );
-
-        gauges.remove_cell("db", "zone-b");
-        gauges.remove_toposerver("db", "zone-a");
-        assert_eq!(gauges.render(), "");
+        for expected in [
+            r#"multigres_operator_cell_gateway_replicas{cell="main-zone-a",namespace="db",state="desired"} 3"#,
+            r#"multigres_operator_cell_gateway_replicas{cell="main-zone-a",namespace="db",state="ready"} 1"#,
+            r#"multigres_operator_shard_pool_replicas{shard="main-postgres-default-0-inf",pool="default",namespace="db",state="ready"} 1"#,
+            r#"multigres_operator_toposerver_replicas{name="main-global",namespace="db",state="desired"} 3"#,
+        ] {
+            assert!(text.contains(expected), "{expected} missing in:\n{text}");
+        }
+        assert_eq!(text.matches("# TYPE").count(), 3, "{text}");
     }
 
     #[test]
-    fn shard_pools_are_replaced_as_a_set() {
-        let gauges = StatusGauges::default();
-        let two = Replicas {
-            desired: 2,
-            ready: 2,
-        };
-        gauges.set_shard_pools(
-            "db",
-            "main-postgres-default-0-inf",
-            [("a", two), ("b", two)],
-        );
-        gauges.set_shard_pools(
-            "db",
-            "main-postgres-default-0-inf",
-            [(
-                "b",
-                Replicas {
-                    desired: 3,
-                    ready: 0,
-                },
-            )],
-        );
-        let text = gauges.render();
-        assert_eq!(
-            lines(&text)[2..],
-            [
-                r#"multigres_operator_shard_pool_replicas{shard="main-postgres-default-0-inf",pool="b",namespace="db",state="desired"} 3"#,
-                r#"multigres_operator_shard_pool_replicas{shard="main-postgres-default-0-inf",pool="b",namespace="db",state="ready"} 0"#,
-            ]
-        );
-        gauges.remove_shard("db", "main-postgres-default-0-inf");
-        assert_eq!(gauges.render(), "");
+    fn registered_collectors_run_at_every_render() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let cells = Arc::new(AtomicU64::new(1));
+        let seen = cells.clone();
+        register(move |gauges| {
+            gauges.set_cluster(
+                "collector-test",
+                "c",
+                "Progressing",
+                seen.load(Ordering::SeqCst),
+                1,
+            );
+        });
+        assert!(render().contains(
+            r#"multigres_operator_cluster_cells_total{cluster="c",namespace="collector-test"} 1"#
+        ));
+        cells.store(4, Ordering::SeqCst);
+        assert!(render().contains(
+            r#"multigres_operator_cluster_cells_total{cluster="c",namespace="collector-test"} 4"#
+        ));
     }
 
     #[test]
     fn label_values_are_escaped() {
-        let gauges = StatusGauges::default();
+        let mut gauges = StatusGauges::default();
         gauges.set_cluster("db", "main", "say \"hi\"\\\n", 0, 0);
         assert!(
             gauges.render().contains(r#"phase="say \"hi\"\\\n"} 1"#),

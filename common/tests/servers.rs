@@ -62,7 +62,9 @@ async fn servers_report_health_info_and_metrics_then_stop() {
     state.record_reconcile("cell", Ok(()), Duration::from_millis(12));
     state.record_reconcile("cell", Err("kube_api"), Duration::from_millis(40));
     state.set_leader_state(LeaderState::Standby);
-    multigres_common::status_metrics::global().set_cluster("db", "main", "Healthy", 1, 1);
+    multigres_common::status_metrics::register(|gauges| {
+        gauges.set_cluster("db", "main", "Healthy", 1, 1)
+    });
 
     let mut info_client = HandlerInfoClient::new(channel);
     let info = info_client
