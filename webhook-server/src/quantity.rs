@@ -2,7 +2,6 @@
 //! limits, requests and volume sizes compare by amount rather than by spelling (`1Gi` equals
 //! `1024Mi`).
 
-use std::cmp::Ordering;
 use std::fmt;
 
 /// Why a string is not a quantity.
@@ -116,13 +115,10 @@ impl fmt::Display for Quantity {
     }
 }
 
-/// Compares two quantity strings by amount; `None` when either does not parse.
-pub fn compare(a: &str, b: &str) -> Option<Ordering> {
-    Some(Quantity::parse(a).ok()?.cmp(&Quantity::parse(b).ok()?))
-}
-
 #[cfg(test)]
 mod tests {
+    use std::cmp::Ordering;
+
     use super::*;
 
     fn q(text: &str) -> Quantity {
@@ -144,9 +140,7 @@ mod tests {
         assert!(q("100m") < q("1"));
         assert!(q("1n") < q("1u"));
         assert!(q("10Gi") > q("9999Mi"));
-        assert_eq!(compare("512Mi", "0.5Gi"), Some(Ordering::Equal));
-        assert_eq!(compare("5Gi", "10Gi"), Some(Ordering::Less));
-        assert_eq!(compare("5Gi", "ten"), None);
+        assert_eq!(q("512Mi").cmp(&q("0.5Gi")), Ordering::Equal);
     }
 
     #[test]
