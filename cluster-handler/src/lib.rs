@@ -10,6 +10,7 @@ pub mod children;
 pub mod cluster;
 #[cfg(test)]
 mod fixtures;
+pub mod gauges;
 pub mod notice;
 pub mod tablegroup;
 pub mod watch;
@@ -66,6 +67,12 @@ pub async fn run(ctx: HandlerContext, scope: Scope) {
         reflect::<TableGroup>(&client, &scope, managed());
     let (table_groups, table_group_events) = reflect::<TableGroup>(&client, &scope, managed());
     let (shards, shard_events) = reflect::<Shard>(&client, &scope, managed());
+    let caches = gauges::Caches {
+        clusters: clusters.clone(),
+        cells: cells.clone(),
+        shards: shards.clone(),
+    };
+    multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
 
     let field_manager = multigres_common::apply::field_manager(NAME);
     let recorder = Recorder::new(
