@@ -1029,3 +1029,81 @@ async fn an_idle_cluster_costs_no_writes() {
         "{last:?}"
     );
 }
+
+/// Simulates a newer operator's CRD (a value this handler's types do not know) on a control
+/// plane of its own, so no other test sees the schema change.
+#[tokio::test]
+async fn a_cluster_the_handler_cannot_read_is_reported_and_does_not_stall_the_others() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use multigres_e2e::cluster::ClusterOptions;
+
+    let cluster = LocalCluster::start(ClusterOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("starting a second control plane: {e}"));
+    let client = cluster.client().unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut crd = crds.get("multigresclusters.multigres.com").await.unwrap();
+    let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    let mut schema = schema;
+    let policy = &mut schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["images"]["properties"]
+        ["imagePullPolicy"]["enum"];
+    policy
+        .as_array_mut()
+        .expect("imagePullPolicy enum")
+        .push(json!("IfNewer"));
+    crd.spec.versions[0].schema = Some(serde_json::from_value(schema).unwrap());
+    crds.replace("multigresclusters.multigres.com", &Default::default(), &crd)
+        .await
+        .unwrap();
+
+    let namespace = fresh_namespace(&cluster, "ch-unreadable").await;
+    let handler = Handler::start(&cluster, &namespace).await;
+    let broken = "apiVersion: multigres.com/v1alpha1\nkind: MultigresCluster\nmetadata: {name: broken}\n\
+         spec:\n  postgresPasswordSecretRef: {name: pw, key: password}\n\
+         \x20 images: {imagePullPolicy: IfNewer}\n\
+         \x20 cells:\n    - {name: zone-a, zoneId: zone-a}\n";
+    eventually("the API server accepts the new value", WAIT, || async {
+        let docs = manifest::parse_documents(broken, Path::new("broken.yaml")).unwrap();
+        manifest::apply(&client, &docs[0], Some(&namespace), Mode::Apply)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let event = eventually("an InvalidObject event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("InvalidObject")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("broken")
+            })
+            .ok_or_else(|| "no event yet".to_owned())
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("cannot be read") && note.contains("IfNewer"),
+        "{note}"
+    );
+
+    apply_yaml(&client, &namespace, &read_sample("minimal")).await;
+    eventually("the readable cluster's children", WAIT, || async {
+        let got = all_children(&client, &namespace).await;
+        if got["TopoServer"] == ["minimal-global-topo"] && got["Shard"].len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{got:?}"))
+        }
+    })
+    .await;
+    assert_eq!(names::<Cell>(&client, &namespace).await, ["minimal-zone-a"]);
+    assert!(handler.process.exit_status().is_none(), "{}", handler.log());
+    drop(handler);
+    cluster.stop();
+}
