@@ -8,6 +8,7 @@ pub mod cell;
 pub mod conditions;
 pub mod contract;
 pub mod controller;
+pub mod gauges;
 pub mod multiadmin;
 pub mod names;
 pub mod owner;
@@ -35,6 +36,11 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
     let client = handler.client.clone();
     let (statefulsets, sts_watch) = share::<StatefulSet>(&client, &scope, managed());
     let (deployments, deployment_watch) = share::<Deployment>(&client, &scope, managed());
+    let caches = gauges::Caches {
+        statefulsets: statefulsets.store.clone(),
+        deployments: deployments.store.clone(),
+    };
+    multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
     let (services, service_watch) = share::<Service>(&client, &scope, managed());
     let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, &scope, managed());
     let (pods, pod_watch) = share::<Pod>(&client, &scope, pool_pods());
