@@ -182,6 +182,7 @@ pub struct Context {
 }
 
 /// Reconciles one cluster and records the outcome.
+#[tracing::instrument(skip_all, fields(controller = CONTROLLER, object = %ObjectRef::from_obj(&*obj)))]
 pub async fn reconcile(
     obj: Arc<Guarded<MultigresCluster>>,
     ctx: Arc<Context>,

@@ -128,6 +128,7 @@ pub struct Context {
 }
 
 /// Reconciles one TableGroup and records the outcome.
+#[tracing::instrument(skip_all, fields(controller = CONTROLLER, object = %ObjectRef::from_obj(&*obj)))]
 pub async fn reconcile(obj: Arc<Guarded<TableGroup>>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
     let key = ObjectRef::from_obj(&*obj);
