@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
@@ -181,22 +181,35 @@ pub struct Stores {
 impl Stores {
     /// Waits until every cache holds its initial list.
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.statefulsets.wait_until_ready().await?;
-        self.deployments.wait_until_ready().await?;
-        self.services.wait_until_ready().await?;
-        self.pdbs.wait_until_ready().await?;
-        self.pvcs.wait_until_ready().await?;
-        self.pods.wait_until_ready().await?;
-        self.clusters.wait_until_ready().await?;
-        self.core_templates.wait_until_ready().await?;
-        self.cell_templates.wait_until_ready().await?;
-        self.shard_templates.wait_until_ready().await
+        filled(&self.statefulsets).await?;
+        filled(&self.deployments).await?;
+        filled(&self.services).await?;
+        filled(&self.pdbs).await?;
+        filled(&self.pvcs).await?;
+        filled(&self.pods).await?;
+        filled(&self.clusters).await?;
+        filled(&self.core_templates).await?;
+        filled(&self.cell_templates).await?;
+        filled(&self.shard_templates).await
     }
+}
+
+/// Waits until `store` holds its initial list.
+pub async fn filled<K>(store: &Store<K>) -> Result<(), reflector::store::WriterDropped>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.wait_until_ready().await?;
+    tracing::debug!(kind = %K::kind(&()), "cache filled");
+    Ok(())
 }
 
 /// Pool pods: the only pods a reconciler looks at.
 pub fn pool_pods() -> watcher::Config {
-    managed().labels(&format!("{COMPONENT}={}", Component::Pool.as_str()))
+    watcher::Config::default().labels(&format!(
+        "{MANAGED_SELECTOR},{COMPONENT}={}",
+        Component::Pool.as_str()
+    ))
 }
 
 /// The children of `K` in `store` that `owner_uid` controls, in `namespace`.
@@ -252,12 +265,26 @@ pub struct Ctx<K: Resource<DynamicType = ()>> {
 impl<K: Resource<DynamicType = ()>> Ctx<K> {
     /// Publishes an event about `obj`; a failure to publish is logged, never fatal.
     pub async fn event(&self, obj: &K, type_: EventType, reason: &str, note: String) {
+        self.event_about(obj, None, type_, reason, note).await;
+    }
+
+    /// Publishes an event about `obj` that concerns `related` too (e.g. the pod restarted);
+    /// events with different related objects are kept apart rather than folded into one
+    /// series.
+    pub async fn event_about(
+        &self,
+        obj: &K,
+        related: Option<ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_owned(),
             note: Some(note),
             action: "Reconcile".to_owned(),
-            secondary: None,
+            secondary: related,
         };
         crate::sync::count(self.name, "Event", "event");
         if let Err(error) = self.recorder.publish(&event, &obj.object_ref(&())).await {

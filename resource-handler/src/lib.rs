@@ -25,15 +25,33 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher;
-use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
+use multigres_api::v1alpha1::{
+    Cell, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate, TopoServer,
+};
 use multigres_common::HandlerContext;
 
 use controller::{Base, Scope, Stores, cache, managed, pool_pods, recorder, share};
 
-/// Runs every controller until shutdown; reports SERVING once every cache is filled.
+/// Fills every cache, reports SERVING, then runs every controller until shutdown.
+///
+/// Controllers start only once the caches are filled, and nothing else waits for a cache at
+/// that point: a kube-runtime store wakes only one of several concurrent waiters when it
+/// becomes ready, so waiting here while controllers wait too could leave one of them asleep.
 pub async fn run(handler: HandlerContext, scope: Scope) {
     sync::describe();
     let client = handler.client.clone();
+    let all = watcher::Config::default;
+    let (topo_servers, topo_watch) = share::<DeserializeGuard<TopoServer>>(&client, &scope, all());
+    let (cells, cells_watch) = share::<DeserializeGuard<Cell>>(&client, &scope, all());
+    let (shards, shards_watch) = share::<DeserializeGuard<Shard>>(&client, &scope, all());
+    let (clusters, cluster_watch) =
+        share::<DeserializeGuard<MultigresCluster>>(&client, &scope, all());
+    let (core_templates, core_watch) =
+        share::<DeserializeGuard<CoreTemplate>>(&client, &scope, all());
+    let (cell_templates, cell_watch) =
+        share::<DeserializeGuard<CellTemplate>>(&client, &scope, all());
+    let (shard_templates, shard_watch) =
+        share::<DeserializeGuard<ShardTemplate>>(&client, &scope, all());
     let (statefulsets, sts_watch) = share::<StatefulSet>(&client, &scope, managed());
     let (deployments, deployment_watch) = share::<Deployment>(&client, &scope, managed());
     let caches = gauges::Caches {
@@ -44,15 +62,22 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
     let (services, service_watch) = share::<Service>(&client, &scope, managed());
     let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, &scope, managed());
     let (pods, pod_watch) = share::<Pod>(&client, &scope, pool_pods());
-    let (clusters, cluster_watch) =
-        share::<DeserializeGuard<MultigresCluster>>(&client, &scope, watcher::Config::default());
-    let (core_templates, core_watch) =
-        share::<DeserializeGuard<CoreTemplate>>(&client, &scope, watcher::Config::default());
-    let (cell_templates, cell_watch) =
-        share::<DeserializeGuard<CellTemplate>>(&client, &scope, watcher::Config::default());
-    let (shard_templates, shard_watch) =
-        share::<DeserializeGuard<ShardTemplate>>(&client, &scope, watcher::Config::default());
     let (pvcs, pvc_watch) = cache::<PersistentVolumeClaim>(&client, &scope, managed());
+    let watches = [
+        tokio::spawn(topo_watch),
+        tokio::spawn(cells_watch),
+        tokio::spawn(shards_watch),
+        tokio::spawn(cluster_watch),
+        tokio::spawn(core_watch),
+        tokio::spawn(cell_watch),
+        tokio::spawn(shard_watch),
+        tokio::spawn(sts_watch),
+        tokio::spawn(deployment_watch),
+        tokio::spawn(service_watch),
+        tokio::spawn(pdb_watch),
+        tokio::spawn(pod_watch),
+        tokio::spawn(pvc_watch),
+    ];
     let stores = Stores {
         statefulsets: statefulsets.store.clone(),
         deployments: deployments.store.clone(),
@@ -65,84 +90,89 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
         cell_templates: cell_templates.store.clone(),
         shard_templates: shard_templates.store.clone(),
     };
-    let base = Base {
-        client: client.clone(),
-        scope,
-        state: handler.state.clone(),
-        recorder: recorder(&client),
-        stores: stores.clone(),
+    let filled = async {
+        stores.wait_until_ready().await?;
+        controller::filled(&topo_servers.store).await?;
+        controller::filled(&cells.store).await?;
+        controller::filled(&shards.store).await
     };
     let shutdown = &handler.shutdown;
-    let (topo_store, topo) = toposerver::run(
-        base.ctx(toposerver::NAME),
-        statefulsets.handle.clone(),
-        services.handle.clone(),
-        pdbs.handle.clone(),
-        clusters.handle.clone(),
-        shutdown,
-    );
-    let (cell_store, cells) = cell::run(
-        base.ctx(cell::NAME),
-        deployments.handle.clone(),
-        services.handle.clone(),
-        shutdown,
-    );
-    let (shard_store, shards) = shard::run(
-        base.ctx(shard::NAME),
-        shard::Triggers {
-            statefulsets: statefulsets.handle,
-            deployments: deployments.handle.clone(),
-            services: services.handle.clone(),
-            pdbs: pdbs.handle,
-            pods: pods.handle,
-        },
-        shutdown,
-    );
-    let admin = multiadmin::run(
-        base.ctx(multiadmin::NAME),
-        multiadmin::Triggers {
-            clusters: clusters.handle,
-            deployments: deployments.handle,
-            services: services.handle,
-            core_templates: core_templates.handle,
-            cell_templates: cell_templates.handle,
-            shard_templates: shard_templates.handle,
-        },
-        shutdown,
-    );
-    let watches = [
-        tokio::spawn(sts_watch),
-        tokio::spawn(deployment_watch),
-        tokio::spawn(service_watch),
-        tokio::spawn(pdb_watch),
-        tokio::spawn(pod_watch),
-        tokio::spawn(cluster_watch),
-        tokio::spawn(core_watch),
-        tokio::spawn(cell_watch),
-        tokio::spawn(shard_watch),
-        tokio::spawn(pvc_watch),
-    ];
-    let state = handler.state.clone();
-    let ready = tokio::spawn(async move {
-        let filled = async {
-            stores.wait_until_ready().await?;
-            topo_store.wait_until_ready().await?;
-            cell_store.wait_until_ready().await?;
-            shard_store.wait_until_ready().await
-        };
-        match filled.await {
-            Ok(()) => {
-                for kind in controller::WATCHED_KINDS {
-                    state.mark_synced(kind);
-                }
-                state.set_serving(true).await;
-                tracing::info!("caches filled, controllers running");
+    let stopped = tokio::select! {
+        result = filled => match result {
+            Ok(()) => false,
+            Err(error) => {
+                tracing::error!(%error, "a cache stopped before it was filled");
+                true
             }
-            Err(error) => tracing::error!(%error, "a cache stopped before it was filled"),
+        },
+        () = shutdown.wait() => true,
+    };
+    if !stopped {
+        for kind in controller::WATCHED_KINDS {
+            handler.state.mark_synced(kind);
         }
-    });
-    futures::join!(topo, cells, shards, admin);
-    ready.abort();
+        handler.state.set_serving(true).await;
+        tracing::info!("caches filled, controllers running");
+        let base = Base {
+            client: client.clone(),
+            scope,
+            state: handler.state.clone(),
+            recorder: recorder(&client),
+            stores,
+        };
+        let topo = toposerver::run(
+            base.ctx(toposerver::NAME),
+            topo_servers,
+            statefulsets.handle.clone(),
+            services.handle.clone(),
+            pdbs.handle.clone(),
+            clusters.handle.clone(),
+            shutdown,
+        );
+        let cells = cell::run(
+            base.ctx(cell::NAME),
+            cells,
+            deployments.handle.clone(),
+            services.handle.clone(),
+            shutdown,
+        );
+        let shards = shard::run(
+            base.ctx(shard::NAME),
+            shards,
+            shard::Triggers {
+                statefulsets: statefulsets.handle,
+                deployments: deployments.handle.clone(),
+                services: services.handle.clone(),
+                pdbs: pdbs.handle,
+                pods: pods.handle,
+            },
+            shutdown,
+        );
+        let admin = multiadmin::run(
+            base.ctx(multiadmin::NAME),
+            multiadmin::Triggers {
+                clusters: clusters.handle,
+                deployments: deployments.handle,
+                services: services.handle,
+                core_templates: core_templates.handle,
+                cell_templates: cell_templates.handle,
+                shard_templates: shard_templates.handle,
+            },
+            shutdown,
+        );
+        // One task each, so reconciles of different kinds run on different worker threads.
+        let controllers = [
+            tokio::spawn(topo),
+            tokio::spawn(cells),
+            tokio::spawn(shards),
+            tokio::spawn(admin),
+        ];
+        for controller in controllers {
+            if let Err(error) = controller.await {
+                tracing::error!(%error, "a controller task failed");
+            }
+        }
+    }
     for watch in watches {
         watch.abort();
     }

@@ -7,9 +7,11 @@
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_common::apply::{ApplyError, apply, apply_status};
 use serde::Serialize;
@@ -134,17 +136,38 @@ pub fn up_to_date<K: Resource + Serialize>(desired: &K, observed: &K) -> bool {
     }
 }
 
-/// Applies `desired` (stamping it first) unless `observed` is already up to date. Returns
-/// whether a write happened.
+/// How long a write waits for the cache to show it, so the next reconcile compares against
+/// what was written rather than sending it again.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Applies `desired` (stamping it first) unless the cached object in `store` is already up to
+/// date. Returns whether a write happened.
 pub async fn ensure<K: Child>(
     controller: &'static str,
     api: &Api<K>,
+    store: &Store<K>,
+    desired: K,
+) -> Result<bool, SyncError> {
+    ensure_with(controller, api, store, desired, |_, _| {}).await
+}
+
+/// [`ensure`], first copying from the existing object what cannot change once created
+/// (`keep(desired, existing)`, e.g. StatefulSet claim templates). The hash covers what the
+/// builder produced, so a kept field never counts as a change.
+pub async fn ensure_with<K: Child>(
+    controller: &'static str,
+    api: &Api<K>,
+    store: &Store<K>,
     mut desired: K,
-    observed: Option<&K>,
+    keep: impl FnOnce(&mut K, &K),
 ) -> Result<bool, SyncError> {
     stamp(&mut desired);
-    if observed.is_some_and(|o| up_to_date(&desired, o)) {
-        return Ok(false);
+    let key = ObjectRef::from_obj(&desired);
+    if let Some(existing) = store.get(&key) {
+        keep(&mut desired, &existing);
+        if up_to_date(&desired, &existing) {
+            return Ok(false);
+        }
     }
     count(controller, &K::kind(&()), "apply");
     apply(api, FIELD_MANAGER, &desired).await?;
@@ -154,6 +177,15 @@ pub async fn ensure<K: Child>(
         namespace = ?desired.namespace(),
         "applied"
     );
+    let hash = desired.annotations().get(APPLIED_HASH).cloned();
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    while Instant::now() < deadline {
+        let cached = store.get(&key);
+        if cached.is_some_and(|c| c.annotations().get(APPLIED_HASH) == hash.as_ref()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     Ok(true)
 }
 

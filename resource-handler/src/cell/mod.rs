@@ -13,14 +13,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
+use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
-use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use multigres_api::v1alpha1::{Cell, CellStatus};
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{Classify, Ctx, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, Shared, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::sync::{self, SyncError};
@@ -57,18 +57,15 @@ impl Classify for Error {
     }
 }
 
-/// The controller, ready to be polled until shutdown, and the cache of Cells it fills.
+/// The controller, ready to be polled until shutdown.
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
+    cells: Shared<Guard>,
     deployments: ReflectHandle<Deployment>,
     services: ReflectHandle<Service>,
     shutdown: &Shutdown,
-) -> (Store<Guard>, impl Future<Output = ()> + Send + 'static) {
-    let controller = Controller::new(
-        ctx.scope.api::<Guard>(&ctx.client),
-        watcher::Config::default(),
-    );
-    let store = controller.store();
+) -> impl Future<Output = ()> + Send + 'static {
+    let controller = Controller::for_shared_stream(cells.handle, cells.store);
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
     let results = controller
         .owns_shared_stream(deployments)
@@ -76,7 +73,7 @@ pub fn run(
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
-    (store, drain(NAME, results))
+    drain(NAME, results)
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
@@ -101,21 +98,12 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         .get(&ObjectRef::new(&name).within(ns));
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
-    sync::ensure(
-        NAME,
-        &services,
-        objects.service,
-        ctx.stores
-            .services
-            .get(&ObjectRef::new(&name).within(ns))
-            .as_deref(),
-    )
-    .await?;
+    sync::ensure(NAME, &services, &ctx.stores.services, objects.service).await?;
     sync::ensure(
         NAME,
         &deployments,
+        &ctx.stores.deployments,
         objects.deployment,
-        observed_deployment.as_deref(),
     )
     .await?;
 

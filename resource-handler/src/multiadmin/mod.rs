@@ -160,24 +160,12 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let name = objects.deployment.name_any();
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
-    sync::ensure(
-        NAME,
-        &services,
-        objects.service,
-        ctx.stores
-            .services
-            .get(&ObjectRef::new(&name).within(ns))
-            .as_deref(),
-    )
-    .await?;
+    sync::ensure(NAME, &services, &ctx.stores.services, objects.service).await?;
     sync::ensure(
         NAME,
         &deployments,
+        &ctx.stores.deployments,
         objects.deployment,
-        ctx.stores
-            .deployments
-            .get(&ObjectRef::new(&name).within(ns))
-            .as_deref(),
     )
     .await?;
     let keep = BTreeSet::from([name]);

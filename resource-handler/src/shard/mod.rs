@@ -10,23 +10,23 @@ use std::sync::Arc;
 
 use futures::Future;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Preconditions};
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
+use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::{Api, ResourceExt};
 use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
 use multigres_api::v1alpha1::{Shard, ShardSpec, ShardStatus};
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{Classify, Ctx, POLL, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, POLL, Shared, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
@@ -107,18 +107,15 @@ fn pod_of(pod: &Pod, shard: &Shard) -> bool {
         && is(SHARD, shard.spec.shard_name.as_str())
 }
 
-/// The controller, ready to be polled until shutdown, and the cache of Shards it fills.
+/// The controller, ready to be polled until shutdown.
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
+    shards: Shared<Guard>,
     triggers: Triggers,
     shutdown: &Shutdown,
-) -> (Store<Guard>, impl Future<Output = ()> + Send + 'static) {
-    let controller = Controller::new(
-        ctx.scope.api::<Guard>(&ctx.client),
-        watcher::Config::default(),
-    );
-    let store = controller.store();
-    let shards = store.clone();
+) -> impl Future<Output = ()> + Send + 'static {
+    let controller = Controller::for_shared_stream(shards.handle, shards.store.clone());
+    let shards = shards.store;
     // Pool pods belong to StatefulSets, not to the Shard: map them by their labels, so
     // readiness and role changes reach the ordered restart at once.
     let by_labels = move |pod: Arc<Pod>| {
@@ -139,7 +136,7 @@ pub fn run(
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
-    (store, drain(NAME, results))
+    drain(NAME, results)
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
@@ -220,8 +217,8 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             return Err(Error::InvalidSpec(problem));
         }
     };
+    let templates_changed = apply_workloads(ctx, &owner, &objects).await?;
     let observed = Observed::read(ctx, ns, &objects);
-    let templates_changed = apply_workloads(ctx, &owner, &objects, &observed).await?;
     let resize = resize(ctx, guard, &shard.spec, ns, &objects).await?;
     prune(ctx, &owner, &objects).await?;
 
@@ -256,62 +253,49 @@ async fn apply_workloads(
     ctx: &Ctx<Guard>,
     owner: &Owner,
     objects: &ShardObjects,
-    observed: &Observed,
 ) -> Result<bool, Error> {
     let ns = owner.namespace.as_str();
     let client = &ctx.client;
+    let stores = &ctx.stores;
     let services = Api::<Service>::namespaced(client.clone(), ns);
-    let service = |name: String| ctx.stores.services.get(&ObjectRef::new(&name).within(ns));
-    if let Some(mut pvc) = objects.backup.clone() {
+    if let Some(pvc) = objects.backup.clone() {
         let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
-        let existing = ctx
-            .stores
-            .pvcs
-            .get(&ObjectRef::new(&pvc.name_any()).within(ns));
-        if let (Some(existing), Some(spec)) = (existing.as_deref(), pvc.spec.as_mut()) {
-            // Size, class and access modes of an existing claim change only through the
-            // resize path (or not at all).
-            let current = existing.spec.clone().unwrap_or_default();
-            spec.resources = current.resources;
-            spec.access_modes = current.access_modes;
-            spec.storage_class_name = current.storage_class_name;
-        }
-        sync::ensure(NAME, &api, pvc, existing.as_deref()).await?;
+        // Size, class and access modes of an existing claim change only through the resize
+        // path (or not at all).
+        let keep = |desired: &mut PersistentVolumeClaim, existing: &PersistentVolumeClaim| {
+            if let (Some(spec), Some(current)) = (desired.spec.as_mut(), existing.spec.as_ref()) {
+                spec.resources = current.resources.clone();
+                spec.access_modes = current.access_modes.clone();
+                spec.storage_class_name = current.storage_class_name.clone();
+            }
+        };
+        sync::ensure_with(NAME, &api, &stores.pvcs, pvc, keep).await?;
     }
     let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
     for m in &objects.multiorch {
+        sync::ensure(NAME, &services, &stores.services, m.service.clone()).await?;
         sync::ensure(
             NAME,
-            &services,
-            m.service.clone(),
-            service(m.service.name_any()).as_deref(),
+            &deployments,
+            &stores.deployments,
+            m.deployment.clone(),
         )
         .await?;
-        let current = observed.orchs.get(&m.deployment.name_any()).map(|d| &**d);
-        sync::ensure(NAME, &deployments, m.deployment.clone(), current).await?;
     }
     let pdbs = Api::<PodDisruptionBudget>::namespaced(client.clone(), ns);
     let sets = Api::<StatefulSet>::namespaced(client.clone(), ns);
     let mut sets_written = false;
     for p in &objects.pools {
-        sync::ensure(
+        sync::ensure(NAME, &services, &stores.services, p.service.clone()).await?;
+        sync::ensure(NAME, &pdbs, &stores.pdbs, p.pdb.clone()).await?;
+        sets_written |= sync::ensure_with(
             NAME,
-            &services,
-            p.service.clone(),
-            service(p.service.name_any()).as_deref(),
+            &sets,
+            &stores.statefulsets,
+            p.statefulset.clone(),
+            keep_claim_templates,
         )
         .await?;
-        let pdb = ctx
-            .stores
-            .pdbs
-            .get(&ObjectRef::new(&p.pdb.name_any()).within(ns));
-        sync::ensure(NAME, &pdbs, p.pdb.clone(), pdb.as_deref()).await?;
-        let mut desired = p.statefulset.clone();
-        let current = observed.sets.get(&desired.name_any()).map(|s| &**s);
-        if let Some(current) = current {
-            keep_claim_templates(&mut desired, current);
-        }
-        sets_written |= sync::ensure(NAME, &sets, desired, current).await?;
     }
     Ok(sets_written)
 }
@@ -484,8 +468,22 @@ async fn restart(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, step: &Step) -> Resu
          pods were outdated"
     );
     tracing::info!(%pod, primary, outdated, total, "restarting pool pod");
-    ctx.event(guard, EventType::Normal, "RestartingPod", note)
-        .await;
+    let related = ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: Some(pod.clone()),
+        namespace: Some(ns.to_owned()),
+        uid: Some(uid.clone()),
+        ..Default::default()
+    };
+    ctx.event_about(
+        guard,
+        Some(related),
+        EventType::Normal,
+        "RestartingPod",
+        note,
+    )
+    .await;
     Ok(())
 }
 

@@ -13,9 +13,9 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
+use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
-use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::{Api, ResourceExt};
 use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
@@ -23,7 +23,7 @@ use multigres_api::v1alpha1::{MultigresCluster, TopoServer, TopoServerStatus};
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{Classify, Ctx, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, Shared, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
@@ -75,21 +75,20 @@ impl Classify for Error {
 /// The controller, ready to be polled until shutdown.
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
+    topo_servers: Shared<Guard>,
     statefulsets: ReflectHandle<StatefulSet>,
     services: ReflectHandle<Service>,
     pdbs: ReflectHandle<PodDisruptionBudget>,
     clusters: ReflectHandle<DeserializeGuard<MultigresCluster>>,
     shutdown: &Shutdown,
-) -> (Store<Guard>, impl Future<Output = ()> + Send + 'static) {
-    let api = ctx.scope.api::<Guard>(&ctx.client);
-    let controller = Controller::new(api, watcher::Config::default());
-    let store = controller.store();
-    let topo_servers = store.clone();
+) -> impl Future<Output = ()> + Send + 'static {
+    let store = topo_servers.store.clone();
+    let controller = Controller::for_shared_stream(topo_servers.handle, store.clone());
     // Pull settings come from the cluster: a change there must reach its TopoServers.
     let by_cluster = move |cluster: Arc<DeserializeGuard<MultigresCluster>>| {
         let namespace = cluster.namespace();
         let name = cluster.name_any();
-        topo_servers
+        store
             .state()
             .into_iter()
             .filter(|t| {
@@ -108,7 +107,7 @@ pub fn run(
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
-    (store, drain(NAME, results))
+    drain(NAME, results)
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
@@ -176,43 +175,36 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         }
     };
     let TopoObjects {
-        mut statefulset,
+        statefulset,
         peer_service,
         client_service,
         pdb,
         storage_size,
     } = objects;
-    if let Some(observed) = observed_sts.as_deref() {
-        if let Some(problem) = replicas_changed(observed, &statefulset) {
-            write_status(&statuses, topo, Some(observed), None, Some(&problem)).await?;
-            return Err(Error::InvalidSpec(problem));
-        }
-        keep_claim_templates(&mut statefulset, observed);
+    if let Some(observed) = observed_sts.as_deref()
+        && let Some(problem) = replicas_changed(observed, &statefulset)
+    {
+        write_status(&statuses, topo, Some(observed), None, Some(&problem)).await?;
+        return Err(Error::InvalidSpec(problem));
     }
 
     let services_api = Api::<Service>::namespaced(ctx.client.clone(), ns);
-    let observed_service = |name: &str| ctx.stores.services.get(&ObjectRef::new(name).within(ns));
+    let services = &ctx.stores.services;
     let peer_name = topo_peer_service(&owner.name);
     let client_name = crate::names::topo_client_service(&owner.name);
-    sync::ensure(
-        NAME,
-        &services_api,
-        peer_service,
-        observed_service(&peer_name).as_deref(),
-    )
-    .await?;
-    sync::ensure(
-        NAME,
-        &services_api,
-        client_service,
-        observed_service(&client_name).as_deref(),
-    )
-    .await?;
+    sync::ensure(NAME, &services_api, services, peer_service).await?;
+    sync::ensure(NAME, &services_api, services, client_service).await?;
     let pdb_api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns);
-    let observed_pdb = ctx.stores.pdbs.get(&ObjectRef::new(&sts_name).within(ns));
-    sync::ensure(NAME, &pdb_api, pdb, observed_pdb.as_deref()).await?;
+    sync::ensure(NAME, &pdb_api, &ctx.stores.pdbs, pdb).await?;
     let sts_api = Api::<StatefulSet>::namespaced(ctx.client.clone(), ns);
-    sync::ensure(NAME, &sts_api, statefulset, observed_sts.as_deref()).await?;
+    sync::ensure_with(
+        NAME,
+        &sts_api,
+        &ctx.stores.statefulsets,
+        statefulset,
+        keep_claim_templates,
+    )
+    .await?;
 
     let (_, selector) = build::labels(&input);
     let pvcs = ctx.stores.pvcs.state_filter(|pvc| {
@@ -227,7 +219,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     storage::report(ctx, guard, &outcome).await;
 
     let keep_services = BTreeSet::from([peer_name, client_name]);
-    let keep_named = BTreeSet::from([sts_name]);
+    let keep_named = BTreeSet::from([sts_name.clone()]);
     let uid = owner.uid();
     sync::prune(
         NAME,
@@ -252,6 +244,10 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     .await?;
 
     let storage_cond = outcome.condition();
+    let observed_sts = ctx
+        .stores
+        .statefulsets
+        .get(&ObjectRef::new(&sts_name).within(ns));
     write_status(
         &statuses,
         topo,
