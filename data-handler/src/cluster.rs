@@ -172,12 +172,6 @@ async fn reconcile_cluster(
     if cluster.meta().deletion_timestamp.is_some() {
         return finalize(cluster, ctx).await;
     }
-    if let Some(patch) = finalizer::add(cluster.meta().finalizers.as_deref()) {
-        ctx.writer
-            .patch_json(cluster, patch)
-            .await
-            .map_err(Error::Finalizer)?;
-    }
     let pass = register(cluster, ctx).await;
     let existing = cluster
         .status
@@ -274,9 +268,21 @@ async fn register(cluster: &MultigresCluster, ctx: &Context) -> Pass {
         Err(error) => return failed(Some(target), error.into()),
     };
     let owner = owner_id(&namespace, &cluster.name_any());
-    let result = sync::register(&store, &owner, &topology)
-        .await
-        .map_err(Error::Topo);
+    let result = async {
+        let owners = store.owners().await.map_err(Error::Topo)?;
+        // The finalizer goes on once the server has answered, before the first write: a
+        // cluster whose server never answered has nothing to remove and is deleted at once.
+        if let Some(patch) = finalizer::add(cluster.meta().finalizers.as_deref()) {
+            ctx.writer
+                .patch_json(cluster, patch)
+                .await
+                .map_err(Error::Finalizer)?;
+        }
+        sync::register(&store, &owner, &topology, &owners)
+            .await
+            .map_err(Error::Topo)
+    }
+    .await;
     Pass {
         target: Some(target),
         result,

@@ -77,15 +77,16 @@ pub fn prune_plan(
 }
 
 /// Claims and registers every record of `topology` for `owner`, then, when pruning is on,
-/// removes the records `owner` holds that it no longer wants. A wanted record held by another
-/// cluster stops the pass before anything is written. A stale cell that a Database record
-/// still names is kept and reported, not an error.
+/// removes the records `owner` holds that it no longer wants. `owners` is what
+/// [`TopoStore::owners`] returned just before. A wanted record held by another cluster stops
+/// the pass before anything is written. A stale cell that a Database record still names is kept
+/// and reported, not an error.
 pub async fn register(
     store: &TopoStore,
     owner: &str,
     topology: &Topology,
+    owners: &BTreeMap<RecordRef, String>,
 ) -> Result<Registered, TopoError> {
-    let owners = store.owners().await?;
     let wanted = wanted(topology);
     for record in &wanted {
         if let Some(holder) = owners.get(record).filter(|h| *h != owner) {
@@ -109,7 +110,7 @@ pub async fn register(
             .push((RecordRef::database(&database.name), outcome));
     }
     if topology.pruning {
-        for record in prune_plan(&owners, owner, topology) {
+        for record in prune_plan(owners, owner, topology) {
             match store.release(&record, owner).await {
                 Ok(_) => done.pruned.push(record),
                 Err(TopoError::CellReferenced { databases, .. }) => {

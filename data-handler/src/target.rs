@@ -65,18 +65,22 @@ pub struct Target {
 /// Why a cluster's topology settings cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TargetError {
+    /// An https:// endpoint without the CA to verify it.
     #[error(
         "endpoint {endpoint} uses https:// but {EXTERNAL_FIELD}.caSecret is not set; name a Secret holding the CA certificate as `ca.crt`"
     )]
     TlsWithoutCa { endpoint: String },
+    /// TLS Secrets named for a plain http:// endpoint.
     #[error(
         "{EXTERNAL_FIELD}.caSecret or clientCertSecret is set but endpoint {endpoint} is plain http://; use https:// endpoints for TLS"
     )]
     TlsOnPlainEndpoint { endpoint: String },
+    /// A client certificate without the CA to verify the server.
     #[error(
         "{EXTERNAL_FIELD}.clientCertSecret is set without caSecret; the CA that signed the etcd server certificate is needed too"
     )]
     ClientCertWithoutCa,
+    /// Nothing to dial.
     #[error("the global topology server has no endpoints")]
     NoEndpoints,
 }
@@ -202,12 +206,14 @@ pub fn deletion_topo_ref(
 /// Why a connection could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
+    /// A named TLS Secret does not exist (yet).
     #[error("Secret {namespace}/{name} named in {field} does not exist; create it")]
     SecretMissing {
         namespace: String,
         name: String,
         field: String,
     },
+    /// A TLS Secret lacks a key the connection needs.
     #[error("Secret {namespace}/{name} named in {field} has no key {key}")]
     SecretKeyMissing {
         namespace: String,
@@ -215,6 +221,7 @@ pub enum ConnectError {
         field: String,
         key: &'static str,
     },
+    /// The API server did not hand out the Secret (RBAC, outage).
     #[error("cannot read Secret {namespace}/{name}")]
     SecretRead {
         namespace: String,
@@ -222,6 +229,7 @@ pub enum ConnectError {
         #[source]
         source: kube::Error,
     },
+    /// The etcd client could not be built from the material (bad PEM).
     #[error(transparent)]
     Topo(#[from] TopoError),
 }

@@ -73,6 +73,16 @@ async fn revision(raw: &mut Client) -> i64 {
         .revision()
 }
 
+/// One registration pass, reading the markers first as the controller does.
+async fn register(
+    store: &TopoStore,
+    owner: &str,
+    topology: &Topology,
+) -> Result<sync::Registered, TopoError> {
+    let owners = store.owners().await?;
+    sync::register(store, owner, topology, &owners).await
+}
+
 fn database(name: &str, cells: &[&str]) -> DatabaseSpec {
     DatabaseSpec {
         name: name.into(),
@@ -103,7 +113,7 @@ async fn registration_writes_records_with_markers_and_nothing_when_unchanged() {
     let mut raw = raw(&etcd).await;
     let wanted = topology(&["zone-a", "zone-b"], &["postgres"], &etcd);
 
-    let done = sync::register(&store, TEAM_A, &wanted).await.unwrap();
+    let done = register(&store, TEAM_A, &wanted).await.unwrap();
     assert_eq!(
         done.records,
         [
@@ -142,7 +152,7 @@ async fn registration_writes_records_with_markers_and_nothing_when_unchanged() {
     );
 
     let before = revision(&mut raw).await;
-    let again = sync::register(&store, TEAM_A, &wanted).await.unwrap();
+    let again = register(&store, TEAM_A, &wanted).await.unwrap();
     assert!(again.written().next().is_none(), "{again:?}");
     assert_eq!(
         revision(&mut raw).await,
@@ -156,13 +166,13 @@ async fn clusters_sharing_a_root_neither_overwrite_nor_prune_each_other() {
     let etcd = etcd().await;
     let store = store(&etcd).await;
     let mut raw = raw(&etcd).await;
-    sync::register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
+    register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
         .await
         .unwrap();
 
     // Team B wants the same database name: refused before anything is written.
     let before = revision(&mut raw).await;
-    let err = sync::register(&store, TEAM_B, &topology(&["zone-b"], &["postgres"], &etcd))
+    let err = register(&store, TEAM_B, &topology(&["zone-b"], &["postgres"], &etcd))
         .await
         .unwrap_err();
     match &err {
@@ -179,11 +189,11 @@ async fn clusters_sharing_a_root_neither_overwrite_nor_prune_each_other() {
     );
 
     // Distinct names coexist; an empty spec for team B prunes only team B's records.
-    sync::register(&store, TEAM_B, &topology(&["zone-b"], &[], &etcd))
+    register(&store, TEAM_B, &topology(&["zone-b"], &[], &etcd))
         .await
         .unwrap();
     assert_eq!(store.list_cells().await.unwrap(), ["zone-a", "zone-b"]);
-    let done = sync::register(&store, TEAM_B, &topology(&[], &[], &etcd))
+    let done = register(&store, TEAM_B, &topology(&[], &[], &etcd))
         .await
         .unwrap();
     assert_eq!(done.pruned, [RecordRef::cell("zone-b")]);
@@ -195,7 +205,7 @@ async fn clusters_sharing_a_root_neither_overwrite_nor_prune_each_other() {
         .register_cell(&CellSpec::new("zone-legacy", vec![etcd.client_addr()]))
         .await
         .unwrap();
-    let done = sync::register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
+    let done = register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
         .await
         .unwrap();
     assert!(done.pruned.is_empty(), "{done:?}");
@@ -207,7 +217,7 @@ async fn pruning_removes_stale_records_but_keeps_a_cell_a_database_still_names()
     let etcd = etcd().await;
     let store = store(&etcd).await;
     let mut raw = raw(&etcd).await;
-    sync::register(
+    register(
         &store,
         TEAM_A,
         &topology(&["zone-a", "zone-b", "zone-c"], &["postgres"], &etcd),
@@ -220,7 +230,7 @@ async fn pruning_removes_stale_records_but_keeps_a_cell_a_database_still_names()
         .await
         .unwrap();
 
-    let done = sync::register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
+    let done = register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
         .await
         .unwrap();
     assert_eq!(
@@ -244,7 +254,7 @@ async fn pruning_removes_stale_records_but_keeps_a_cell_a_database_still_names()
 
     // Once nothing names it, the next pass removes it.
     store.deregister_database("analytics").await.unwrap();
-    let done = sync::register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
+    let done = register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
         .await
         .unwrap();
     assert_eq!(done.pruned, [RecordRef::cell("zone-c")]);
@@ -252,7 +262,7 @@ async fn pruning_removes_stale_records_but_keeps_a_cell_a_database_still_names()
     // With pruning off nothing is removed.
     let mut no_pruning = topology(&[], &[], &etcd);
     no_pruning.pruning = false;
-    let done = sync::register(&store, TEAM_A, &no_pruning).await.unwrap();
+    let done = register(&store, TEAM_A, &no_pruning).await.unwrap();
     assert!(done.pruned.is_empty());
     assert_eq!(store.list_cells().await.unwrap(), ["zone-a"]);
 }
@@ -262,14 +272,14 @@ async fn deregistering_with_the_server_removes_exactly_the_clusters_records() {
     let etcd = etcd().await;
     let store = store(&etcd).await;
     let mut raw = raw(&etcd).await;
-    sync::register(
+    register(
         &store,
         TEAM_A,
         &topology(&["zone-a", "zone-b"], &["postgres"], &etcd),
     )
     .await
     .unwrap();
-    sync::register(&store, TEAM_B, &topology(&["zone-x"], &[], &etcd))
+    register(&store, TEAM_B, &topology(&["zone-x"], &[], &etcd))
         .await
         .unwrap();
     // Multigres' own keys below the database are not the operator's to remove.
@@ -309,7 +319,7 @@ async fn deregistering_with_the_server_removes_exactly_the_clusters_records() {
 async fn deregistering_without_the_server_fails_fast_then_gives_up_by_the_timeout() {
     let mut etcd = etcd().await;
     let store = store(&etcd).await;
-    sync::register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
+    register(&store, TEAM_A, &topology(&["zone-a"], &["postgres"], &etcd))
         .await
         .unwrap();
 

@@ -806,6 +806,43 @@ async fn deleting_without_etcd_completes_after_the_timeout_with_a_warning() {
         assert!(note.contains(part), "{part}: {note}");
     }
 
+    // A cluster whose server never answered gets no finalizer: it registered nothing, so its
+    // deletion does not wait for the timeout.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let spec = cluster_spec(
+        "never",
+        &format!("http://127.0.0.1:{port}"),
+        root,
+        &["zone-a"],
+    );
+    apply(&clusters, "never", &spec).await;
+    eventually("unreachable from the start", WAIT, || async {
+        let (_, state) = cluster_conditions(&clusters, "never").await?;
+        if state[0] == pair("False", "Unreachable") {
+            Ok(())
+        } else {
+            Err(format!("{state:?}"))
+        }
+    })
+    .await;
+    let never = clusters.get("never").await.unwrap();
+    assert!(never.finalizers().is_empty(), "{:?}", never.finalizers());
+    clusters
+        .delete("never", &DeleteParams::background())
+        .await
+        .unwrap();
+    eventually("deleted at once", timeout / 2, || async {
+        match clusters.get_opt("never").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(c) => Err(format!("{:?}", c.metadata.finalizers)),
+        }
+    })
+    .await;
+
     // Nothing was removed: the records are still there for whoever brings the server back.
     etcd.restart().await.unwrap();
     let topo = Topology::connect(etcd.client_url(), None).await;

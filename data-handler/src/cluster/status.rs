@@ -65,6 +65,17 @@ pub fn conditions(target: Option<&Target>, result: &Result<Registered, Error>) -
             vec![reachable(&server, Some(e)), not_connected()]
         }
         Err(Error::Topo(e)) => vec![reachable(&server, Some(e)), registration_failed(&server, e)],
+        Err(e @ Error::Finalizer(_)) => vec![
+            reachable(&server, None),
+            Computed::no(
+                t,
+                "RegistrationFailed",
+                format!(
+                    "{}; nothing is registered before the finalizer is in place; retrying.",
+                    ErrorChain(e)
+                ),
+            ),
+        ],
         Err(e) => vec![
             Computed::unknown(r, "NotChecked", format!("Not checked: {}", ErrorChain(e))),
             Computed::no(t, "RegistrationFailed", ErrorChain(e).to_string()),

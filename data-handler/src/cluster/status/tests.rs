@@ -198,3 +198,21 @@ fn skipped_cleanup_warns_with_what_may_remain() {
             .starts_with("Removed database postgres from etcd at")
     );
 }
+
+#[test]
+fn a_failed_finalizer_update_blocks_registration_but_not_reachability() {
+    let err = Error::Finalizer(kube::Error::Api(
+        kube::core::Status::failure("the object has been modified", "Conflict")
+            .with_code(409)
+            .boxed(),
+    ));
+    let c = conditions(Some(&target()), &Err(err));
+    assert_eq!(
+        shape(&c),
+        [
+            (TOPO_SERVER_REACHABLE, TRUE, "Reachable"),
+            (TOPOLOGY_REGISTERED, FALSE, "RegistrationFailed")
+        ]
+    );
+    assert!(c[1].message.contains("finalizer"), "{}", c[1].message);
+}
