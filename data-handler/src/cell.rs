@@ -49,6 +49,9 @@ pub enum Error {
     /// The topology server settings cannot be used.
     #[error(transparent)]
     Target(#[from] TargetError),
+    /// The managed topology server is not serving yet.
+    #[error("TopoServer {topo_server} is not Available yet")]
+    ServerNotReady { topo_server: String },
     /// The connection could not be prepared (TLS Secrets).
     #[error(transparent)]
     Connect(#[from] ConnectError),
@@ -79,6 +82,7 @@ impl Error {
             Error::Malformed { .. } => "malformed",
             Error::ClusterNotFound { .. } => "cluster_not_found",
             Error::Target(_) => "invalid_spec",
+            Error::ServerNotReady { .. } => "server_not_ready",
             Error::Connect(_) => "connect",
             Error::Topo(e) if e.is_transient() => "topo_unavailable",
             Error::Topo(_) => "topo",
@@ -251,6 +255,17 @@ async fn check(cell: &Cell, cluster: Option<&MultigresCluster>, ctx: &Context) -
         }
     };
     check.server = Some(target.describe());
+    let topo_server = valid(
+        &ctx.topo_servers,
+        &namespace,
+        &names::global_topo_server(&cluster.name_any()),
+    );
+    if let Some(name) = crate::target::waiting_for(&target, topo_server.as_ref()) {
+        check.outcome = Err(Error::ServerNotReady {
+            topo_server: name.to_owned(),
+        });
+        return check;
+    }
     let wanted = cell_record(&cluster.name_any(), &namespace, &cell.spec);
     check.wanted = Some(wanted.clone());
     let store: Arc<TopoStore> = match ctx.connections.open(&namespace, &target).await {
@@ -325,6 +340,13 @@ pub fn conditions_of(check: &Check) -> Vec<Computed> {
             vec![
                 Computed::unknown(r, "ClusterNotFound", message.clone()),
                 Computed::unknown(t, "ClusterNotFound", message),
+            ]
+        }
+        Err(e @ Error::ServerNotReady { .. }) => {
+            let message = format!("Waiting before connecting to {server}: {e}.");
+            vec![
+                Computed::unknown(r, "TopoServerNotReady", message.clone()),
+                Computed::unknown(t, "TopoServerNotReady", message),
             ]
         }
         Err(Error::Topo(e)) => {

@@ -57,6 +57,9 @@ pub enum Error {
     /// A record built from the spec would be unusable by Multigres.
     #[error("the spec gives an unusable topology record: {0}")]
     Records(#[source] TopoError),
+    /// The managed topology server is not serving yet; its TopoServer changing re-triggers.
+    #[error("TopoServer {topo_server} is not Available yet")]
+    ServerNotReady { topo_server: String },
     /// The connection could not be prepared (TLS Secrets).
     #[error(transparent)]
     Connect(#[from] ConnectError),
@@ -90,6 +93,7 @@ impl Error {
         match self {
             Error::Malformed { .. } => "malformed",
             Error::Resolve(_) | Error::Target(_) | Error::Records(_) => "invalid_spec",
+            Error::ServerNotReady { .. } => "server_not_ready",
             Error::Connect(_) => "connect",
             Error::Topo(e) if e.is_transient() => "topo_unavailable",
             Error::Topo(_) => "topo",
@@ -263,6 +267,15 @@ async fn register(cluster: &MultigresCluster, ctx: &Context) -> Pass {
         Ok(topology) => topology,
         Err(error) => return failed(Some(target), Error::Records(error)),
     };
+    let topo_server = valid(
+        &ctx.topo_servers,
+        &namespace,
+        &names::global_topo_server(&cluster.name_any()),
+    );
+    if let Some(name) = crate::target::waiting_for(&target, topo_server.as_ref()) {
+        let topo_server = name.to_owned();
+        return failed(Some(target), Error::ServerNotReady { topo_server });
+    }
     let store = match ctx.connections.open(&namespace, &target).await {
         Ok(store) => store,
         Err(error) => return failed(Some(target), error.into()),

@@ -152,6 +152,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
     let shard_ctx = Arc::new(shard::Context {
         clusters: clusters.clone(),
         pods: pods.clone(),
+        topo_servers: topo_servers.clone(),
         connections,
         writer: Writer::new(client.clone(), shard::CONTROLLER, field_manager),
         state: ctx.state.clone(),

@@ -16,7 +16,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, ROLE};
 use multigres_api::names;
-use multigres_api::v1alpha1::{MultigresCluster, Shard};
+use multigres_api::v1alpha1::{MultigresCluster, Shard, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
@@ -91,6 +91,8 @@ pub struct Context {
     pub clusters: Store<Guarded<MultigresCluster>>,
     /// Pool pods managed by the operator.
     pub pods: Store<Guarded<Pod>>,
+    /// Managed TopoServers: a server still starting is not read yet.
+    pub topo_servers: Store<Guarded<TopoServer>>,
     /// Open topology connections.
     pub connections: Arc<Connections>,
     /// The write path.
@@ -169,6 +171,15 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
             cluster: format!("{namespace}/{cluster_name}"),
         })?;
     let target = Target::new(&cluster, &shard.spec.global_topo_server)?;
+    let topo_server = valid(
+        &ctx.topo_servers,
+        &namespace,
+        &names::global_topo_server(&cluster_name),
+    );
+    if crate::target::waiting_for(&target, topo_server.as_ref()).is_some() {
+        // No pooler can have registered before the topology server serves.
+        return Ok(Action::requeue(ctx.settings.roles_period));
+    }
     let store = ctx.connections.open(&namespace, &target).await?;
 
     let cells: BTreeSet<&str> = shard

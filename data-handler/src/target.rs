@@ -158,6 +158,19 @@ impl Target {
     }
 }
 
+/// The managed TopoServer `target` waits for before it is dialled: its name while that
+/// TopoServer does not exist or is not `Available` yet (etcd still starting), `None` once it
+/// serves or when the server is external. Dialling earlier would only report an outage.
+pub fn waiting_for<'t>(target: &'t Target, topo_server: Option<&TopoServer>) -> Option<&'t str> {
+    let Server::Managed { topo_server: name } = &target.server else {
+        return None;
+    };
+    let available = topo_server
+        .and_then(|t| t.status.as_ref())
+        .is_some_and(|s| multigres_common::conditions::is_true(&s.conditions, "Available"));
+    (!available).then_some(name.as_str())
+}
+
 /// `host:port,host:port` as a list.
 pub fn split_addresses(addresses: &str) -> Vec<String> {
     addresses
@@ -385,8 +398,11 @@ fn digest(tls: &TlsPem) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::Timestamp;
     use multigres_api::v1alpha1::{
         EndpointUrl, EtcdSpec, ExternalTopoServerSpec, GlobalTopoServerSpec, TopoServerSpec,
+        TopoServerStatus,
     };
 
     use super::*;
@@ -517,6 +533,39 @@ mod tests {
             deletion_topo_ref(&managed, Some(&topo)).unwrap().root_path,
             "/from-template"
         );
+    }
+
+    #[test]
+    fn a_managed_server_is_dialled_once_available() {
+        let managed = Target::new(
+            &cluster(None),
+            &topo_ref("prod-global-topo.team-a.svc:2379", "/r"),
+        )
+        .unwrap();
+        assert_eq!(waiting_for(&managed, None), Some("prod-global-topo"));
+        let mut topo = TopoServer::new("prod-global-topo", TopoServerSpec::default());
+        assert_eq!(waiting_for(&managed, Some(&topo)), Some("prod-global-topo"));
+        let available = |status: &str| TopoServerStatus {
+            conditions: vec![Condition {
+                type_: "Available".into(),
+                status: status.into(),
+                reason: "r".into(),
+                message: "m".into(),
+                observed_generation: None,
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            }],
+            ..Default::default()
+        };
+        topo.status = Some(available("False"));
+        assert_eq!(waiting_for(&managed, Some(&topo)), Some("prod-global-topo"));
+        topo.status = Some(available("True"));
+        assert_eq!(waiting_for(&managed, Some(&topo)), None);
+        let external = Target::new(
+            &cluster(Some(external(&["http://a:1"], None, None))),
+            &topo_ref("a:1", "/r"),
+        )
+        .unwrap();
+        assert_eq!(waiting_for(&external, None), None);
     }
 
     #[test]

@@ -134,3 +134,17 @@ fn only_a_cell_that_left_its_live_cluster_is_deregistered() {
         CellDeletion::Keep(why) if why.contains("pruning")
     ));
 }
+
+#[test]
+fn a_starting_managed_server_leaves_both_unknown() {
+    let c = conditions_of(&check(Err(Error::ServerNotReady {
+        topo_server: "prod-global-topo".into(),
+    })));
+    assert_eq!(
+        shape(&c),
+        [
+            (TOPO_SERVER_REACHABLE, UNKNOWN, "TopoServerNotReady"),
+            (TOPOLOGY_REGISTERED, UNKNOWN, "TopoServerNotReady")
+        ]
+    );
+}

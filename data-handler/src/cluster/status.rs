@@ -40,6 +40,13 @@ pub fn conditions(target: Option<&Target>, result: &Result<Registered, Error>) -
                 ),
             ]
         }
+        Err(e @ Error::ServerNotReady { .. }) => {
+            let message = format!("Waiting before connecting to {server}: {e}.");
+            vec![
+                Computed::unknown(r, "TopoServerNotReady", message.clone()),
+                Computed::unknown(t, "TopoServerNotReady", message),
+            ]
+        }
         Err(Error::Connect(
             e @ (ConnectError::SecretMissing { .. } | ConnectError::SecretKeyMissing { .. }),
         )) => vec![

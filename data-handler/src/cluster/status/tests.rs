@@ -216,3 +216,23 @@ fn a_failed_finalizer_update_blocks_registration_but_not_reachability() {
     );
     assert!(c[1].message.contains("finalizer"), "{}", c[1].message);
 }
+
+#[test]
+fn a_starting_managed_server_is_waited_for_without_alarm() {
+    let err = Error::ServerNotReady {
+        topo_server: "prod-global-topo".into(),
+    };
+    let c = conditions(Some(&target()), &Err(err));
+    assert_eq!(
+        shape(&c),
+        [
+            (TOPO_SERVER_REACHABLE, UNKNOWN, "TopoServerNotReady"),
+            (TOPOLOGY_REGISTERED, UNKNOWN, "TopoServerNotReady")
+        ]
+    );
+    assert!(
+        c[0].message.contains("prod-global-topo"),
+        "{}",
+        c[0].message
+    );
+}
