@@ -1,0 +1,1176 @@
+//! The resource-handler binary against a real control plane, running as its own
+//! ServiceAccount with only the rules of `deploy/rbac/resource-handler.yaml` (bound in the
+//! test's namespace). TopoServer, Cell, Shard and MultigresCluster objects are applied directly,
+//! as the cluster-handler would write them; the workloads appear with the Multigres process
+//! contract, kwok makes their pods Ready and the status climbs to `Available`; a pod template
+//! change restarts pool pods replicas first and the primary last; PVCs are kept or removed as
+//! the policy says; volumes grow and never shrink; multiadmin follows the real global
+//! topology; an idle object costs no writes.
+//!
+//! Each test works in its own namespace with its own handler (`--watch-namespace`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use multigres_api::v1alpha1::{Cell, Shard, TopoServer};
+use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::process::Supervised;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Bound for anything the handler and the control plane normally do within seconds.
+const WAIT: Duration = Duration::from_secs(60);
+/// The handler's ServiceAccount in each test namespace.
+const SERVICE_ACCOUNT: &str = "resource-handler";
+/// The node label a cell's `zoneId` pins pods to (what the resolver writes).
+const ZONE_ID_LABEL: &str = "topology.k8s.aws/zone-id";
+/// A test field manager standing in for the data-handler.
+const DATA_HANDLER: &str = "e2e-data-handler";
+
+fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative)
+}
+
+async fn cluster() -> &'static LocalCluster {
+    let cluster = LocalCluster::shared()
+        .await
+        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"));
+    label_nodes_with_zone_ids(cluster).await;
+    cluster
+}
+
+/// Gives each fake node the zone-id label cells pin their pods to (its zone's name), so pods
+/// of a cell with `zoneId: zone-a` schedule onto `kwok-node-zone-a`.
+async fn label_nodes_with_zone_ids(cluster: &LocalCluster) {
+    let nodes: Api<Node> = Api::all(cluster.client().unwrap());
+    for name in cluster.node_names() {
+        let zone = name.trim_start_matches("kwok-node-");
+        let patch = json!({"metadata": {"labels": {ZONE_ID_LABEL: zone}}});
+        nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("labelling node {name}: {e}"));
+    }
+}
+
+/// A namespace no other test uses.
+async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    cluster
+        .create_namespace(&name)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+    name
+}
+
+/// Builds the resource-handler once per test process (same profile and target directory as
+/// this test) and returns its path.
+fn binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .ancestors()
+            .nth(2)
+            .expect("profile directory above deps/")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("target directory");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(repo_path(""))
+            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
+            .arg(target_dir)
+            .args(["-p", "resource-handler"])
+            .status()
+            .expect("running cargo build");
+        assert!(
+            status.success(),
+            "cargo build -p resource-handler: {status}"
+        );
+        profile_dir.join("resource-handler")
+    })
+}
+
+/// Retries `check` until it returns `Ok`, for at most `timeout`; panics with its last error.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) => assert!(
+                Instant::now() < deadline,
+                "{what}: not reached within {timeout:?}; last: {last}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The resource-handler serving one namespace as its own ServiceAccount.
+struct Handler {
+    /// Declared before the log directory so the process stops before its log is removed.
+    process: Supervised,
+    _log_dir: tempfile::TempDir,
+    metrics: SocketAddr,
+}
+
+impl Handler {
+    /// Grants the ServiceAccount the shipped ClusterRole in `namespace` only, then starts the
+    /// handler with a token of that ServiceAccount and waits until its caches are filled.
+    async fn start(cluster: &LocalCluster, namespace: &str) -> Handler {
+        let admin = cluster.client().unwrap();
+        let rbac = std::fs::read_to_string(repo_path("deploy/rbac/resource-handler.yaml")).unwrap();
+        for doc in manifest::parse_documents(&rbac, Path::new("resource-handler.yaml")).unwrap() {
+            manifest::apply(&admin, &doc, None, Mode::Apply)
+                .await
+                .unwrap();
+        }
+        let binding: kube::api::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "resource-handler", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "multigres-operator-resource-handler",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}],
+        }))
+        .unwrap();
+        manifest::apply(&admin, &binding, Some(namespace), Mode::Apply)
+            .await
+            .unwrap();
+        let kubeconfig = cluster
+            .service_account_kubeconfig(namespace, SERVICE_ACCOUNT, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let as_handler = cluster.client_for_kubeconfig(&kubeconfig).await.unwrap();
+        let shards: Api<Shard> = Api::namespaced(as_handler, namespace);
+        eventually("the RoleBinding takes effect", WAIT, || async {
+            shards
+                .list(&ListParams::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await;
+
+        let log_dir = tempfile::Builder::new()
+            .prefix("multigres-resource-handler-")
+            .tempdir()
+            .unwrap();
+        let log = log_dir.path().join("resource-handler.log");
+        let args = [
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--watch-namespace={namespace}"),
+            "--grpc-bind-address=127.0.0.1:0".to_owned(),
+            "--metrics-bind-address=127.0.0.1:0".to_owned(),
+            "--log-format=json".to_owned(),
+            "--log-level=info".to_owned(),
+        ];
+        let process = Supervised::spawn("resource-handler", binary(), &args, &[], &log).unwrap();
+        let metrics = eventually("the handler fills its caches", WAIT, || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(status) = process.exit_status() {
+                panic!("resource-handler exited ({status}):\n{text}");
+            }
+            let entries: Vec<serde_json::Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            let listening = entries
+                .iter()
+                .find(|e| e["message"] == "servers listening")
+                .and_then(|e| e["metrics_addr"].as_str()?.parse::<SocketAddr>().ok());
+            let filled = entries
+                .iter()
+                .any(|e| e["message"] == "caches filled, controllers running");
+            match (listening, filled) {
+                (Some(addr), true) => Ok(addr),
+                _ => Err(text),
+            }
+        })
+        .await;
+        Handler {
+            process,
+            _log_dir: log_dir,
+            metrics,
+        }
+    }
+
+    /// The handler's `/metrics` page.
+    async fn metrics(&self) -> String {
+        let mut stream = TcpStream::connect(self.metrics)
+            .await
+            .expect("metrics connect");
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.metrics
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+    }
+
+    /// Sum of the counter `name` over the series whose labels include `label`.
+    async fn counter(&self, name: &str, label: &str) -> u64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+            .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<u64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Handler {
+    /// A failing test shows what the handler logged.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- resource-handler log (last 80 lines) ---\n{}",
+                self.process.log_tail(80)
+            );
+        }
+    }
+}
+
+/// Server-side applies `yaml` into `namespace` as the test (standing in for the
+/// cluster-handler).
+async fn apply_yaml(client: &Client, namespace: &str, yaml: &str) {
+    for doc in manifest::parse_documents(yaml, Path::new("inline.yaml")).unwrap() {
+        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying {:?}: {e}", doc.metadata.name));
+    }
+}
+
+/// Merge-patches the spec of a custom resource.
+async fn patch_spec<K>(api: &Api<K>, name: &str, spec: serde_json::Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": spec})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("patching {name}: {e}"));
+}
+
+fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Waits until the object's condition `type_` has `status` (and reason, when given).
+async fn wait_condition<K, F>(
+    api: &Api<K>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+    conditions: F,
+) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    F: Fn(&K) -> Vec<Condition>,
+{
+    eventually(
+        &format!("{name} {type_}={status} {reason:?}"),
+        WAIT,
+        || async {
+            let obj = api.get(name).await.map_err(|e| e.to_string())?;
+            let conds = conditions(&obj);
+            match condition(&conds, type_) {
+                Some(c) if c.status == status && reason.is_none_or(|r| c.reason == r) => Ok(obj),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+}
+
+fn args_of(pod: &k8s_openapi::api::core::v1::PodSpec, container: &str) -> Vec<String> {
+    pod.containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+        .find(|c| c.name == container)
+        .and_then(|c| c.args.clone())
+        .unwrap_or_default()
+}
+
+fn statefulset_pod(sts: &StatefulSet) -> &k8s_openapi::api::core::v1::PodSpec {
+    sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+}
+
+fn deployment_pod(d: &Deployment) -> &k8s_openapi::api::core::v1::PodSpec {
+    d.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+}
+
+/// PVC names in `namespace` carrying `label=value`, sorted.
+async fn pvc_names(client: &Client, namespace: &str, selector: &str) -> Vec<String> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let mut names: Vec<String> = api
+        .list(&ListParams::default().labels(selector))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| p.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A TopoServer as the cluster-handler writes it for cluster `cluster`.
+fn topo_server(cluster: &str, replicas: i32, when_deleted: &str, size: &str) -> String {
+    format!(
+        r#"
+apiVersion: multigres.com/v1alpha1
+kind: TopoServer
+metadata:
+  name: {cluster}-global-topo
+  labels:
+    app.kubernetes.io/instance: {cluster}
+    app.kubernetes.io/component: global-topo
+    app.kubernetes.io/managed-by: multigres-operator
+    multigres.com/cluster: {cluster}
+spec:
+  etcd:
+    image: gcr.io/etcd-development/etcd:v3.6.7
+    replicas: {replicas}
+    storage: {{size: {size}}}
+    rootPath: /multigres/global
+  pvcDeletionPolicy: {{whenDeleted: {when_deleted}, whenScaled: Retain}}
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_topo_server_runs_etcd_becomes_available_and_deletes_its_volumes_as_asked() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-topo").await;
+    let handler = Handler::start(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    apply_yaml(&client, &ns, &topo_server("prod", 3, "Delete", "1Gi")).await;
+
+    let topos: Api<TopoServer> = Api::namespaced(client.clone(), &ns);
+    let topo = wait_condition(
+        &topos,
+        "prod-global-topo",
+        "Available",
+        "True",
+        Some("AllMembersReady"),
+        |t: &TopoServer| t.status.clone().unwrap_or_default().conditions,
+    )
+    .await;
+    let status = topo.status.unwrap();
+    assert_eq!(status.client_service.as_deref(), Some("prod-global-topo"));
+    assert_eq!(
+        status.peer_service.as_deref(),
+        Some("prod-global-topo-peer")
+    );
+    assert_eq!(status.observed_generation, topo.metadata.generation);
+    assert_eq!(status.message.as_deref(), Some("3/3 etcd members ready"));
+
+    let sts: StatefulSet = Api::namespaced(client.clone(), &ns)
+        .get("prod-global-topo")
+        .await
+        .unwrap();
+    let peer = format!("prod-global-topo-peer.{ns}.svc");
+    let args = args_of(statefulset_pod(&sts), "etcd");
+    assert!(
+        args.contains(&format!(
+            "--initial-cluster=prod-global-topo-0=http://prod-global-topo-0.{peer}:2380,\
+             prod-global-topo-1=http://prod-global-topo-1.{peer}:2380,\
+             prod-global-topo-2=http://prod-global-topo-2.{peer}:2380"
+        )),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--initial-cluster-state=new".to_owned()),
+        "{args:?}"
+    );
+    let spec = sts.spec.as_ref().unwrap();
+    let retention = spec
+        .persistent_volume_claim_retention_policy
+        .clone()
+        .unwrap();
+    assert_eq!(retention.when_deleted.as_deref(), Some("Delete"));
+    assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
+
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let peer_svc = services
+        .get("prod-global-topo-peer")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(peer_svc.cluster_ip.as_deref(), Some("None"));
+    let client_svc = services
+        .get("prod-global-topo")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(client_svc.ports.unwrap()[0].port, 2379);
+    let pdb: PodDisruptionBudget = Api::namespaced(client.clone(), &ns)
+        .get("prod-global-topo")
+        .await
+        .unwrap();
+    assert_eq!(
+        pdb.spec.unwrap().max_unavailable,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+
+    let selector = "app.kubernetes.io/component=global-topo,multigres.com/cluster=prod";
+    let pvcs = pvc_names(&client, &ns, selector).await;
+    assert_eq!(
+        pvcs,
+        [
+            "data-prod-global-topo-0",
+            "data-prod-global-topo-1",
+            "data-prod-global-topo-2"
+        ]
+    );
+
+    // An even member count is refused without touching the running etcd.
+    patch_spec(&topos, "prod-global-topo", json!({"etcd": {"replicas": 5}})).await;
+    eventually("the member count change is refused", WAIT, || async {
+        let t = topos
+            .get("prod-global-topo")
+            .await
+            .map_err(|e| e.to_string())?;
+        let message = t.status.and_then(|s| s.message).unwrap_or_default();
+        if message.contains("cannot change from 3 to 5") {
+            Ok(())
+        } else {
+            Err(message)
+        }
+    })
+    .await;
+    let sts: StatefulSet = Api::namespaced(client.clone(), &ns)
+        .get("prod-global-topo")
+        .await
+        .unwrap();
+    assert_eq!(sts.spec.unwrap().replicas, Some(3));
+
+    // whenDeleted: Delete — the volumes go with the TopoServer.
+    topos
+        .delete("prod-global-topo", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    eventually("the etcd volumes are deleted", WAIT, || async {
+        let left = pvc_names(&client, &ns, selector).await;
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await;
+    drop(handler);
+}
+
+const CELL: &str = r#"
+apiVersion: multigres.com/v1alpha1
+kind: Cell
+metadata:
+  name: prod-zone-a
+  labels:
+    app.kubernetes.io/instance: prod
+    app.kubernetes.io/component: cell
+    app.kubernetes.io/managed-by: multigres-operator
+    multigres.com/cluster: prod
+    multigres.com/cell: zone-a
+spec:
+  name: zone-a
+  zoneId: zone-a
+  images:
+    imagePullPolicy: IfNotPresent
+    imagePullSecrets: [{name: regcred}]
+    multigateway: ghcr.io/multigres/multigres:sha-66d2310
+  multigateway:
+    replicas: 2
+    buffer: {enabled: true}
+  globalTopoServer:
+    address: prod-global-topo.NAMESPACE.svc:2379
+    rootPath: /multigres/global
+    implementation: etcd
+"#;
+
+#[tokio::test]
+async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-cell").await;
+    let handler = Handler::start(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    apply_yaml(&client, &ns, &CELL.replace("NAMESPACE", &ns)).await;
+
+    let cells: Api<Cell> = Api::namespaced(client.clone(), &ns);
+    let cell = wait_condition(
+        &cells,
+        "prod-zone-a",
+        "Available",
+        "True",
+        None,
+        |c: &Cell| c.status.clone().unwrap_or_default().conditions,
+    )
+    .await;
+    let status = cell.status.unwrap();
+    assert_eq!(
+        (status.gateway_replicas, status.gateway_ready_replicas),
+        (Some(2), Some(2))
+    );
+    assert_eq!(
+        status.gateway_service_name.as_deref(),
+        Some("prod-zone-a-multigateway")
+    );
+
+    let gateway: Deployment = Api::namespaced(client.clone(), &ns)
+        .get("prod-zone-a-multigateway")
+        .await
+        .unwrap();
+    let pod = deployment_pod(&gateway);
+    assert_eq!(
+        args_of(pod, "multigateway"),
+        [
+            "--http-port=15100".to_owned(),
+            "--grpc-port=15170".to_owned(),
+            "--pg-port=5432".to_owned(),
+            format!("--topo-global-server-addresses=prod-global-topo.{ns}.svc:2379"),
+            "--topo-global-root=/multigres/global".to_owned(),
+            "--cell=zone-a".to_owned(),
+            "--service-id=$(POD_NAME)".to_owned(),
+            "--hostname=$(POD_IP)".to_owned(),
+            "--log-level=info".to_owned(),
+            "--buffer-enabled=true".to_owned(),
+        ]
+    );
+    assert_eq!(pod.image_pull_secrets.as_ref().unwrap()[0].name, "regcred");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let running = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=multigateway"))
+        .await
+        .unwrap();
+    assert_eq!(running.items.len(), 2);
+    for p in &running.items {
+        assert_eq!(
+            p.spec.as_ref().unwrap().node_name.as_deref(),
+            Some("kwok-node-zone-a")
+        );
+    }
+    let service: Service = Api::namespaced(client.clone(), &ns)
+        .get("prod-zone-a-multigateway")
+        .await
+        .unwrap();
+    let ports: Vec<i32> = service
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .iter()
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports, [5432, 15100, 15170]);
+
+    // A reconcile that finds nothing to change writes nothing.
+    let writes_before = handler
+        .counter("multigres_operator_api_writes_total", "controller=\"cell\"")
+        .await;
+    let reconciles_before = handler
+        .counter("multigres_operator_reconcile_total", "controller=\"cell\"")
+        .await;
+    cells
+        .patch(
+            "prod-zone-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"e2e/touched": "1"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the touched Cell is reconciled", WAIT, || async {
+        let now = handler
+            .counter("multigres_operator_reconcile_total", "controller=\"cell\"")
+            .await;
+        if now > reconciles_before {
+            Ok(())
+        } else {
+            Err(format!("{now} reconciles"))
+        }
+    })
+    .await;
+    let writes_after = handler
+        .counter("multigres_operator_api_writes_total", "controller=\"cell\"")
+        .await;
+    println!(
+        "cell: {writes_before} writes to converge, {} on an idle reconcile",
+        writes_after - writes_before
+    );
+    assert_eq!(
+        writes_after, writes_before,
+        "an idle reconcile wrote something"
+    );
+}
+
+/// A Shard with one pool of `replicas` pods in zone-a, as the cluster-handler writes it.
+fn shard(
+    cluster: &str,
+    namespace: &str,
+    replicas: i32,
+    image: &str,
+    pvc: &str,
+    size: &str,
+) -> String {
+    format!(
+        r#"
+apiVersion: multigres.com/v1alpha1
+kind: Shard
+metadata:
+  name: {cluster}-postgres-default-0-inf
+  labels:
+    app.kubernetes.io/instance: {cluster}
+    app.kubernetes.io/component: shard
+    app.kubernetes.io/managed-by: multigres-operator
+    multigres.com/cluster: {cluster}
+    multigres.com/database: postgres
+    multigres.com/tablegroup: default
+    multigres.com/shard: 0-inf
+spec:
+  databaseName: postgres
+  tableGroupName: default
+  shardName: 0-inf
+  images:
+    imagePullPolicy: IfNotPresent
+    imagePullSecrets: [{{name: regcred}}]
+    multiorch: ghcr.io/multigres/multigres:sha-66d2310
+    multipooler: {image}
+    postgres: ghcr.io/multigres/pgctld:sha-66d2310
+  globalTopoServer:
+    address: {cluster}-global-topo.{namespace}.svc:2379
+    rootPath: /multigres/global
+    implementation: etcd
+  multiorch:
+    cells: [zone-a]
+  pools:
+    main:
+      cells: [zone-a]
+      replicasPerCell: {replicas}
+      storage: {{size: {size}}}
+      pvcDeletionPolicy: {pvc}
+  backup:
+    type: s3
+    s3: {{bucket: backups, region: eu-west-1}}
+  postgresPasswordSecretRef: {{name: pg-superuser, key: password}}
+  cellTopologyLabels:
+    zone-a: {{{ZONE_ID_LABEL}: zone-a}}
+"#
+    )
+}
+
+/// Pool pod name → uid.
+async fn pool_pods(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+) -> BTreeMap<String, (String, bool)> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods.list(&ListParams::default().labels(&format!(
+        "app.kubernetes.io/component=shard-pool,multigres.com/cluster={cluster}"
+    )))
+    .await
+    .unwrap()
+    .items
+    .into_iter()
+    .filter(|p| p.metadata.deletion_timestamp.is_none())
+    .map(|p| {
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        (p.name_any(), (p.uid().unwrap_or_default(), ready))
+    })
+    .collect()
+}
+
+fn shard_conditions(s: &Shard) -> Vec<Condition> {
+    s.status.clone().unwrap_or_default().conditions
+}
+
+#[tokio::test]
+async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_last() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-rollout").await;
+    let _handler = Handler::start(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    let old = "ghcr.io/multigres/multigres:sha-66d2310";
+    let retain = "{whenDeleted: Retain, whenScaled: Retain}";
+    apply_yaml(&client, &ns, &shard("roll", &ns, 3, old, retain, "1Gi")).await;
+    let name = "roll-postgres-default-0-inf";
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let s = wait_condition(&shards, name, "Available", "True", None, shard_conditions).await;
+    let status = s.status.clone().unwrap();
+    assert_eq!(status.ready_replicas, Some(3));
+    assert_eq!(
+        (status.pools_ready, status.orch_ready),
+        (Some(true), Some(true))
+    );
+    assert_eq!(
+        condition(&status.conditions, "RollingUpdate").map(|c| c.reason.as_str()),
+        Some("UpToDate")
+    );
+
+    let set = format!("{name}-pool-main-zone-a");
+    let sts: StatefulSet = Api::namespaced(client.clone(), &ns)
+        .get(&set)
+        .await
+        .unwrap();
+    let pod = statefulset_pod(&sts);
+    assert_eq!(
+        sts.spec
+            .as_ref()
+            .unwrap()
+            .update_strategy
+            .as_ref()
+            .unwrap()
+            .type_
+            .as_deref(),
+        Some("OnDelete")
+    );
+    let pooler = args_of(pod, "multipooler");
+    for expected in [
+        "--cell=zone-a".to_owned(),
+        "--database=postgres".to_owned(),
+        "--table-group=default".to_owned(),
+        "--shard=0-inf".to_owned(),
+        "--service-id=$(POD_NAME)".to_owned(),
+        format!("--hostname=$(POD_NAME).{set}.{ns}.svc"),
+        "--pgctld-addr=localhost:15470".to_owned(),
+    ] {
+        assert!(pooler.contains(&expected), "{expected} not in {pooler:?}");
+    }
+    assert_eq!(args_of(pod, "postgres")[0], "server");
+    let orch: Deployment = Api::namespaced(client.clone(), &ns)
+        .get(&format!("{name}-multiorch-zone-a"))
+        .await
+        .unwrap();
+    assert!(
+        args_of(deployment_pod(&orch), "multiorch")
+            .contains(&"--watch-targets=postgres/default/0-inf".to_owned())
+    );
+
+    let before = pool_pods(&client, &ns, "roll").await;
+    assert_eq!(before.len(), 3);
+    let primary = format!("{set}-1");
+
+    // A new image while no role is known: nothing is restarted, and the condition says why.
+    let new = "ghcr.io/multigres/multigres:sha-next";
+    patch_spec(&shards, name, json!({"images": {"multipooler": new}})).await;
+    wait_condition(
+        &shards,
+        name,
+        "RollingUpdate",
+        "True",
+        Some("WaitingForRoles"),
+        shard_conditions,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        pool_pods(&client, &ns, "roll").await,
+        before,
+        "a pod was restarted without roles"
+    );
+
+    // Roles published as the data-handler does: pod 1 is the primary.
+    let roles: BTreeMap<String, &str> = before
+        .keys()
+        .map(|pod| {
+            (
+                pod.clone(),
+                if *pod == primary {
+                    "PRIMARY"
+                } else {
+                    "REPLICA"
+                },
+            )
+        })
+        .collect();
+    shards
+        .patch_status(
+            name,
+            &PatchParams::apply(DATA_HANDLER).force(),
+            &Patch::Apply(json!({
+                "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
+                "metadata": {"name": name},
+                "status": {"podRoles": roles},
+            })),
+        )
+        .await
+        .unwrap();
+
+    // Record the order pods come back with a new uid, and that every other pod was Ready
+    // each time one went away.
+    let mut order: Vec<String> = Vec::new();
+    let mut last = before.clone();
+    let deadline = Instant::now() + WAIT;
+    while order.len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "restarts stalled after {order:?}"
+        );
+        let now = pool_pods(&client, &ns, "roll").await;
+        for (pod, (uid, _)) in &now {
+            if before.get(pod).map(|(u, _)| u) != Some(uid) && !order.contains(pod) {
+                order.push(pod.clone());
+            }
+        }
+        let restarting: Vec<_> = before
+            .keys()
+            .filter(|p| !now.contains_key(*p) || now[*p].0 != last[*p].0)
+            .collect();
+        if !restarting.is_empty() {
+            let others_ready = now
+                .iter()
+                .filter(|(p, _)| !restarting.contains(p))
+                .all(|(_, (_, ready))| *ready);
+            assert!(
+                others_ready,
+                "{restarting:?} restarted while another pod was not Ready: {now:?}"
+            );
+        }
+        if now.len() == 3 {
+            last = now;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        order,
+        [format!("{set}-0"), format!("{set}-2"), primary.clone()],
+        "restart order"
+    );
+    let s = wait_condition(
+        &shards,
+        name,
+        "RollingUpdate",
+        "False",
+        Some("UpToDate"),
+        shard_conditions,
+    )
+    .await;
+    assert_eq!(
+        s.status.unwrap().pod_roles.len(),
+        3,
+        "the handler never touches the data-handler's fields"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for pod in before.keys() {
+        let p = pods.get(pod).await.unwrap();
+        let image = p.spec.unwrap().containers[0].image.clone();
+        assert_eq!(image.as_deref(), Some(new), "{pod}");
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let restarts: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("RestartingPod"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        restarts
+            .iter()
+            .any(|n| n.contains(&primary) && n.contains("the primary, last")),
+        "{restarts:?}"
+    );
+}
+
+#[tokio::test]
+async fn pool_volumes_are_kept_or_removed_as_the_policy_says_and_grow_but_never_shrink() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-volumes").await;
+    let handler = Handler::start(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    let image = "ghcr.io/multigres/multigres:sha-66d2310";
+    // Volume expansion needs a StorageClass that allows it (the fake one accepts the flag).
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    classes
+        .patch(
+            "kwok-volume",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"allowVolumeExpansion": true})),
+        )
+        .await
+        .unwrap();
+    let keep = "{whenDeleted: Retain, whenScaled: Delete}";
+    let drop_all = "{whenDeleted: Delete, whenScaled: Retain}";
+    apply_yaml(&client, &ns, &shard("keep", &ns, 3, image, keep, "1Gi")).await;
+    apply_yaml(&client, &ns, &shard("drop", &ns, 2, image, drop_all, "1Gi")).await;
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    for name in ["keep-postgres-default-0-inf", "drop-postgres-default-0-inf"] {
+        wait_condition(&shards, name, "Available", "True", None, shard_conditions).await;
+    }
+    let keep_sel = "app.kubernetes.io/component=shard-pool,multigres.com/cluster=keep";
+    let drop_sel = "app.kubernetes.io/component=shard-pool,multigres.com/cluster=drop";
+    let keep_set = "keep-postgres-default-0-inf-pool-main-zone-a";
+    let drop_set = "drop-postgres-default-0-inf-pool-main-zone-a";
+    assert_eq!(pvc_names(&client, &ns, keep_sel).await.len(), 3);
+
+    // Growth: the larger size reaches every existing volume.
+    patch_spec(
+        &shards,
+        "keep-postgres-default-0-inf",
+        json!({"pools": {"main": {"storage": {"size": "2Gi"}}}}),
+    )
+    .await;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    eventually("the pool volumes request 2Gi", WAIT, || async {
+        let sizes: Vec<String> = pvcs
+            .list(&ListParams::default().labels(keep_sel))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .iter()
+            .filter_map(|p| {
+                Some(
+                    p.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?["storage"]
+                        .0
+                        .clone(),
+                )
+            })
+            .collect();
+        if sizes.len() == 3 && sizes.iter().all(|s| s == "2Gi") {
+            Ok(())
+        } else {
+            Err(format!("{sizes:?}"))
+        }
+    })
+    .await;
+    wait_condition(
+        &shards,
+        "keep-postgres-default-0-inf",
+        "StorageSynced",
+        "True",
+        Some("UpToDate"),
+        shard_conditions,
+    )
+    .await;
+
+    // A shrink is reported and not acted on.
+    patch_spec(
+        &shards,
+        "keep-postgres-default-0-inf",
+        json!({"pools": {"main": {"storage": {"size": "1Gi"}}}}),
+    )
+    .await;
+    let s = wait_condition(
+        &shards,
+        "keep-postgres-default-0-inf",
+        "StorageSynced",
+        "False",
+        Some("ShrinkRefused"),
+        shard_conditions,
+    )
+    .await;
+    let message = condition(&shard_conditions(&s), "StorageSynced")
+        .unwrap()
+        .message
+        .clone();
+    assert!(message.contains("volumes cannot shrink"), "{message}");
+    let still: PersistentVolumeClaim = pvcs.get(&format!("data-{keep_set}-0")).await.unwrap();
+    assert_eq!(
+        still.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0,
+        "2Gi"
+    );
+
+    // whenScaled: Delete removes the volume of the removed pod; Retain keeps it.
+    patch_spec(
+        &shards,
+        "keep-postgres-default-0-inf",
+        json!({"pools": {"main": {"replicasPerCell": 2, "storage": {"size": "2Gi"}}}}),
+    )
+    .await;
+    patch_spec(
+        &shards,
+        "drop-postgres-default-0-inf",
+        json!({"pools": {"main": {"replicasPerCell": 1}}}),
+    )
+    .await;
+    eventually("the scaled-down keep volume is deleted", WAIT, || async {
+        let names = pvc_names(&client, &ns, keep_sel).await;
+        let want = [format!("data-{keep_set}-0"), format!("data-{keep_set}-1")];
+        if names == want {
+            Ok(())
+        } else {
+            Err(format!("{names:?}"))
+        }
+    })
+    .await;
+    eventually("the drop pool scales to one pod", WAIT, || async {
+        let pods = pool_pods(&client, &ns, "drop").await;
+        if pods.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{pods:?}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        pvc_names(&client, &ns, drop_sel).await,
+        [format!("data-{drop_set}-0"), format!("data-{drop_set}-1")],
+        "whenScaled: Retain keeps the volume"
+    );
+
+    // whenDeleted: Retain keeps the volumes with the Shard gone; Delete removes them.
+    for name in ["keep-postgres-default-0-inf", "drop-postgres-default-0-inf"] {
+        shards
+            .delete(name, &DeleteParams::foreground())
+            .await
+            .unwrap();
+    }
+    eventually(
+        "the drop volumes are deleted with their Shard",
+        WAIT,
+        || async {
+            let names = pvc_names(&client, &ns, drop_sel).await;
+            if names.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{names:?}"))
+            }
+        },
+    )
+    .await;
+    eventually("the keep StatefulSet is gone", WAIT, || async {
+        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+        match sets.get_opt(keep_set).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await;
+    assert_eq!(
+        pvc_names(&client, &ns, keep_sel).await,
+        [format!("data-{keep_set}-0"), format!("data-{keep_set}-1")],
+        "whenDeleted: Retain keeps the volumes"
+    );
+    drop(handler);
+}
+
+const CLUSTER: &str = r#"
+apiVersion: multigres.com/v1alpha1
+kind: MultigresCluster
+metadata:
+  name: admin
+spec:
+  images:
+    imagePullSecrets: [{name: regcred}]
+  globalTopoServer:
+    external:
+      endpoints: [http://127.0.0.1:23790]
+      rootPath: /teams/a/global
+  postgresPasswordSecretRef: {name: pg, key: password}
+  cells:
+    - {name: zone-a, zoneId: zone-a}
+"#;
+
+#[tokio::test]
+async fn multiadmin_follows_the_clusters_real_global_topology() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-admin").await;
+    let _handler = Handler::start(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    apply_yaml(&client, &ns, CLUSTER).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let topo_args = |d: &Deployment| -> Vec<String> {
+        args_of(deployment_pod(d), "multiadmin")
+            .into_iter()
+            .filter(|a| a.starts_with("--topo-global"))
+            .collect()
+    };
+    let admin = eventually("multiadmin dials the external topology", WAIT, || async {
+        let d = deployments
+            .get_opt("admin-multiadmin")
+            .await
+            .map_err(|e| e.to_string())?;
+        let d = d.ok_or("no multiadmin yet")?;
+        if topo_args(&d)
+            == [
+                "--topo-global-server-addresses=127.0.0.1:23790",
+                "--topo-global-root=/teams/a/global",
+            ]
+        {
+            Ok(d)
+        } else {
+            Err(format!("{:?}", topo_args(&d)))
+        }
+    })
+    .await;
+    let pod = deployment_pod(&admin);
+    assert!(args_of(pod, "multiadmin").contains(&"--service-map=grpc-multiadmin".to_owned()));
+    assert_eq!(pod.image_pull_secrets.as_ref().unwrap()[0].name, "regcred");
+    let owner = &admin.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("MultigresCluster", "admin")
+    );
+
+    // Switching to a managed topology points multiadmin at the TopoServer's client Service.
+    let clusters: Api<multigres_api::v1alpha1::MultigresCluster> =
+        Api::namespaced(client.clone(), &ns);
+    clusters
+        .patch(
+            "admin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"globalTopoServer": {"external": null, "etcd": {"rootPath": "/teams/a/managed"}}}})),
+        )
+        .await
+        .unwrap();
+    eventually("multiadmin follows the managed topology", WAIT, || async {
+        let d = deployments
+            .get("admin-multiadmin")
+            .await
+            .map_err(|e| e.to_string())?;
+        let want = [
+            format!("--topo-global-server-addresses=admin-global-topo.{ns}.svc:2379"),
+            "--topo-global-root=/teams/a/managed".to_owned(),
+        ];
+        if topo_args(&d) == want {
+            Ok(())
+        } else {
+            Err(format!("{:?}", topo_args(&d)))
+        }
+    })
+    .await;
+}
