@@ -17,9 +17,13 @@ pub const AVAILABLE: &str = "Available";
 /// A condition as a reconcile computes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cond {
+    /// Condition type, e.g. `Available`.
     pub type_: &'static str,
+    /// `True` or `False`.
     pub status: &'static str,
+    /// One CamelCase word saying why.
     pub reason: &'static str,
+    /// What a person should know or do.
     pub message: String,
 }
 

@@ -13,18 +13,23 @@ pub const ETCD_BIN: &str = "/usr/local/bin/etcd";
 
 /// multiadmin HTTP and gRPC ports.
 pub const MULTIADMIN_HTTP: i32 = 18000;
+/// multiadmin gRPC port (its API, with `--service-map=grpc-multiadmin`).
 pub const MULTIADMIN_GRPC: i32 = 18070;
 /// multigateway HTTP and gRPC ports, and the PostgreSQL port clients connect to.
 pub const MULTIGATEWAY_HTTP: i32 = 15100;
+/// multigateway gRPC port.
 pub const MULTIGATEWAY_GRPC: i32 = 15170;
 /// multipooler HTTP and gRPC ports.
 pub const MULTIPOOLER_HTTP: i32 = 15200;
+/// multipooler gRPC port (what multigateway and multiorch dial).
 pub const MULTIPOOLER_GRPC: i32 = 15270;
 /// multiorch HTTP and gRPC ports.
 pub const MULTIORCH_HTTP: i32 = 15300;
+/// multiorch gRPC port.
 pub const MULTIORCH_GRPC: i32 = 15370;
 /// pgctld HTTP and gRPC ports.
 pub const PGCTLD_HTTP: i32 = 15400;
+/// pgctld gRPC port (`--pgctld-addr` of multipooler).
 pub const PGCTLD_GRPC: i32 = 15470;
 /// PostgreSQL, in the pool pods and on the gateway.
 pub const POSTGRES_PORT: i32 = 5432;
@@ -32,7 +37,9 @@ pub const POSTGRES_PORT: i32 = 5432;
 pub const PGBACKREST_PORT: i32 = 8432;
 /// etcd client, peer and metrics (health) ports.
 pub const ETCD_CLIENT: i32 = 2379;
+/// etcd peer port (member traffic through the headless Service).
 pub const ETCD_PEER: i32 = 2380;
+/// etcd metrics and health port (`/livez`, `/readyz`).
 pub const ETCD_METRICS: i32 = 2381;
 
 /// Data volume of a pool pod, shared by pgctld and multipooler (`--pooler-dir`).
@@ -49,6 +56,7 @@ pub const PGBACKREST_CERT_DIR: &str = "/certs/pgbackrest";
 pub const PGBACKREST_CIPHER_DIR: &str = "/secrets/pgbackrest-cipher";
 /// etcd data volume mount; the data directory is a subdirectory so etcd can own it (0700).
 pub const ETCD_VOLUME_DIR: &str = "/var/lib/etcd";
+/// etcd `--data-dir`.
 pub const ETCD_DATA_DIR: &str = "/var/lib/etcd/data";
 
 /// The `/live` endpoint: 200 as soon as the HTTP listener is up.

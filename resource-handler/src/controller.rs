@@ -165,16 +165,25 @@ pub const WATCHED_KINDS: [&str; 13] = [
 /// The caches every reconciler reads children from.
 #[derive(Clone)]
 pub struct Stores {
+    /// etcd and pool StatefulSets.
     pub statefulsets: Store<StatefulSet>,
+    /// multigateway, multiorch and multiadmin Deployments.
     pub deployments: Store<Deployment>,
+    /// Every Service this handler creates.
     pub services: Store<Service>,
+    /// etcd and pool PodDisruptionBudgets.
     pub pdbs: Store<PodDisruptionBudget>,
+    /// Data and backup volumes (for growth).
     pub pvcs: Store<PersistentVolumeClaim>,
     /// Pool pods only (what the ordered restarts need).
     pub pods: Store<Pod>,
+    /// Clusters (multiadmin, pull settings of etcd pods).
     pub clusters: Store<DeserializeGuard<MultigresCluster>>,
+    /// Templates the resolver reads for multiadmin.
     pub core_templates: Store<DeserializeGuard<CoreTemplate>>,
+    /// Templates the resolver reads for multiadmin.
     pub cell_templates: Store<DeserializeGuard<CellTemplate>>,
+    /// Templates the resolver reads for multiadmin.
     pub shard_templates: Store<DeserializeGuard<ShardTemplate>>,
 }
 
@@ -226,10 +235,15 @@ where
 /// What every controller's context is made from.
 #[derive(Clone)]
 pub struct Base {
+    /// Client of the handler's identity.
     pub client: Client,
+    /// Namespaces served.
     pub scope: Scope,
+    /// Where reconcile counts are reported.
     pub state: HandlerState,
+    /// Shared event recorder.
     pub recorder: Recorder,
+    /// Caches children are read from.
     pub stores: Stores,
 }
 
@@ -250,11 +264,15 @@ impl Base {
 
 /// Everything a reconciler needs.
 pub struct Ctx<K: Resource<DynamicType = ()>> {
+    /// Client of the handler's identity.
     pub client: Client,
     /// Namespaces served.
     pub scope: Scope,
+    /// Where reconcile counts are reported.
     pub state: HandlerState,
+    /// Shared event recorder.
     pub recorder: Recorder,
+    /// Caches children are read from.
     pub stores: Stores,
     /// Name of the controller in metrics and HandlerInfo.
     pub name: &'static str,

@@ -17,6 +17,7 @@ pub const POSTGRES_ID: i64 = 999;
 
 /// Name and mount point of the scratch volume for processes that write temporary files.
 pub const TMP_VOLUME: &str = "tmp";
+/// Mount point of the scratch volume.
 pub const TMP_DIR: &str = "/tmp";
 
 /// Image pull policy and secrets, applied to every pod of a workload.
@@ -56,7 +57,9 @@ impl PullSettings {
 /// Identity of a container process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunAs {
+    /// `runAsUser`.
     pub user: i64,
+    /// `runAsGroup` (and default `fsGroup`).
     pub group: i64,
 }
 
@@ -149,8 +152,11 @@ fn http_probe(path: &str, port: i32, period: i32, failures: i32) -> Probe {
 /// Startup, liveness and readiness probes of one container.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Probes {
+    /// Holds liveness off while the process starts.
     pub startup: Probe,
+    /// Restarts a hung process.
     pub liveness: Probe,
+    /// Takes the pod out of Services while not ready.
     pub readiness: Probe,
 }
 

@@ -39,7 +39,9 @@ pub struct Process {
 /// Everything that shapes one stateless Deployment.
 #[derive(Clone, Debug)]
 pub struct Workload<'a> {
+    /// Name of the Deployment (and its Service).
     pub name: String,
+    /// Who owns it.
     pub owner: &'a Owner,
     /// Labels of the Deployment and its pods.
     pub labels: BTreeMap<String, String>,
@@ -49,10 +51,13 @@ pub struct Workload<'a> {
     pub spec: &'a StatelessSpec,
     /// Replicas when the spec leaves them unset.
     pub default_replicas: i32,
+    /// Taints the pods tolerate.
     pub tolerations: Vec<Toleration>,
     /// Node labels the pods must run on (a cell's zone or region).
     pub node_selector: BTreeMap<String, String>,
+    /// Image pull policy and secrets.
     pub pull: &'a PullSettings,
+    /// What runs in the pod.
     pub process: Process,
     /// `Recreate` when two pods must never run at once (same service id).
     pub recreate: bool,

@@ -69,6 +69,7 @@ pub fn requested(pvc: &PersistentVolumeClaim) -> Option<&str> {
 /// A volume asked to become smaller than it is.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Shrink {
+    /// The claim.
     pub pvc: String,
     /// What it requests now.
     pub current: String,

@@ -24,7 +24,9 @@ const STARTUP_BUDGET_SECONDS: i32 = 300;
 /// The objects realising one Cell.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CellObjects {
+    /// The multigateway Deployment.
     pub deployment: Deployment,
+    /// The Service clients connect to.
     pub service: Service,
 }
 

@@ -20,7 +20,9 @@ const STARTUP_BUDGET_SECONDS: i32 = 120;
 /// The multiadmin objects of one cluster.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MultiadminObjects {
+    /// The multiadmin Deployment.
     pub deployment: Deployment,
+    /// Its Service (HTTP and gRPC API).
     pub service: Service,
 }
 

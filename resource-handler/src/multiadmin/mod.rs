@@ -63,11 +63,17 @@ impl Classify for Error {
 
 /// The change streams the multiadmin controller is triggered by.
 pub struct Triggers {
+    /// The clusters themselves.
     pub clusters: ReflectHandle<Guard>,
+    /// Owned multiadmin Deployments.
     pub deployments: ReflectHandle<Deployment>,
+    /// Owned multiadmin Services.
     pub services: ReflectHandle<Service>,
+    /// Template changes re-resolve the clusters of their namespace.
     pub core_templates: ReflectHandle<DeserializeGuard<CoreTemplate>>,
+    /// Template changes re-resolve the clusters of their namespace.
     pub cell_templates: ReflectHandle<DeserializeGuard<CellTemplate>>,
+    /// Template changes re-resolve the clusters of their namespace.
     pub shard_templates: ReflectHandle<DeserializeGuard<ShardTemplate>>,
 }
 

@@ -55,7 +55,9 @@ const MULTIORCH_STARTUP_SECONDS: i32 = 300;
 /// The multiorch of one cell.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MultiorchObjects {
+    /// Cell of the workload.
     pub cell: String,
+    /// The multiorch Deployment.
     pub deployment: Deployment,
     pub service: Service,
 }
@@ -63,10 +65,14 @@ pub struct MultiorchObjects {
 /// One pool in one cell.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolObjects {
+    /// Pool name.
     pub pool: String,
+    /// Cell of the workload.
     pub cell: String,
+    /// The pool's StatefulSet in this cell.
     pub statefulset: StatefulSet,
     pub service: Service,
+    /// One pod of the pool in this cell down at a time.
     pub pdb: PodDisruptionBudget,
     /// Labels selecting the pool's pods (and its PVCs).
     pub selector: BTreeMap<String, String>,
@@ -77,7 +83,9 @@ pub struct PoolObjects {
 /// Everything a Shard runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShardObjects {
+    /// One multiorch per watched cell.
     pub multiorch: Vec<MultiorchObjects>,
+    /// One entry per pool and cell.
     pub pools: Vec<PoolObjects>,
     /// The filesystem backup repository shared by the shard's pods.
     pub backup: Option<PersistentVolumeClaim>,

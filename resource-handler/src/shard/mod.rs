@@ -89,10 +89,15 @@ impl Classify for Error {
 
 /// The change streams the Shard controller is triggered by.
 pub struct Triggers {
+    /// Owned pool StatefulSets (readiness, revisions).
     pub statefulsets: ReflectHandle<StatefulSet>,
+    /// Owned multiorch Deployments.
     pub deployments: ReflectHandle<Deployment>,
+    /// Owned Services.
     pub services: ReflectHandle<Service>,
+    /// Owned PodDisruptionBudgets.
     pub pdbs: ReflectHandle<PodDisruptionBudget>,
+    /// Pool pods (readiness and role labels drive restarts).
     pub pods: ReflectHandle<Pod>,
 }
 

@@ -38,26 +38,32 @@ impl Role {
 /// What the planner needs to know about one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodView {
+    /// Name.
     pub name: String,
+    /// UID, so a deletion hits only the pod that was planned.
     pub uid: String,
     /// StatefulSet the pod belongs to.
     pub set: String,
     /// Revision it runs (`controller-revision-hash`).
     pub revision: Option<String>,
+    /// Ready condition is True.
     pub ready: bool,
     /// Being deleted.
     pub terminating: bool,
+    /// Database role.
     pub role: Role,
 }
 
 /// What the planner needs to know about one pool StatefulSet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetView {
+    /// Name.
     pub name: String,
     /// Revision new pods get (`status.updateRevision`).
     pub update_revision: Option<String>,
     /// The controller has observed the current spec (so `update_revision` is current).
     pub observed: bool,
+    /// Pods it should have.
     pub replicas: i32,
 }
 

@@ -65,18 +65,26 @@ impl Scope {
 /// What the builder needs besides the spec.
 #[derive(Clone, Debug)]
 pub struct TopoInput<'a> {
+    /// The TopoServer.
     pub owner: &'a Owner,
+    /// Global or cell-local.
     pub scope: Scope,
+    /// Its resolved spec.
     pub spec: &'a TopoServerSpec,
+    /// Pull settings of the cluster.
     pub pull: &'a PullSettings,
 }
 
 /// The objects realising one TopoServer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TopoObjects {
+    /// The etcd members.
     pub statefulset: StatefulSet,
+    /// Headless Service giving members stable DNS names.
     pub peer_service: Service,
+    /// What Multigres processes dial.
     pub client_service: Service,
+    /// Keeps quorum through voluntary disruptions.
     pub pdb: PodDisruptionBudget,
     /// Size each member's volume should request.
     pub storage_size: String,
