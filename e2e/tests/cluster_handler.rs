@@ -3,10 +3,12 @@
 //! every sample produces exactly its children; a template edit reaches every cluster using it;
 //! edits to children are reverted; a missing template is reported and healed once created; a
 //! switch to an external topology removes the managed one; deleting a cluster garbage-collects
-//! its children; an idle cluster costs no writes.
+//! its children; an idle cluster costs no writes; a cluster the handler cannot read is reported
+//! and does not hold up the others.
 //!
-//! Each test works in its own namespace with its own handler (`--watch-namespace`). No
-//! resource-handler runs, so children never report status: the cluster stays Initializing.
+//! Each test works in its own namespace with its own handler (`--watch-namespace`, leader
+//! election through a Lease there). No resource-handler runs, so children never report status:
+//! clusters stay Initializing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -119,8 +121,9 @@ struct Handler {
 }
 
 impl Handler {
-    /// Grants the ServiceAccount the shipped ClusterRole in `namespace` only, then starts the
-    /// handler with a token of that ServiceAccount and waits until its caches are synced.
+    /// Grants the ServiceAccount the shipped ClusterRoles in `namespace` only, then starts the
+    /// handler with a token of that ServiceAccount, electing itself leader through a Lease in
+    /// that namespace, and waits until its caches are synced.
     async fn start(cluster: &LocalCluster, namespace: &str) -> Handler {
         let admin = cluster.client().unwrap();
         let rbac = std::fs::read_to_string(repo_path("deploy/rbac/cluster-handler.yaml")).unwrap();
@@ -129,19 +132,28 @@ impl Handler {
                 .await
                 .unwrap();
         }
-        let binding: kube::api::DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "cluster-handler", "namespace": namespace},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                "name": "multigres-operator-cluster-handler",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}],
-        }))
-        .unwrap();
-        manifest::apply(&admin, &binding, Some(namespace), Mode::Apply)
-            .await
+        for (binding, role) in [
+            ("cluster-handler", "multigres-operator-cluster-handler"),
+            (
+                "cluster-handler-leader-election",
+                "multigres-operator-cluster-handler-leader-election",
+            ),
+        ] {
+            let binding: kube::api::DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": binding, "namespace": namespace},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role,
+                },
+                "subjects": [{
+                    "kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace,
+                }],
+            }))
             .unwrap();
+            manifest::apply(&admin, &binding, Some(namespace), Mode::Apply)
+                .await
+                .unwrap();
+        }
         let kubeconfig = cluster
             .service_account_kubeconfig(namespace, SERVICE_ACCOUNT, Duration::from_secs(3600))
             .await
@@ -165,6 +177,8 @@ impl Handler {
         let args = [
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--watch-namespace={namespace}"),
+            "--leader-elect".to_owned(),
+            format!("--leader-election-namespace={namespace}"),
             "--grpc-bind-address=127.0.0.1:0".to_owned(),
             "--metrics-bind-address=127.0.0.1:0".to_owned(),
             "--log-format=json".to_owned(),
@@ -882,19 +896,24 @@ async fn switching_to_an_external_topology_deletes_the_managed_topo_server() {
     let cell = cells.get("minimal-zone-a").await.unwrap();
     assert_eq!(cell.spec.global_topo_server.address, "etcd.example:2379");
     let events: Api<Event> = Api::namespaced(client, &namespace);
-    let deleted = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .any(|e| {
+    eventually("a Deleted event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let deleted = list.items.iter().any(|e| {
             e.reason.as_deref() == Some("Deleted")
                 && e.note
                     .as_deref()
                     .is_some_and(|n| n.contains("TopoServer minimal-global-topo"))
         });
-    assert!(deleted, "no Deleted event");
+        if deleted {
+            Ok(())
+        } else {
+            Err(format!("{} other events", list.items.len()))
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
