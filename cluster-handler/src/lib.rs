@@ -55,22 +55,32 @@ pub async fn run(ctx: HandlerContext, scope: Scope) {
     let everything = watcher::Config::default;
     let managed = || watcher::Config::default().labels(MANAGED_SELECTOR);
 
-    let (clusters, cluster_events) = reflect::<MultigresCluster>(&client, &scope, everything());
-    let (core_templates, core_events) = reflect::<CoreTemplate>(&client, &scope, everything());
-    let (cell_templates, cell_template_events) =
-        reflect::<CellTemplate>(&client, &scope, everything());
-    let (shard_templates, shard_template_events) =
-        reflect::<ShardTemplate>(&client, &scope, everything());
-    let (topo_servers, topo_events) = reflect::<TopoServer>(&client, &scope, managed());
-    let (cells, cell_events) = reflect::<Cell>(&client, &scope, managed());
-    let (owned_table_groups, owned_table_group_events) =
-        reflect::<TableGroup>(&client, &scope, managed());
-    let (table_groups, table_group_events) = reflect::<TableGroup>(&client, &scope, managed());
-    let (shards, shard_events) = reflect::<Shard>(&client, &scope, managed());
+    let clusters = reflect::<MultigresCluster>(&client, &scope, everything());
+    let core_templates = reflect::<CoreTemplate>(&client, &scope, everything());
+    let cell_templates = reflect::<CellTemplate>(&client, &scope, everything());
+    let shard_templates = reflect::<ShardTemplate>(&client, &scope, everything());
+    let topo_servers = reflect::<TopoServer>(&client, &scope, managed());
+    let cells = reflect::<Cell>(&client, &scope, managed());
+    // The cluster controller's TableGroups (children) and the TableGroup controller's own:
+    // two watches, since a shared reflector would not pass deletions to the owner.
+    let owned_table_groups = reflect::<TableGroup>(&client, &scope, managed());
+    let table_groups = reflect::<TableGroup>(&client, &scope, managed());
+    let shards = reflect::<Shard>(&client, &scope, managed());
+    let synced = [
+        (MultigresCluster::kind(&()), clusters.synced.clone()),
+        (CoreTemplate::kind(&()), core_templates.synced.clone()),
+        (CellTemplate::kind(&()), cell_templates.synced.clone()),
+        (ShardTemplate::kind(&()), shard_templates.synced.clone()),
+        (TopoServer::kind(&()), topo_servers.synced.clone()),
+        (Cell::kind(&()), cells.synced.clone()),
+        (TableGroup::kind(&()), owned_table_groups.synced.clone()),
+        (TableGroup::kind(&()), table_groups.synced.clone()),
+        (Shard::kind(&()), shards.synced.clone()),
+    ];
     let caches = gauges::Caches {
-        clusters: clusters.clone(),
-        cells: cells.clone(),
-        shards: shards.clone(),
+        clusters: clusters.store.clone(),
+        cells: cells.store.clone(),
+        shards: shards.store.clone(),
     };
     multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
 
@@ -84,13 +94,13 @@ pub async fn run(ctx: HandlerContext, scope: Scope) {
     );
     let cluster_ctx = Arc::new(cluster::Context {
         stores: cluster::Stores {
-            clusters: clusters.clone(),
-            core_templates: core_templates.clone(),
-            cell_templates: cell_templates.clone(),
-            shard_templates: shard_templates.clone(),
-            topo_servers: topo_servers.clone(),
-            cells: cells.clone(),
-            table_groups: owned_table_groups.clone(),
+            clusters: clusters.store.clone(),
+            core_templates: core_templates.store,
+            cell_templates: cell_templates.store,
+            shard_templates: shard_templates.store,
+            topo_servers: topo_servers.store,
+            cells: cells.store,
+            table_groups: owned_table_groups.store,
         },
         writer: Writer::new(client.clone(), cluster::CONTROLLER, field_manager.clone()),
         recorder: recorder.clone(),
@@ -98,8 +108,8 @@ pub async fn run(ctx: HandlerContext, scope: Scope) {
         backoff: ObjectBackoff::new(BackoffPolicy::default()),
     });
     let table_group_ctx = Arc::new(tablegroup::Context {
-        table_groups: table_groups.clone(),
-        shards: shards.clone(),
+        table_groups: table_groups.store.clone(),
+        shards: shards.store,
         writer: Writer::new(client.clone(), tablegroup::CONTROLLER, field_manager),
         recorder,
         state: ctx.state.clone(),
@@ -110,29 +120,29 @@ pub async fn run(ctx: HandlerContext, scope: Scope) {
         .concurrency(CONCURRENCY)
         .debounce(DEBOUNCE);
     let cluster_controller =
-        Controller::for_stream(cluster_events.applied_objects(), clusters.clone())
-            .owns_stream(topo_events.touched_objects())
-            .owns_stream(cell_events.touched_objects())
-            .owns_stream(owned_table_group_events.touched_objects())
+        Controller::for_stream(clusters.events.applied_objects(), clusters.store.clone())
+            .owns_stream(topo_servers.events.touched_objects())
+            .owns_stream(cells.events.touched_objects())
+            .owns_stream(owned_table_groups.events.touched_objects())
             .watches_stream(
-                core_events.touched_objects(),
-                users::<CoreTemplate>(&clusters, TemplateKind::Core),
+                core_templates.events.touched_objects(),
+                users::<CoreTemplate>(&clusters.store, TemplateKind::Core),
             )
             .watches_stream(
-                cell_template_events.touched_objects(),
-                users::<CellTemplate>(&clusters, TemplateKind::Cell),
+                cell_templates.events.touched_objects(),
+                users::<CellTemplate>(&clusters.store, TemplateKind::Cell),
             )
             .watches_stream(
-                shard_template_events.touched_objects(),
-                users::<ShardTemplate>(&clusters, TemplateKind::Shard),
+                shard_templates.events.touched_objects(),
+                users::<ShardTemplate>(&clusters.store, TemplateKind::Shard),
             )
             .with_config(config.clone())
             .graceful_shutdown_on(ctx.shutdown.wait())
             .run(cluster::reconcile, cluster::error_policy, cluster_ctx)
             .for_each(|result| async move { log(cluster::CONTROLLER, result) });
     let table_group_controller =
-        Controller::for_stream(table_group_events.applied_objects(), table_groups.clone())
-            .owns_stream(shard_events.touched_objects())
+        Controller::for_stream(table_groups.events.applied_objects(), table_groups.store)
+            .owns_stream(shards.events.touched_objects())
             .with_config(config)
             .graceful_shutdown_on(ctx.shutdown.wait())
             .run(
@@ -143,15 +153,10 @@ pub async fn run(ctx: HandlerContext, scope: Scope) {
             .for_each(|result| async move { log(tablegroup::CONTROLLER, result) });
 
     let readiness = async {
-        synced(&ctx, &clusters).await;
-        synced(&ctx, &core_templates).await;
-        synced(&ctx, &cell_templates).await;
-        synced(&ctx, &shard_templates).await;
-        synced(&ctx, &topo_servers).await;
-        synced(&ctx, &cells).await;
-        synced(&ctx, &owned_table_groups).await;
-        synced(&ctx, &table_groups).await;
-        synced(&ctx, &shards).await;
+        for (kind, listed) in synced {
+            listed.wait().await;
+            ctx.state.mark_synced(kind);
+        }
         ctx.state.set_serving(true).await;
         tracing::info!("caches synced; serving");
     };
@@ -162,15 +167,6 @@ pub async fn run(ctx: HandlerContext, scope: Scope) {
         }
     };
     futures::join!(cluster_controller, table_group_controller, readiness);
-}
-
-async fn synced<K>(ctx: &HandlerContext, store: &Store<Guarded<K>>)
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    if store.wait_until_ready().await.is_ok() {
-        ctx.state.mark_synced(K::kind(&()));
-    }
 }
 
 fn log<K, E>(

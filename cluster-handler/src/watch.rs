@@ -5,7 +5,7 @@
 
 use std::fmt::Debug;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -37,17 +37,38 @@ impl Scope {
 /// A guarded object, as cached and handed to reconcilers.
 pub type Guarded<K> = DeserializeGuard<K>;
 
-/// A reflector of `K` over `scope` with `config`: the store to read and the event stream that
-/// fills it. The stream must be polled (by a controller, after `applied_objects()` or
-/// `touched_objects()`) for the store to fill.
+/// Resolves once a reflector has listed its objects for the first time. Any number of tasks
+/// may wait on it, unlike `Store::wait_until_ready`, which wakes only the last task that polled
+/// it (and the controller's runner already waits on its own store that way).
+#[derive(Debug, Clone)]
+pub struct Synced(tokio::sync::watch::Receiver<bool>);
+
+impl Synced {
+    /// Waits for the first complete list (returns early if the reflector is dropped).
+    pub async fn wait(mut self) {
+        // An error means the stream is gone (shutdown): nothing more to wait for.
+        let _ = self.0.wait_for(|listed| *listed).await;
+    }
+}
+
+/// A reflector: the store to read, the event stream that fills it (which must be polled, by a
+/// controller after `applied_objects()` or `touched_objects()`, for the store to fill), and
+/// its first-list signal.
+pub struct Reflected<K: Resource<DynamicType = ()> + Clone + 'static, S> {
+    /// The cache.
+    pub store: Store<Guarded<K>>,
+    /// Watch events, applied to `store` as they pass.
+    pub events: S,
+    /// Resolves once `store` holds the first complete list.
+    pub synced: Synced,
+}
+
+/// A reflector of `K` over `scope` with `config`.
 pub fn reflect<K>(
     client: &Client,
     scope: &Scope,
     config: watcher::Config,
-) -> (
-    Store<Guarded<K>>,
-    impl Stream<Item = watcher::Result<watcher::Event<Guarded<K>>>> + Send + 'static,
-)
+) -> Reflected<K, impl Stream<Item = watcher::Result<watcher::Event<Guarded<K>>>> + Send + 'static>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -58,11 +79,21 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = watcher(scope.api::<Guarded<K>>(client), config)
+    let (listed, synced) = tokio::sync::watch::channel(false);
+    let events = watcher(scope.api::<Guarded<K>>(client), config)
         .default_backoff()
         .modify(|obj: &mut Guarded<K>| obj.managed_fields_mut().clear())
-        .reflect(writer);
-    (reader, stream)
+        .reflect(writer)
+        .inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                listed.send_replace(true);
+            }
+        });
+    Reflected {
+        store: reader,
+        events,
+        synced: Synced(synced),
+    }
 }
 
 /// The valid objects of `store` in `namespace`.

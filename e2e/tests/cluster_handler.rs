@@ -261,6 +261,30 @@ impl Handler {
     }
 }
 
+impl Handler {
+    /// Waits until the write counter has held still for `quiet` (the handler converged) and
+    /// returns it.
+    async fn settled(&self, quiet: Duration) -> BTreeMap<String, u64> {
+        let mut last = self.writes().await;
+        let mut still_since = Instant::now();
+        let deadline = Instant::now() + WAIT;
+        while still_since.elapsed() < quiet {
+            assert!(
+                Instant::now() < deadline,
+                "writes never settle: {last:?}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = self.writes().await;
+            if now != last {
+                last = now;
+                still_since = Instant::now();
+            }
+        }
+        last
+    }
+}
+
 impl Drop for Handler {
     /// A failing test shows what the handler logged.
     fn drop(&mut self) {
@@ -975,22 +999,7 @@ async fn an_idle_cluster_costs_no_writes() {
     wait_observed(&clusters, "minimal").await;
 
     // Converged: the counter holds still for a while.
-    let mut last = handler.writes().await;
-    let mut still_since = Instant::now();
-    let deadline = Instant::now() + WAIT;
-    while still_since.elapsed() < Duration::from_secs(5) {
-        assert!(
-            Instant::now() < deadline,
-            "writes never settle: {last:?}\n{}",
-            handler.log()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = handler.writes().await;
-        if now != last {
-            last = now;
-            still_since = Instant::now();
-        }
-    }
+    let last = handler.settled(Duration::from_secs(5)).await;
     let total: u64 = last.values().sum();
     let children = all_children(&client, &namespace).await;
     let child_count: usize = children.values().map(Vec::len).sum();
@@ -1125,4 +1134,61 @@ async fn a_cluster_the_handler_cannot_read_is_reported_and_does_not_stall_the_ot
     assert!(handler.process.exit_status().is_none(), "{}", handler.log());
     drop(handler);
     cluster.stop();
+}
+
+#[tokio::test]
+async fn a_restarted_handler_repairs_drift_and_writes_nothing_else() {
+    let cluster = cluster().await;
+    let namespace = fresh_namespace(cluster, "ch-restart").await;
+    let client = cluster.client().unwrap();
+    let first = Handler::start(cluster, &namespace).await;
+    apply_yaml(&client, &namespace, &read_sample("minimal")).await;
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &namespace);
+    wait_observed(&clusters, "minimal").await;
+    eventually("the Shard", WAIT, || async {
+        shards
+            .get("minimal-postgres-default-0-inf")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    first.settled(Duration::from_secs(3)).await;
+    first.process.stop(Duration::from_secs(10));
+    drop(first);
+
+    // While no handler runs, a person edits a Cell.
+    let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
+    let cell = cells.get("minimal-zone-a").await.unwrap();
+    cells
+        .patch(
+            "minimal-zone-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"multigateway": {"replicas": 4}}})),
+        )
+        .await
+        .unwrap();
+
+    // The next handler reconciles everything it finds at start, without any new event: it
+    // reverts the edit and writes nothing else (no status, no event, no other child).
+    let second = Handler::start(cluster, &namespace).await;
+    eventually("the edit made while down is reverted", WAIT, || async {
+        let now = cells
+            .get("minimal-zone-a")
+            .await
+            .map_err(|e| e.to_string())?;
+        if now.spec == cell.spec {
+            Ok(())
+        } else {
+            Err(format!("{:?}", now.spec.multigateway.stateless.replicas))
+        }
+    })
+    .await;
+    let writes = second.settled(Duration::from_secs(3)).await;
+    assert_eq!(
+        writes,
+        BTreeMap::from([("multigrescluster/Cell/apply".to_owned(), 1)]),
+        "{}",
+        second.log()
+    );
 }

@@ -271,7 +271,8 @@ async fn reconcile_cluster(
     };
     let observed = observe(&ctx.stores, &owner);
     let computed = status::compute(cluster, &outcome, &observed, referenced, Timestamp::now());
-    if computed.changed {
+    if !computed.changed.is_empty() {
+        tracing::info!(changed = ?computed.changed, "writing status");
         ctx.writer
             .apply_status(&ctx.stores.clusters, cluster, &computed.status)
             .await

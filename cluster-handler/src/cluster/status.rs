@@ -61,8 +61,8 @@ pub enum Outcome<'a> {
 pub struct Computed {
     /// The fields this handler owns (conditions: only its own types).
     pub status: MultigresClusterStatus,
-    /// Whether `status` differs from what is stored.
-    pub changed: bool,
+    /// The fields of `status` that differ from what is stored; empty when nothing does.
+    pub changed: Vec<&'static str>,
     /// Events to publish for the transitions.
     pub notices: Vec<Notice>,
 }
@@ -174,13 +174,24 @@ pub fn compute(
         resolved_templates: Some(resolved_templates),
         ..MultigresClusterStatus::default()
     };
-    let changed = conditions_changed
-        || current.observed_generation != status.observed_generation
-        || current.phase != status.phase
-        || current.message != status.message
-        || current.cells != status.cells
-        || current.databases != status.databases
-        || current.resolved_templates != status.resolved_templates;
+    let changed = [
+        ("conditions", conditions_changed),
+        (
+            "observedGeneration",
+            current.observed_generation != status.observed_generation,
+        ),
+        ("phase", current.phase != status.phase),
+        ("message", current.message != status.message),
+        ("cells", current.cells != status.cells),
+        ("databases", current.databases != status.databases),
+        (
+            "resolvedTemplates",
+            current.resolved_templates != status.resolved_templates,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(field, differs)| differs.then_some(field))
+    .collect();
     Computed {
         status,
         changed,

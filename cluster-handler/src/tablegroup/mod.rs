@@ -209,7 +209,8 @@ async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Resu
         .map(|shard| (shard.name_any(), shard.clone()))
         .collect();
     let computed = status::compute(tg, &outcome, &observed, Timestamp::now());
-    if computed.changed {
+    if !computed.changed.is_empty() {
+        tracing::info!(changed = ?computed.changed, "writing status");
         ctx.writer
             .apply_status(&ctx.table_groups, tg, &computed.status)
             .await

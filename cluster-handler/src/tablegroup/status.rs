@@ -38,8 +38,8 @@ pub enum Outcome<'a> {
 pub struct Computed {
     /// The fields this handler owns.
     pub status: TableGroupStatus,
-    /// Whether `status` differs from what is stored.
-    pub changed: bool,
+    /// The fields of `status` that differ from what is stored; empty when nothing does.
+    pub changed: Vec<&'static str>,
     /// Events to publish for the transitions.
     pub notices: Vec<Notice>,
 }
@@ -134,12 +134,20 @@ pub fn compute(
         ready_shards: count(ready),
         total_shards: count(total),
     };
-    let changed = conditions_changed
-        || current.observed_generation != status.observed_generation
-        || current.phase != status.phase
-        || current.message != status.message
-        || current.ready_shards != status.ready_shards
-        || current.total_shards != status.total_shards;
+    let changed = [
+        ("conditions", conditions_changed),
+        (
+            "observedGeneration",
+            current.observed_generation != status.observed_generation,
+        ),
+        ("phase", current.phase != status.phase),
+        ("message", current.message != status.message),
+        ("readyShards", current.ready_shards != status.ready_shards),
+        ("totalShards", current.total_shards != status.total_shards),
+    ]
+    .into_iter()
+    .filter_map(|(field, differs)| differs.then_some(field))
+    .collect();
     Computed {
         status,
         changed,
