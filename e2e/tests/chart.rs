@@ -100,9 +100,9 @@ where
 // ---------------------------------------------------------------------------------------------
 // helm
 
-/// Runs the real helm with its own cache and config directories; returns stdout, or panics
-/// with stderr. `kubeconfig` is given for commands that talk to a cluster.
-async fn helm(args: &[&str], kubeconfig: Option<&Path>) -> String {
+/// Runs the real helm with its own cache and config directories; returns whether it succeeded,
+/// its stdout and its stderr. `kubeconfig` is given for commands that talk to a cluster.
+async fn run_helm(args: &[&str], kubeconfig: Option<&Path>) -> (bool, String, String) {
     static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
     let home = HOME.get_or_init(|| {
         tempfile::Builder::new()
@@ -124,14 +124,18 @@ async fn helm(args: &[&str], kubeconfig: Option<&Path>) -> String {
         command.arg(format!("--kubeconfig={}", path.display()));
     }
     let out = command.output().await.expect("running helm");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
+    (
         out.status.success(),
-        "helm {} failed ({}):\n{stderr}",
-        args.join(" "),
-        out.status
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs helm; returns stdout, or panics with stderr.
+async fn helm(args: &[&str], kubeconfig: Option<&Path>) -> String {
+    let (ok, stdout, stderr) = run_helm(args, kubeconfig).await;
+    assert!(ok, "helm {} failed:\n{stderr}", args.join(" "));
+    stdout
 }
 
 /// Values that switch every optional part of the chart on.
@@ -331,6 +335,46 @@ async fn the_chart_lints_and_renders_every_option() {
             .iter()
             .all(|pdb| pdb["metadata"]["name"] != format!("{RELEASE}-cluster-handler").as_str())
     );
+}
+
+#[tokio::test]
+async fn values_the_schema_refuses_fail_before_rendering() {
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("utf-8 path");
+    for (set, complaint) in [
+        (
+            "webhook.failurPolicy=Fail",
+            "additional properties 'failurPolicy' not allowed",
+        ),
+        ("webhook.failurePolicy=Sometimes", "/webhook/failurePolicy"),
+        (
+            "webhook.certificate.mode=vault",
+            "/webhook/certificate/mode",
+        ),
+        ("logFormat=xml", "/logFormat"),
+        (
+            "leaderElection.leaseDuration=15",
+            "/leaderElection/leaseDuration",
+        ),
+        ("webhook.url=http://127.0.0.1:9443", "/webhook/url"),
+        ("clusterHandler.grpcPort=70000", "/clusterHandler"),
+    ] {
+        let (ok, _, stderr) = run_helm(
+            &[
+                "template",
+                RELEASE,
+                chart,
+                "--kube-version",
+                "1.36.0",
+                "--set",
+                set,
+            ],
+            None,
+        )
+        .await;
+        assert!(!ok, "{set} was accepted");
+        assert!(stderr.contains(complaint), "{set}: {stderr}");
+    }
 }
 
 /// The role documents of a handler's own RBAC file.
