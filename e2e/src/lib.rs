@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod etcd;
+pub mod harness;
 pub mod manifest;
 pub mod pki;
 pub mod process;

@@ -63,6 +63,7 @@ fn spawn_on_long_lived_thread(command: Command) -> Result<std::io::Result<Child>
 #[derive(Debug)]
 pub struct Supervised {
     name: String,
+    args: Vec<String>,
     log: PathBuf,
     child: Mutex<Option<Child>>,
     pid: u32,
@@ -98,6 +99,7 @@ impl Supervised {
         })?;
         Ok(Supervised {
             name: name.to_string(),
+            args: args.to_vec(),
             log: log.to_path_buf(),
             pid: child.id(),
             child: Mutex::new(Some(child)),
@@ -107,6 +109,11 @@ impl Supervised {
     /// The component's name (as used in errors and the log file name).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The arguments it was started with.
+    pub fn args(&self) -> &[String] {
+        &self.args
     }
 
     /// Process id (also the process group id).

@@ -208,7 +208,7 @@ impl Handler {
                 .and_then(|e| e["metrics_addr"].as_str()?.parse::<SocketAddr>().ok());
             let filled = entries
                 .iter()
-                .any(|e| e["message"] == "caches filled, controllers running");
+                .any(|e| e["message"] == "caches synced; serving");
             match (listening, filled) {
                 (Some(addr), true) => Ok(addr),
                 _ => Err(text),

@@ -112,7 +112,7 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
             handler.state.mark_synced(kind);
         }
         handler.state.set_serving(true).await;
-        tracing::info!("caches filled, controllers running");
+        tracing::info!("caches synced; serving");
         let base = Base {
             client: client.clone(),
             scope,

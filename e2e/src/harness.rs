@@ -1,0 +1,504 @@
+//! What every end-to-end test needs around the control plane: the shared cluster, a namespace
+//! of its own, polling with a deadline, and the handler binaries run the way they run in
+//! production: as their own ServiceAccount, with only the rules shipped in `deploy/rbac`.
+//!
+//! Handlers are started with `--watch-namespace` so tests sharing one control plane do not see
+//! each other's objects.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::cluster::LocalCluster;
+use crate::manifest::{self, Mode};
+use crate::process::Supervised;
+
+/// The four handler binaries, by package (and binary) name.
+pub const HANDLERS: [&str; 4] = [
+    "cluster-handler",
+    "resource-handler",
+    "data-handler",
+    "webhook-server",
+];
+
+/// Bound for anything the handlers and the control plane normally do within seconds.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The log line each controller handler writes once its caches are filled and it reconciles.
+pub const READY_MESSAGE: &str = "caches synced; serving";
+
+/// A path relative to the repository root.
+pub fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative)
+}
+
+/// The control plane shared by every test of this test binary (started on first use).
+pub async fn control_plane() -> &'static LocalCluster {
+    LocalCluster::shared()
+        .await
+        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"))
+}
+
+/// A namespace no other test of this process uses: `<prefix>-<n>`.
+pub async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    cluster
+        .create_namespace(&name)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+    name
+}
+
+/// Retries `check` every 200 ms until it returns `Ok`, for at most `timeout`; panics with its
+/// last error.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) => assert!(
+                Instant::now() < deadline,
+                "{what}: not reached within {timeout:?}; last: {last}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Builds the four handlers once per test process, with the profile and target directory of
+/// the running test, and returns the path of `name`.
+pub fn handler_binary(name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        // A test runs as <target>/<profile>/deps/<test>-<hash>.
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .ancestors()
+            .nth(2)
+            .expect("profile directory above deps/")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("target directory");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut command = Command::new(cargo);
+        command
+            .current_dir(repo_path(""))
+            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
+            .arg(target_dir);
+        for handler in HANDLERS {
+            command.args(["-p", handler]);
+        }
+        let status = command.status().expect("running cargo build");
+        assert!(status.success(), "cargo build of the handlers: {status}");
+        profile_dir
+    });
+    dir.join(name)
+}
+
+/// Grants ServiceAccount `<handler>` in `namespace` every ClusterRole of
+/// `deploy/rbac/<handler>.yaml`, bound in that namespace only, and returns a kubeconfig with a
+/// token of that ServiceAccount once the grant is in effect.
+pub async fn grant_shipped_rbac(cluster: &LocalCluster, namespace: &str, handler: &str) -> PathBuf {
+    let admin = cluster.client().expect("admin client");
+    let file = format!("{handler}.yaml");
+    let rbac = std::fs::read_to_string(repo_path(&format!("deploy/rbac/{file}")))
+        .unwrap_or_else(|e| panic!("reading deploy/rbac/{file}: {e}"));
+    let docs = manifest::parse_documents(&rbac, Path::new(&file)).expect("RBAC documents");
+    for doc in &docs {
+        manifest::apply(&admin, doc, None, Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying {file}: {e}"));
+    }
+    let roles = docs
+        .iter()
+        .filter(|d| d.types.as_ref().is_some_and(|t| t.kind == "ClusterRole"));
+    for role in roles {
+        let role = role.metadata.name.clone().expect("ClusterRole name");
+        let binding: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": role, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": handler, "namespace": namespace}],
+        }))
+        .expect("RoleBinding");
+        manifest::apply(&admin, &binding, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("binding {role}: {e}"));
+    }
+    let kubeconfig = cluster
+        .service_account_kubeconfig(namespace, handler, Duration::from_secs(24 * 3600))
+        .await
+        .unwrap_or_else(|e| panic!("kubeconfig of {handler}: {e}"));
+    let as_handler = cluster
+        .client_for_kubeconfig(&kubeconfig)
+        .await
+        .expect("client of the handler");
+    // Every handler may list MultigresClusters; the first successful list shows the grant
+    // has reached the authorizer's cache.
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(as_handler, namespace, &multigres_clusters());
+    eventually("the RoleBindings take effect", WAIT, || async {
+        clusters
+            .list(&ListParams::default().limit(1))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    kubeconfig
+}
+
+/// `multigres.com/v1alpha1` MultigresCluster, for dynamic clients.
+pub fn multigres_clusters() -> ApiResource {
+    ApiResource {
+        group: "multigres.com".to_owned(),
+        version: "v1alpha1".to_owned(),
+        api_version: "multigres.com/v1alpha1".to_owned(),
+        kind: "MultigresCluster".to_owned(),
+        plural: "multigresclusters".to_owned(),
+    }
+}
+
+/// A running handler process, its log and the addresses it bound.
+pub struct HandlerProcess {
+    name: String,
+    /// Declared before the log directory so the process stops before its log is removed.
+    process: Supervised,
+    log_dir: tempfile::TempDir,
+    grpc: SocketAddr,
+    metrics: SocketAddr,
+}
+
+/// Finds the "servers listening" line of a JSON log and returns the gRPC and metrics addresses.
+pub fn listening_addrs(log: &str) -> Option<(SocketAddr, SocketAddr)> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|entry| entry["message"] == "servers listening")
+        .and_then(|entry| {
+            let addr = |field: &str| entry[field].as_str()?.parse().ok();
+            Some((addr("grpc_addr")?, addr("metrics_addr")?))
+        })
+}
+
+impl HandlerProcess {
+    /// Starts handler `name` on loopback ports chosen by the OS, logging JSON at info, with
+    /// `extra` flags; returns once it listens.
+    pub async fn spawn(name: &str, kubeconfig: &Path, extra: &[String]) -> HandlerProcess {
+        let log_dir = tempfile::Builder::new()
+            .prefix(&format!("multigres-{name}-"))
+            .tempdir()
+            .expect("log directory");
+        let mut args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--grpc-bind-address=127.0.0.1:0".to_owned(),
+            "--metrics-bind-address=127.0.0.1:0".to_owned(),
+            "--log-format=json".to_owned(),
+            "--log-level=info".to_owned(),
+        ];
+        args.extend_from_slice(extra);
+        let log = log_dir.path().join(format!("{name}.0.log"));
+        let (process, grpc, metrics) = launch(name, &args, &log).await;
+        HandlerProcess {
+            name: name.to_owned(),
+            process,
+            log_dir,
+            grpc,
+            metrics,
+        }
+    }
+
+    /// Grants `handler` its shipped RBAC in `namespace`, starts it watching only that
+    /// namespace with `extra` flags, and waits until its caches are synced.
+    pub async fn start_in(
+        cluster: &LocalCluster,
+        handler: &str,
+        namespace: &str,
+        extra: &[&str],
+    ) -> HandlerProcess {
+        let kubeconfig = grant_shipped_rbac(cluster, namespace, handler).await;
+        let mut args = vec![format!("--watch-namespace={namespace}")];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let process = Self::spawn(handler, &kubeconfig, &args).await;
+        process.wait_ready().await;
+        process
+    }
+
+    /// Starts the same command line again after the process exited (or was killed), logging to
+    /// a new file in the same directory, and waits until it is ready.
+    pub async fn restart(&mut self) {
+        assert!(
+            self.process.exit_status().is_some(),
+            "{} is still running; kill it first",
+            self.name
+        );
+        let generation = std::fs::read_dir(self.log_dir.path())
+            .map(|d| d.count())
+            .unwrap_or(0);
+        let log = self
+            .log_dir
+            .path()
+            .join(format!("{}.{generation}.log", self.name));
+        let args = self.process.args().to_vec();
+        let (process, grpc, metrics) = launch(&self.name, &args, &log).await;
+        self.process = process;
+        self.grpc = grpc;
+        self.metrics = metrics;
+        self.wait_ready().await;
+    }
+
+    /// Waits until the handler logs that its caches are synced.
+    pub async fn wait_ready(&self) {
+        eventually(&format!("{} syncs its caches", self.name), WAIT, || async {
+            let text = self.log();
+            if let Some(status) = self.process.exit_status() {
+                panic!("{} exited ({status}):\n{text}", self.name);
+            }
+            if text.lines().any(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .is_ok_and(|e| e["message"] == READY_MESSAGE)
+            }) {
+                Ok(())
+            } else {
+                Err(text)
+            }
+        })
+        .await;
+    }
+
+    /// The handler's name (its binary).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Its gRPC (health and HandlerInfo) address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
+    }
+
+    /// Everything it logged so far (this run only).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.process.log_path()).unwrap_or_default()
+    }
+
+    /// Current and peak resident set size in bytes.
+    pub fn memory(&self) -> Option<(u64, u64)> {
+        self.process.memory()
+    }
+
+    /// `Some(status)` once the process has exited.
+    pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
+        self.process.exit_status()
+    }
+
+    /// Sends `signal` to the process (SIGKILL to simulate a crash, SIGTERM to stop it).
+    pub fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.process.pid()).expect("pid fits pid_t");
+        // SAFETY: kill(2) only sends a signal to our own child; no memory is involved.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "signalling {}", self.name);
+    }
+
+    /// Waits for the process to exit and returns its exit code (`None` if a signal ended it).
+    pub async fn wait_exit(&self) -> Option<i32> {
+        eventually(&format!("{} exits", self.name), WAIT, || async {
+            self.process
+                .exit_status()
+                .map(|s| s.code())
+                .ok_or_else(|| self.process.log_tail(20))
+        })
+        .await
+    }
+
+    /// Its `/metrics` page.
+    pub async fn metrics(&self) -> String {
+        let mut stream = TcpStream::connect(self.metrics)
+            .await
+            .unwrap_or_else(|e| panic!("{} metrics at {}: {e}", self.name, self.metrics));
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.metrics
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .expect("metrics request");
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .await
+            .expect("metrics response");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+    }
+
+    /// Sum of counter or gauge `name` over the series whose label set contains `label` (for
+    /// example `kind="Shard"`; empty for all series).
+    pub async fn counter(&self, name: &str, label: &str) -> u64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+            .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// Every Kubernetes write the handler counted, keyed `controller/kind/verb`.
+    pub async fn writes(&self) -> BTreeMap<String, u64> {
+        self.metrics()
+            .await
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("multigres_operator_api_writes_total{")?;
+                let (labels, value) = rest.split_once("} ")?;
+                let label = |key: &str| {
+                    labels
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+                        .map(|v| v.trim_end_matches('"').to_owned())
+                        .unwrap_or_default()
+                };
+                let key = format!(
+                    "{}/{}/{}",
+                    label("controller"),
+                    label("kind"),
+                    label("verb")
+                );
+                Some((key, value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// Waits until the write counters have held still for `quiet` (the handler converged) and
+    /// returns them.
+    pub async fn settled(&self, quiet: Duration) -> BTreeMap<String, u64> {
+        let mut last = self.writes().await;
+        let mut still_since = Instant::now();
+        let deadline = Instant::now() + WAIT + quiet;
+        while still_since.elapsed() < quiet {
+            assert!(
+                Instant::now() < deadline,
+                "{}: writes never settle: {last:?}\n{}",
+                self.name,
+                self.process.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = self.writes().await;
+            if now != last {
+                last = now;
+                still_since = Instant::now();
+            }
+        }
+        last
+    }
+}
+
+/// Starts handler `name` with `args`, logging to `log`, and waits until it listens.
+async fn launch(name: &str, args: &[String], log: &Path) -> (Supervised, SocketAddr, SocketAddr) {
+    let process = Supervised::spawn(name, &handler_binary(name), args, &[], log)
+        .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+    let (grpc, metrics) = eventually(&format!("{name} listens"), WAIT, || async {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(status) = process.exit_status() {
+            panic!("{name} exited early ({status}):\n{text}");
+        }
+        listening_addrs(&text).ok_or(text)
+    })
+    .await;
+    (process, grpc, metrics)
+}
+
+impl Drop for HandlerProcess {
+    /// A failing test shows what the handler logged.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {} log (last 80 lines) ---\n{}",
+                self.name,
+                self.process.log_tail(80)
+            );
+        }
+    }
+}
+
+/// The three controller handlers serving one namespace, as in production but scoped to it.
+pub struct Stack {
+    pub cluster_handler: HandlerProcess,
+    pub resource_handler: HandlerProcess,
+    /// Present when the test has a reachable topology etcd (kwok pods run no etcd).
+    pub data_handler: Option<HandlerProcess>,
+}
+
+impl Stack {
+    /// Starts the cluster-handler and resource-handler in `namespace`; the data-handler too
+    /// when `data_handler_flags` is given (its `--topo-*` tuning, for example).
+    pub async fn start(
+        cluster: &LocalCluster,
+        namespace: &str,
+        data_handler_flags: Option<&[&str]>,
+    ) -> Stack {
+        let cluster_handler =
+            HandlerProcess::start_in(cluster, "cluster-handler", namespace, &[]).await;
+        let resource_handler =
+            HandlerProcess::start_in(cluster, "resource-handler", namespace, &[]).await;
+        let data_handler = match data_handler_flags {
+            Some(flags) => {
+                Some(HandlerProcess::start_in(cluster, "data-handler", namespace, flags).await)
+            }
+            None => None,
+        };
+        Stack {
+            cluster_handler,
+            resource_handler,
+            data_handler,
+        }
+    }
+
+    /// Every running handler of the stack.
+    pub fn handlers(&self) -> Vec<&HandlerProcess> {
+        let mut all = vec![&self.cluster_handler, &self.resource_handler];
+        all.extend(self.data_handler.as_ref());
+        all
+    }
+}
+
+/// A client acting as the cluster administrator (the test, or the user).
+pub fn admin(cluster: &LocalCluster) -> Client {
+    cluster.client().expect("admin client")
+}
+
+/// Server-side applies every document of `yaml` into `namespace` as the user would
+/// (`kubectl apply --server-side`).
+pub async fn apply_yaml(cluster: &LocalCluster, namespace: &str, yaml: &str) {
+    let client = admin(cluster);
+    for doc in manifest::parse_documents(yaml, Path::new("inline.yaml")).expect("YAML documents") {
+        manifest::apply(&client, &doc, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying {:?}: {e}", doc.metadata.name));
+    }
+}

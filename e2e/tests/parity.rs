@@ -1,0 +1,5 @@
+//! Upstream parity, end to end: each feature of the upstream API that goes beyond the core
+//! topology (backups, internal TLS, external endpoints, multiadmin web, PostgreSQL
+//! configuration, image rollout policy, data-plane observability) produces exactly the objects
+//! and contents it should on a real control plane, with the handlers running as their own
+//! ServiceAccounts (`multigres_e2e::harness`). One module per feature, in `parity/`.
