@@ -4,6 +4,7 @@
 pub mod crd;
 pub mod labels;
 pub mod names;
+pub mod postgres;
 pub mod resolver;
 mod schema;
 pub mod v1alpha1;

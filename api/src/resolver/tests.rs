@@ -506,3 +506,53 @@ fn observability_reaches_every_child_with_the_sampling_key_defaulted() {
         None
     );
 }
+
+#[test]
+fn postgres_settings_merge_per_parameter_and_initdb_args_and_ref_are_replaced() {
+    let t = templates(
+        r#"
+apiVersion: multigres.com/v1alpha1
+kind: ShardTemplate
+metadata: {name: std}
+spec:
+  initdbArgs: --data-checksums
+  postgresConfigRef: {name: tuning, key: base.conf}
+  postgresConfig: {work_mem: 4MB, shared_buffers: 128MB}
+"#,
+    );
+    let c = with_spec(
+        r#"  templateDefaults: {shardTemplate: std}
+  databases:
+    - name: postgres
+      default: true
+      tablegroups:
+        - name: default
+          default: true
+          shards:
+            - name: 0-inf
+              spec:
+                initdbArgs: --locale=C
+                postgresConfig: {work_mem: 8MB, statement_timeout: 30s}
+"#,
+    );
+    let r = resolve(&c, &t).unwrap();
+    let s = only_shard(&r);
+    assert_eq!(
+        s.postgres_config,
+        BTreeMap::from([
+            ("shared_buffers".to_owned(), "128MB".to_owned()),
+            ("statement_timeout".to_owned(), "30s".to_owned()),
+            ("work_mem".to_owned(), "8MB".to_owned()),
+        ]),
+        "merged per parameter, the inline value winning"
+    );
+    assert_eq!(
+        s.initdb_args.as_ref().map(|a| a.as_str()),
+        Some("--locale=C")
+    );
+    let r#ref = s.postgres_config_ref.as_ref().unwrap();
+    assert_eq!(
+        (r#ref.name.as_str(), r#ref.key.as_str()),
+        ("tuning", "base.conf")
+    );
+}

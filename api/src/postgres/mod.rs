@@ -1,0 +1,19 @@
+//! PostgreSQL configuration of a shard: the settings catalog, validation of the user's
+//! `postgresConfig`, and the rendered `postgresql.conf` with the two fingerprints that decide
+//! how a change is applied (a restart of every pod, replicas first, or a reload in place).
+//! Pure: the caller reads any `postgresConfigRef` ConfigMap and passes its content in.
+
+pub mod catalog;
+pub mod conf;
+mod render;
+mod validate;
+
+pub use render::{
+    BASELINE, RenderError, Rendered, Resources, Split, cluster_name, render, render_shard, split,
+};
+pub use validate::{Problem, validate};
+
+/// Parameter appended to every rendered file with the fingerprint of the reload-class
+/// settings, so whoever triggers a reload can check PostgreSQL read the current file (also
+/// when a setting was removed).
+pub const RELOAD_MARKER: &str = "multigres.config_reload_marker";
