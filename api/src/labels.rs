@@ -40,6 +40,10 @@ pub enum Component {
     Pool,
     Multiadmin,
     MultiadminWeb,
+    /// The CA and certificates of mutual TLS between Multigres processes.
+    InternalTls,
+    /// A shard's pgBackRest CA and certificate.
+    PgBackRestTls,
 }
 
 impl Component {
@@ -55,6 +59,8 @@ impl Component {
             Component::Pool => "shard-pool",
             Component::Multiadmin => "multiadmin",
             Component::MultiadminWeb => "multiadmin-web",
+            Component::InternalTls => "internal-tls",
+            Component::PgBackRestTls => "pgbackrest-tls",
         }
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod apply;
 pub mod backoff;
+pub mod certs;
 pub mod cli;
 pub mod client;
 pub mod conditions;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
@@ -19,6 +19,7 @@ use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use multigres_api::labels::{COMPONENT, Component, MANAGED_SELECTOR};
+use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::state::HandlerState;
@@ -146,7 +147,7 @@ pub fn managed() -> watcher::Config {
 }
 
 /// Kinds reported as synced (HandlerInfo) once their caches are filled.
-pub const WATCHED_KINDS: [&str; 13] = [
+pub const WATCHED_KINDS: [&str; 14] = [
     "TopoServer",
     "Cell",
     "Shard",
@@ -160,6 +161,7 @@ pub const WATCHED_KINDS: [&str; 13] = [
     "PodDisruptionBudget",
     "PersistentVolumeClaim",
     "Pod",
+    "Secret",
 ];
 
 /// The caches every reconciler reads children from.
@@ -177,6 +179,8 @@ pub struct Stores {
     pub pvcs: Store<PersistentVolumeClaim>,
     /// Pool pods only (what the ordered restarts need).
     pub pods: Store<Pod>,
+    /// TLS Secrets this operator issued (labelled; users' Secrets are read directly).
+    pub secrets: Store<Secret>,
     /// Clusters (multiadmin, pull settings of etcd pods).
     pub clusters: Store<DeserializeGuard<MultigresCluster>>,
     /// Templates the resolver reads for multiadmin.
@@ -196,6 +200,7 @@ impl Stores {
         filled(&self.pdbs).await?;
         filled(&self.pvcs).await?;
         filled(&self.pods).await?;
+        filled(&self.secrets).await?;
         filled(&self.clusters).await?;
         filled(&self.core_templates).await?;
         filled(&self.cell_templates).await?;
@@ -245,6 +250,8 @@ pub struct Base {
     pub recorder: Recorder,
     /// Caches children are read from.
     pub stores: Stores,
+    /// The handler's own `OTEL_*` environment, the fallback of every cluster's telemetry.
+    pub telemetry: InheritedEnv,
 }
 
 impl Base {
@@ -256,6 +263,7 @@ impl Base {
             state: self.state.clone(),
             recorder: self.recorder.clone(),
             stores: self.stores.clone(),
+            telemetry: self.telemetry.clone(),
             name,
             backoff: ObjectBackoff::new(BackoffPolicy::default()),
         })
@@ -274,6 +282,8 @@ pub struct Ctx<K: Resource<DynamicType = ()>> {
     pub recorder: Recorder,
     /// Caches children are read from.
     pub stores: Stores,
+    /// The handler's own `OTEL_*` environment, the fallback of every cluster's telemetry.
+    pub telemetry: InheritedEnv,
     /// Name of the controller in metrics and HandlerInfo.
     pub name: &'static str,
     /// Consecutive failures per object.

@@ -18,10 +18,11 @@ pub mod shard;
 pub mod stateless;
 pub mod storage;
 pub mod sync;
+pub mod tls;
 pub mod toposerver;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher;
@@ -63,6 +64,7 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
     let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, &scope, managed());
     let (pods, pod_watch) = share::<Pod>(&client, &scope, pool_pods());
     let (pvcs, pvc_watch) = cache::<PersistentVolumeClaim>(&client, &scope, managed());
+    let (secrets, secret_watch) = share::<Secret>(&client, &scope, managed());
     let watches = [
         tokio::spawn(topo_watch),
         tokio::spawn(cells_watch),
@@ -77,6 +79,7 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
         tokio::spawn(pdb_watch),
         tokio::spawn(pod_watch),
         tokio::spawn(pvc_watch),
+        tokio::spawn(secret_watch),
     ];
     let stores = Stores {
         statefulsets: statefulsets.store.clone(),
@@ -85,6 +88,7 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
         pdbs: pdbs.store.clone(),
         pvcs,
         pods: pods.store.clone(),
+        secrets: secrets.store.clone(),
         clusters: clusters.store.clone(),
         core_templates: core_templates.store.clone(),
         cell_templates: cell_templates.store.clone(),
@@ -145,6 +149,7 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
                 services: services.handle.clone(),
                 pdbs: pdbs.handle,
                 pods: pods.handle,
+                secrets: secrets.handle.clone(),
             },
             shutdown,
         );
@@ -154,6 +159,7 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
                 clusters: clusters.handle,
                 deployments: deployments.handle,
                 services: services.handle,
+                secrets: secrets.handle,
                 core_templates: core_templates.handle,
                 cell_templates: cell_templates.handle,
                 shard_templates: shard_templates.handle,

@@ -94,7 +94,7 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
         spec.images.image_pull_policy,
         &spec.images.image_pull_secrets,
     );
-    let deployment = stateless::deployment(Workload {
+    let mut deployment = stateless::deployment(Workload {
         name: name.clone(),
         owner,
         labels: labels.clone(),
@@ -122,6 +122,15 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
         },
         recreate: false,
     });
+    if crate::tls::enabled(spec.internal_tls.as_ref()) {
+        let gateway = crate::tls::Process::Multigateway;
+        crate::tls::mount_internal_deployment(
+            &mut deployment,
+            gateway,
+            &owner.cluster,
+            &owner.namespace,
+        );
+    }
     let service = stateless::service(
         &name,
         owner,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::Future;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
@@ -42,6 +42,9 @@ pub enum Error {
     /// The cluster cannot be resolved (e.g. a named template does not exist).
     #[error(transparent)]
     Resolve(#[from] ResolveError),
+    /// Internal TLS certificates could not be issued or stored.
+    #[error("internal TLS")]
+    Tls(#[from] crate::tls::TlsError),
     /// A write to the API server failed.
     #[error(transparent)]
     Sync(#[from] SyncError),
@@ -49,7 +52,11 @@ pub enum Error {
 
 impl Classify for Error {
     fn is_invalid_spec(&self) -> bool {
-        !matches!(self, Error::Sync(_))
+        match self {
+            Error::Sync(_) => false,
+            Error::Tls(e) => e.is_invalid_spec(),
+            _ => true,
+        }
     }
 
     fn category(&self) -> &'static str {
@@ -69,6 +76,8 @@ pub struct Triggers {
     pub deployments: ReflectHandle<Deployment>,
     /// Owned multiadmin Services.
     pub services: ReflectHandle<Service>,
+    /// Owned internal TLS Secrets (a deleted one is issued again).
+    pub secrets: ReflectHandle<Secret>,
     /// Template changes re-resolve the clusters of their namespace.
     pub core_templates: ReflectHandle<DeserializeGuard<CoreTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.
@@ -104,6 +113,7 @@ pub fn run(
     let results = Controller::for_shared_stream(triggers.clusters, clusters.clone())
         .owns_shared_stream(triggers.deployments)
         .owns_shared_stream(triggers.services)
+        .owns_shared_stream(triggers.secrets)
         .watches_shared_stream(triggers.core_templates, clusters_in_namespace_of(&clusters))
         .watches_shared_stream(triggers.cell_templates, clusters_in_namespace_of(&clusters))
         .watches_shared_stream(
@@ -162,7 +172,14 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let owner = Owner::with_cluster(cluster, cluster.name_any())?;
     let ns = owner.namespace.as_str();
     let resolved = resolve(cluster, &templates(&ctx.stores, ns))?;
-    let objects = build::build(&owner, &resolved);
+    let internal_tls = cluster.spec.internal_tls.as_ref();
+    crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;
+    let mut objects = build::build(&owner, &resolved);
+    if crate::tls::enabled(internal_tls) {
+        let process = crate::tls::Process::Multiadmin;
+        let deployment = &mut objects.deployment;
+        crate::tls::mount_internal_deployment(deployment, process, &owner.cluster, ns);
+    }
     let name = objects.deployment.name_any();
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);

@@ -10,9 +10,8 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ProjectedVolumeSource,
-    SecretKeySelector, SecretProjection, SecretVolumeSource, Service, ServiceSpec, Volume,
-    VolumeMount, VolumeProjection, VolumeResourceRequirements,
+    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecretKeySelector,
+    SecretVolumeSource, Service, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -44,7 +43,6 @@ const PASSWORD_VOLUME: &str = "postgres-password";
 const BACKUP_VOLUME: &str = "backup";
 const SOCKET_VOLUME: &str = "postgres-socket";
 const SOCKET_DIR: &str = "/var/run/postgresql";
-const CERTS_VOLUME: &str = "pgbackrest-certs";
 const CIPHER_VOLUME: &str = "pgbackrest-cipher";
 /// Startup budget of the pool processes: pgctld and multipooler listen at once, but PostgreSQL
 /// may replay WAL or restore a backup before it is usable.
@@ -210,7 +208,7 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
         log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multiorch)),
     ]);
     let pull = pull(spec);
-    let deployment = stateless::deployment(Workload {
+    let mut deployment = stateless::deployment(Workload {
         name: name.clone(),
         owner,
         labels: labels.clone(),
@@ -238,6 +236,15 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
         },
         recreate: true,
     });
+    if crate::tls::enabled(spec.internal_tls.as_ref()) {
+        let orch = crate::tls::Process::Multiorch;
+        crate::tls::mount_internal_deployment(
+            &mut deployment,
+            orch,
+            &owner.cluster,
+            &owner.namespace,
+        );
+    }
     let service = stateless::service(
         &name,
         owner,
@@ -431,35 +438,9 @@ fn pool_volumes(owner: &Owner, spec: &ShardSpec) -> (Vec<Volume>, Vec<VolumeMoun
         });
         mounts.push(mount(BACKUP_VOLUME, &backup_path(fs), false));
     }
-    if let Some(tls) = backup
-        .and_then(|b| b.pgbackrest_tls.as_ref())
-        .and_then(|t| t.secret_name.clone())
-    {
-        let item = |key: &str, path: &str| KeyToPath {
-            key: key.to_owned(),
-            path: path.to_owned(),
-            ..Default::default()
-        };
-        volumes.push(Volume {
-            name: CERTS_VOLUME.to_owned(),
-            projected: Some(ProjectedVolumeSource {
-                default_mode: Some(0o440),
-                sources: Some(vec![VolumeProjection {
-                    secret: Some(SecretProjection {
-                        name: tls,
-                        items: Some(vec![
-                            item("ca.crt", "ca.crt"),
-                            item("tls.crt", "pgbackrest.crt"),
-                            item("tls.key", "pgbackrest.key"),
-                        ]),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }]),
-            }),
-            ..Default::default()
-        });
-        mounts.push(mount(CERTS_VOLUME, PGBACKREST_CERT_DIR, true));
+    if let Some(backup) = backup {
+        volumes.push(crate::tls::pgbackrest_volume(&owner.name, backup));
+        mounts.push(crate::tls::pgbackrest_mount());
     }
     if let Some(encryption) = backup.and_then(|b| b.encryption.as_ref()) {
         volumes.push(Volume {
@@ -476,11 +457,10 @@ fn pool_volumes(owner: &Owner, spec: &ShardSpec) -> (Vec<Volume>, Vec<VolumeMoun
     (volumes, mounts)
 }
 
+/// pgBackRest always serves TLS when backups are on: from the user's Secret or the
+/// certificates the operator issues for the shard.
 fn has_pgbackrest_tls(spec: &ShardSpec) -> bool {
-    spec.backup
-        .as_ref()
-        .and_then(|b| b.pgbackrest_tls.as_ref())
-        .is_some_and(|t| t.secret_name.is_some())
+    spec.backup.is_some()
 }
 
 /// pgctld's command line (`server` plus flags).
@@ -645,7 +625,7 @@ fn pool_objects(
         .filter(|b| b.type_ == BackupType::S3)
         .and_then(|b| b.s3.as_ref())
         .and_then(|s3| s3.service_account_name.clone());
-    let pod = PodSpec {
+    let mut pod = PodSpec {
         init_containers: Some(vec![pgctld]),
         containers: vec![multipooler],
         volumes: Some(volumes),
@@ -663,6 +643,10 @@ fn pool_objects(
         termination_grace_period_seconds: Some(60),
         ..Default::default()
     };
+    if crate::tls::enabled(spec.internal_tls.as_ref()) {
+        let pooler = crate::tls::Process::Multipooler;
+        crate::tls::mount_internal(&mut pod, pooler, &owner.cluster, ns);
+    }
     let (storage_size, claim_spec) = storage_request(
         &pool.storage.clone().unwrap_or_default(),
         defaults::POOL_STORAGE,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::Future;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Preconditions};
@@ -22,6 +22,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::{Api, ResourceExt};
 use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
+use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Shard, ShardSpec, ShardStatus};
 use multigres_common::shutdown::Shutdown;
 
@@ -61,6 +62,9 @@ pub enum Error {
     /// Growing a volume failed.
     #[error("growing the pool volumes")]
     Resize(#[source] kube::Error),
+    /// The pgBackRest TLS Secrets could not be issued, stored or read.
+    #[error("pgBackRest TLS")]
+    Tls(#[from] crate::tls::PgBackRestError),
     /// Deleting a pod for its restart failed.
     #[error("restarting pod {pod}")]
     Restart {
@@ -99,6 +103,8 @@ pub struct Triggers {
     pub pdbs: ReflectHandle<PodDisruptionBudget>,
     /// Pool pods (readiness and role labels drive restarts).
     pub pods: ReflectHandle<Pod>,
+    /// Owned pgBackRest TLS Secrets (a deleted one is issued again).
+    pub secrets: ReflectHandle<Secret>,
 }
 
 /// Whether `pod` (by its labels) belongs to `shard`.
@@ -137,6 +143,7 @@ pub fn run(
         .owns_shared_stream(triggers.deployments)
         .owns_shared_stream(triggers.services)
         .owns_shared_stream(triggers.pdbs)
+        .owns_shared_stream(triggers.secrets)
         .watches_shared_stream(triggers.pods, by_labels)
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
@@ -210,7 +217,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let owner = Owner::of(shard)?;
     let ns = owner.namespace.as_str();
     let api: Api<Shard> = Api::namespaced(ctx.client.clone(), ns);
-    let objects = match build::build(&owner, &shard.spec) {
+    let mut objects = match build::build(&owner, &shard.spec) {
         Ok(objects) => objects,
         Err(problem) => {
             let report = Report {
@@ -222,6 +229,21 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             return Err(Error::InvalidSpec(problem));
         }
     };
+    crate::env::add_to_shard(
+        &mut objects,
+        crate::env::Source {
+            config: shard.spec.observability.as_ref(),
+            inherited: &ctx.telemetry,
+            cluster: &owner.cluster,
+            project: shard
+                .annotations()
+                .get(PROJECT_REF_ANNOTATION)
+                .map(String::as_str),
+        },
+    );
+    let observed_conditions = shard.status.as_ref().map(|s| s.conditions.as_slice());
+    let tls = crate::tls::reconcile_pgbackrest(ctx, guard, &owner, &shard.spec).await?;
+    crate::tls::warn_if_new(ctx, guard, observed_conditions, tls.as_ref()).await;
     let templates_changed = apply_workloads(ctx, &owner, &objects).await?;
     let observed = Observed::read(ctx, ns, &objects);
     let resize = resize(ctx, guard, &shard.spec, ns, &objects).await?;
@@ -240,11 +262,16 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         orchs,
         rollout: step.clone(),
         storage: Some(resize.condition()),
+        pgbackrest_tls: tls.clone(),
         problem: None,
     };
     let desired = status(shard, &report, Timestamp::now());
     sync::ensure_status(NAME, &api, shard, &desired, shard.status.as_ref()).await?;
     Ok(match step {
+        // A user's Secret that is missing or incomplete is looked at again (it is not watched).
+        Some(Step::UpToDate { .. }) if tls.is_some_and(|c| !c.is_true()) => {
+            Action::requeue(crate::tls::RECHECK)
+        }
         Some(Step::UpToDate { .. }) => Action::await_change(),
         // A restart is under way (or about to be decided once the StatefulSet controller has
         // caught up): look again soon even if no watched object changes.
@@ -503,6 +530,8 @@ pub struct Report<'a> {
     pub rollout: Option<Step>,
     /// The `StorageSynced` verdict.
     pub storage: Option<Cond>,
+    /// The pgBackRest TLS verdict (none without backups).
+    pub pgbackrest_tls: Option<Cond>,
     /// Why the spec cannot be realised.
     pub problem: Option<&'a str>,
 }
@@ -574,6 +603,7 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     let healthy = available.is_true() && !rolling.is_true();
     let mut desired = vec![available, rolling];
     desired.extend(report.storage.clone());
+    desired.extend(report.pgbackrest_tls.clone());
     let observed = shard
         .status
         .as_ref()
@@ -630,6 +660,7 @@ mod tests {
             orchs: vec![counts(1, 1), counts(1, 0)],
             rollout: Some(Step::UpToDate { pods: 3 }),
             storage: None,
+            pgbackrest_tls: None,
             problem: None,
         };
         let st = status(&s, &report, now);

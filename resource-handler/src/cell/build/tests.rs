@@ -200,3 +200,31 @@ fn a_region_cell_is_pinned_to_its_region() {
         )])
     );
 }
+
+#[test]
+fn internal_tls_mounts_the_gateway_certificate_and_adds_its_flags() {
+    let mut cell = fixture();
+    cell.spec.internal_tls = Some(multigres_api::v1alpha1::InternalTlsConfig {
+        enabled: Some(true),
+    });
+    let objects = objects(&cell);
+    let pod = objects.deployment.spec.unwrap().template.spec.unwrap();
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == crate::tls::TLS_VOLUME)
+        .unwrap();
+    let cluster = Owner::of(&cell).unwrap().cluster;
+    let ns = cell.metadata.namespace.clone().unwrap();
+    assert_eq!(
+        volume.secret.as_ref().unwrap().secret_name,
+        Some(format!("multigateway.{cluster}.{ns}.multigres.internal"))
+    );
+    let args = pod.containers[0].args.clone().unwrap();
+    let tail = &args[args.len() - 9..];
+    assert_eq!(
+        tail,
+        crate::tls::flags(crate::tls::Process::Multigateway, &cluster, &ns)
+    );
+}

@@ -475,3 +475,101 @@ fn empty_multiorch_cells_default_to_the_pools_cells_and_bad_pools_are_refused() 
             .contains("at least one pool")
     );
 }
+
+#[test]
+fn internal_tls_reaches_multiorch_and_multipooler_but_not_pgctld() {
+    let mut shard = fixture();
+    let plain = objects(&shard);
+    shard.spec.internal_tls = Some(multigres_api::v1alpha1::InternalTlsConfig {
+        enabled: Some(true),
+    });
+    let o = objects(&shard);
+    let tls_volume = |pod: &PodSpec| {
+        pod.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == crate::tls::TLS_VOLUME)
+            .and_then(|v| v.secret.as_ref()?.secret_name.clone())
+    };
+    let has_flag = |c: &Container, f: &str| c.args.iter().flatten().any(|a| a.starts_with(f));
+
+    let pool_pod = pod(pool(&o, "zone-a"));
+    assert_eq!(
+        tls_volume(pool_pod).as_deref(),
+        Some("multipooler.prod.db.multigres.internal")
+    );
+    let pooler = &pool_pod.containers[0];
+    assert!(has_flag(pooler, "--grpc-cert=/etc/multigres/tls/tls.crt"));
+    assert!(!has_flag(pooler, "--multipooler-grpc-server-name"));
+    let pgctld = &pool_pod.init_containers.as_ref().unwrap()[0];
+    assert!(!has_flag(pgctld, "--grpc-cert"));
+
+    let orch_pod = o.multiorch[0].deployment.spec.as_ref().unwrap();
+    let orch_pod = orch_pod.template.spec.as_ref().unwrap();
+    assert_eq!(
+        tls_volume(orch_pod).as_deref(),
+        Some("multiorch.prod.db.multigres.internal")
+    );
+    assert!(has_flag(
+        &orch_pod.containers[0],
+        "--multipooler-grpc-server-name=multipooler.prod.db.multigres.internal"
+    ));
+
+    // Off (the fixture's default): no volume, no flags.
+    assert_eq!(tls_volume(pod(pool(&plain, "zone-a"))), None);
+    assert!(!has_flag(
+        &pod(pool(&plain, "zone-a")).containers[0],
+        "--grpc-cert"
+    ));
+}
+
+#[test]
+fn backups_without_a_named_secret_use_the_generated_pgbackrest_certificates() {
+    let mut shard = fixture();
+    shard.spec.backup.as_mut().unwrap().pgbackrest_tls = None;
+    let o = objects(&shard);
+    let pool_pod = pod(pool(&o, "zone-a"));
+    let volume = pool_pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == crate::tls::PGBACKREST_VOLUME)
+        .unwrap();
+    let names: Vec<_> = volume
+        .projected
+        .as_ref()
+        .unwrap()
+        .sources
+        .iter()
+        .flatten()
+        .map(|s| s.secret.as_ref().unwrap().name.clone())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "prod-postgres-default-0-inf-pgbackrest-ca",
+            "prod-postgres-default-0-inf-pgbackrest-tls"
+        ]
+    );
+    let args = |c: &Container| c.args.clone().unwrap_or_default();
+    let pgctld = &pool_pod.init_containers.as_ref().unwrap()[0];
+    assert!(args(pgctld).contains(&"--pgbackrest-cert-dir=/certs/pgbackrest".to_owned()));
+    assert!(
+        args(&pool_pod.containers[0])
+            .contains(&"--pgbackrest-ca-file=/certs/pgbackrest/ca.crt".to_owned())
+    );
+
+    // No backups: neither certificates nor flags.
+    shard.spec.backup = None;
+    let o = objects(&shard);
+    let pool_pod = pod(pool(&o, "zone-a"));
+    assert!(
+        pool_pod
+            .volumes
+            .iter()
+            .flatten()
+            .all(|v| v.name != crate::tls::PGBACKREST_VOLUME)
+    );
+    let pgctld = &pool_pod.init_containers.as_ref().unwrap()[0];
+    assert!(args(pgctld).iter().all(|a| !a.starts_with("--pgbackrest")));
+}
