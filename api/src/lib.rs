@@ -2,6 +2,7 @@
 //! well-known names Multigres imposes. Pure: no I/O.
 
 pub mod crd;
+pub mod field_support;
 pub mod labels;
 pub mod names;
 pub mod postgres;

@@ -3,3 +3,6 @@
 //! configuration, image rollout policy, data-plane observability) produces exactly the objects
 //! and contents it should on a real control plane, with the handlers running as their own
 //! ServiceAccounts (`multigres_e2e::harness`). One module per feature, in `parity/`.
+
+#[path = "parity/warnings.rs"]
+mod warnings;

@@ -14,6 +14,7 @@ use axum::routing::post;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{DynamicObject, Status};
+use multigres_api::field_support::Kind;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
@@ -22,7 +23,7 @@ use crate::defaults;
 use crate::lookup::{LookupError, Lookups};
 use crate::rules::children::{self, Operators};
 use crate::rules::templates::{self, TemplateSpec};
-use crate::rules::{TemplateKind, cluster};
+use crate::rules::{TemplateKind, cluster, unimplemented};
 use crate::violation::Findings;
 
 /// Registers HELP text for the webhook's own metrics with the current recorder (the request
@@ -396,7 +397,10 @@ async fn validate_cluster(
     };
     let names = cluster::needed_templates(std::iter::once(&new).chain(old.as_ref()));
     let templates = state.lookups.templates(namespace, &names).await?;
-    Ok(cluster::validate(&new, old.as_ref(), &templates))
+    let mut findings = cluster::validate(&new, old.as_ref(), &templates);
+    let object = request.object.as_ref();
+    unimplemented::check_object(&mut findings, Kind::MultigresCluster, object);
+    Ok(findings)
 }
 
 fn template_spec(
@@ -454,6 +458,8 @@ async fn validate_template(
         Operation::Create | Operation::Update => {
             let new = template_spec(kind, request.object.as_ref(), "object")?;
             let mut findings = new.validate();
+            let registered = unimplemented::template(kind);
+            unimplemented::check_object(&mut findings, registered, request.object.as_ref());
             if request.operation == Operation::Update {
                 let old = template_spec(kind, request.old_object.as_ref(), "old object")?;
                 let before = old.validate();

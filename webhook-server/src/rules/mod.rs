@@ -10,6 +10,7 @@
 pub mod children;
 pub mod cluster;
 pub mod templates;
+pub mod unimplemented;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
