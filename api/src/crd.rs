@@ -65,8 +65,10 @@ pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
         name: name(),
         source,
     })?;
+    // Each file starts a YAML document, so the files concatenate into one valid stream
+    // (`helm show crds | kubectl apply -f -`, `cat deploy/crds/*.yaml`).
     Ok(format!(
-        "# Generated from the Rust types in api/ by `cargo run -p multigres-api --bin crdgen`.\n\
+        "---\n# Generated from the Rust types in api/ by `cargo run -p multigres-api --bin crdgen`.\n\
          # Do not edit: change the types and regenerate.\n{body}"
     ))
 }

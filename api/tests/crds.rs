@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::cel::compile_schema;
 use multigres_api::crd::{all_crds, file_name, to_yaml};
+use serde::Deserialize;
 use serde_json::Value;
 
 fn schema(crd: &CustomResourceDefinition) -> Value {
@@ -50,6 +51,26 @@ fn deploy_crds_holds_exactly_the_generated_files() {
         present, expected,
         "unexpected or missing files in deploy/crds"
     );
+}
+
+#[test]
+fn the_crd_files_concatenate_into_one_stream_of_every_crd() {
+    // What `helm show crds` and `cat deploy/crds/*.yaml | kubectl apply -f -` produce.
+    let stream: String = common::yaml_files("deploy/crds")
+        .iter()
+        .map(|p| std::fs::read_to_string(p).expect("CRD file"))
+        .collect();
+    let names: BTreeSet<String> = serde_yaml::Deserializer::from_str(&stream)
+        .map(|doc| {
+            let crd = CustomResourceDefinition::deserialize(doc).expect("a CRD per document");
+            crd.metadata.name.expect("CRD name")
+        })
+        .collect();
+    let expected: BTreeSet<String> = all_crds()
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert_eq!(names, expected);
 }
 
 /// Walks a schema node, collecting structural-schema violations.
