@@ -6,6 +6,7 @@ pub mod field_support;
 pub mod labels;
 pub mod names;
 pub mod postgres;
+pub mod observability;
 pub mod resolver;
 mod schema;
 pub mod v1alpha1;

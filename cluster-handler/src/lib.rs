@@ -47,9 +47,9 @@ const CONCURRENCY: u16 = 4;
 /// one reconcile after this quiet period.
 const DEBOUNCE: Duration = Duration::from_millis(200);
 
-/// Runs both controllers over `scope` until `ctx.shutdown` fires. Reports SERVING once every
-/// cache has synced.
-pub async fn run(ctx: HandlerContext, scope: Scope) {
+/// Runs both controllers over `scope` until `ctx.shutdown` fires, giving clusters `images`
+/// as the operator's default image set. Reports SERVING once every cache has synced.
+pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::ImageDefaults) {
     writes::describe();
     let client = ctx.client.clone();
     let everything = watcher::Config::default;
@@ -106,6 +106,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope) {
         recorder: recorder.clone(),
         state: ctx.state.clone(),
         backoff: ObjectBackoff::new(BackoffPolicy::default()),
+        images,
     });
     let table_group_ctx = Arc::new(tablegroup::Context {
         table_groups: table_groups.store.clone(),

@@ -4,7 +4,10 @@
 use std::convert::Infallible;
 
 use clap::Parser;
+use cluster_handler::cluster::images::{ImageDefaults, parse_image, parse_strategy};
 use cluster_handler::watch::Scope;
+use multigres_api::resolver::defaults;
+use multigres_api::v1alpha1::{ComponentImages, ImageRef, ImageUpdateStrategy};
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
 
@@ -28,19 +31,71 @@ struct Cli {
     /// every namespace when unset.
     #[arg(long, env = "WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
+    #[command(flatten)]
+    images: ImageArgs,
+}
+
+/// The operator's default image set (components a cluster does not set in `spec.images`) and
+/// when clusters adopt a changed one.
+#[derive(Debug, clap::Args)]
+struct ImageArgs {
+    /// Default image of pgctld (PostgreSQL and pgBackRest).
+    #[arg(long, env = "MULTIGRES_IMAGE_POSTGRES", default_value = defaults::POSTGRES_IMAGE, value_parser = parse_image)]
+    image_postgres: ImageRef,
+    /// Default image of multigateway.
+    #[arg(long, env = "MULTIGRES_IMAGE_MULTIGATEWAY", default_value = defaults::MULTIGRES_IMAGE, value_parser = parse_image)]
+    image_multigateway: ImageRef,
+    /// Default image of multiorch.
+    #[arg(long, env = "MULTIGRES_IMAGE_MULTIORCH", default_value = defaults::MULTIGRES_IMAGE, value_parser = parse_image)]
+    image_multiorch: ImageRef,
+    /// Default image of multipooler.
+    #[arg(long, env = "MULTIGRES_IMAGE_MULTIPOOLER", default_value = defaults::MULTIGRES_IMAGE, value_parser = parse_image)]
+    image_multipooler: ImageRef,
+    /// Default image of multiadmin.
+    #[arg(long, env = "MULTIGRES_IMAGE_MULTIADMIN", default_value = defaults::MULTIGRES_IMAGE, value_parser = parse_image)]
+    image_multiadmin: ImageRef,
+    /// Default image of the multiadmin web UI.
+    #[arg(long, env = "MULTIGRES_IMAGE_MULTIADMIN_WEB", default_value = defaults::MULTIADMIN_WEB_IMAGE, value_parser = parse_image)]
+    image_multiadmin_web: ImageRef,
+    /// When clusters that set no `spec.imageUpdatePolicy.strategy` adopt a changed default
+    /// set: `immediate` (next reconcile) or `lazy` (once `acknowledgedRevision` names it).
+    #[arg(long, env = "MULTIGRES_IMAGE_UPDATE_STRATEGY", default_value = "immediate", value_parser = parse_strategy)]
+    image_update_strategy: ImageUpdateStrategy,
+}
+
+impl ImageArgs {
+    fn defaults(self) -> ImageDefaults {
+        ImageDefaults {
+            images: ComponentImages {
+                multigateway: Some(self.image_multigateway),
+                multiorch: Some(self.image_multiorch),
+                multipooler: Some(self.image_multipooler),
+                multiadmin: Some(self.image_multiadmin),
+                multiadmin_web: Some(self.image_multiadmin_web),
+                postgres: Some(self.image_postgres),
+            },
+            strategy: self.image_update_strategy,
+        }
+    }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
+    let images = cli.images.defaults();
     let scope = match cli.watch_namespace.filter(|ns| !ns.is_empty()) {
         Some(namespace) => Scope::Namespace(namespace),
         None => Scope::All,
     };
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
+    tracing::info!(
+        revision = %multigres_api::resolver::images::revision(&images.images),
+        strategy = ?images.strategy,
+        "default image set"
+    );
     runtime
         .run(Some(&cli.leader), |ctx| async move {
-            cluster_handler::run(ctx, scope).await;
+            cluster_handler::run(ctx, scope, images).await;
             Ok::<(), Infallible>(())
         })
         .await?;
@@ -64,5 +119,41 @@ mod tests {
         let cli: Cli =
             cli::try_parse_from(&SPEC, ["cluster-handler", "--watch-namespace=team-a"]).unwrap();
         assert_eq!(cli.watch_namespace.as_deref(), Some("team-a"));
+    }
+
+    #[test]
+    fn default_images_come_from_flags_with_compiled_fallbacks() {
+        let cli: Cli = cli::try_parse_from(&SPEC, ["cluster-handler"]).unwrap();
+        assert_eq!(cli.images.defaults(), ImageDefaults::default());
+        let cli: Cli = cli::try_parse_from(
+            &SPEC,
+            [
+                "cluster-handler",
+                "--image-postgres=registry/pgctld:2",
+                "--image-update-strategy=lazy",
+            ],
+        )
+        .unwrap();
+        let images = cli.images.defaults();
+        assert_eq!(images.strategy, ImageUpdateStrategy::Lazy);
+        assert_eq!(
+            images.images.postgres.unwrap().as_str(),
+            "registry/pgctld:2"
+        );
+        assert_eq!(
+            images.images.multiorch.unwrap().as_str(),
+            defaults::MULTIGRES_IMAGE
+        );
+        assert!(
+            cli::try_parse_from::<Cli, _, _>(
+                &SPEC,
+                ["cluster-handler", "--image-update-strategy=soon"]
+            )
+            .is_err()
+        );
+        assert!(
+            cli::try_parse_from::<Cli, _, _>(&SPEC, ["cluster-handler", "--image-multiorch="])
+                .is_err()
+        );
     }
 }

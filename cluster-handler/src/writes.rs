@@ -164,6 +164,50 @@ impl Writer {
         Ok(())
     }
 
+    /// Sets the annotation `key` of `obj` to `value` (a forced server-side apply of that one
+    /// annotation) and waits until the cache shows it.
+    pub async fn apply_annotation<K>(
+        &self,
+        store: &Store<Guarded<K>>,
+        obj: &K,
+        key: &str,
+        value: &str,
+    ) -> Result<(), ApplyError>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + DeserializeOwned
+            + 'static,
+    {
+        let namespace = obj.namespace().unwrap_or_default();
+        let name = obj.name_any();
+        let kind = K::kind(&()).into_owned();
+        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
+        count(self.controller, &kind, "apply");
+        let body = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": kind,
+            "metadata": { "name": name, "annotations": { key: value } },
+        });
+        api.patch(
+            &name,
+            &apply::apply_params(&self.field_manager),
+            &kube::api::Patch::Apply(body),
+        )
+        .await
+        .map_err(|source| ApplyError::Kube {
+            kind,
+            name: name.clone(),
+            source,
+        })?;
+        settle(store, &name, &namespace, |cached| {
+            cached.is_some_and(|c| c.annotations().get(key).map(String::as_str) == Some(value))
+        })
+        .await;
+        Ok(())
+    }
+
     /// Publishes `event` about the object `reference`; a failure is logged, never fatal.
     pub async fn publish(
         &self,

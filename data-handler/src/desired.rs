@@ -153,7 +153,9 @@ fn backup_spec(backup: &BackupConfig) -> BackupSpec {
             region: s3.region.clone(),
             endpoint: s3.endpoint.clone().unwrap_or_default(),
             key_prefix: s3.key_prefix.clone().unwrap_or_default(),
-            use_env_credentials: s3.use_env_credentials,
+            // Multigres hands pgBackRest the AWS_* variables only when the record says so;
+            // a credentials Secret arrives as exactly those variables.
+            use_env_credentials: s3.use_env_credentials || s3.credentials_secret.is_some(),
         },
         _ => BackupSpec::Filesystem {
             path: backup

@@ -8,6 +8,7 @@ pub mod cell;
 pub mod conditions;
 pub mod contract;
 pub mod controller;
+pub mod env;
 pub mod gauges;
 pub mod multiadmin;
 pub mod names;
@@ -26,6 +27,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher;
+use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{
     Cell, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate, TopoServer,
 };
@@ -38,7 +40,7 @@ use controller::{Base, Scope, Stores, cache, managed, pool_pods, recorder, share
 /// Controllers start only once the caches are filled, and nothing else waits for a cache at
 /// that point: a kube-runtime store wakes only one of several concurrent waiters when it
 /// becomes ready, so waiting here while controllers wait too could leave one of them asleep.
-pub async fn run(handler: HandlerContext, scope: Scope) {
+pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv) {
     sync::describe();
     let client = handler.client.clone();
     let all = watcher::Config::default;
@@ -123,6 +125,7 @@ pub async fn run(handler: HandlerContext, scope: Scope) {
             state: handler.state.clone(),
             recorder: recorder(&client),
             stores,
+            telemetry,
         };
         let topo = toposerver::run(
             base.ctx(toposerver::NAME),

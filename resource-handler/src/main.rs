@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 
 use clap::Parser;
+use multigres_api::observability::InheritedEnv;
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
 use resource_handler::controller::Scope;
@@ -37,10 +38,12 @@ async fn main() -> anyhow::Result<()> {
         Some(namespace) => Scope::Namespace(namespace),
         None => Scope::All,
     };
+    // Read once: the fallback of every cluster's data-plane telemetry.
+    let telemetry = InheritedEnv::from_vars(std::env::vars());
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime
         .run(Some(&cli.leader), |ctx| async move {
-            resource_handler::run(ctx, scope).await;
+            resource_handler::run(ctx, scope, telemetry).await;
             Ok::<(), Infallible>(())
         })
         .await?;

@@ -14,6 +14,7 @@
 //! each other with the rules in [`merge`].
 
 pub mod defaults;
+pub mod images;
 pub mod merge;
 mod pvc;
 

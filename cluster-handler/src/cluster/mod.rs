@@ -3,6 +3,7 @@
 //! aggregates their status into the cluster's.
 
 pub mod build;
+pub mod images;
 pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -106,6 +107,9 @@ pub enum Error {
     /// Writing the cluster's status failed.
     #[error("cannot write the status")]
     Status(#[source] ApplyError),
+    /// The applied-images record cannot be used under the lazy strategy.
+    #[error(transparent)]
+    Images(#[from] images::RecordInvalid),
 }
 
 impl Error {
@@ -119,6 +123,7 @@ impl Error {
                 | Error::MalformedTemplate { .. }
                 | Error::Resolve(_)
                 | Error::Rejected { .. }
+                | Error::Images(_)
         )
     }
 
@@ -133,6 +138,7 @@ impl Error {
             Error::Apply(_) => "ApplyFailed",
             Error::Delete { .. } => "DeleteFailed",
             Error::Status(_) => "StatusFailed",
+            Error::Images(_) => "InvalidImageRecord",
         }
     }
 
@@ -179,6 +185,8 @@ pub struct Context {
     pub state: HandlerState,
     /// Retry delays of clusters failing transiently.
     pub backoff: ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>>,
+    /// The operator's default images and update strategy.
+    pub images: images::ImageDefaults,
 }
 
 /// Reconciles one cluster and records the outcome.
@@ -258,7 +266,12 @@ async fn reconcile_cluster(
     let owner = Owner::of(cluster)?;
     let referenced = resolver::referenced_templates(cluster);
 
-    let result = match realize(cluster, &owner, &referenced, ctx).await {
+    let decision = images::decide(cluster, &ctx.images);
+    let realized = match &decision {
+        Ok(decision) => realize(cluster, decision, &owner, &referenced, ctx).await,
+        Err(invalid) => Err(Error::Images(invalid.clone())),
+    };
+    let result = match realized {
         Err(error) if !error.is_invalid_spec() => return Err(error),
         result => result,
     };
@@ -270,7 +283,21 @@ async fn reconcile_cluster(
         },
     };
     let observed = observe(&ctx.stores, &owner);
-    let computed = status::compute(cluster, &outcome, &observed, referenced, Timestamp::now());
+    let now = Timestamp::now();
+    let mut computed = status::compute(cluster, &outcome, &observed, referenced, now);
+    let current = cluster.status.clone().unwrap_or_default();
+    let decided = decision.as_ref().ok();
+    for field in images::set_status(
+        &mut computed.status,
+        &current,
+        decided,
+        cluster.metadata.generation,
+        now,
+    ) {
+        if !computed.changed.contains(&field) {
+            computed.changed.push(field);
+        }
+    }
     if !computed.changed.is_empty() {
         tracing::info!(changed = ?computed.changed, "writing status");
         ctx.writer
@@ -283,7 +310,12 @@ async fn reconcile_cluster(
         .as_ref()
         .map(|r| r.notices.as_slice())
         .unwrap_or_default();
-    for notice in deletions.iter().chain(&computed.notices) {
+    let image_notices = decided.map(|d| d.notices.as_slice()).unwrap_or_default();
+    for notice in deletions
+        .iter()
+        .chain(&computed.notices)
+        .chain(image_notices)
+    {
         ctx.writer
             .publish(&ctx.recorder, &notice.event("Reconcile"), &reference)
             .await;
@@ -310,14 +342,29 @@ struct Realized {
 /// person to look at.
 async fn realize(
     cluster: &MultigresCluster,
+    decision: &images::Decision,
     owner: &Owner,
     referenced: &ResolvedTemplates,
     ctx: &Context,
 ) -> Result<Realized, Error> {
     let templates = templates(&ctx.stores, &owner.namespace, referenced)?;
-    let resolved = resolver::resolve(cluster, &templates)?;
+    let completed = resolver::images::complete(cluster, &decision.effective);
+    let resolved = resolver::resolve(&completed, &templates)?;
     let children = build::children(owner, &resolved);
     let stores = &ctx.stores;
+    if decision.annotation_changed(cluster) {
+        // Recorded before any child changes, so a restart in between never rolls a held
+        // cluster back or forth.
+        ctx.writer
+            .apply_annotation(
+                &stores.clusters,
+                cluster,
+                resolver::images::APPLIED_IMAGES_ANNOTATION,
+                &decision.annotation,
+            )
+            .await
+            .map_err(Error::from_apply)?;
+    }
     let mut terminating = false;
     for child in &children.topo_servers {
         terminating |= apply_child(&ctx.writer, &stores.topo_servers, child, owner).await?;

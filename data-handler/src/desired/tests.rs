@@ -154,6 +154,37 @@ fn database_record_follows_the_default_table_group() {
 }
 
 #[test]
+fn s3_record_carries_every_field_and_env_credentials_follow_the_secret() {
+    let record = |s3: &str| {
+        let c = cluster(&yaml(&format!(
+            "  backup:\n    type: s3\n    s3: {s3}\n  cells:\n    - {{name: zone-a, zoneId: zone-a}}\n"
+        )));
+        topology_of(&c).unwrap().databases.remove(0).backup
+    };
+    let s3 = |use_env_credentials| BackupSpec::S3 {
+        bucket: "bkt".into(),
+        region: "us-east-1".into(),
+        endpoint: "http://minio:9000".into(),
+        key_prefix: "team/".into(),
+        use_env_credentials,
+    };
+    let base = "bucket: bkt, region: us-east-1, endpoint: 'http://minio:9000', keyPrefix: team/";
+    assert_eq!(
+        record(&format!("{{{base}, credentialsSecret: aws}}")),
+        s3(true)
+    );
+    assert_eq!(
+        record(&format!("{{{base}, useEnvCredentials: true}}")),
+        s3(true)
+    );
+    assert_eq!(
+        record(&format!("{{{base}, serviceAccountName: irsa}}")),
+        s3(false)
+    );
+    assert_eq!(record(&format!("{{{base}}}")), s3(false));
+}
+
+#[test]
 fn pruning_can_be_switched_off() {
     let c = cluster(&yaml(
         "  topologyPruning: {enabled: false}\n  cells:\n    - {name: zone-a, zoneId: zone-a}\n",

@@ -16,6 +16,7 @@ use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Cell, CellStatus};
 use multigres_common::shutdown::Shutdown;
 
@@ -90,7 +91,21 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     }
     let owner = Owner::of(cell)?;
     let ns = owner.namespace.as_str();
-    let objects = build::build(&owner, &cell.spec);
+    let mut objects = build::build(&owner, &cell.spec);
+    crate::env::add_to_cell(
+        &mut objects,
+        crate::env::Source {
+            config: cell.spec.observability.as_ref(),
+            inherited: &ctx.telemetry,
+            cluster: &owner.cluster,
+            project: cell
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(PROJECT_REF_ANNOTATION))
+                .map(String::as_str),
+        },
+    );
     let name = crate::names::multigateway(&owner.name);
     let observed_deployment = ctx
         .stores

@@ -17,7 +17,8 @@ use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::{Api, Resource, ResourceExt};
-use multigres_api::resolver::{ResolveError, Templates, resolve};
+use multigres_api::observability::{PROJECT_REF_ANNOTATION, Process};
+use multigres_api::resolver::{ResolveError, Templates, images, resolve};
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::shutdown::Shutdown;
 
@@ -171,10 +172,29 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     }
     let owner = Owner::with_cluster(cluster, cluster.name_any())?;
     let ns = owner.namespace.as_str();
-    let resolved = resolve(cluster, &templates(&ctx.stores, ns))?;
+    // The images the cluster-handler gave the other components (its adopted default set).
+    let recorded = images::recorded_effective(cluster);
+    let resolved = resolve(
+        &images::complete(cluster, &recorded),
+        &templates(&ctx.stores, ns),
+    )?;
     let internal_tls = cluster.spec.internal_tls.as_ref();
     crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;
     let mut objects = build::build(&owner, &resolved);
+    crate::env::add_to_deployment(
+        &mut objects.deployment,
+        "multiadmin",
+        Process::Multiadmin,
+        crate::env::Source {
+            config: cluster.spec.observability.as_ref(),
+            inherited: &ctx.telemetry,
+            cluster: &owner.cluster,
+            project: cluster
+                .annotations()
+                .get(PROJECT_REF_ANNOTATION)
+                .map(String::as_str),
+        },
+    );
     if crate::tls::enabled(internal_tls) {
         let process = crate::tls::Process::Multiadmin;
         let deployment = &mut objects.deployment;
