@@ -6,3 +6,5 @@
 
 #[path = "parity/warnings.rs"]
 mod warnings;
+#[path = "parity/external_endpoints.rs"]
+mod external_endpoints;

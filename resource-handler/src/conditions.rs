@@ -13,6 +13,10 @@ pub use multigres_common::conditions::{FALSE, TRUE};
 
 /// The workload serves: every replica is ready at the current generation.
 pub const AVAILABLE: &str = "Available";
+/// MultigresCluster: the external gateway endpoint exists and gateways behind it are ready.
+pub const GATEWAY_EXTERNAL_READY: &str = "GatewayExternalReady";
+/// MultigresCluster: the external admin web endpoint exists and multiadmin-web is ready.
+pub const ADMIN_WEB_EXTERNAL_READY: &str = "AdminWebExternalReady";
 
 /// A condition as a reconcile computes it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,5 +1,6 @@
-//! The resource-handler: turns TopoServer, Cell, Shard and each MultigresCluster's multiadmin
-//! into Kubernetes workloads that run Multigres as Multigres expects (etcd StatefulSets,
+//! The resource-handler: turns TopoServer, Cell, Shard and each MultigresCluster's multiadmin,
+//! multiadmin-web and (externally exposable) cluster-wide gateway Service into Kubernetes
+//! workloads that run Multigres as Multigres expects (etcd StatefulSets,
 //! multigateway and multiorch Deployments, PostgreSQL pool StatefulSets, Services and
 //! PodDisruptionBudgets), restarts pool pods in a safe order, grows volumes, and reports
 //! readiness on the custom resources' status.

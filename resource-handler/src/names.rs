@@ -39,6 +39,17 @@ pub fn multiadmin(cluster: &str) -> String {
     join(&[cluster, "multiadmin"], MAX_DNS_LABEL)
 }
 
+/// The multiadmin-web Deployment and Service of a cluster.
+pub fn multiadmin_web(cluster: &str) -> String {
+    join(&[cluster, "multiadmin-web"], MAX_DNS_LABEL)
+}
+
+/// The cluster-wide multigateway Service in front of every cell's gateways: the one address
+/// clients (and `externalGateway`) use.
+pub fn cluster_multigateway(cluster: &str) -> String {
+    join(&[cluster, "multigateway"], MAX_DNS_LABEL)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,6 +68,8 @@ mod tests {
             "prod-postgres-default-0-inf-multiorch-zone-a"
         );
         assert_eq!(multiadmin("prod"), "prod-multiadmin");
+        assert_eq!(multiadmin_web("prod"), "prod-multiadmin-web");
+        assert_eq!(cluster_multigateway("prod"), "prod-multigateway");
     }
 
     #[test]

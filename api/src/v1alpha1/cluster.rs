@@ -540,8 +540,8 @@ pub struct ShardInlineSpec {
     pub pvc_deletion_policy: Option<PvcDeletionPolicy>,
 }
 
-/// External exposure of a global Service (multigateway or multiadmin-web). The Service stays
-/// ClusterIP; reachability comes from the external IPs and the platform's networking.
+/// External exposure of a global Service (multigateway or multiadmin-web). Enabled, the
+/// Service becomes a LoadBalancer with these external IPs and annotations; disabled, ClusterIP.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = rules::no_reserved_annotations())]

@@ -1,9 +1,12 @@
-//! MultigresCluster controller of this handler: runs the cluster's multiadmin. The cluster is
-//! resolved here with the templates of its namespace, exactly as the cluster-handler resolves
-//! it, so multiadmin follows the same images and the same global topology as every other
-//! component.
+//! MultigresCluster controller of this handler: runs the cluster's multiadmin and
+//! multiadmin-web, the cluster-wide multigateway Service, their external exposure, and reports
+//! the external endpoints on the cluster's status. The cluster is resolved here with the
+//! templates of its namespace, exactly as the cluster-handler resolves it, so these follow the
+//! same images and the same global topology as every other component.
 
 pub mod build;
+pub mod external;
+pub mod web;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -11,20 +14,26 @@ use std::sync::Arc;
 use futures::Future;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::jiff::Timestamp;
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::{Api, Resource, ResourceExt};
+use multigres_api::labels::{CLUSTER, COMPONENT, Component};
 use multigres_api::observability::{PROJECT_REF_ANNOTATION, Process};
-use multigres_api::resolver::{ResolveError, Templates, images, resolve};
+use multigres_api::resolver::{ResolveError, Templates, defaults, images, resolve};
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
+use multigres_common::apply::apply_status;
 use multigres_common::shutdown::Shutdown;
 
+use crate::conditions::Cond;
 use crate::controller::{Classify, Ctx, Stores, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
-use crate::sync::{self, SyncError};
+use crate::sync::{self, FIELD_MANAGER, SyncError};
+use external::{Exposed, InvalidExposure};
 
 /// Controller name in metrics and HandlerInfo.
 pub const NAME: &str = "multiadmin";
@@ -43,6 +52,9 @@ pub enum Error {
     /// The cluster cannot be resolved (e.g. a named template does not exist).
     #[error(transparent)]
     Resolve(#[from] ResolveError),
+    /// `externalGateway` or `externalAdminWeb` asks for something a Service cannot carry.
+    #[error(transparent)]
+    Exposure(#[from] InvalidExposure),
     /// Internal TLS certificates could not be issued or stored.
     #[error("internal TLS")]
     Tls(#[from] crate::tls::TlsError),
@@ -73,9 +85,10 @@ impl Classify for Error {
 pub struct Triggers {
     /// The clusters themselves.
     pub clusters: ReflectHandle<Guard>,
-    /// Owned multiadmin Deployments.
+    /// Owned multiadmin and multiadmin-web Deployments, and every cell's multigateway
+    /// Deployment (their readiness is the external gateway's).
     pub deployments: ReflectHandle<Deployment>,
-    /// Owned multiadmin Services.
+    /// Owned Services (their load-balancer status is the external endpoints').
     pub services: ReflectHandle<Service>,
     /// Owned internal TLS Secrets (a deleted one is issued again).
     pub secrets: ReflectHandle<Secret>,
@@ -103,6 +116,25 @@ fn clusters_in_namespace_of<T: Resource>(
     }
 }
 
+/// The cluster a Deployment matters to: its controller when that is a MultigresCluster, or
+/// the cluster of a multigateway Deployment (owned by a Cell).
+fn cluster_of_deployment(deployment: Arc<Deployment>) -> Option<ObjectRef<Guard>> {
+    let namespace = deployment.namespace()?;
+    let owner = deployment
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "MultigresCluster")
+        .map(|o| o.name.clone());
+    let labels = deployment.labels();
+    let gateway_of = || {
+        (labels.get(COMPONENT).map(String::as_str) == Some(Component::Multigateway.as_str()))
+            .then(|| labels.get(CLUSTER).cloned())
+            .flatten()
+    };
+    let cluster = owner.or_else(gateway_of)?;
+    Some(ObjectRef::new(&cluster).within(&namespace))
+}
+
 /// The controller, ready to be polled until shutdown.
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
@@ -112,7 +144,7 @@ pub fn run(
     let clusters = ctx.stores.clusters.clone();
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
     let results = Controller::for_shared_stream(triggers.clusters, clusters.clone())
-        .owns_shared_stream(triggers.deployments)
+        .watches_shared_stream(triggers.deployments, cluster_of_deployment)
         .owns_shared_stream(triggers.services)
         .owns_shared_stream(triggers.secrets)
         .watches_shared_stream(triggers.core_templates, clusters_in_namespace_of(&clusters))
@@ -170,6 +202,8 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     if cluster.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
+    external::validate(Exposed::Gateway, cluster)?;
+    external::validate(Exposed::AdminWeb, cluster)?;
     let owner = Owner::with_cluster(cluster, cluster.name_any())?;
     let ns = owner.namespace.as_str();
     // The images the cluster-handler gave the other components (its adopted default set).
@@ -180,9 +214,9 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     )?;
     let internal_tls = cluster.spec.internal_tls.as_ref();
     crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;
-    let mut objects = build::build(&owner, &resolved);
+    let mut admin = build::build(&owner, &resolved);
     crate::env::add_to_deployment(
-        &mut objects.deployment,
+        &mut admin.deployment,
         "multiadmin",
         Process::Multiadmin,
         crate::env::Source {
@@ -197,35 +231,142 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     );
     if crate::tls::enabled(internal_tls) {
         let process = crate::tls::Process::Multiadmin;
-        let deployment = &mut objects.deployment;
+        let deployment = &mut admin.deployment;
         crate::tls::mount_internal_deployment(deployment, process, &owner.cluster, ns);
     }
-    let name = objects.deployment.name_any();
+    let superuser = cluster
+        .spec
+        .postgres_superuser
+        .as_deref()
+        .unwrap_or(defaults::POSTGRES_SUPERUSER);
+    let web = web::build(
+        &owner,
+        &resolved,
+        superuser,
+        &cluster.spec.postgres_password_secret_ref,
+    );
+    let mut web_service = web.service;
+    external::expose(&mut web_service, Exposed::AdminWeb.enabled(cluster));
+    let mut gateway_service = external::gateway_service(&owner);
+    external::expose(&mut gateway_service, Exposed::Gateway.enabled(cluster));
+
+    let names = Names::of(&owner.cluster);
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
-    sync::ensure(NAME, &services, &ctx.stores.services, objects.service).await?;
-    sync::ensure(
-        NAME,
-        &deployments,
-        &ctx.stores.deployments,
-        objects.deployment,
-    )
-    .await?;
-    let keep = BTreeSet::from([name]);
+    for service in [admin.service, web_service, gateway_service] {
+        sync::ensure(NAME, &services, &ctx.stores.services, service).await?;
+    }
+    for deployment in [admin.deployment, web.deployment] {
+        sync::ensure(NAME, &deployments, &ctx.stores.deployments, deployment).await?;
+    }
     let uid = owner.uid();
+    let keep_services = BTreeSet::from([
+        names.multiadmin.clone(),
+        names.web.clone(),
+        names.gateway.clone(),
+    ]);
     sync::prune(
         NAME,
         &services,
         &owned(&ctx.stores.services, ns, uid),
-        &keep,
+        &keep_services,
     )
     .await?;
+    let keep_deployments = BTreeSet::from([names.multiadmin.clone(), names.web.clone()]);
     sync::prune(
         NAME,
         &deployments,
         &owned(&ctx.stores.deployments, ns, uid),
-        &keep,
+        &keep_deployments,
     )
     .await?;
+
+    let service = |name: &str| ctx.stores.services.get(&ObjectRef::new(name).within(ns));
+    let gateway_service = service(&names.gateway);
+    let web_service = service(&names.web);
+    let web_ready = ctx
+        .stores
+        .deployments
+        .get(&ObjectRef::new(&names.web).within(ns))
+        .and_then(|d| d.status.as_ref().and_then(|s| s.ready_replicas))
+        .unwrap_or(0);
+    let (desired, transitions) = external::status(
+        cluster,
+        external::Observed {
+            service: gateway_service.as_deref(),
+            ready_pods: ready_gateways(&ctx.stores.deployments, ns, &owner.cluster),
+        },
+        external::Observed {
+            service: web_service.as_deref(),
+            ready_pods: web_ready,
+        },
+        Timestamp::now(),
+    );
+    if external::differs(cluster, &desired) {
+        let api = Api::<MultigresCluster>::namespaced(ctx.client.clone(), ns);
+        sync::count(NAME, "MultigresCluster", "apply-status");
+        apply_status(&api, FIELD_MANAGER, &owner.name, &desired)
+            .await
+            .map_err(SyncError::from)?;
+        for cond in transitions {
+            report(ctx, guard, &cond).await;
+        }
+    }
     Ok(Action::await_change())
+}
+
+/// Names of the cluster-wide objects this controller keeps.
+struct Names {
+    multiadmin: String,
+    web: String,
+    gateway: String,
+}
+
+impl Names {
+    fn of(cluster: &str) -> Self {
+        Self {
+            multiadmin: crate::names::multiadmin(cluster),
+            web: crate::names::multiadmin_web(cluster),
+            gateway: crate::names::cluster_multigateway(cluster),
+        }
+    }
+}
+
+/// Ready multigateway pods of every cell of `cluster`: what the cluster-wide Service reaches.
+fn ready_gateways(store: &Store<Deployment>, namespace: &str, cluster: &str) -> i32 {
+    store
+        .state()
+        .iter()
+        .filter(|d| d.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|d| {
+            let labels = d.labels();
+            labels.get(CLUSTER).map(String::as_str) == Some(cluster)
+                && labels.get(COMPONENT).map(String::as_str)
+                    == Some(Component::Multigateway.as_str())
+        })
+        .map(|d| {
+            d.status
+                .as_ref()
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// An event for an external condition that changed reason, saying what it means (and, while
+/// no endpoint exists, what to do).
+async fn report(ctx: &Ctx<Guard>, guard: &Guard, cond: &Cond) {
+    let type_ =
+        if cond.reason == external::ENDPOINT_READY || cond.reason == external::AWAITING_ENDPOINT {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+    ctx.event(
+        guard,
+        type_,
+        cond.reason,
+        format!("{}: {}", cond.type_, cond.message),
+    )
+    .await;
 }
