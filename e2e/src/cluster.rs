@@ -160,6 +160,9 @@ pub struct LocalCluster {
     kubeconfig: PathBuf,
     config: Config,
     components: Vec<Supervised>,
+    /// kube-apiservers started by [`LocalCluster::restart_apiserver`], newest last; the newest
+    /// replaces the one in `components`.
+    restarted_apiservers: Mutex<Vec<Supervised>>,
     node_names: Vec<String>,
     startup: Duration,
 }
@@ -214,6 +217,7 @@ impl LocalCluster {
             kubeconfig,
             config,
             components: Vec::new(),
+            restarted_apiservers: Mutex::new(Vec::new()),
             node_names: opts
                 .zones
                 .iter()
@@ -773,6 +777,64 @@ impl LocalCluster {
         Ok(path)
     }
 
+    /// Stops kube-apiserver (SIGTERM, as a rolling restart or a node reboot would), leaves it
+    /// down for `down`, then starts it again with the same flags, port and etcd, and returns
+    /// once `/readyz` answers `ok`. Clients keep working afterwards; their open watches break,
+    /// which is the point: handlers must notice and re-establish them on their own.
+    pub async fn restart_apiserver(&self, down: Duration) -> Result<(), ClusterError> {
+        let original = self
+            .components
+            .iter()
+            .find(|c| c.name() == "kube-apiserver")
+            .expect("kube-apiserver is started with the cluster");
+        let generation = {
+            let restarted = self
+                .restarted_apiservers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            restarted.last().unwrap_or(original).stop(STOP_GRACE);
+            restarted.len() + 1
+        };
+        tokio::time::sleep(down).await;
+        let log = self
+            .dir
+            .join("logs")
+            .join(format!("kube-apiserver.{generation}.log"));
+        let process = Supervised::spawn(
+            "kube-apiserver",
+            &toolchain::binary("kube-apiserver")?,
+            original.args(),
+            &[("NO_PROXY", NO_PROXY), ("no_proxy", NO_PROXY)],
+            &log,
+        )?;
+        let pid = process.pid();
+        self.restarted_apiservers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(process);
+        let client = self.client()?;
+        let timeout = Duration::from_secs(90);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .expect("static request");
+            match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => break,
+                _ if Instant::now() >= deadline => {
+                    return Err(ClusterError::Timeout {
+                        what: "the restarted kube-apiserver's /readyz".to_owned(),
+                        waited: timeout,
+                        logs: crate::process::tail(&log, LOG_TAIL_LINES),
+                    });
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        tracing::info!(pid, "kube-apiserver restarted");
+        Ok(())
+    }
+
     /// Stops every component (SIGTERM in reverse start order, SIGKILL after a grace period) and
     /// removes the temp dir.
     pub fn stop(self) {
@@ -784,7 +846,11 @@ impl LocalCluster {
             return;
         }
         let began = Instant::now();
-        for component in self.components.iter().rev() {
+        let restarted = self
+            .restarted_apiservers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for component in restarted.iter().rev().chain(self.components.iter().rev()) {
             component.stop(STOP_GRACE);
         }
         drop(
