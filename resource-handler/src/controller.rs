@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
@@ -147,7 +149,7 @@ pub fn managed() -> watcher::Config {
 }
 
 /// Kinds reported as synced (HandlerInfo) once their caches are filled.
-pub const WATCHED_KINDS: [&str; 14] = [
+pub const WATCHED_KINDS: [&str; 15] = [
     "TopoServer",
     "Cell",
     "Shard",
@@ -162,6 +164,7 @@ pub const WATCHED_KINDS: [&str; 14] = [
     "PersistentVolumeClaim",
     "Pod",
     "Secret",
+    "ConfigMap",
 ];
 
 /// The caches every reconciler reads children from.
@@ -181,6 +184,8 @@ pub struct Stores {
     pub pods: Store<Pod>,
     /// TLS Secrets this operator issued (labelled; users' Secrets are read directly).
     pub secrets: Store<Secret>,
+    /// Rendered postgresql.conf ConfigMaps (labelled; referenced ones are read directly).
+    pub config_maps: Store<ConfigMap>,
     /// Clusters (multiadmin, pull settings of etcd pods).
     pub clusters: Store<DeserializeGuard<MultigresCluster>>,
     /// Templates the resolver reads for multiadmin.
@@ -201,6 +206,7 @@ impl Stores {
         filled(&self.pvcs).await?;
         filled(&self.pods).await?;
         filled(&self.secrets).await?;
+        filled(&self.config_maps).await?;
         filled(&self.clusters).await?;
         filled(&self.core_templates).await?;
         filled(&self.cell_templates).await?;

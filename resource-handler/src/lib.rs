@@ -24,7 +24,7 @@ pub mod tls;
 pub mod toposerver;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher;
@@ -68,6 +68,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     let (pods, pod_watch) = share::<Pod>(&client, &scope, pool_pods());
     let (pvcs, pvc_watch) = cache::<PersistentVolumeClaim>(&client, &scope, managed());
     let (secrets, secret_watch) = share::<Secret>(&client, &scope, managed());
+    let (config_maps, config_map_watch) = share::<ConfigMap>(&client, &scope, managed());
     let watches = [
         tokio::spawn(topo_watch),
         tokio::spawn(cells_watch),
@@ -83,6 +84,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         tokio::spawn(pod_watch),
         tokio::spawn(pvc_watch),
         tokio::spawn(secret_watch),
+        tokio::spawn(config_map_watch),
     ];
     let stores = Stores {
         statefulsets: statefulsets.store.clone(),
@@ -92,6 +94,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         pvcs,
         pods: pods.store.clone(),
         secrets: secrets.store.clone(),
+        config_maps: config_maps.store.clone(),
         clusters: clusters.store.clone(),
         core_templates: core_templates.store.clone(),
         cell_templates: cell_templates.store.clone(),
@@ -154,6 +157,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
                 pdbs: pdbs.handle,
                 pods: pods.handle,
                 secrets: secrets.handle.clone(),
+                config_maps: config_maps.handle,
             },
             shutdown,
         );

@@ -34,6 +34,11 @@ pub fn backup_pvc(shard: &str) -> String {
     join(&[shard, "backup"], MAX_DNS_LABEL)
 }
 
+/// The ConfigMap holding a shard's rendered postgresql.conf.
+pub fn postgres_config(shard: &str) -> String {
+    join(&[shard, "postgres-config"], MAX_DNS_LABEL)
+}
+
 /// The multiadmin Deployment and Service of a cluster.
 pub fn multiadmin(cluster: &str) -> String {
     join(&[cluster, "multiadmin"], MAX_DNS_LABEL)
@@ -68,6 +73,10 @@ mod tests {
             "prod-postgres-default-0-inf-multiorch-zone-a"
         );
         assert_eq!(multiadmin("prod"), "prod-multiadmin");
+        assert_eq!(
+            postgres_config("prod-postgres-default-0-inf"),
+            "prod-postgres-default-0-inf-postgres-config"
+        );
         assert_eq!(multiadmin_web("prod"), "prod-multiadmin-web");
         assert_eq!(cluster_multigateway("prod"), "prod-multigateway");
     }

@@ -181,8 +181,26 @@ async fn operator_managed_postgres_parameters_are_refused() {
     assert_eq!(
         message(&response),
         format!(
-            "{SHARD}.spec.postgresConfig[port]: parameter \"port\" cannot be set: it is pinned \
-             by the operator on the pgctld command line"
+            "{SHARD}.spec.postgresConfig[port]: managed by the operator and cannot be set: \
+             pgctld sets it on its command line"
+        )
+    );
+}
+
+#[tokio::test]
+async fn unknown_postgres_parameters_and_mistyped_values_are_refused() {
+    let response = review(
+        VALIDATE_CLUSTER,
+        "cluster-create-unknown-postgres-parameter",
+    )
+    .await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        message(&response),
+        format!(
+            "2 problems: {SHARD}.spec.postgresConfig[shared_bufers]: unknown PostgreSQL 17 \
+             parameter; did you mean `shared_buffers`?; {SHARD}.spec.postgresConfig[work_mem]: \
+             expects an integer, optionally with a unit such as 64MB or 10s, got \"lots\""
         )
     );
 }

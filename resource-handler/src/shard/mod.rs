@@ -3,6 +3,7 @@
 //! rollout progress (the data-handler publishes pod roles and backup health next to them).
 
 pub mod build;
+pub mod pgconfig;
 pub mod rollout;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,7 +11,9 @@ use std::sync::Arc;
 
 use futures::Future;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Preconditions};
@@ -65,6 +68,9 @@ pub enum Error {
     /// The pgBackRest TLS Secrets could not be issued, stored or read.
     #[error("pgBackRest TLS")]
     Tls(#[from] crate::tls::PgBackRestError),
+    /// The postgresql.conf cannot be rendered, or its referenced ConfigMap read.
+    #[error(transparent)]
+    PostgresConfig(#[from] pgconfig::ConfigError),
     /// Deleting a pod for its restart failed.
     #[error("restarting pod {pod}")]
     Restart {
@@ -76,10 +82,11 @@ pub enum Error {
 
 impl Classify for Error {
     fn is_invalid_spec(&self) -> bool {
-        matches!(
-            self,
-            Error::Malformed(_) | Error::Owner(_) | Error::InvalidSpec(_)
-        )
+        match self {
+            Error::Malformed(_) | Error::Owner(_) | Error::InvalidSpec(_) => true,
+            Error::PostgresConfig(e) => e.is_invalid_spec(),
+            _ => false,
+        }
     }
 
     fn category(&self) -> &'static str {
@@ -105,6 +112,8 @@ pub struct Triggers {
     pub pods: ReflectHandle<Pod>,
     /// Owned pgBackRest TLS Secrets (a deleted one is issued again).
     pub secrets: ReflectHandle<Secret>,
+    /// Owned postgresql.conf ConfigMaps (a deleted or edited one is written again).
+    pub config_maps: ReflectHandle<ConfigMap>,
 }
 
 /// Whether `pod` (by its labels) belongs to `shard`.
@@ -127,6 +136,12 @@ pub fn run(
 ) -> impl Future<Output = ()> + Send + 'static {
     let controller = Controller::for_shared_stream(shards.handle, shards.store.clone());
     let shards = shards.store;
+    // A referenced postgresql.conf ConfigMap belongs to the user: map it by name.
+    let referenced = pgconfig::reference_changes(&ctx.client, &ctx.scope);
+    let referencing = {
+        let shards = shards.clone();
+        move |config_map| pgconfig::referencing(&shards, &config_map)
+    };
     // Pool pods belong to StatefulSets, not to the Shard: map them by their labels, so
     // readiness and role changes reach the ordered restart at once.
     let by_labels = move |pod: Arc<Pod>| {
@@ -144,6 +159,8 @@ pub fn run(
         .owns_shared_stream(triggers.services)
         .owns_shared_stream(triggers.pdbs)
         .owns_shared_stream(triggers.secrets)
+        .owns_shared_stream(triggers.config_maps)
+        .watches_stream(referenced, referencing)
         .watches_shared_stream(triggers.pods, by_labels)
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
@@ -224,7 +241,11 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
                 problem: Some(&problem),
                 ..Report::default()
             };
-            let desired = status(shard, &report, Timestamp::now());
+            let mut desired = status(shard, &report, Timestamp::now());
+            desired.postgres_config = shard
+                .status
+                .as_ref()
+                .and_then(|s| s.postgres_config.clone());
             sync::ensure_status(NAME, &api, shard, &desired, shard.status.as_ref()).await?;
             return Err(Error::InvalidSpec(problem));
         }
@@ -241,6 +262,27 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
                 .map(String::as_str),
         },
     );
+    let pg_status = shard
+        .status
+        .as_ref()
+        .and_then(|s| s.postgres_config.as_ref());
+    let pg_config = match pgconfig::desired(&ctx.client, &owner, shard, &mut objects).await {
+        Ok(desired) => desired,
+        Err(error) => {
+            if error.is_invalid_spec() {
+                let problem = error.to_string();
+                let report = Report {
+                    problem: Some(&problem),
+                    ..Report::default()
+                };
+                let mut desired = status(shard, &report, Timestamp::now());
+                desired.postgres_config = Some(pgconfig::failed(pg_status, &error));
+                sync::ensure_status(NAME, &api, shard, &desired, shard.status.as_ref()).await?;
+            }
+            return Err(error.into());
+        }
+    };
+    pgconfig::apply(ctx, guard, &pg_config).await?;
     let observed_conditions = shard.status.as_ref().map(|s| s.conditions.as_slice());
     let tls = crate::tls::reconcile_pgbackrest(ctx, guard, &owner, &shard.spec).await?;
     crate::tls::warn_if_new(ctx, guard, observed_conditions, tls.as_ref()).await;
@@ -265,7 +307,20 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         pgbackrest_tls: tls.clone(),
         problem: None,
     };
-    let desired = status(shard, &report, Timestamp::now());
+    let now = Timestamp::now();
+    let mut desired = status(shard, &report, now);
+    let pods = ctx
+        .stores
+        .pods
+        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && pod_of(pod, shard));
+    let pods = pods.iter().map(|p| &**p);
+    desired.postgres_config = Some(pgconfig::progress(
+        pg_status,
+        &pg_config.1,
+        &objects,
+        pods,
+        now,
+    ));
     sync::ensure_status(NAME, &api, shard, &desired, shard.status.as_ref()).await?;
     Ok(match step {
         // A user's Secret that is missing or incomplete is looked at again (it is not watched).

@@ -312,10 +312,10 @@ fn written(findings: &mut Findings, spec: &MultigresClusterSpec) {
                     .and_then(|m| m.stateless.resources.as_ref()),
             );
             pools_block(findings, &base, &inline.pools);
-            super::postgres_config(
+            super::postgres::postgres_config(
                 findings,
                 &format!("{base}.postgresConfig"),
-                inline.postgres_config.keys(),
+                &inline.postgres_config,
             );
             super::pvc_policy_warning(
                 findings,
@@ -334,10 +334,10 @@ fn written(findings: &mut Findings, spec: &MultigresClusterSpec) {
                     .and_then(|m| m.stateless.resources.as_ref()),
             );
             pools_block(findings, &base, &overrides.pools);
-            super::postgres_config(
+            super::postgres::postgres_config(
                 findings,
                 &format!("{base}.postgresConfig"),
-                overrides.postgres_config.keys(),
+                &overrides.postgres_config,
             );
         }
     }

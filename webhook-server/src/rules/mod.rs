@@ -9,6 +9,7 @@
 
 pub mod children;
 pub mod cluster;
+pub mod postgres;
 pub mod templates;
 pub mod unimplemented;
 
@@ -29,35 +30,6 @@ pub use multigres_api::resolver::{TemplateKind, Templates};
 const DEFAULT_BUFFER_WINDOW: Duration = Duration::from_secs(10);
 /// multigateway's `--buffer-max-failover-duration` when unset.
 const DEFAULT_BUFFER_MAX_FAILOVER: Duration = Duration::from_secs(20);
-
-/// PostgreSQL parameters the operator sets itself, with why; users cannot override them.
-const MANAGED_POSTGRES_PARAMETERS: &[(&str, &str)] = &[
-    ("port", "pinned by the operator on the pgctld command line"),
-    (
-        "listen_addresses",
-        "pinned by the operator on the pgctld command line",
-    ),
-    (
-        "unix_socket_directories",
-        "pinned by the operator on the pgctld command line",
-    ),
-    (
-        "data_directory",
-        "pinned by the operator on the pgctld command line",
-    ),
-    (
-        "hba_file",
-        "pinned by the operator on the pgctld command line",
-    ),
-    (
-        "ident_file",
-        "pinned by the operator on the pgctld command line",
-    ),
-    (
-        "wal_level",
-        "managed by the operator: Multigres requires wal_level=logical",
-    ),
-];
 
 /// Checks every quantity of a resource block and that no limit is below its request.
 pub fn resources(findings: &mut Findings, path: &str, resources: Option<&ResourceRequirements>) {
@@ -131,27 +103,6 @@ pub fn no_shrink(findings: &mut Findings, path: &str, what: &str, old: &str, new
                  never shrink; keep at least {old}"
             ),
         );
-    }
-}
-
-/// Refuses parameters the operator manages; names compare case-insensitively, as PostgreSQL
-/// does.
-pub fn postgres_config<'a>(
-    findings: &mut Findings,
-    path: &str,
-    config: impl IntoIterator<Item = &'a String>,
-) {
-    for name in config {
-        let lower = name.to_ascii_lowercase();
-        if let Some((_, why)) = MANAGED_POSTGRES_PARAMETERS
-            .iter()
-            .find(|(managed, _)| *managed == lower)
-        {
-            findings.violation(
-                format!("{path}[{name}]"),
-                format!("parameter {name:?} cannot be set: it is {why}"),
-            );
-        }
     }
 }
 
@@ -396,29 +347,6 @@ mod tests {
                 .starts_with("pool cannot shrink from 10Gi to 9Gi"),
             "{f:?}"
         );
-    }
-
-    #[test]
-    fn managed_postgres_parameters_are_refused() {
-        let mut f = Findings::default();
-        let config: BTreeMap<String, String> = [
-            ("Port", "5433"),
-            ("work_mem", "4MB"),
-            ("wal_level", "replica"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        postgres_config(&mut f, "spec.postgresConfig", config.keys());
-        let fields: Vec<_> = f.violations.iter().map(|v| v.field.as_str()).collect();
-        assert_eq!(
-            fields,
-            [
-                "spec.postgresConfig[Port]",
-                "spec.postgresConfig[wal_level]"
-            ]
-        );
-        assert!(f.violations[1].message.contains("wal_level=logical"));
     }
 
     fn settings(window: Option<&str>, max: Option<&str>) -> BufferSettings {

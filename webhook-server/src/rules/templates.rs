@@ -128,7 +128,7 @@ fn shard(findings: &mut Findings, spec: &ShardTemplateSpec) {
             uid("multipooler", &pool.multipooler),
         );
     }
-    super::postgres_config(findings, "spec.postgresConfig", spec.postgres_config.keys());
+    super::postgres::postgres_config(findings, "spec.postgresConfig", &spec.postgres_config);
     super::pvc_policy_warning(
         findings,
         "spec.pvcDeletionPolicy",

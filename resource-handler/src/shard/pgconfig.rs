@@ -1,0 +1,341 @@
+//! A shard's postgresql.conf: rendered (from the operator's defaults, the pools' sizes, the
+//! `postgresConfigRef` ConfigMap and `postgresConfig`) into the ConfigMap
+//! `<shard>-postgres-config`, mounted into pgctld, which hands it to PostgreSQL.
+//!
+//! A change of a setting PostgreSQL reads only at start changes the fingerprint stamped on the
+//! pool pod template, so the ordered restart (replicas first, the primary last) applies it. A
+//! change of only reload-class settings changes the file and its reload fingerprint, never the
+//! pod template: no pod restarts.
+
+use std::collections::BTreeMap;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, ConfigMapVolumeSource, Pod, Volume};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use multigres_api::labels::{self, Component, Placement};
+use multigres_api::postgres::{RenderError, Rendered, render_shard};
+use multigres_api::v1alpha1::{PostgresConfigRef, PostgresConfigStatus, Shard};
+
+use super::Guard;
+use super::build::ShardObjects;
+use crate::controller::{Ctx, Scope};
+use crate::owner::Owner;
+use crate::podspec::{env, mount};
+use crate::sync::{self, SyncError};
+
+/// Key of the file in the ConfigMap.
+pub const CONFIG_KEY: &str = "postgresql.conf";
+/// Where pgctld finds the ConfigMap's files.
+pub const CONFIG_DIR: &str = "/etc/pgctld/postgres-config";
+/// Pod template (and ConfigMap) annotation: fingerprint of the restart-class settings. Part of
+/// the template, so a change restarts the pods in order.
+pub const CONFIG_HASH: &str = "multigres.com/postgres-config-hash";
+/// ConfigMap annotation: fingerprint of the reload-class settings, also written into the file
+/// as `multigres.config_reload_marker`. Never on the pod template.
+pub const RELOAD_HASH: &str = "multigres.com/postgres-reload-hash";
+/// pgctld's variable naming the extra configuration file PostgreSQL includes.
+const EXTRA_CONF_ENV: &str = "POSTGRES_INITDB_EXTRA_CONF";
+const VOLUME: &str = "postgres-config";
+/// The pgctld container of a pool pod (a native sidecar, so an init container).
+const PGCTLD_CONTAINER: &str = "postgres";
+
+/// Why a shard's postgresql.conf cannot be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The referenced ConfigMap does not exist.
+    #[error(
+        "postgresConfigRef: ConfigMap {name:?} not found in namespace {namespace:?}; create it \
+         with key {key:?} or remove postgresConfigRef"
+    )]
+    MissingConfigMap {
+        name: String,
+        key: String,
+        namespace: String,
+    },
+    /// The referenced ConfigMap lacks the key.
+    #[error(
+        "postgresConfigRef: ConfigMap {name:?} has no key {key:?} (it has: {})",
+        if keys.is_empty() { "none".to_owned() } else { keys.join(", ") }
+    )]
+    MissingKey {
+        name: String,
+        key: String,
+        keys: Vec<String>,
+    },
+    /// The settings cannot be rendered (refused parameters, malformed referenced content).
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// Reading the referenced ConfigMap failed.
+    #[error("reading the postgresConfigRef ConfigMap {name:?}")]
+    Read {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ConfigError {
+    /// Whether only a change (of the spec or of the referenced ConfigMap) can fix it.
+    pub fn is_invalid_spec(&self) -> bool {
+        !matches!(self, ConfigError::Read { .. })
+    }
+}
+
+/// The configured content of the referenced ConfigMap `found` (as read), or why there is none.
+pub fn referenced_content(
+    reference: &PostgresConfigRef,
+    namespace: &str,
+    found: Option<&ConfigMap>,
+) -> Result<String, ConfigError> {
+    let Some(config_map) = found else {
+        return Err(ConfigError::MissingConfigMap {
+            name: reference.name.clone(),
+            key: reference.key.clone(),
+            namespace: namespace.to_owned(),
+        });
+    };
+    let data = config_map.data.clone().unwrap_or_default();
+    data.get(&reference.key)
+        .cloned()
+        .ok_or_else(|| ConfigError::MissingKey {
+            name: reference.name.clone(),
+            key: reference.key.clone(),
+            keys: data.keys().cloned().collect(),
+        })
+}
+
+/// The ConfigMap holding the rendered file, owned by the Shard.
+pub fn config_map(owner: &Owner, shard: &Shard, rendered: &Rendered) -> ConfigMap {
+    let spec = &shard.spec;
+    let at = Placement {
+        cell: None,
+        database: Some(spec.database_name.as_str()),
+        table_group: Some(spec.table_group_name.as_str()),
+        shard: Some(spec.shard_name.as_str()),
+        pool: None,
+    };
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(crate::names::postgres_config(&owner.name)),
+            namespace: Some(owner.namespace.clone()),
+            labels: Some(labels::labels(&owner.cluster, Component::Shard, &at)),
+            annotations: Some(BTreeMap::from([
+                (CONFIG_HASH.to_owned(), rendered.split.restart_hash.clone()),
+                (RELOAD_HASH.to_owned(), rendered.split.reload_hash.clone()),
+            ])),
+            owner_references: Some(vec![owner.reference.clone()]),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            CONFIG_KEY.to_owned(),
+            rendered.text.clone(),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// Mounts the ConfigMap into pgctld of every pool pod, points pgctld at the file, and stamps
+/// the restart fingerprint on the pod template.
+pub fn mount_into(objects: &mut ShardObjects, config_map: &str, rendered: &Rendered) {
+    for pool in &mut objects.pools {
+        let Some(template) = pool.statefulset.spec.as_mut().map(|s| &mut s.template) else {
+            continue;
+        };
+        template
+            .metadata
+            .get_or_insert_default()
+            .annotations
+            .get_or_insert_default()
+            .insert(CONFIG_HASH.to_owned(), rendered.split.restart_hash.clone());
+        let Some(pod) = template.spec.as_mut() else {
+            continue;
+        };
+        pod.volumes.get_or_insert_default().push(Volume {
+            name: VOLUME.to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: config_map.to_owned(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let pgctld = pod
+            .init_containers
+            .iter_mut()
+            .flatten()
+            .find(|c| c.name == PGCTLD_CONTAINER);
+        if let Some(pgctld) = pgctld {
+            pgctld
+                .volume_mounts
+                .get_or_insert_default()
+                .push(mount(VOLUME, CONFIG_DIR, true));
+            pgctld
+                .env
+                .get_or_insert_default()
+                .push(env(EXTRA_CONF_ENV, format!("{CONFIG_DIR}/{CONFIG_KEY}")));
+        }
+    }
+}
+
+/// Rollout state of the config: in progress until every pool pod `objects` wants runs (live)
+/// from a template with the current restart fingerprint; `lastAppliedAt` is stamped when it
+/// settles. A reload-only change is not tracked here: no pod changes for it.
+pub fn progress<'a>(
+    previous: Option<&PostgresConfigStatus>,
+    rendered: &Rendered,
+    objects: &ShardObjects,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    now: Timestamp,
+) -> PostgresConfigStatus {
+    let desired: i32 = objects
+        .pools
+        .iter()
+        .filter_map(|p| p.statefulset.spec.as_ref().and_then(|s| s.replicas))
+        .sum();
+    let current = pods
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.annotations().get(CONFIG_HASH) == Some(&rendered.split.restart_hash))
+        .count();
+    let in_progress = i32::try_from(current).unwrap_or(i32::MAX) < desired;
+    let was_settled = previous.is_some_and(|p| p.in_progress == Some(false) && p.error.is_none());
+    let last_applied_at = match previous.and_then(|p| p.last_applied_at.clone()) {
+        Some(at) if in_progress || was_settled => Some(at),
+        _ if in_progress => None,
+        _ => Some(Time(now)),
+    };
+    PostgresConfigStatus {
+        in_progress: Some(in_progress),
+        last_applied_at,
+        error: None,
+    }
+}
+
+/// What an event says about a rewritten file, by what changed since `previous`; `None` when
+/// the file is new or its settings are the same.
+pub fn change_note(previous: Option<&ConfigMap>, rendered: &Rendered) -> Option<String> {
+    let hash = |key: &str| previous.and_then(|p| p.annotations().get(key).cloned());
+    let (restart, reload) = (hash(CONFIG_HASH)?, hash(RELOAD_HASH)?);
+    if restart != rendered.split.restart_hash {
+        Some(
+            "postgresql.conf changed, including settings PostgreSQL reads only at start: pool \
+             pods restart one at a time, replicas first and the primary last"
+                .to_owned(),
+        )
+    } else if reload != rendered.split.reload_hash {
+        Some(
+            "postgresql.conf changed only in settings a reload applies: no pod restarts; the \
+             new file reaches the pods through the ConfigMap volume"
+                .to_owned(),
+        )
+    } else {
+        None
+    }
+}
+
+/// Applies the ConfigMap of `desired` (before the pool StatefulSets, so new pods mount the
+/// current file), with an event when its settings changed.
+pub async fn apply(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    (config_map, rendered): &(ConfigMap, Rendered),
+) -> Result<(), SyncError> {
+    let namespace = config_map.namespace().unwrap_or_default();
+    let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), &namespace);
+    let store = &ctx.stores.config_maps;
+    let previous = store.get(&ObjectRef::from_obj(config_map));
+    if sync::ensure(super::NAME, &api, store, config_map.clone()).await?
+        && let Some(note) = change_note(previous.as_deref(), rendered)
+    {
+        ctx.event(guard, EventType::Normal, "PostgresConfigChanged", note)
+            .await;
+    }
+    Ok(())
+}
+
+/// The status of a config that cannot be produced: the error, the rest as it was.
+pub fn failed(
+    previous: Option<&PostgresConfigStatus>,
+    error: &ConfigError,
+) -> PostgresConfigStatus {
+    PostgresConfigStatus {
+        error: Some(error.to_string()),
+        ..previous.cloned().unwrap_or_default()
+    }
+}
+
+/// Renders the shard's file (reading the referenced ConfigMap through `client`) and mounts it
+/// into `objects`; returns the ConfigMap to apply and what was rendered.
+pub async fn desired(
+    client: &Client,
+    owner: &Owner,
+    shard: &Shard,
+    objects: &mut ShardObjects,
+) -> Result<(ConfigMap, Rendered), ConfigError> {
+    let reference = match &shard.spec.postgres_config_ref {
+        Some(r) => {
+            let api = Api::<ConfigMap>::namespaced(client.clone(), &owner.namespace);
+            let found = api
+                .get_opt(&r.name)
+                .await
+                .map_err(|source| ConfigError::Read {
+                    name: r.name.clone(),
+                    source,
+                })?;
+            Some(referenced_content(r, &owner.namespace, found.as_ref())?)
+        }
+        None => None,
+    };
+    let rendered = render_shard(&owner.cluster, &shard.spec, reference.as_deref())?;
+    let config_map = config_map(owner, shard, &rendered);
+    mount_into(objects, &config_map.name_any(), &rendered);
+    Ok((config_map, rendered))
+}
+
+/// Changes of every ConfigMap the handler may read (metadata only: nothing is cached), so an
+/// edit of a referenced ConfigMap re-renders its shards.
+pub fn reference_changes(
+    client: &Client,
+    scope: &Scope,
+) -> impl Stream<Item = Result<PartialObjectMeta<ConfigMap>, watcher::Error>> + Send + 'static {
+    watcher(
+        scope.api::<PartialObjectMeta<ConfigMap>>(client),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects()
+    .boxed()
+}
+
+/// The shards in `shards` that reference the ConfigMap `changed`.
+pub fn referencing(
+    shards: &Store<Guard>,
+    changed: &PartialObjectMeta<ConfigMap>,
+) -> Vec<ObjectRef<Guard>> {
+    let name = changed.name_any();
+    let namespace = changed.namespace();
+    shards
+        .state()
+        .into_iter()
+        .filter(|s| {
+            s.0.as_ref().is_ok_and(|shard| {
+                shard.namespace() == namespace
+                    && shard
+                        .spec
+                        .postgres_config_ref
+                        .as_ref()
+                        .is_some_and(|r| r.name == name)
+            })
+        })
+        .map(|s| ObjectRef::from_obj(&*s))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,335 @@
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use kube::runtime::reflector;
+use kube::runtime::watcher::Event;
+
+use super::super::build::build;
+use super::*;
+
+const FIXTURE: &str = include_str!("../../../fixtures/shard.yaml");
+
+fn fixture() -> Shard {
+    serde_yaml::from_str(FIXTURE).expect("fixture parses")
+}
+
+fn with_config(entries: &[(&str, &str)]) -> Shard {
+    let mut shard = fixture();
+    shard.spec.postgres_config = entries
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    shard
+}
+
+/// The objects of `shard` with its file mounted, as the reconcile applies them.
+fn mounted(shard: &Shard) -> (ShardObjects, Rendered) {
+    let owner = Owner::of(shard).unwrap();
+    let rendered = render_shard(&owner.cluster, &shard.spec, None).unwrap();
+    let mut objects = build(&owner, &shard.spec).unwrap();
+    mount_into(&mut objects, "cfg", &rendered);
+    (objects, rendered)
+}
+
+fn pod_spec(objects: &ShardObjects, index: usize) -> &PodSpec {
+    let set = objects.pools[index].statefulset.spec.as_ref().unwrap();
+    set.template.spec.as_ref().unwrap()
+}
+
+fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
+    pod.init_containers
+        .iter()
+        .flatten()
+        .chain(&pod.containers)
+        .find(|c| c.name == name)
+        .unwrap()
+}
+
+#[test]
+fn the_config_map_holds_the_rendered_file_and_both_fingerprints_and_is_owned_by_the_shard() {
+    let shard = with_config(&[("work_mem", "8MB")]);
+    let owner = Owner::of(&shard).unwrap();
+    let rendered = render_shard("prod", &shard.spec, None).unwrap();
+    let cm = config_map(&owner, &shard, &rendered);
+    assert_eq!(cm.name_any(), "prod-postgres-default-0-inf-postgres-config");
+    assert_eq!(cm.namespace().as_deref(), Some("db"));
+    assert_eq!(
+        cm.data.as_ref().unwrap()[CONFIG_KEY],
+        rendered.text,
+        "the file as rendered"
+    );
+    assert!(
+        rendered
+            .text
+            .contains("\n# postgresConfig.\nwork_mem = '8MB'\n")
+    );
+    assert_eq!(
+        cm.annotations()[CONFIG_HASH],
+        rendered.split.restart_hash,
+        "restart fingerprint"
+    );
+    assert_eq!(cm.annotations()[RELOAD_HASH], rendered.split.reload_hash);
+    let owners = cm.owner_references();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].uid.as_str()),
+        ("Shard", "0b7c6f1e-0000-4000-8000-000000000003")
+    );
+    assert_eq!(
+        cm.labels()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("multigres-operator"),
+        "labelled, so the handler's ConfigMap watch sees it"
+    );
+}
+
+#[test]
+fn pgctld_mounts_the_file_and_every_pod_template_carries_only_the_restart_fingerprint() {
+    let (objects, rendered) = mounted(&fixture());
+    assert_eq!(objects.pools.len(), 2);
+    for (index, pool) in objects.pools.iter().enumerate() {
+        let template = &pool.statefulset.spec.as_ref().unwrap().template;
+        let annotations = template.metadata.as_ref().unwrap().annotations.as_ref();
+        let annotations = annotations.unwrap();
+        assert_eq!(annotations[CONFIG_HASH], rendered.split.restart_hash);
+        assert!(!annotations.contains_key(RELOAD_HASH));
+        let pod = pod_spec(&objects, index);
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "postgres-config")
+            .unwrap();
+        assert_eq!(volume.config_map.as_ref().unwrap().name, "cfg");
+        let pgctld = container(pod, "postgres");
+        let mount = pgctld
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "postgres-config")
+            .unwrap();
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            ("/etc/pgctld/postgres-config", Some(true))
+        );
+        let extra = pgctld
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "POSTGRES_INITDB_EXTRA_CONF")
+            .unwrap();
+        assert_eq!(
+            extra.value.as_deref(),
+            Some("/etc/pgctld/postgres-config/postgresql.conf")
+        );
+        let initdb = pgctld
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "POSTGRES_INITDB_ARGS")
+            .unwrap();
+        assert_eq!(initdb.value.as_deref(), Some("--data-checksums"));
+        let pooler = container(pod, "multipooler");
+        assert!(
+            pooler
+                .volume_mounts
+                .iter()
+                .flatten()
+                .all(|m| m.name != "postgres-config"),
+            "only pgctld reads the file"
+        );
+    }
+}
+
+#[test]
+fn a_reload_only_change_keeps_the_pod_template_and_a_restart_change_changes_it() {
+    let (base, base_rendered) = mounted(&with_config(&[("work_mem", "8MB")]));
+    let (reload, reload_rendered) = mounted(&with_config(&[("work_mem", "16MB")]));
+    assert_ne!(base_rendered.text, reload_rendered.text, "the file changes");
+    assert_eq!(
+        base.pools, reload.pools,
+        "no StatefulSet change, so no pod restarts"
+    );
+    let (restart, _) = mounted(&with_config(&[
+        ("work_mem", "8MB"),
+        ("shared_buffers", "256MB"),
+    ]));
+    let template = |o: &ShardObjects| o.pools[0].statefulset.spec.clone().unwrap().template;
+    assert_ne!(template(&base), template(&restart));
+}
+
+#[test]
+fn the_referenced_content_or_which_configmap_or_key_is_missing() {
+    let reference = PostgresConfigRef {
+        name: "tuning".into(),
+        key: "pg.conf".into(),
+    };
+    let missing = referenced_content(&reference, "db", None).unwrap_err();
+    assert_eq!(
+        missing.to_string(),
+        "postgresConfigRef: ConfigMap \"tuning\" not found in namespace \"db\"; create it with \
+         key \"pg.conf\" or remove postgresConfigRef"
+    );
+    assert!(missing.is_invalid_spec(), "waits for the ConfigMap");
+    let cm = |data: &[(&str, &str)]| ConfigMap {
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let no_key = referenced_content(&reference, "db", Some(&cm(&[("a", "x"), ("b", "y")])));
+    assert_eq!(
+        no_key.unwrap_err().to_string(),
+        "postgresConfigRef: ConfigMap \"tuning\" has no key \"pg.conf\" (it has: a, b)"
+    );
+    let empty = referenced_content(&reference, "db", Some(&ConfigMap::default()));
+    assert_eq!(
+        empty.unwrap_err().to_string(),
+        "postgresConfigRef: ConfigMap \"tuning\" has no key \"pg.conf\" (it has: none)"
+    );
+    let found = referenced_content(
+        &reference,
+        "db",
+        Some(&cm(&[("pg.conf", "work_mem = 1MB")])),
+    );
+    assert_eq!(found.unwrap(), "work_mem = 1MB");
+}
+
+fn pod(hash: &str, terminating: bool) -> Pod {
+    let mut pod = Pod::default();
+    pod.annotations_mut()
+        .insert(CONFIG_HASH.to_owned(), hash.to_owned());
+    if terminating {
+        pod.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(1).unwrap()));
+    }
+    pod
+}
+
+#[test]
+fn progress_is_reported_until_every_wanted_pod_runs_the_current_restart_fingerprint() {
+    let (objects, rendered) = mounted(&fixture());
+    // Two cells, two pods each.
+    let current = &rendered.split.restart_hash;
+    let t = |s| Timestamp::from_second(s).unwrap();
+    let rolling = [pod(current, false), pod("old", false), pod(current, false)];
+    let s = progress(None, &rendered, &objects, &rolling, t(10));
+    assert_eq!(
+        (s.in_progress, s.last_applied_at.clone()),
+        (Some(true), None)
+    );
+
+    let done = [
+        pod(current, false),
+        pod(current, false),
+        pod(current, false),
+        pod(current, false),
+    ];
+    let settled = progress(Some(&s), &rendered, &objects, &done, t(20));
+    assert_eq!(settled.in_progress, Some(false));
+    assert_eq!(
+        settled.last_applied_at,
+        Some(Time(t(20))),
+        "stamped on settling"
+    );
+    assert_eq!(settled.error, None);
+
+    let later = progress(Some(&settled), &rendered, &objects, &done, t(30));
+    assert_eq!(
+        later, settled,
+        "unchanged while nothing changes: no status write"
+    );
+
+    let terminating = [
+        pod(current, true),
+        pod(current, false),
+        pod(current, false),
+        pod(current, false),
+    ];
+    let again = progress(Some(&settled), &rendered, &objects, &terminating, t(40));
+    assert_eq!(
+        again.in_progress,
+        Some(true),
+        "a terminating pod does not count"
+    );
+    assert_eq!(
+        again.last_applied_at,
+        Some(Time(t(20))),
+        "kept while in progress"
+    );
+    let resettled = progress(Some(&again), &rendered, &objects, &done, t(50));
+    assert_eq!(resettled.last_applied_at, Some(Time(t(50))));
+}
+
+#[test]
+fn a_failure_keeps_the_progress_and_reports_the_error() {
+    let previous = PostgresConfigStatus {
+        in_progress: Some(false),
+        last_applied_at: Some(Time(Timestamp::from_second(5).unwrap())),
+        error: None,
+    };
+    let error = ConfigError::MissingKey {
+        name: "tuning".into(),
+        key: "pg.conf".into(),
+        keys: vec![],
+    };
+    let failed = failed(Some(&previous), &error);
+    assert_eq!(failed.in_progress, Some(false));
+    assert_eq!(failed.last_applied_at, previous.last_applied_at);
+    assert_eq!(
+        failed.error.as_deref(),
+        Some("postgresConfigRef: ConfigMap \"tuning\" has no key \"pg.conf\" (it has: none)")
+    );
+}
+
+#[test]
+fn events_say_whether_a_change_restarts_pods() {
+    let (_, base) = mounted(&with_config(&[("work_mem", "8MB")]));
+    let owner = Owner::of(&fixture()).unwrap();
+    let stored = config_map(&owner, &fixture(), &base);
+    assert_eq!(change_note(None, &base), None, "a new file is no change");
+    assert_eq!(change_note(Some(&stored), &base), None);
+    let (_, reload) = mounted(&with_config(&[("work_mem", "16MB")]));
+    assert!(
+        change_note(Some(&stored), &reload)
+            .unwrap()
+            .contains("no pod restarts")
+    );
+    let (_, restart) = mounted(&with_config(&[("shared_buffers", "1GB")]));
+    assert!(
+        change_note(Some(&stored), &restart)
+            .unwrap()
+            .contains("replicas first and the primary last")
+    );
+}
+
+#[test]
+fn a_referenced_configmap_maps_to_the_shards_naming_it_in_its_namespace() {
+    let (store, mut writer) = reflector::store::<Guard>();
+    let shard = |name: &str, ns: &str, reference: Option<&str>| {
+        let mut s = fixture();
+        s.metadata.name = Some(name.into());
+        s.metadata.namespace = Some(ns.into());
+        s.spec.postgres_config_ref = reference.map(|r| PostgresConfigRef {
+            name: r.into(),
+            key: "pg.conf".into(),
+        });
+        kube::core::DeserializeGuard(Ok(s))
+    };
+    for s in [
+        shard("a", "db", Some("tuning")),
+        shard("b", "db", None),
+        shard("c", "other", Some("tuning")),
+        shard("d", "db", Some("else")),
+    ] {
+        writer.apply_watcher_event(&Event::Apply(s));
+    }
+    let mut changed = PartialObjectMeta::<ConfigMap>::default();
+    changed.metadata.name = Some("tuning".into());
+    changed.metadata.namespace = Some("db".into());
+    let names: Vec<String> = referencing(&store, &changed)
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["a"]);
+}
