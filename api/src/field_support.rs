@@ -223,12 +223,10 @@ pub static FIELDS: &[Field] = &[
         "spec.images.multiadminWeb",
         "resource-handler: the multiadmin-web Deployment",
     ),
-    todo(
+    done(
         Mgc,
         "spec.imageUpdatePolicy",
-        "operator-default images are adopted at once; the lazy strategy and \
-         acknowledgedRevision are not acted on yet",
-        When::Set,
+        "cluster-handler: which default image set the children get (status.images)",
     ),
     done(
         Mgc,
@@ -257,11 +255,10 @@ pub static FIELDS: &[Field] = &[
         "spec.postgresPasswordSecretRef",
         "resource-handler: the password volume",
     ),
-    todo(
+    done(
         Mgc,
         "spec.observability",
-        "data-plane pods get no OTEL_* environment from it yet",
-        When::Set,
+        "resource-handler: OTEL_* environment of every Multigres container",
     ),
     todo(
         Mgc,
