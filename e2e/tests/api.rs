@@ -6,35 +6,16 @@
 //! works in its own namespace.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
 use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::harness::{fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
 
-fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(relative)
-}
-
 async fn cluster() -> &'static LocalCluster {
-    LocalCluster::shared()
-        .await
-        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"))
-}
-
-/// A namespace no other test uses.
-async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-    cluster
-        .create_namespace(&name)
-        .await
-        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
-    name
+    multigres_e2e::harness::control_plane().await
 }
 
 fn describe(doc: &DynamicObject) -> String {

@@ -36,6 +36,7 @@ use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, WatchParams
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TableGroup};
 use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::harness::{eventually, fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::process::Supervised;
 use multigres_e2e::toolchain;
@@ -68,33 +69,8 @@ const LEASE_VALUES: [&str; 3] = [
     "leaderElection.retryPeriod=500ms",
 ];
 
-fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(relative)
-}
-
 fn chart_dir() -> PathBuf {
     repo_path("deploy/helm/multigres-operator")
-}
-
-/// Retries `check` until it returns `Ok`, for at most `timeout`; panics with its last error.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) => assert!(
-                Instant::now() < deadline,
-                "{what}: not reached within {timeout:?}; last: {last}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -966,17 +942,6 @@ impl Drop for Handler {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// A namespace no other test uses.
-async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-    cluster
-        .create_namespace(&name)
-        .await
-        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
-    name
 }
 
 /// Applies `deploy/samples/minimal.yaml` into `namespace`, its cluster named `name`; every

@@ -11,11 +11,7 @@
 //! clusters stay Initializing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::events::v1::Event;
@@ -29,272 +25,25 @@ use multigres_api::v1alpha1::{
 };
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::manifest::{self, Mode};
-use multigres_e2e::process::Supervised;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-/// Bound for anything the handler normally does within a second or two.
-const WAIT: Duration = Duration::from_secs(45);
-/// The handler's ServiceAccount in each test namespace.
-const SERVICE_ACCOUNT: &str = "cluster-handler";
-
-fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(relative)
-}
+use multigres_e2e::harness::{HandlerProcess, WAIT, eventually, fresh_namespace, repo_path};
 
 async fn cluster() -> &'static LocalCluster {
-    LocalCluster::shared()
-        .await
-        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"))
+    multigres_e2e::harness::control_plane().await
 }
 
-/// A namespace no other test uses.
-async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-    cluster
-        .create_namespace(&name)
-        .await
-        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
-    name
-}
-
-/// Builds the cluster-handler once per test process (same profile and target directory as
-/// this test) and returns its path.
-fn binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .ancestors()
-            .nth(2)
-            .expect("profile directory above deps/")
-            .to_path_buf();
-        let target_dir = profile_dir.parent().expect("target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(repo_path(""))
-            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
-            .arg(target_dir)
-            .args(["-p", "cluster-handler"])
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "cargo build -p cluster-handler: {status}");
-        profile_dir.join("cluster-handler")
-    })
-}
-
-/// Retries `check` until it returns `Ok`, for at most `timeout`; panics with its last error.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "{what}: not reached within {timeout:?}; last: {last}"
-                );
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The cluster-handler serving one namespace as its own ServiceAccount.
-struct Handler {
-    /// Declared before the log directory so the process stops before its log is removed.
-    process: Supervised,
-    _log_dir: tempfile::TempDir,
-    metrics: SocketAddr,
-}
-
-impl Handler {
-    /// Grants the ServiceAccount the shipped ClusterRoles in `namespace` only, then starts the
-    /// handler with a token of that ServiceAccount, electing itself leader through a Lease in
-    /// that namespace, and waits until its caches are synced.
-    async fn start(cluster: &LocalCluster, namespace: &str) -> Handler {
-        let admin = cluster.client().unwrap();
-        let rbac = std::fs::read_to_string(repo_path("deploy/rbac/cluster-handler.yaml")).unwrap();
-        for doc in manifest::parse_documents(&rbac, Path::new("cluster-handler.yaml")).unwrap() {
-            manifest::apply(&admin, &doc, None, Mode::Apply)
-                .await
-                .unwrap();
-        }
-        for (binding, role) in [
-            ("cluster-handler", "multigres-operator-cluster-handler"),
-            (
-                "cluster-handler-leader-election",
-                "multigres-operator-cluster-handler-leader-election",
-            ),
-        ] {
-            let binding: kube::api::DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": binding, "namespace": namespace},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role,
-                },
-                "subjects": [{
-                    "kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace,
-                }],
-            }))
-            .unwrap();
-            manifest::apply(&admin, &binding, Some(namespace), Mode::Apply)
-                .await
-                .unwrap();
-        }
-        let kubeconfig = cluster
-            .service_account_kubeconfig(namespace, SERVICE_ACCOUNT, Duration::from_secs(3600))
-            .await
-            .unwrap();
-        let as_handler = cluster.client_for_kubeconfig(&kubeconfig).await.unwrap();
-        let clusters: Api<MultigresCluster> = Api::namespaced(as_handler, namespace);
-        eventually("the RoleBinding takes effect", WAIT, || async {
-            clusters
-                .list(&ListParams::default())
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .await;
-
-        let log_dir = tempfile::Builder::new()
-            .prefix("multigres-cluster-handler-")
-            .tempdir()
-            .unwrap();
-        let log = log_dir.path().join("cluster-handler.log");
-        let args = [
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--watch-namespace={namespace}"),
-            "--leader-elect".to_owned(),
-            format!("--leader-election-namespace={namespace}"),
-            "--grpc-bind-address=127.0.0.1:0".to_owned(),
-            "--metrics-bind-address=127.0.0.1:0".to_owned(),
-            "--log-format=json".to_owned(),
-            "--log-level=info".to_owned(),
-        ];
-        let process = Supervised::spawn("cluster-handler", binary(), &args, &[], &log).unwrap();
-        let metrics = eventually("the handler syncs its caches", WAIT, || async {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(status) = process.exit_status() {
-                panic!("cluster-handler exited ({status}):\n{text}");
-            }
-            let entries: Vec<serde_json::Value> = text
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            let listening = entries
-                .iter()
-                .find(|e| e["message"] == "servers listening")
-                .and_then(|e| e["metrics_addr"].as_str()?.parse::<SocketAddr>().ok());
-            let synced = entries
-                .iter()
-                .any(|e| e["message"] == "caches synced; serving");
-            match (listening, synced) {
-                (Some(addr), true) => Ok(addr),
-                _ => Err(text),
-            }
-        })
-        .await;
-        Handler {
-            process,
-            _log_dir: log_dir,
-            metrics,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.process.log_path()).unwrap_or_default()
-    }
-
-    /// The handler's `/metrics` page.
-    async fn metrics(&self) -> String {
-        let mut stream = TcpStream::connect(self.metrics)
-            .await
-            .expect("metrics connect");
-        let request = format!(
-            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.metrics
-        );
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        response
-    }
-
-    /// Every write the handler counted, by `controller/kind/verb`.
-    async fn writes(&self) -> BTreeMap<String, u64> {
-        self.metrics()
-            .await
-            .lines()
-            .filter_map(|line| {
-                let rest = line.strip_prefix("multigres_operator_api_writes_total{")?;
-                let (labels, value) = rest.split_once("} ")?;
-                let label = |key: &str| {
-                    labels
-                        .split(',')
-                        .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
-                        .map(|v| v.trim_end_matches('"').to_owned())
-                        .unwrap_or_default()
-                };
-                let key = format!(
-                    "{}/{}/{}",
-                    label("controller"),
-                    label("kind"),
-                    label("verb")
-                );
-                Some((key, value.trim().parse().ok()?))
-            })
-            .collect()
-    }
-}
-
-impl Handler {
-    /// Waits until the write counter has held still for `quiet` (the handler converged) and
-    /// returns it.
-    async fn settled(&self, quiet: Duration) -> BTreeMap<String, u64> {
-        let mut last = self.writes().await;
-        let mut still_since = Instant::now();
-        let deadline = Instant::now() + WAIT;
-        while still_since.elapsed() < quiet {
-            assert!(
-                Instant::now() < deadline,
-                "writes never settle: {last:?}\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let now = self.writes().await;
-            if now != last {
-                last = now;
-                still_since = Instant::now();
-            }
-        }
-        last
-    }
-}
-
-impl Drop for Handler {
-    /// A failing test shows what the handler logged.
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "--- cluster-handler log (last 80 lines) ---\n{}",
-                self.process.log_tail(80)
-            );
-        }
-    }
+/// The cluster-handler serving one namespace as its own ServiceAccount, electing itself leader
+/// through a Lease in that namespace, once its caches are synced.
+async fn start_handler(cluster: &LocalCluster, namespace: &str) -> HandlerProcess {
+    let lease_namespace = format!("--leader-election-namespace={namespace}");
+    HandlerProcess::start_in(
+        cluster,
+        "cluster-handler",
+        namespace,
+        &["--leader-elect", &lease_namespace],
+    )
+    .await
 }
 
 /// Server-side applies every document of `yaml` into `namespace` as the test (the user).
@@ -466,7 +215,7 @@ const SAMPLES: [Expected; 5] = [
 async fn every_sample_produces_exactly_its_children() {
     let cluster = cluster().await;
     let namespace = fresh_namespace(cluster, "ch-samples").await;
-    let handler = Handler::start(cluster, &namespace).await;
+    let handler = start_handler(cluster, &namespace).await;
     let client = cluster.client().unwrap();
     for expected in &SAMPLES {
         apply_yaml(&client, &namespace, &read_sample(expected.sample)).await;
@@ -608,7 +357,7 @@ async fn every_sample_produces_exactly_its_children() {
 async fn a_template_edit_reaches_every_cluster_using_it_and_no_other() {
     let cluster = cluster().await;
     let namespace = fresh_namespace(cluster, "ch-template").await;
-    let _handler = Handler::start(cluster, &namespace).await;
+    let _handler = start_handler(cluster, &namespace).await;
     let client = cluster.client().unwrap();
     let cluster_yaml = |name: &str, template: Option<&str>| {
         let defaults = template
@@ -687,7 +436,7 @@ async fn a_template_edit_reaches_every_cluster_using_it_and_no_other() {
 async fn edits_to_children_are_reverted_and_deleted_children_come_back() {
     let cluster = cluster().await;
     let namespace = fresh_namespace(cluster, "ch-revert").await;
-    let _handler = Handler::start(cluster, &namespace).await;
+    let _handler = start_handler(cluster, &namespace).await;
     let client = cluster.client().unwrap();
     apply_yaml(&client, &namespace, &read_sample("minimal")).await;
     let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
@@ -792,7 +541,7 @@ async fn edits_to_children_are_reverted_and_deleted_children_come_back() {
 async fn a_missing_template_is_reported_and_healed_once_created() {
     let cluster = cluster().await;
     let namespace = fresh_namespace(cluster, "ch-missing").await;
-    let _handler = Handler::start(cluster, &namespace).await;
+    let _handler = start_handler(cluster, &namespace).await;
     let client = cluster.client().unwrap();
     apply_yaml(
         &client,
@@ -886,7 +635,7 @@ async fn a_missing_template_is_reported_and_healed_once_created() {
 async fn switching_to_an_external_topology_deletes_the_managed_topo_server() {
     let cluster = cluster().await;
     let namespace = fresh_namespace(cluster, "ch-external").await;
-    let _handler = Handler::start(cluster, &namespace).await;
+    let _handler = start_handler(cluster, &namespace).await;
     let client = cluster.client().unwrap();
     apply_yaml(&client, &namespace, &read_sample("minimal")).await;
     let topo_servers: Api<TopoServer> = Api::namespaced(client.clone(), &namespace);
@@ -944,7 +693,7 @@ async fn switching_to_an_external_topology_deletes_the_managed_topo_server() {
 async fn deleting_a_cluster_garbage_collects_every_child() {
     let cluster = cluster().await;
     let namespace = fresh_namespace(cluster, "ch-delete").await;
-    let _handler = Handler::start(cluster, &namespace).await;
+    let _handler = start_handler(cluster, &namespace).await;
     let client = cluster.client().unwrap();
     apply_yaml(&client, &namespace, &read_sample("templated")).await;
     eventually("the templated children", WAIT, || async {
@@ -990,7 +739,7 @@ async fn deleting_a_cluster_garbage_collects_every_child() {
 async fn an_idle_cluster_costs_no_writes() {
     let cluster = cluster().await;
     let namespace = fresh_namespace(cluster, "ch-idle").await;
-    let handler = Handler::start(cluster, &namespace).await;
+    let handler = start_handler(cluster, &namespace).await;
     let client = cluster.client().unwrap();
     apply_yaml(&client, &namespace, &read_sample("templated")).await;
     apply_yaml(&client, &namespace, &read_sample("minimal")).await;
@@ -1014,14 +763,20 @@ async fn an_idle_cluster_costs_no_writes() {
             e.note
         );
     }
-    // Each child applied once, each cluster and TableGroup status written a few times (as the
-    // children appear), events on phase changes: far below a write per child per second.
-    let applies: u64 = last
+    // Each child applied once, each cluster once (its record of the adopted image set), each
+    // cluster and TableGroup status written a few times (as the children appear), events on
+    // phase changes: far below a write per child per second.
+    let child_applies: u64 = last
         .iter()
-        .filter(|(k, _)| k.ends_with("/apply"))
+        .filter(|(k, _)| k.ends_with("/apply") && !k.contains("/MultigresCluster/"))
         .map(|(_, v)| v)
         .sum();
-    assert_eq!(applies, child_count as u64, "one apply per child: {last:?}");
+    assert_eq!(child_applies, child_count as u64, "one apply per child: {last:?}");
+    assert_eq!(
+        last.get("multigrescluster/MultigresCluster/apply"),
+        Some(&2),
+        "one image record per cluster: {last:?}"
+    );
 
     let versions = |client: Client, namespace: String| async move {
         let mut out = BTreeMap::new();
@@ -1085,7 +840,7 @@ async fn a_cluster_the_handler_cannot_read_is_reported_and_does_not_stall_the_ot
         .unwrap();
 
     let namespace = fresh_namespace(&cluster, "ch-unreadable").await;
-    let handler = Handler::start(&cluster, &namespace).await;
+    let handler = start_handler(&cluster, &namespace).await;
     let broken = "apiVersion: multigres.com/v1alpha1\nkind: MultigresCluster\nmetadata: {name: broken}\n\
          spec:\n  postgresPasswordSecretRef: {name: pw, key: password}\n\
          \x20 images: {imagePullPolicy: IfNewer}\n\
@@ -1131,7 +886,7 @@ async fn a_cluster_the_handler_cannot_read_is_reported_and_does_not_stall_the_ot
     })
     .await;
     assert_eq!(names::<Cell>(&client, &namespace).await, ["minimal-zone-a"]);
-    assert!(handler.process.exit_status().is_none(), "{}", handler.log());
+    assert!(handler.exit_status().is_none(), "{}", handler.log());
     drop(handler);
     cluster.stop();
 }
@@ -1141,7 +896,7 @@ async fn a_restarted_handler_repairs_drift_and_writes_nothing_else() {
     let cluster = cluster().await;
     let namespace = fresh_namespace(cluster, "ch-restart").await;
     let client = cluster.client().unwrap();
-    let first = Handler::start(cluster, &namespace).await;
+    let first = start_handler(cluster, &namespace).await;
     apply_yaml(&client, &namespace, &read_sample("minimal")).await;
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     let shards: Api<Shard> = Api::namespaced(client.clone(), &namespace);
@@ -1154,7 +909,7 @@ async fn a_restarted_handler_repairs_drift_and_writes_nothing_else() {
     })
     .await;
     first.settled(Duration::from_secs(3)).await;
-    first.process.stop(Duration::from_secs(10));
+    first.stop();
     drop(first);
 
     // While no handler runs, a person edits a Cell.
@@ -1171,7 +926,7 @@ async fn a_restarted_handler_repairs_drift_and_writes_nothing_else() {
 
     // The next handler reconciles everything it finds at start, without any new event: it
     // reverts the edit and writes nothing else (no status, no event, no other child).
-    let second = Handler::start(cluster, &namespace).await;
+    let second = start_handler(cluster, &namespace).await;
     eventually("the edit made while down is reverted", WAIT, || async {
         let now = cells
             .get("minimal-zone-a")

@@ -14,11 +14,8 @@
 //! handler needs to run.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::Ipv4Addr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Certificate, Client as Etcd, ConnectOptions, GetOptions, Identity, TlsOptions};
@@ -33,236 +30,36 @@ use multigres_api::resolver::{self, Templates};
 use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard};
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::etcd::{EtcdConfig, EtcdProcess, EtcdTls};
-use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::harness::{HandlerProcess, WAIT, eventually, fresh_namespace};
 use multigres_e2e::pki::Pki;
-use multigres_e2e::process::Supervised;
 use multigres_proto::topo::{
     BackupLocation, Cell as CellRecord, Database, DurabilityPolicy, FilesystemBackup, Id,
     Multipooler, QuorumType, RoutingRole, RoutingState, ShardKey, backup_location, id,
 };
 use prost::Message;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-/// Bound for anything the handler normally does within a few seconds.
-const WAIT: Duration = Duration::from_secs(60);
-/// The handler's ServiceAccount in each test namespace.
-const SERVICE_ACCOUNT: &str = "data-handler";
 /// The field manager the test writes as (the user, or another handler).
 const TEST_MANAGER: &str = "e2e-test";
 /// The finalizer the data-handler puts on clusters and Cells.
 const FINALIZER: &str = "multigres.com/topology";
 
-fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(relative)
-}
-
 async fn control_plane() -> &'static LocalCluster {
-    LocalCluster::shared()
-        .await
-        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"))
+    multigres_e2e::harness::control_plane().await
 }
 
-/// A namespace no other test uses.
-async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-    cluster
-        .create_namespace(&name)
-        .await
-        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
-    name
-}
-
-/// Builds the data-handler once per test process (same profile and target directory as this
-/// test) and returns its path.
-fn binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .ancestors()
-            .nth(2)
-            .expect("profile directory above deps/")
-            .to_path_buf();
-        let target_dir = profile_dir.parent().expect("target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(repo_path(""))
-            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
-            .arg(target_dir)
-            .args(["-p", "data-handler"])
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "cargo build -p data-handler: {status}");
-        profile_dir.join("data-handler")
-    })
-}
-
-/// Retries `check` until it returns `Ok`, for at most `timeout`; panics with its last error.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "{what}: not reached within {timeout:?}; last: {last}"
-                );
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The data-handler serving one namespace as its own ServiceAccount.
-struct Handler {
-    /// Declared before the log directory so the process stops before its log is removed.
-    process: Supervised,
-    _log_dir: tempfile::TempDir,
-    metrics: SocketAddr,
-}
-
-impl Handler {
-    /// Grants the ServiceAccount the shipped ClusterRole in `namespace` only, then starts the
-    /// handler with a token of that ServiceAccount and `extra` flags, and waits until its
-    /// caches are synced.
-    async fn start(cluster: &LocalCluster, namespace: &str, extra: &[&str]) -> Handler {
-        let admin = cluster.client().unwrap();
-        let rbac = std::fs::read_to_string(repo_path("deploy/rbac/data-handler.yaml")).unwrap();
-        for doc in manifest::parse_documents(&rbac, Path::new("data-handler.yaml")).unwrap() {
-            manifest::apply(&admin, &doc, None, Mode::Apply)
-                .await
-                .unwrap();
-        }
-        let binding: kube::api::DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "data-handler", "namespace": namespace},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                "name": "multigres-operator-data-handler",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}],
-        }))
-        .unwrap();
-        manifest::apply(&admin, &binding, Some(namespace), Mode::Apply)
-            .await
-            .unwrap();
-        let kubeconfig = cluster
-            .service_account_kubeconfig(namespace, SERVICE_ACCOUNT, Duration::from_secs(3600))
-            .await
-            .unwrap();
-        let as_handler = cluster.client_for_kubeconfig(&kubeconfig).await.unwrap();
-        let clusters: Api<MultigresCluster> = Api::namespaced(as_handler, namespace);
-        eventually("the RoleBinding takes effect", WAIT, || async {
-            clusters
-                .list(&ListParams::default())
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .await;
-
-        let log_dir = tempfile::Builder::new()
-            .prefix("multigres-data-handler-")
-            .tempdir()
-            .unwrap();
-        let log = log_dir.path().join("data-handler.log");
-        let mut args = vec![
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--watch-namespace={namespace}"),
-            "--grpc-bind-address=127.0.0.1:0".to_owned(),
-            "--metrics-bind-address=127.0.0.1:0".to_owned(),
-            "--log-format=json".to_owned(),
-            "--log-level=info".to_owned(),
-            "--topo-check-period=1s".to_owned(),
-            "--topo-retry-max=2s".to_owned(),
-            "--topo-connect-timeout=1s".to_owned(),
-            "--topo-request-timeout=2s".to_owned(),
-            "--roles-poll-period=1s".to_owned(),
-        ];
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
-        let process = Supervised::spawn("data-handler", binary(), &args, &[], &log).unwrap();
-        let metrics = eventually("the handler syncs its caches", WAIT, || async {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(status) = process.exit_status() {
-                panic!("data-handler exited ({status}):\n{text}");
-            }
-            let entries: Vec<serde_json::Value> = text
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            let listening = entries
-                .iter()
-                .find(|e| e["message"] == "servers listening")
-                .and_then(|e| e["metrics_addr"].as_str()?.parse::<SocketAddr>().ok());
-            let synced = entries
-                .iter()
-                .any(|e| e["message"] == "caches synced; serving");
-            match (listening, synced) {
-                (Some(addr), true) => Ok(addr),
-                _ => Err(text),
-            }
-        })
-        .await;
-        Handler {
-            process,
-            _log_dir: log_dir,
-            metrics,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.process.log_path()).unwrap_or_default()
-    }
-
-    /// Every Kubernetes write the handler counted, by `controller/kind/verb`.
-    async fn writes(&self) -> BTreeMap<String, u64> {
-        let mut stream = TcpStream::connect(self.metrics)
-            .await
-            .expect("metrics connect");
-        let request = format!(
-            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.metrics
-        );
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        response
-            .lines()
-            .filter_map(|line| {
-                let rest = line.strip_prefix("multigres_operator_api_writes_total{")?;
-                let (labels, value) = rest.split_once("} ")?;
-                let label = |key: &str| {
-                    labels
-                        .split(',')
-                        .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
-                        .map(|v| v.trim_end_matches('"').to_owned())
-                        .unwrap_or_default()
-                };
-                let key = format!(
-                    "{}/{}/{}",
-                    label("controller"),
-                    label("kind"),
-                    label("verb")
-                );
-                Some((key, value.trim().parse().ok()?))
-            })
-            .collect()
-    }
+/// The data-handler serving one namespace as its own ServiceAccount, with fast topology
+/// timings and `extra` flags, once its caches are synced.
+async fn start_handler(cluster: &LocalCluster, namespace: &str, extra: &[&str]) -> HandlerProcess {
+    let mut flags = vec![
+        "--topo-check-period=1s",
+        "--topo-retry-max=2s",
+        "--topo-connect-timeout=1s",
+        "--topo-request-timeout=2s",
+        "--roles-poll-period=1s",
+    ];
+    flags.extend_from_slice(extra);
+    HandlerProcess::start_in(cluster, "data-handler", namespace, &flags).await
 }
 
 /// A raw etcd client, reading records the way Multigres does.
@@ -491,7 +288,7 @@ async fn records_follow_the_spec_conditions_follow_etcd_and_delete_cleans_up() {
     let plane = control_plane().await;
     let namespace = fresh_namespace(plane, "dh-lifecycle").await;
     let mut etcd = EtcdProcess::start(EtcdConfig::default()).await.unwrap();
-    let handler = Handler::start(plane, &namespace, &[]).await;
+    let handler = start_handler(plane, &namespace, &[]).await;
     let client = plane.client().unwrap();
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
@@ -738,7 +535,7 @@ async fn deleting_without_etcd_completes_after_the_timeout_with_a_warning() {
     let namespace = fresh_namespace(plane, "dh-gone").await;
     let mut etcd = EtcdProcess::start(EtcdConfig::default()).await.unwrap();
     let timeout = Duration::from_secs(8);
-    let _handler = Handler::start(plane, &namespace, &["--topo-unreachable-timeout=8s"]).await;
+    let _handler = start_handler(plane, &namespace, &["--topo-unreachable-timeout=8s"]).await;
     let client = plane.client().unwrap();
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
@@ -920,7 +717,7 @@ async fn pod_roles_are_published_over_tls_and_follow_a_failover() {
         )
         .await
         .unwrap();
-    let _handler = Handler::start(plane, &namespace, &[]).await;
+    let _handler = start_handler(plane, &namespace, &[]).await;
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     let shards: Api<Shard> = Api::namespaced(client.clone(), &namespace);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);

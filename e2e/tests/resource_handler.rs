@@ -10,11 +10,7 @@
 //! Each test works in its own namespace with its own handler (`--watch-namespace`).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -27,31 +23,17 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::{Cell, Shard, TopoServer};
 use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::harness::{HandlerProcess, WAIT, eventually, fresh_namespace};
 use multigres_e2e::manifest::{self, Mode};
-use multigres_e2e::process::Supervised;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-/// Bound for anything the handler and the control plane normally do within seconds.
-const WAIT: Duration = Duration::from_secs(60);
-/// The handler's ServiceAccount in each test namespace.
-const SERVICE_ACCOUNT: &str = "resource-handler";
 /// The node label a cell's `zoneId` pins pods to (what the resolver writes).
 const ZONE_ID_LABEL: &str = "topology.k8s.aws/zone-id";
 /// A test field manager standing in for the data-handler.
 const DATA_HANDLER: &str = "e2e-data-handler";
 
-fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(relative)
-}
-
 async fn cluster() -> &'static LocalCluster {
-    let cluster = LocalCluster::shared()
-        .await
-        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"));
+    let cluster = multigres_e2e::harness::control_plane().await;
     label_nodes_with_zone_ids(cluster).await;
     cluster
 }
@@ -70,195 +52,10 @@ async fn label_nodes_with_zone_ids(cluster: &LocalCluster) {
     }
 }
 
-/// A namespace no other test uses.
-async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-    cluster
-        .create_namespace(&name)
-        .await
-        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
-    name
-}
-
-/// Builds the resource-handler once per test process (same profile and target directory as
-/// this test) and returns its path.
-fn binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .ancestors()
-            .nth(2)
-            .expect("profile directory above deps/")
-            .to_path_buf();
-        let target_dir = profile_dir.parent().expect("target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(repo_path(""))
-            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
-            .arg(target_dir)
-            .args(["-p", "resource-handler"])
-            .status()
-            .expect("running cargo build");
-        assert!(
-            status.success(),
-            "cargo build -p resource-handler: {status}"
-        );
-        profile_dir.join("resource-handler")
-    })
-}
-
-/// Retries `check` until it returns `Ok`, for at most `timeout`; panics with its last error.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) => assert!(
-                Instant::now() < deadline,
-                "{what}: not reached within {timeout:?}; last: {last}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The resource-handler serving one namespace as its own ServiceAccount.
-struct Handler {
-    /// Declared before the log directory so the process stops before its log is removed.
-    process: Supervised,
-    _log_dir: tempfile::TempDir,
-    metrics: SocketAddr,
-}
-
-impl Handler {
-    /// Grants the ServiceAccount the shipped ClusterRole in `namespace` only, then starts the
-    /// handler with a token of that ServiceAccount and waits until its caches are filled.
-    async fn start(cluster: &LocalCluster, namespace: &str) -> Handler {
-        let admin = cluster.client().unwrap();
-        let rbac = std::fs::read_to_string(repo_path("deploy/rbac/resource-handler.yaml")).unwrap();
-        for doc in manifest::parse_documents(&rbac, Path::new("resource-handler.yaml")).unwrap() {
-            manifest::apply(&admin, &doc, None, Mode::Apply)
-                .await
-                .unwrap();
-        }
-        let binding: kube::api::DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "resource-handler", "namespace": namespace},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                "name": "multigres-operator-resource-handler",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}],
-        }))
-        .unwrap();
-        manifest::apply(&admin, &binding, Some(namespace), Mode::Apply)
-            .await
-            .unwrap();
-        let kubeconfig = cluster
-            .service_account_kubeconfig(namespace, SERVICE_ACCOUNT, Duration::from_secs(3600))
-            .await
-            .unwrap();
-        let as_handler = cluster.client_for_kubeconfig(&kubeconfig).await.unwrap();
-        let shards: Api<Shard> = Api::namespaced(as_handler, namespace);
-        eventually("the RoleBinding takes effect", WAIT, || async {
-            shards
-                .list(&ListParams::default())
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .await;
-
-        let log_dir = tempfile::Builder::new()
-            .prefix("multigres-resource-handler-")
-            .tempdir()
-            .unwrap();
-        let log = log_dir.path().join("resource-handler.log");
-        let args = [
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--watch-namespace={namespace}"),
-            "--grpc-bind-address=127.0.0.1:0".to_owned(),
-            "--metrics-bind-address=127.0.0.1:0".to_owned(),
-            "--log-format=json".to_owned(),
-            "--log-level=info".to_owned(),
-        ];
-        let process = Supervised::spawn("resource-handler", binary(), &args, &[], &log).unwrap();
-        let metrics = eventually("the handler fills its caches", WAIT, || async {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(status) = process.exit_status() {
-                panic!("resource-handler exited ({status}):\n{text}");
-            }
-            let entries: Vec<serde_json::Value> = text
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            let listening = entries
-                .iter()
-                .find(|e| e["message"] == "servers listening")
-                .and_then(|e| e["metrics_addr"].as_str()?.parse::<SocketAddr>().ok());
-            let filled = entries
-                .iter()
-                .any(|e| e["message"] == "caches synced; serving");
-            match (listening, filled) {
-                (Some(addr), true) => Ok(addr),
-                _ => Err(text),
-            }
-        })
-        .await;
-        Handler {
-            process,
-            _log_dir: log_dir,
-            metrics,
-        }
-    }
-
-    /// The handler's `/metrics` page.
-    async fn metrics(&self) -> String {
-        let mut stream = TcpStream::connect(self.metrics)
-            .await
-            .expect("metrics connect");
-        let request = format!(
-            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.metrics
-        );
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        response
-    }
-
-    /// Sum of the counter `name` over the series whose labels include `label`.
-    async fn counter(&self, name: &str, label: &str) -> u64 {
-        self.metrics()
-            .await
-            .lines()
-            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
-            .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<u64>().ok())
-            .sum()
-    }
-}
-
-impl Drop for Handler {
-    /// A failing test shows what the handler logged.
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "--- resource-handler log (last 80 lines) ---\n{}",
-                self.process.log_tail(80)
-            );
-        }
-    }
+/// The resource-handler serving one namespace as its own ServiceAccount, once its caches are
+/// filled.
+async fn start_handler(cluster: &LocalCluster, namespace: &str) -> HandlerProcess {
+    HandlerProcess::start_in(cluster, "resource-handler", namespace, &[]).await
 }
 
 /// Server-side applies `yaml` into `namespace` as the test (standing in for the
@@ -378,7 +175,7 @@ spec:
 async fn a_topo_server_runs_etcd_becomes_available_and_deletes_its_volumes_as_asked() {
     let cluster = cluster().await;
     let ns = fresh_namespace(cluster, "rh-topo").await;
-    let handler = Handler::start(cluster, &ns).await;
+    let handler = start_handler(cluster, &ns).await;
     let client = cluster.client().unwrap();
     apply_yaml(&client, &ns, &topo_server("prod", 3, "Delete", "1Gi")).await;
 
@@ -531,7 +328,7 @@ spec:
 async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() {
     let cluster = cluster().await;
     let ns = fresh_namespace(cluster, "rh-cell").await;
-    let handler = Handler::start(cluster, &ns).await;
+    let handler = start_handler(cluster, &ns).await;
     let client = cluster.client().unwrap();
     apply_yaml(&client, &ns, &CELL.replace("NAMESPACE", &ns)).await;
 
@@ -730,7 +527,7 @@ fn shard_conditions(s: &Shard) -> Vec<Condition> {
 async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_last() {
     let cluster = cluster().await;
     let ns = fresh_namespace(cluster, "rh-rollout").await;
-    let _handler = Handler::start(cluster, &ns).await;
+    let _handler = start_handler(cluster, &ns).await;
     let client = cluster.client().unwrap();
     let old = "ghcr.io/multigres/multigres:sha-66d2310";
     let retain = "{whenDeleted: Retain, whenScaled: Retain}";
@@ -920,7 +717,7 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
 async fn pool_volumes_are_kept_or_removed_as_the_policy_says_and_grow_but_never_shrink() {
     let cluster = cluster().await;
     let ns = fresh_namespace(cluster, "rh-volumes").await;
-    let handler = Handler::start(cluster, &ns).await;
+    let handler = start_handler(cluster, &ns).await;
     let client = cluster.client().unwrap();
     let image = "ghcr.io/multigres/multigres:sha-66d2310";
     // Volume expansion needs a StorageClass that allows it (the fake one accepts the flag).
@@ -1109,7 +906,7 @@ spec:
 async fn multiadmin_follows_the_clusters_real_global_topology() {
     let cluster = cluster().await;
     let ns = fresh_namespace(cluster, "rh-admin").await;
-    let _handler = Handler::start(cluster, &ns).await;
+    let _handler = start_handler(cluster, &ns).await;
     let client = cluster.client().unwrap();
     apply_yaml(&client, &ns, CLUSTER).await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);

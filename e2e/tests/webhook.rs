@@ -7,10 +7,7 @@
 //! while the operator's own ServiceAccount may make them.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -21,6 +18,7 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, CellTemplate, LogLevel, MultigresCluster};
 use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::harness::{self, fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::process::Supervised;
 use serde_json::{Value, json};
@@ -34,74 +32,17 @@ const OPERATOR_ACCOUNT: &str = "operator";
 const MUTATING: &str = "multigres-operator-mutating-webhook-configuration";
 const VALIDATING: &str = "multigres-operator-validating-webhook-configuration";
 
-fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(relative)
-}
-
 async fn cluster() -> &'static LocalCluster {
-    LocalCluster::shared()
-        .await
-        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"))
+    multigres_e2e::harness::control_plane().await
 }
 
-async fn fresh_namespace(cluster: &LocalCluster, prefix: &str) -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-    cluster
-        .create_namespace(&name)
-        .await
-        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
-    name
-}
-
-/// Builds the webhook-server once per test process (same profile and target directory as this
-/// test) and returns its path.
-fn binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .ancestors()
-            .nth(2)
-            .expect("profile directory above deps/")
-            .to_path_buf();
-        let target_dir = profile_dir.parent().expect("target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(repo_path(""))
-            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
-            .arg(target_dir)
-            .args(["-p", "webhook-server"])
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "cargo build -p webhook-server: {status}");
-        profile_dir.join("webhook-server")
-    })
-}
-
-/// Retries `check` until it returns `Ok`, for at most `WAIT`; panics with its last error.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+/// Retries `check` until it returns `Ok`, for at most `WAIT`.
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) => assert!(
-                Instant::now() < deadline,
-                "{what}: not reached within {WAIT:?}; last: {last}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    harness::eventually(what, WAIT, check).await
 }
 
 async fn apply(client: &Client, namespace: Option<&str>, object: Value) {
@@ -182,7 +123,14 @@ impl Webhook {
             "--webhook-cert-check-interval=1s".to_owned(),
             format!("--operator-service-accounts={users}:{OPERATOR_ACCOUNT}"),
         ];
-        let process = Supervised::spawn("webhook-server", binary(), &args, &[], &log).unwrap();
+        let process = Supervised::spawn(
+            "webhook-server",
+            &harness::handler_binary("webhook-server"),
+            &args,
+            &[],
+            &log,
+        )
+        .unwrap();
         let (address, grpc) = eventually("the webhook listens", || async {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if let Some(status) = process.exit_status() {
