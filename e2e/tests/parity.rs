@@ -8,3 +8,7 @@
 mod warnings;
 #[path = "parity/external_endpoints.rs"]
 mod external_endpoints;
+#[path = "parity/image_policy.rs"]
+mod image_policy;
+#[path = "parity/observability.rs"]
+mod observability;
