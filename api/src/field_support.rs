@@ -167,8 +167,10 @@ const POSTGRES_CONFIG: &str =
     "no postgresql.conf is rendered from it yet; PostgreSQL runs with pgctld's defaults";
 const POSTGRES_CONFIG_REF: &str =
     "the ConfigMap is not read yet; PostgreSQL runs with pgctld's defaults";
-const PGBACKREST_GENERATED: &str = "without secretName no certificates are generated yet, so \
-     pgBackRest runs without TLS; name a Secret to get TLS";
+const PGBACKREST_TLS: &str = "resource-handler: the named Secret checked and mounted, or a \
+     per-shard CA and certificate issued and mounted (docs/tls.md)";
+const INTERNAL_TLS: &str = "resource-handler: a CA and per-process certificates, mounted with \
+     the gRPC TLS flags of multiadmin, multigateway, multiorch and multipooler (docs/tls.md)";
 const MULTIADMIN_WEB: &str = "resource-handler: the multiadmin-web Deployment and Service";
 const TOPO_IMPLEMENTATION: &str = "Multigres only implements etcd; other values are ignored";
 const GLOBAL_TOPO_TLS: &str = "only the operator's own client uses it; data-plane pods get no \
@@ -260,12 +262,7 @@ pub static FIELDS: &[Field] = &[
         "spec.observability",
         "resource-handler: OTEL_* environment of every Multigres container",
     ),
-    todo(
-        Mgc,
-        "spec.internalTLS",
-        "no certificates are issued yet; components talk without TLS",
-        When::Enabled,
-    ),
+    done(Mgc, "spec.internalTLS", INTERNAL_TLS),
     todo(
         Mgc,
         "spec.certCommonName",
@@ -369,22 +366,12 @@ pub static FIELDS: &[Field] = &[
     done(Mgc, "spec.backup.filesystem", BACKUP),
     done(Mgc, "spec.backup.s3", BACKUP),
     done(Mgc, "spec.backup.encryption", BACKUP),
-    todo(
-        Mgc,
-        "spec.backup.pgbackrestTLS",
-        PGBACKREST_GENERATED,
-        When::Without("secretName"),
-    ),
+    done(Mgc, "spec.backup.pgbackrestTLS", PGBACKREST_TLS),
     done(Mgc, "spec.databases[].backup.type", BACKUP),
     done(Mgc, "spec.databases[].backup.filesystem", BACKUP),
     done(Mgc, "spec.databases[].backup.s3", BACKUP),
     done(Mgc, "spec.databases[].backup.encryption", BACKUP),
-    todo(
-        Mgc,
-        "spec.databases[].backup.pgbackrestTLS",
-        PGBACKREST_GENERATED,
-        When::Without("secretName"),
-    ),
+    done(Mgc, "spec.databases[].backup.pgbackrestTLS", PGBACKREST_TLS),
     done(Mgc, "spec.databases[].tablegroups[].backup.type", BACKUP),
     done(
         Mgc,
@@ -397,12 +384,7 @@ pub static FIELDS: &[Field] = &[
         "spec.databases[].tablegroups[].backup.encryption",
         BACKUP,
     ),
-    todo(
-        Mgc,
-        "spec.databases[].tablegroups[].backup.pgbackrestTLS",
-        PGBACKREST_GENERATED,
-        When::Without("secretName"),
-    ),
+    done(Mgc, "spec.databases[].tablegroups[].backup.pgbackrestTLS", PGBACKREST_TLS),
     done(
         Mgc,
         "spec.databases[].tablegroups[].shards[].backup.type",
@@ -423,12 +405,7 @@ pub static FIELDS: &[Field] = &[
         "spec.databases[].tablegroups[].shards[].backup.encryption",
         BACKUP,
     ),
-    todo(
-        Mgc,
-        "spec.databases[].tablegroups[].shards[].backup.pgbackrestTLS",
-        PGBACKREST_GENERATED,
-        When::Without("secretName"),
-    ),
+    done(Mgc, "spec.databases[].tablegroups[].shards[].backup.pgbackrestTLS", PGBACKREST_TLS),
     // MultigresCluster: databases, table groups and shards.
     done(
         Mgc,

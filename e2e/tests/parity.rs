@@ -8,6 +8,8 @@
 mod warnings;
 #[path = "parity/external_endpoints.rs"]
 mod external_endpoints;
+#[path = "parity/internal_tls.rs"]
+mod internal_tls;
 #[path = "parity/image_policy.rs"]
 mod image_policy;
 #[path = "parity/observability.rs"]

@@ -67,7 +67,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, &scope, managed());
     let (pods, pod_watch) = share::<Pod>(&client, &scope, pool_pods());
     let (pvcs, pvc_watch) = cache::<PersistentVolumeClaim>(&client, &scope, managed());
-    let (secrets, secret_watch) = share::<Secret>(&client, &scope, managed());
+    let (secrets, secret_watch) = cache::<Secret>(&client, &scope, managed());
     let (config_maps, config_map_watch) = share::<ConfigMap>(&client, &scope, managed());
     let watches = [
         tokio::spawn(topo_watch),
@@ -93,7 +93,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         pdbs: pdbs.store.clone(),
         pvcs,
         pods: pods.store.clone(),
-        secrets: secrets.store.clone(),
+        secrets,
         config_maps: config_maps.store.clone(),
         clusters: clusters.store.clone(),
         core_templates: core_templates.store.clone(),
@@ -156,7 +156,6 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
                 services: services.handle.clone(),
                 pdbs: pdbs.handle,
                 pods: pods.handle,
-                secrets: secrets.handle.clone(),
                 config_maps: config_maps.handle,
             },
             shutdown,
@@ -167,7 +166,6 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
                 clusters: clusters.handle,
                 deployments: deployments.handle,
                 services: services.handle,
-                secrets: secrets.handle,
                 core_templates: core_templates.handle,
                 cell_templates: cell_templates.handle,
                 shard_templates: shard_templates.handle,

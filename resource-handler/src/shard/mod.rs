@@ -30,7 +30,9 @@ use multigres_api::v1alpha1::{Shard, ShardSpec, ShardStatus};
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{Classify, Ctx, POLL, Shared, drain, error_policy, observe, owned};
+use crate::controller::{
+    Classify, Ctx, POLL, Shared, drain, error_policy, managed, observe, owned,
+};
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
@@ -110,8 +112,6 @@ pub struct Triggers {
     pub pdbs: ReflectHandle<PodDisruptionBudget>,
     /// Pool pods (readiness and role labels drive restarts).
     pub pods: ReflectHandle<Pod>,
-    /// Owned pgBackRest TLS Secrets (a deleted one is issued again).
-    pub secrets: ReflectHandle<Secret>,
     /// Owned postgresql.conf ConfigMaps (a deleted or edited one is written again).
     pub config_maps: ReflectHandle<ConfigMap>,
 }
@@ -158,7 +158,9 @@ pub fn run(
         .owns_shared_stream(triggers.deployments)
         .owns_shared_stream(triggers.services)
         .owns_shared_stream(triggers.pdbs)
-        .owns_shared_stream(triggers.secrets)
+        // Not a shared stream: those do not report deletions, and a deleted Secret must be
+        // issued again.
+        .owns(ctx.scope.api::<Secret>(&ctx.client), managed())
         .owns_shared_stream(triggers.config_maps)
         .watches_stream(referenced, referencing)
         .watches_shared_stream(triggers.pods, by_labels)
