@@ -31,6 +31,11 @@ unit:
 e2e:
     MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/run-e2e.sh
 
+# Benchmarks against the local control plane, release build (docs/performance.md); e.g. `just bench --clusters 1,10 --runs 1 --idle-minutes 1`.
+bench *ARGS:
+    cargo build --release -p cluster-handler -p resource-handler -p data-handler -p webhook-server -p multigres-e2e --bins
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" NO_PROXY=127.0.0.1,localhost target/release/bench {{ARGS}}
+
 # Everything: lint, unit + component, end to end.
 test: lint unit e2e
 

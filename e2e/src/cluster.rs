@@ -38,6 +38,14 @@ const NO_PROXY: &str = "127.0.0.1,localhost";
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Lines of log quoted in startup errors.
 const LOG_TAIL_LINES: usize = 40;
+/// Every request at level Metadata (who, verb, object, response code; no bodies), logged when
+/// the response starts (watches) and completes; `RequestReceived` would only log it twice.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+";
 /// Zone label on the fake Nodes.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// Zone-id label on the fake Nodes (same value as the zone), which cells with a `zoneId` select.
@@ -124,6 +132,10 @@ pub struct ClusterOptions {
     pub zones: Vec<String>,
     /// Budget for each wait during startup (API server ready, CRDs established, Nodes ready).
     pub wait_timeout: Duration,
+    /// Write the API server's audit log (every request at level Metadata, one JSON line per
+    /// request stage after `RequestReceived`) to `<dir>/logs/audit.log`, so a benchmark can count
+    /// requests per user and verb. Off by default: it costs the API server some CPU.
+    pub audit: bool,
 }
 
 impl Default for ClusterOptions {
@@ -133,6 +145,7 @@ impl Default for ClusterOptions {
             crd_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds"),
             zones: ["zone-a", "zone-b", "zone-c"].map(String::from).to_vec(),
             wait_timeout: Duration::from_secs(90),
+            audit: false,
         }
     }
 }
@@ -165,6 +178,8 @@ pub struct LocalCluster {
     restarted_apiservers: Mutex<Vec<Supervised>>,
     node_names: Vec<String>,
     startup: Duration,
+    /// The audit log, when [`ClusterOptions::audit`] is set.
+    audit_log: Option<PathBuf>,
 }
 
 impl LocalCluster {
@@ -208,6 +223,7 @@ impl LocalCluster {
         )?;
         let config = load_config(&kubeconfig).await?;
 
+        let audit_log = opts.audit.then(|| dir.join("logs").join("audit.log"));
         let mut cluster = LocalCluster {
             dir,
             temp_dir: Mutex::new(temp_dir),
@@ -224,6 +240,7 @@ impl LocalCluster {
                 .map(|zone| format!("kwok-node-{zone}"))
                 .collect(),
             startup: Duration::ZERO,
+            audit_log,
         };
         // From here on, an early return drops `cluster`, which stops what was started.
         cluster
@@ -315,7 +332,7 @@ impl LocalCluster {
             &[],
         )?;
         let pki = &self.pki;
-        let args = vec![
+        let mut args = vec![
             format!("--etcd-servers={client_url}"),
             format!("--bind-address={LOOPBACK}"),
             format!("--secure-port={apiserver_port}"),
@@ -335,6 +352,17 @@ impl LocalCluster {
             "--allow-privileged=true".into(),
             format!("--cert-dir={}", self.dir.join("pki").display()),
         ];
+        if let Some(log) = &self.audit_log {
+            let policy = self.dir.join("audit-policy.yaml");
+            std::fs::write(&policy, AUDIT_POLICY)
+                .map_err(ClusterError::io(format!("writing {}", policy.display())))?;
+            args.extend([
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", log.display()),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+            ]);
+        }
         self.spawn("kube-apiserver", &args, &[])?;
 
         let client = self.client()?;
@@ -618,6 +646,11 @@ impl LocalCluster {
     /// Names of the fake Nodes, one per zone.
     pub fn node_names(&self) -> &[String] {
         &self.node_names
+    }
+
+    /// The API server's audit log (JSON lines), when started with [`ClusterOptions::audit`].
+    pub fn audit_log(&self) -> Option<&Path> {
+        self.audit_log.as_deref()
     }
 
     /// Wall-clock time `start` took.

@@ -83,9 +83,16 @@ where
     }
 }
 
+/// Environment variable naming a directory of already-built handler binaries, used instead of
+/// building them (the benchmark runs release builds it did not compile itself).
+pub const HANDLER_DIR_ENV: &str = "MULTIGRES_HANDLER_DIR";
+
 /// Builds the four handlers once per test process, with the profile and target directory of
-/// the running test, and returns the path of `name`.
+/// the running test, and returns the path of `name` (or takes it from [`HANDLER_DIR_ENV`]).
 pub fn handler_binary(name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os(HANDLER_DIR_ENV) {
+        return PathBuf::from(dir).join(name);
+    }
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
         // A test runs as <target>/<profile>/deps/<test>-<hash>.
