@@ -4,13 +4,15 @@
 //! and contents it should on a real control plane, with the handlers running as their own
 //! ServiceAccounts (`multigres_e2e::harness`). One module per feature, in `parity/`.
 
-#[path = "parity/warnings.rs"]
-mod warnings;
 #[path = "parity/external_endpoints.rs"]
 mod external_endpoints;
 #[path = "parity/internal_tls.rs"]
 mod internal_tls;
+#[path = "parity/warnings.rs"]
+mod warnings;
 #[path = "parity/image_policy.rs"]
 mod image_policy;
 #[path = "parity/observability.rs"]
 mod observability;
+#[path = "parity/postgres_config.rs"]
+mod postgres_config;

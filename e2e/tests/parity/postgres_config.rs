@@ -1,0 +1,346 @@
+//! PostgreSQL configuration (`postgresConfig`, `postgresConfigRef`, `initdbArgs`): the
+//! resource-handler renders the shard's postgresql.conf into `<shard>-postgres-config` with
+//! exactly the rendered contents (a missing referenced ConfigMap is reported until it
+//! appears), mounts it into pgctld; a change PostgreSQL applies on reload restarts no pod, and
+//! a change that needs a restart restarts the replicas first and the primary last.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use multigres_api::postgres::render_shard;
+use multigres_api::v1alpha1::Shard;
+use multigres_e2e::harness::{
+    HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace,
+};
+use serde_json::json;
+
+const NAME: &str = "pgc-postgres-default-0-inf";
+const SET: &str = "pgc-postgres-default-0-inf-pool-main-zone-a";
+const CONFIG_MAP: &str = "pgc-postgres-default-0-inf-postgres-config";
+const CONFIG_HASH: &str = "multigres.com/postgres-config-hash";
+const RELOAD_HASH: &str = "multigres.com/postgres-reload-hash";
+const REFERENCED: &str = "statement_timeout = 30s\n";
+
+/// A Shard as the cluster-handler writes it: one pool of three pods, a postgresConfig map, a
+/// postgresConfigRef and initdb arguments.
+fn shard(namespace: &str) -> String {
+    format!(
+        r#"
+apiVersion: multigres.com/v1alpha1
+kind: Shard
+metadata:
+  name: {NAME}
+  labels:
+    app.kubernetes.io/instance: pgc
+    app.kubernetes.io/component: shard
+    app.kubernetes.io/managed-by: multigres-operator
+    multigres.com/cluster: pgc
+    multigres.com/database: postgres
+    multigres.com/tablegroup: default
+    multigres.com/shard: 0-inf
+spec:
+  databaseName: postgres
+  tableGroupName: default
+  shardName: 0-inf
+  images:
+    multiorch: ghcr.io/multigres/multigres:sha-66d2310
+    multipooler: ghcr.io/multigres/multigres:sha-66d2310
+    postgres: ghcr.io/multigres/pgctld:sha-66d2310
+  globalTopoServer:
+    address: pgc-global-topo.{namespace}.svc:2379
+    rootPath: /multigres/global
+    implementation: etcd
+  multiorch:
+    cells: [zone-a]
+  initdbArgs: --data-checksums
+  postgresConfig: {{work_mem: 8MB, max_connections: "100"}}
+  postgresConfigRef: {{name: tuning, key: extra.conf}}
+  pools:
+    main:
+      cells: [zone-a]
+      replicasPerCell: 3
+      storage: {{size: 1Gi}}
+      postgres:
+        resources:
+          requests: {{cpu: 100m, memory: 256Mi}}
+          limits: {{memory: 512Mi}}
+  postgresPasswordSecretRef: {{name: pg-superuser, key: password}}
+"#
+    )
+}
+
+/// Pool pod name → (uid, Ready).
+async fn pods(api: &Api<Pod>) -> BTreeMap<String, (String, bool)> {
+    api.list(
+        &ListParams::default()
+            .labels("app.kubernetes.io/component=shard-pool,multigres.com/cluster=pgc"),
+    )
+    .await
+    .unwrap()
+    .items
+    .into_iter()
+    .filter(|p| p.metadata.deletion_timestamp.is_none())
+    .map(|p| {
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        (p.name_any(), (p.uid().unwrap_or_default(), ready))
+    })
+    .collect()
+}
+
+/// The restart fingerprint on the pool's pod template.
+async fn template_hash(api: &Api<StatefulSet>) -> Option<String> {
+    let set = api.get(SET).await.ok()?;
+    let template = set.spec?.template.metadata?;
+    template.annotations?.get(CONFIG_HASH).cloned()
+}
+
+async fn patch_config(shards: &Api<Shard>, config: serde_json::Value) {
+    shards
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"postgresConfig": config}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// The ConfigMap once it holds a file whose lines include `line`.
+async fn config_with(config_maps: &Api<ConfigMap>, line: &str) -> ConfigMap {
+    eventually(&format!("the config holds {line:?}"), WAIT, || async {
+        let cm = config_maps
+            .get(CONFIG_MAP)
+            .await
+            .map_err(|e| e.to_string())?;
+        let text = cm.data.clone().unwrap_or_default();
+        let text = text.get("postgresql.conf").cloned().unwrap_or_default();
+        if text.lines().any(|l| l == line) {
+            Ok(cm)
+        } else {
+            Err(text)
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_before_the_primary() {
+    let cluster = control_plane().await;
+    let ns = fresh_namespace(cluster, "pg-config").await;
+    let _handler = HandlerProcess::start_in(cluster, "resource-handler", &ns, &[]).await;
+    let client = admin(cluster);
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+
+    // The referenced ConfigMap does not exist yet: reported, nothing is created.
+    apply_yaml(cluster, &ns, &shard(&ns)).await;
+    let error = eventually("the missing ConfigMap is reported", WAIT, || async {
+        let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
+        s.status
+            .and_then(|st| st.postgres_config)
+            .and_then(|pc| pc.error)
+            .ok_or_else(|| "no postgresConfig.error yet".to_owned())
+    })
+    .await;
+    assert_eq!(
+        error,
+        format!(
+            "postgresConfigRef: ConfigMap \"tuning\" not found in namespace \"{ns}\"; create it \
+             with key \"extra.conf\" or remove postgresConfigRef"
+        )
+    );
+    assert!(config_maps.get_opt(CONFIG_MAP).await.unwrap().is_none());
+    assert!(sets.get_opt(SET).await.unwrap().is_none());
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    eventually("a Warning event names the ConfigMap", WAIT, || async {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        list.items
+            .iter()
+            .find(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.note.as_deref().is_some_and(|n| n.contains("\"tuning\""))
+            })
+            .map(|_| ())
+            .ok_or_else(|| format!("{} events", list.items.len()))
+    })
+    .await;
+
+    // Creating it is noticed (the handler watches ConfigMaps) and the file is rendered.
+    apply_yaml(
+        cluster,
+        &ns,
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: tuning}}\ndata:\n  extra.conf: \
+             \"{}\"\n",
+            REFERENCED.replace('\n', "\\n")
+        ),
+    )
+    .await;
+    let cm = config_with(&config_maps, "work_mem = '8MB'").await;
+    let stored = shards.get(NAME).await.unwrap();
+    let expected = render_shard("pgc", &stored.spec, Some(REFERENCED)).unwrap();
+    let text = cm.data.as_ref().unwrap()["postgresql.conf"].clone();
+    assert_eq!(text, expected.text, "exact contents");
+    for line in [
+        "cluster_name = 'pgc/postgres/default/0-inf'",
+        // Sized from the 512Mi limit.
+        "shared_buffers = '128MB'",
+        "# postgresConfigRef: ConfigMap tuning, key extra.conf.",
+        "statement_timeout = 30s",
+        "max_connections = '100'",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+    }
+    assert_eq!(cm.annotations()[CONFIG_HASH], expected.split.restart_hash);
+    assert_eq!(
+        cm.owner_references()[0].uid,
+        stored.uid().unwrap(),
+        "owned by the Shard"
+    );
+
+    // Pool pods mount it, carry its restart fingerprint, and come up.
+    let restart_hash = expected.split.restart_hash.clone();
+    eventually(
+        "the pod template carries the restart fingerprint",
+        WAIT,
+        || async {
+            match template_hash(&sets).await {
+                Some(hash) if hash == restart_hash => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let set = sets.get(SET).await.unwrap();
+    let pod = set.spec.unwrap().template.spec.unwrap();
+    let pgctld = pod.init_containers.unwrap().remove(0);
+    let env: BTreeMap<_, _> = pgctld
+        .env
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.value.unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        env["POSTGRES_INITDB_EXTRA_CONF"],
+        "/etc/pgctld/postgres-config/postgresql.conf"
+    );
+    assert_eq!(env["POSTGRES_INITDB_ARGS"], "--data-checksums");
+    let before = eventually("three Ready pool pods", WAIT, || async {
+        let now = pods(&pod_api).await;
+        if now.len() == 3 && now.values().all(|(_, ready)| *ready) {
+            Ok(now)
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
+    let settled = eventually("the config settles", WAIT, || async {
+        let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
+        let pc = s
+            .status
+            .and_then(|st| st.postgres_config)
+            .unwrap_or_default();
+        match (pc.in_progress, &pc.last_applied_at, &pc.error) {
+            (Some(false), Some(_), None) => Ok(pc),
+            _ => Err(format!("{pc:?}")),
+        }
+    })
+    .await;
+
+    // Roles, as the data-handler publishes them: pod 1 is the primary.
+    let primary = format!("{SET}-1");
+    let roles: BTreeMap<&String, &str> = before
+        .keys()
+        .map(|p| (p, if *p == primary { "PRIMARY" } else { "REPLICA" }))
+        .collect();
+    shards
+        .patch_status(
+            NAME,
+            &PatchParams::apply("e2e-data-handler").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
+                "metadata": {"name": NAME},
+                "status": {"podRoles": roles},
+            })),
+        )
+        .await
+        .unwrap();
+
+    // A reload-class change: the file changes, the pod template and the pods do not.
+    let reload_before = cm.annotations()[RELOAD_HASH].clone();
+    patch_config(&shards, json!({"work_mem": "16MB"})).await;
+    let cm = config_with(&config_maps, "work_mem = '16MB'").await;
+    assert_ne!(cm.annotations()[RELOAD_HASH], reload_before);
+    assert_eq!(cm.annotations()[CONFIG_HASH], restart_hash);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        template_hash(&sets).await.as_deref(),
+        Some(restart_hash.as_str())
+    );
+    assert_eq!(
+        pods(&pod_api).await,
+        before,
+        "a reload-only change restarted a pod"
+    );
+    let pc = shards
+        .get(NAME)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .postgres_config;
+    assert_eq!(pc, Some(settled.clone()), "nothing to roll out");
+
+    // A restart-class change: replicas restart first, the primary last, one at a time.
+    patch_config(&shards, json!({"shared_buffers": "256MB"})).await;
+    let cm = config_with(&config_maps, "shared_buffers = '256MB'").await;
+    let new_hash = cm.annotations()[CONFIG_HASH].clone();
+    assert_ne!(new_hash, restart_hash);
+    let mut order: Vec<String> = Vec::new();
+    let deadline = Instant::now() + WAIT * 2;
+    while order.len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "restarts stalled after {order:?}"
+        );
+        let now = pods(&pod_api).await;
+        for (pod, (uid, _)) in &now {
+            if before.get(pod).map(|(u, _)| u) != Some(uid) && !order.contains(pod) {
+                order.push(pod.clone());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        order,
+        [format!("{SET}-0"), format!("{SET}-2"), primary],
+        "restart order"
+    );
+    for pod in before.keys() {
+        let p = pod_api.get(pod).await.unwrap();
+        assert_eq!(p.annotations().get(CONFIG_HASH), Some(&new_hash), "{pod}");
+    }
+    eventually("the new config settles", WAIT, || async {
+        let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
+        let pc = s
+            .status
+            .and_then(|st| st.postgres_config)
+            .unwrap_or_default();
+        match (pc.in_progress, &pc.last_applied_at) {
+            (Some(false), Some(at)) if Some(at) != settled.last_applied_at.as_ref() => Ok(()),
+            _ => Err(format!("{pc:?}")),
+        }
+    })
+    .await;
+}
