@@ -9,6 +9,7 @@
 //! spans, in that order.
 
 use std::error::Error as StdError;
+use std::time::Duration;
 
 use kube::Client;
 use tokio::sync::watch;
@@ -20,6 +21,30 @@ use crate::servers::{ServerError, Servers};
 use crate::shutdown::Shutdown;
 use crate::state::{HandlerState, LeaderState};
 use crate::telemetry::{ErrorChain, ServiceInfo, Telemetry, TelemetryError};
+
+/// How long `work` may take to stop once shutdown begins before it is dropped. kube's
+/// controllers never finish a graceful shutdown that starts before their caches are filled
+/// (the runner waits for a store that can no longer fill), and every reconcile is idempotent,
+/// so abandoning in-flight ones is safe; a handler must exit on SIGTERM either way.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs `work` to completion, or until `STOP_GRACE` after `shutdown` fires.
+async fn until_stopped<E>(
+    shutdown: Shutdown,
+    work: impl Future<Output = Result<(), E>>,
+) -> Result<(), E> {
+    tokio::pin!(work);
+    tokio::select! {
+        result = &mut work => result,
+        () = async {
+            shutdown.wait().await;
+            tokio::time::sleep(STOP_GRACE).await;
+        } => {
+            tracing::warn!(grace = ?STOP_GRACE, "controllers did not stop in time; abandoning them");
+            Ok(())
+        }
+    }
+}
 
 /// Why a handler could not start or did not end cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +148,7 @@ impl HandlerRuntime {
     ///
     /// With `leader` given and `--leader-elect` on, the replica first campaigns for the Lease
     /// (reporting SERVING while it stands by, since a healthy standby is ready), runs `work`
-    /// only once it leads, and returns [`RuntimeError::Leadership`] if it loses the Lease, after
+    /// only once it leads (NOT_SERVING again until `work` reports its caches synced), and returns [`RuntimeError::Leadership`] if it loses the Lease, after
     /// `work` has stopped. Otherwise `work` starts at once (`LEADER_STATE_NOT_ELECTED`).
     ///
     /// `work` must return soon after `HandlerContext::shutdown` fires, and report readiness
@@ -147,7 +172,7 @@ impl HandlerRuntime {
             Some(args) => self.run_elected(args, context, work).await,
             None => {
                 self.state.set_leader_state(LeaderState::NotElected);
-                work(context)
+                until_stopped(self.shutdown.clone(), work(context))
                     .await
                     .map_err(|e| RuntimeError::Work(e.into()))
             }
@@ -211,8 +236,11 @@ impl HandlerRuntime {
             joined = &mut elector => return join(joined),
             Ok(_) = leading.wait_for(|leads| *leads) => {}
         }
+        // A new leader is not ready until `work` has filled its caches: a leader that cannot
+        // (say, its RBAC is missing a rule) must fail its readiness probe, not pass it.
+        self.state.set_serving(false).await;
 
-        let work = work(context);
+        let work = until_stopped(self.shutdown.clone(), work(context));
         tokio::pin!(work);
         let (work_result, lost) = tokio::select! {
             result = &mut work => (result, None),
@@ -231,5 +259,39 @@ impl HandlerRuntime {
         };
         elector_result?;
         work_result.map_err(|e| RuntimeError::Work(e.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn work_that_ignores_shutdown_is_abandoned_after_the_grace_period() {
+        let shutdown = Shutdown::new();
+        let stuck = until_stopped(shutdown.clone(), std::future::pending::<Result<(), ()>>());
+        tokio::pin!(stuck);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), &mut stuck)
+                .await
+                .is_err(),
+            "no shutdown yet: work keeps running"
+        );
+        shutdown.trigger();
+        let started = tokio::time::Instant::now();
+        assert_eq!(stuck.await, Ok(()));
+        assert_eq!(started.elapsed(), STOP_GRACE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_that_stops_returns_its_own_result() {
+        let shutdown = Shutdown::new();
+        let waiting = shutdown.wait();
+        let work = until_stopped(shutdown.clone(), async move {
+            waiting.await;
+            Err::<(), _>("stopped with an error")
+        });
+        shutdown.trigger();
+        assert_eq!(work.await, Err("stopped with an error"));
     }
 }

@@ -6,152 +6,64 @@
 //! The binaries are built on first use (`cargo build` of the four packages, same profile and
 //! target directory as this test), so the test never runs stale executables.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use multigres_e2e::cluster::LocalCluster;
-use multigres_e2e::process::Supervised;
+use multigres_e2e::harness::{HANDLERS, HandlerProcess};
 use multigres_proto::operator::v1::handler_info_client::HandlerInfoClient;
 use multigres_proto::operator::v1::{GetInfoRequest, GetInfoResponse, LeaderState};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-const HANDLERS: [&str; 4] = [
-    "cluster-handler",
-    "resource-handler",
-    "data-handler",
-    "webhook-server",
-];
-
 /// Generous bound for anything that normally takes well under a second.
 const WAIT: Duration = Duration::from_secs(30);
 
 async fn cluster() -> &'static LocalCluster {
-    LocalCluster::shared()
-        .await
-        .unwrap_or_else(|e| panic!("starting the local control plane: {e}"))
+    multigres_e2e::harness::control_plane().await
 }
 
-/// Builds the four binaries once per test process and returns the directory holding them.
-fn bin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        // This test runs as <target>/<profile>/deps/handlers-<hash>.
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .ancestors()
-            .nth(2)
-            .expect("profile directory above deps/")
-            .to_path_buf();
-        let target_dir = profile_dir.parent().expect("target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let mut command = Command::new(cargo);
-        command
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
-            .arg(target_dir);
-        for handler in HANDLERS {
-            command.args(["-p", handler]);
-        }
-        let status = command.status().expect("running cargo build");
-        assert!(
-            status.success(),
-            "cargo build of the handlers failed: {status}"
-        );
-        profile_dir
-    })
-}
-
-/// A handler process and where it listens.
-struct Handler {
-    name: &'static str,
-    /// Declared before the log directory so the process stops before its log is removed.
-    process: Supervised,
-    _log_dir: tempfile::TempDir,
-    grpc: SocketAddr,
-    metrics: SocketAddr,
-}
-
-/// Reads the JSON log until the "servers listening" line and returns the bound addresses.
-fn listening_addrs(log: &str) -> Option<(SocketAddr, SocketAddr)> {
-    log.lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|entry| entry["message"] == "servers listening")
-        .map(|entry| {
-            let addr = |field: &str| {
-                entry[field]
-                    .as_str()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or_else(|| panic!("bad {field} in {entry}"))
-            };
-            (addr("grpc_addr"), addr("metrics_addr"))
-        })
-}
-
-impl Handler {
-    /// Starts `name` on loopback ports chosen by the OS, with `extra` flags.
-    async fn start(name: &'static str, kubeconfig: &Path, extra: &[String]) -> Handler {
-        let log_dir = tempfile::Builder::new()
-            .prefix(&format!("multigres-{name}-"))
-            .tempdir()
-            .expect("log temp dir");
-        let log = log_dir.path().join(format!("{name}.log"));
-        let mut args = vec![
-            format!("--kubeconfig={}", kubeconfig.display()),
-            "--grpc-bind-address=127.0.0.1:0".to_owned(),
-            "--metrics-bind-address=127.0.0.1:0".to_owned(),
-            "--log-format=json".to_owned(),
-            "--log-level=info".to_owned(),
-        ];
-        if name == "webhook-server" {
-            args.push("--webhook-bind-address=127.0.0.1:0".to_owned());
-        }
-        args.extend_from_slice(extra);
-        let process = Supervised::spawn(name, &bin_dir().join(name), &args, &[], &log)
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some((grpc, metrics)) = listening_addrs(&text) {
-                return Handler {
-                    name,
-                    process,
-                    _log_dir: log_dir,
-                    grpc,
-                    metrics,
-                };
-            }
-            if let Some(status) = process.exit_status() {
-                panic!("{name} exited early ({status}):\n{text}");
-            }
-            assert!(Instant::now() < deadline, "{name} never listened:\n{text}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+/// Starts `name` against `kubeconfig` with `extra` flags (the webhook on a free port too).
+async fn start(name: &str, kubeconfig: &Path, extra: &[String]) -> HandlerProcess {
+    let mut args = extra.to_vec();
+    if name == "webhook-server" {
+        args.push("--webhook-bind-address=127.0.0.1:0".to_owned());
     }
+    HandlerProcess::spawn(name, kubeconfig, &args).await
+}
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.process.log_path()).unwrap_or_default()
-    }
+/// What this test asks of a running handler over gRPC, besides the harness's process control.
+trait Probed {
+    async fn channel(&self) -> Channel;
+    async fn health(&self) -> ServingStatus;
+    async fn info(&self) -> GetInfoResponse;
+    async fn wait_info(
+        &self,
+        what: &str,
+        done: impl Fn(&GetInfoResponse) -> bool,
+    ) -> GetInfoResponse;
+    async fn terminate(&self);
+}
 
+impl Probed for HandlerProcess {
     async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.grpc))
+        Channel::from_shared(format!("http://{}", self.grpc_addr()))
             .expect("endpoint")
             .connect()
             .await
-            .unwrap_or_else(|e| panic!("{} gRPC at {}: {e}\n{}", self.name, self.grpc, self.log()))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{} gRPC at {}: {e}\n{}",
+                    self.name(),
+                    self.grpc_addr(),
+                    self.log()
+                )
+            })
     }
 
     async fn health(&self) -> ServingStatus {
@@ -160,7 +72,7 @@ impl Handler {
                 service: String::new(),
             })
             .await
-            .unwrap_or_else(|e| panic!("{} health: {e}", self.name))
+            .unwrap_or_else(|e| panic!("{} health: {e}", self.name()))
             .into_inner()
             .status()
     }
@@ -169,7 +81,7 @@ impl Handler {
         HandlerInfoClient::new(self.channel().await)
             .get_info(GetInfoRequest {})
             .await
-            .unwrap_or_else(|e| panic!("{} HandlerInfo: {e}", self.name))
+            .unwrap_or_else(|e| panic!("{} HandlerInfo: {e}", self.name()))
             .into_inner()
     }
 
@@ -188,55 +100,10 @@ impl Handler {
             assert!(
                 Instant::now() < deadline,
                 "{}: {what} not reached; last HandlerInfo {info:?}\n{}",
-                self.name,
+                self.name(),
                 self.log()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn metrics(&self) -> String {
-        let mut stream = TcpStream::connect(self.metrics)
-            .await
-            .expect("metrics connect");
-        let request = format!(
-            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.metrics
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .expect("metrics request");
-        let mut response = String::new();
-        stream
-            .read_to_string(&mut response)
-            .await
-            .expect("metrics response");
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        response
-    }
-
-    fn signal(&self, signal: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.process.pid()).expect("pid fits pid_t");
-        // SAFETY: kill(2) only sends a signal to our own child; no memory is involved.
-        let rc = unsafe { libc::kill(pid, signal) };
-        assert_eq!(rc, 0, "signalling {}", self.name);
-    }
-
-    /// Waits for the process to exit and returns its exit code (`None` if killed by a signal).
-    async fn wait_exit(&self) -> Option<i32> {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.process.exit_status() {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not exit:\n{}",
-                self.name,
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -248,7 +115,7 @@ impl Handler {
             code,
             Some(0),
             "{} exit after SIGTERM:\n{}",
-            self.name,
+            self.name(),
             self.log()
         );
     }
@@ -259,15 +126,15 @@ async fn every_handler_serves_health_info_and_metrics_and_stops_on_sigterm() {
     let cluster = cluster().await;
     let mut handlers = Vec::new();
     for name in HANDLERS {
-        handlers.push(Handler::start(name, cluster.kubeconfig(), &[]).await);
+        handlers.push(start(name, cluster.kubeconfig(), &[]).await);
     }
     for handler in &handlers {
-        let is_webhook = handler.name == "webhook-server";
+        let is_webhook = handler.name() == "webhook-server";
         // Controllers serve once their caches sync, the webhook once its certificate is loaded.
         let info = handler
             .wait_info("readiness settled", |info| info.serving)
             .await;
-        assert_eq!(info.name, handler.name);
+        assert_eq!(info.name, handler.name());
         assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
         assert_eq!(info.leader_state(), LeaderState::NotElected);
         assert!(
@@ -279,18 +146,18 @@ async fn every_handler_serves_health_info_and_metrics_and_stops_on_sigterm() {
             handler.health().await,
             ServingStatus::Serving,
             "{}",
-            handler.name
+            handler.name()
         );
 
         let metrics = handler.metrics().await;
         let gauge = format!(
             "multigres_operator_leader{{handler=\"{}\"}} 1",
-            handler.name
+            handler.name()
         );
         assert!(
             metrics.contains(&gauge),
             "{}: no {gauge} in\n{metrics}",
-            handler.name
+            handler.name()
         );
 
         let log = handler.log();
@@ -310,16 +177,16 @@ async fn every_handler_serves_health_info_and_metrics_and_stops_on_sigterm() {
         let log = handler.log();
         assert!(log.contains("\"message\":\"stopped\""), "{log}");
         assert!(
-            TcpStream::connect(handler.grpc).await.is_err(),
+            TcpStream::connect(handler.grpc_addr()).await.is_err(),
             "{} still listens after exit",
-            handler.name
+            handler.name()
         );
     }
 }
 
 #[tokio::test]
 async fn a_handler_without_a_usable_kubeconfig_exits_with_a_clear_error() {
-    let handler = Handler::start(
+    let handler = start(
         "resource-handler",
         Path::new("/nonexistent/kubeconfig"),
         &[],
@@ -368,8 +235,8 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
     let kubeconfig = cluster.kubeconfig();
 
     let flags = lease_flags(namespace);
-    let first = Handler::start("cluster-handler", kubeconfig, &flags).await;
-    let second = Handler::start("cluster-handler", kubeconfig, &flags).await;
+    let first = start("cluster-handler", kubeconfig, &flags).await;
+    let second = start("cluster-handler", kubeconfig, &flags).await;
     let deadline = Instant::now() + WAIT;
     let (leader, standby) = loop {
         let (a, b) = (first.info().await, second.info().await);
@@ -382,7 +249,9 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let leader_info = leader
-        .wait_info("leadership", |i| i.leader_state() == LeaderState::Leader)
+        .wait_info("leadership and synced caches", |i| {
+            i.leader_state() == LeaderState::Leader && i.serving
+        })
         .await;
     let standby_info = standby
         .wait_info("standby seeing the leader", |i| {
@@ -433,7 +302,7 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
 
     // A replica stopped with SIGTERM releases the Lease on its way out: right after it exits the
     // Lease no longer names it, although it was renewed less than a second before.
-    let third = Handler::start("cluster-handler", kubeconfig, &flags).await;
+    let third = start("cluster-handler", kubeconfig, &flags).await;
     third
         .wait_info("standby behind the new leader", |i| {
             i.leader_state() == LeaderState::Standby && i.lease_holder == new_leader.identity
@@ -473,7 +342,7 @@ async fn a_leader_whose_lease_is_taken_stops_and_exits_with_an_error() {
         .await
         .unwrap_or_else(|e| panic!("creating namespace: {e}"));
     let leases: Api<Lease> = Api::namespaced(cluster.client().expect("client"), namespace);
-    let leader = Handler::start(
+    let leader = start(
         "data-handler",
         cluster.kubeconfig(),
         &lease_flags(namespace),
