@@ -697,6 +697,8 @@ struct Requests {
     /// Distinct objects written (group, resource, namespace, name; subresources fold into
     /// their object).
     objects: BTreeSet<(String, String, String, String)>,
+    /// Writes by `resource[/subresource] verb`, to show where they go.
+    writes_by_resource: BTreeMap<String, u64>,
     /// Requests answered with an error status (409 conflicts and the like).
     failed: u64,
 }
@@ -761,7 +763,7 @@ impl Audit {
                 None => {
                     let agent = event["userAgent"].as_str().unwrap_or("?");
                     let agent = agent.split('/').next().unwrap_or(agent);
-                    if agent == "bench" || agent.starts_with("kube-rs") || agent.is_empty() {
+                    if agent == "?" || agent.starts_with("kube-rs") || agent.is_empty() {
                         "benchmark client".to_owned()
                     } else {
                         agent.to_owned()
@@ -783,6 +785,13 @@ impl Audit {
                     field("namespace"),
                     field("name"),
                 ));
+                let subresource = field("subresource");
+                let what = if subresource.is_empty() {
+                    format!("{} {verb}", field("resource"))
+                } else {
+                    format!("{}/{subresource} {verb}", field("resource"))
+                };
+                *entry.writes_by_resource.entry(what).or_default() += 1;
             }
         }
         Ok(users)
@@ -1036,8 +1045,22 @@ async fn converge(
             last(&seen.available),
         )
     };
+    let by_kind = {
+        let seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last: BTreeMap<String, f64> = BTreeMap::new();
+        for (key, at) in seen.children.iter().chain(&seen.workloads) {
+            let kind = key.split('/').next().unwrap_or_default().to_owned();
+            let at = at.saturating_duration_since(began).as_secs_f64();
+            let entry = last.entry(kind).or_default();
+            *entry = entry.max(at);
+        }
+        last.iter()
+            .map(|(kind, at)| format!("{kind} {at:.2}s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     progress!(
-        "{n} clusters, run {}: children {children_s:.2}s, workloads {workloads_s:.2}s, Available {available_s:.2}s",
+        "{n} clusters, run {}: children {children_s:.2}s, workloads {workloads_s:.2}s, Available {available_s:.2}s (last created per kind: {by_kind})",
         run + 1
     );
 
@@ -1212,6 +1235,22 @@ fn print_report(
         }
     }
     if let Some(last) = results.last() {
+        println!(
+            "\nWrites by resource in the last run ({} clusters):\n",
+            last.clusters
+        );
+        println!("| handler | writes by resource and verb |");
+        println!("|---|---|");
+        for handler in CONTROLLERS {
+            let q = last.requests.get(handler).cloned().unwrap_or_default();
+            let list = q
+                .writes_by_resource
+                .iter()
+                .map(|(what, n)| format!("{what} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            println!("| {handler} | {list} |");
+        }
         let others: Vec<String> = last
             .requests
             .iter()
