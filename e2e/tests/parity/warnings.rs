@@ -75,6 +75,37 @@ async fn start_webhook(
         }),
     )
     .await;
+    // The shipped role names the shipped registrations; these have the test's own names.
+    let registrations = format!("{users}-webhook-registrations");
+    apply(
+        &admin,
+        None,
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": registrations},
+            "rules": [
+                {"apiGroups": ["admissionregistration.k8s.io"],
+                 "resources": ["mutatingwebhookconfigurations"],
+                 "resourceNames": [format!("{users}-mutating")], "verbs": ["get", "patch"]},
+                {"apiGroups": ["admissionregistration.k8s.io"],
+                 "resources": ["validatingwebhookconfigurations"],
+                 "resourceNames": [format!("{users}-validating")], "verbs": ["get", "patch"]},
+            ],
+        }),
+    )
+    .await;
+    apply(
+        &admin,
+        None,
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": registrations},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": registrations},
+            "subjects": subject,
+        }),
+    )
+    .await;
     let kubeconfig = cluster
         .service_account_kubeconfig(system, WEBHOOK_ACCOUNT, Duration::from_secs(3600))
         .await
