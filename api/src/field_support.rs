@@ -163,10 +163,12 @@ const SHARD: &str = "resource-handler: the shard's multiorch and pool pods";
 const POOL_PVC: &str = "resource-handler: pool PVC retention";
 const PLACEMENT: &str = "resource-handler: pod nodeSelector from the cell's zone or region";
 
-const POSTGRES_CONFIG: &str =
-    "no postgresql.conf is rendered from it yet; PostgreSQL runs with pgctld's defaults";
-const POSTGRES_CONFIG_REF: &str =
-    "the ConfigMap is not read yet; PostgreSQL runs with pgctld's defaults";
+const POSTGRES_CONFIG: &str = "webhook: checked against the PostgreSQL 17 catalog; \
+     resource-handler: rendered into `<shard>-postgres-config` for pgctld; a restart-class change \
+     restarts pods replicas first, no reload signal is sent yet \
+     (docs/postgresql-configuration.md)";
+const POSTGRES_CONFIG_REF: &str = "resource-handler: the ConfigMap key rendered into \
+     `<shard>-postgres-config`, re-rendered when it changes (docs/postgresql-configuration.md)";
 const PGBACKREST_TLS: &str = "resource-handler: the named Secret checked and mounted, or a \
      per-shard CA and certificate issued and mounted (docs/tls.md)";
 const INTERNAL_TLS: &str = "resource-handler: a CA and per-process certificates, mounted with \
@@ -462,17 +464,15 @@ pub static FIELDS: &[Field] = &[
         "spec.databases[].tablegroups[].shards[].overrides.pools",
         SHARD,
     ),
-    todo(
+    done(
         Mgc,
         "spec.databases[].tablegroups[].shards[].overrides.postgresConfig",
         POSTGRES_CONFIG,
-        When::Set,
     ),
-    todo(
+    done(
         Mgc,
         "spec.databases[].tablegroups[].shards[].overrides.postgresConfigRef",
         POSTGRES_CONFIG_REF,
-        When::Set,
     ),
     done(
         Mgc,
@@ -494,17 +494,15 @@ pub static FIELDS: &[Field] = &[
         "spec.databases[].tablegroups[].shards[].spec.pvcDeletionPolicy",
         POOL_PVC,
     ),
-    todo(
+    done(
         Mgc,
         "spec.databases[].tablegroups[].shards[].spec.postgresConfig",
         POSTGRES_CONFIG,
-        When::Set,
     ),
-    todo(
+    done(
         Mgc,
         "spec.databases[].tablegroups[].shards[].spec.postgresConfigRef",
         POSTGRES_CONFIG_REF,
-        When::Set,
     ),
     // CoreTemplate.
     done(Cot, "spec.globalTopoServer", TOPO_SERVER),
@@ -552,13 +550,8 @@ pub static FIELDS: &[Field] = &[
     ),
     done(Sht, "spec.pools", SHARD),
     done(Sht, "spec.pvcDeletionPolicy", POOL_PVC),
-    todo(Sht, "spec.postgresConfig", POSTGRES_CONFIG, When::Set),
-    todo(
-        Sht,
-        "spec.postgresConfigRef",
-        POSTGRES_CONFIG_REF,
-        When::Set,
-    ),
+    done(Sht, "spec.postgresConfig", POSTGRES_CONFIG),
+    done(Sht, "spec.postgresConfigRef", POSTGRES_CONFIG_REF),
 ];
 
 /// The registry entries of one kind.
