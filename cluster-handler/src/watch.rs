@@ -80,7 +80,7 @@ where
 {
     let (reader, writer) = reflector::store();
     let (listed, synced) = tokio::sync::watch::channel(false);
-    let events = watcher(scope.api::<Guarded<K>>(client), config)
+    let events = multigres_common::watch::watcher(scope.api::<Guarded<K>>(client), config)
         .default_backoff()
         .modify(|obj: &mut Guarded<K>| obj.managed_fields_mut().clear())
         .reflect(writer)

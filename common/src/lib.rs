@@ -20,5 +20,6 @@ pub mod shutdown;
 pub mod state;
 pub mod status_metrics;
 pub mod telemetry;
+pub mod watch;
 
 pub use runtime::{HandlerContext, HandlerRuntime, RuntimeError};

@@ -63,7 +63,7 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = watcher(scope.api::<Guarded<K>>(client), config)
+    let stream = multigres_common::watch::watcher(scope.api::<Guarded<K>>(client), config)
         .default_backoff()
         .modify(|obj: &mut Guarded<K>| obj.managed_fields_mut().clear())
         .reflect(writer);
@@ -97,7 +97,7 @@ where
             .subscribe()
             .expect("a writer made by store_shared always hands out subscriptions")
     });
-    let stream = watcher(scope.api::<Guarded<K>>(client), config)
+    let stream = multigres_common::watch::watcher(scope.api::<Guarded<K>>(client), config)
         .default_backoff()
         .modify(|obj: &mut Guarded<K>| obj.managed_fields_mut().clear())
         .reflect_shared(writer);

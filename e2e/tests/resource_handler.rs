@@ -436,6 +436,41 @@ async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() 
         writes_after, writes_before,
         "an idle reconcile wrote something"
     );
+
+    // Someone deletes the gateway Deployment and Service: both come back at once, new objects
+    // with the same names.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let name = "prod-zone-a-multigateway";
+    let old_uids = (gateway.metadata.uid.clone(), service.metadata.uid.clone());
+    deployments
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    services
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    eventually(
+        "the deleted Deployment and Service are recreated",
+        WAIT,
+        || async {
+            let deployment = deployments.get(name).await.map_err(|e| e.to_string())?;
+            let service = services.get(name).await.map_err(|e| e.to_string())?;
+            let uids = (deployment.metadata.uid, service.metadata.uid);
+            if uids.0 != old_uids.0 && uids.1 != old_uids.1 {
+                Ok(())
+            } else {
+                Err(format!("still the old objects: {uids:?}"))
+            }
+        },
+    )
+    .await;
+    println!(
+        "cell: deleted Deployment and Service recreated in {:?}",
+        started.elapsed()
+    );
 }
 
 /// A Shard with one pool of `replicas` pods in zone-a, as the cluster-handler writes it.

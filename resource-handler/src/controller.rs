@@ -8,6 +8,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
@@ -27,6 +28,7 @@ use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::state::HandlerState;
 use multigres_common::telemetry::ErrorChain;
 use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
 
 /// Name under which events are reported.
 pub const REPORTER: &str = "multigres.com/resource-handler";
@@ -52,6 +54,37 @@ where
     /// Changed objects for the first subscriber; clone it for each further one. Every handle
     /// must be polled (a controller does), or the watch stalls once the buffer is full.
     pub handle: ReflectHandle<K>,
+    /// Deleted objects, which kube's shared streams do not pass on.
+    pub deletions: Deletions<K>,
+}
+
+/// Deleted objects of one shared watch, for every controller that must recreate what it owns.
+#[derive(Clone)]
+pub struct Deletions<K>(broadcast::Sender<Arc<K>>);
+
+/// What wakes a controller for an owned kind: changes and deletions of its objects.
+pub type Trigger<K> = BoxStream<'static, Arc<K>>;
+
+/// `handle`'s changes merged with `deletions`, so a child someone deletes is recreated at once
+/// instead of at the owner's next change. Deletions are rare; if a subscriber falls more than
+/// the buffer behind, the missed ones are logged and the owners catch up on their next event.
+pub fn triggers<K>(handle: ReflectHandle<K>, deletions: &Deletions<K>) -> Trigger<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
+{
+    let deleted = futures::stream::unfold(deletions.0.subscribe(), |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(object) => return Some((object, rx)),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "deletion notices dropped for a slow controller");
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    futures::stream::select(handle, deleted).boxed()
 }
 
 /// Which namespaces the handler serves: every namespace, or one.
@@ -110,12 +143,24 @@ where
     let handle = writer
         .subscribe()
         .expect("a shared store always accepts subscribers");
-    let events = watcher(scope.api::<K>(client), config)
+    let (deleted, _) = broadcast::channel(SHARED_BUFFER);
+    let deletions = Deletions(deleted.clone());
+    let events = multigres_common::watch::watcher(scope.api::<K>(client), config)
         .default_backoff()
         .modify(|obj: &mut K| obj.managed_fields_mut().clear())
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(object)) = event {
+                // No subscriber (a kind no controller owns) is not an error.
+                let _ = deleted.send(Arc::new(object.clone()));
+            }
+        })
         .reflect_shared(writer);
     (
-        Shared { store, handle },
+        Shared {
+            store,
+            handle,
+            deletions,
+        },
         drive(K::kind(&()).into_owned(), events),
     )
 }
@@ -136,7 +181,7 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
-    let events = watcher(scope.api::<K>(client), config)
+    let events = multigres_common::watch::watcher(scope.api::<K>(client), config)
         .default_backoff()
         .modify(|obj: &mut K| obj.managed_fields_mut().clear())
         .reflect(writer);

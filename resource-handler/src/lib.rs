@@ -34,7 +34,7 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::HandlerContext;
 
-use controller::{Base, Scope, Stores, cache, managed, pool_pods, recorder, share};
+use controller::{Base, Scope, Stores, cache, managed, pool_pods, recorder, share, triggers};
 
 /// Fills every cache, reports SERVING, then runs every controller until shutdown.
 ///
@@ -134,29 +134,29 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         let topo = toposerver::run(
             base.ctx(toposerver::NAME),
             topo_servers,
-            statefulsets.handle.clone(),
-            services.handle.clone(),
-            pdbs.handle.clone(),
+            triggers(statefulsets.handle.clone(), &statefulsets.deletions),
+            triggers(services.handle.clone(), &services.deletions),
+            triggers(pdbs.handle.clone(), &pdbs.deletions),
             clusters.handle.clone(),
             shutdown,
         );
         let cells = cell::run(
             base.ctx(cell::NAME),
             cells,
-            deployments.handle.clone(),
-            services.handle.clone(),
+            triggers(deployments.handle.clone(), &deployments.deletions),
+            triggers(services.handle.clone(), &services.deletions),
             shutdown,
         );
         let shards = shard::run(
             base.ctx(shard::NAME),
             shards,
             shard::Triggers {
-                statefulsets: statefulsets.handle,
-                deployments: deployments.handle.clone(),
-                services: services.handle.clone(),
-                pdbs: pdbs.handle,
-                pods: pods.handle,
-                config_maps: config_maps.handle,
+                statefulsets: triggers(statefulsets.handle, &statefulsets.deletions),
+                deployments: triggers(deployments.handle.clone(), &deployments.deletions),
+                services: triggers(services.handle.clone(), &services.deletions),
+                pdbs: triggers(pdbs.handle, &pdbs.deletions),
+                pods: triggers(pods.handle, &pods.deletions),
+                config_maps: triggers(config_maps.handle, &config_maps.deletions),
             },
             shutdown,
         );
@@ -164,8 +164,8 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
             base.ctx(multiadmin::NAME),
             multiadmin::Triggers {
                 clusters: clusters.handle,
-                deployments: deployments.handle,
-                services: services.handle,
+                deployments: triggers(deployments.handle, &deployments.deletions),
+                services: triggers(services.handle, &services.deletions),
                 core_templates: core_templates.handle,
                 cell_templates: cell_templates.handle,
                 shard_templates: shard_templates.handle,

@@ -15,13 +15,13 @@ use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
-use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use kube::runtime::reflector::ObjectRef;
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Cell, CellStatus};
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{Classify, Ctx, Shared, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, Shared, Trigger, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::sync::{self, SyncError};
@@ -62,8 +62,8 @@ impl Classify for Error {
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
     cells: Shared<Guard>,
-    deployments: ReflectHandle<Deployment>,
-    services: ReflectHandle<Service>,
+    deployments: Trigger<Deployment>,
+    services: Trigger<Service>,
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
     let controller = Controller::for_shared_stream(cells.handle, cells.store);

@@ -30,7 +30,9 @@ use multigres_common::apply::apply_status;
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::Cond;
-use crate::controller::{Classify, Ctx, Stores, drain, error_policy, managed, observe, owned};
+use crate::controller::{
+    Classify, Ctx, Stores, Trigger, drain, error_policy, managed, observe, owned,
+};
 use crate::owner::{Owner, OwnerError};
 use crate::sync::{self, FIELD_MANAGER, SyncError};
 use external::{Exposed, InvalidExposure};
@@ -87,9 +89,9 @@ pub struct Triggers {
     pub clusters: ReflectHandle<Guard>,
     /// Owned multiadmin and multiadmin-web Deployments, and every cell's multigateway
     /// Deployment (their readiness is the external gateway's).
-    pub deployments: ReflectHandle<Deployment>,
+    pub deployments: Trigger<Deployment>,
     /// Owned Services (their load-balancer status is the external endpoints').
-    pub services: ReflectHandle<Service>,
+    pub services: Trigger<Service>,
     /// Template changes re-resolve the clusters of their namespace.
     pub core_templates: ReflectHandle<DeserializeGuard<CoreTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.

@@ -22,7 +22,7 @@ use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
@@ -31,7 +31,7 @@ use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
 use crate::controller::{
-    Classify, Ctx, POLL, Shared, drain, error_policy, managed, observe, owned,
+    Classify, Ctx, POLL, Shared, Trigger, drain, error_policy, managed, observe, owned,
 };
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
@@ -103,17 +103,17 @@ impl Classify for Error {
 /// The change streams the Shard controller is triggered by.
 pub struct Triggers {
     /// Owned pool StatefulSets (readiness, revisions).
-    pub statefulsets: ReflectHandle<StatefulSet>,
+    pub statefulsets: Trigger<StatefulSet>,
     /// Owned multiorch Deployments.
-    pub deployments: ReflectHandle<Deployment>,
+    pub deployments: Trigger<Deployment>,
     /// Owned Services.
-    pub services: ReflectHandle<Service>,
+    pub services: Trigger<Service>,
     /// Owned PodDisruptionBudgets.
-    pub pdbs: ReflectHandle<PodDisruptionBudget>,
+    pub pdbs: Trigger<PodDisruptionBudget>,
     /// Pool pods (readiness and role labels drive restarts).
-    pub pods: ReflectHandle<Pod>,
+    pub pods: Trigger<Pod>,
     /// Owned postgresql.conf ConfigMaps (a deleted or edited one is written again).
-    pub config_maps: ReflectHandle<ConfigMap>,
+    pub config_maps: Trigger<ConfigMap>,
 }
 
 /// Whether `pod` (by its labels) belongs to `shard`.

@@ -304,7 +304,7 @@ pub fn reference_changes(
     client: &Client,
     scope: &Scope,
 ) -> impl Stream<Item = Result<PartialObjectMeta<ConfigMap>, watcher::Error>> + Send + 'static {
-    watcher(
+    multigres_common::watch::watcher(
         scope.api::<PartialObjectMeta<ConfigMap>>(client),
         watcher::Config::default(),
     )

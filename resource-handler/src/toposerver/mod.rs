@@ -23,7 +23,7 @@ use multigres_api::v1alpha1::{MultigresCluster, TopoServer, TopoServerStatus};
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{Classify, Ctx, Shared, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, Shared, Trigger, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
@@ -76,9 +76,9 @@ impl Classify for Error {
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
     topo_servers: Shared<Guard>,
-    statefulsets: ReflectHandle<StatefulSet>,
-    services: ReflectHandle<Service>,
-    pdbs: ReflectHandle<PodDisruptionBudget>,
+    statefulsets: Trigger<StatefulSet>,
+    services: Trigger<Service>,
+    pdbs: Trigger<PodDisruptionBudget>,
     clusters: ReflectHandle<DeserializeGuard<MultigresCluster>>,
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
