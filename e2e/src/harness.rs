@@ -331,6 +331,11 @@ impl HandlerProcess {
         assert_eq!(rc, 0, "signalling {}", self.name);
     }
 
+    /// Stops the process: SIGTERM, then SIGKILL after ten seconds.
+    pub fn stop(&self) {
+        self.process.stop(Duration::from_secs(10));
+    }
+
     /// Waits for the process to exit and returns its exit code (`None` if a signal ended it).
     pub async fn wait_exit(&self) -> Option<i32> {
         eventually(&format!("{} exits", self.name), WAIT, || async {
@@ -431,10 +436,15 @@ async fn launch(name: &str, args: &[String], log: &Path) -> (Supervised, SocketA
         .unwrap_or_else(|e| panic!("starting {name}: {e}"));
     let (grpc, metrics) = eventually(&format!("{name} listens"), WAIT, || async {
         let text = std::fs::read_to_string(log).unwrap_or_default();
+        // A handler that listened and then exited (say, on a bad kubeconfig) is returned, so
+        // the test can look at how it exited.
+        if let Some(addrs) = listening_addrs(&text) {
+            return Ok(addrs);
+        }
         if let Some(status) = process.exit_status() {
             panic!("{name} exited early ({status}):\n{text}");
         }
-        listening_addrs(&text).ok_or(text)
+        Err(text)
     })
     .await;
     (process, grpc, metrics)
