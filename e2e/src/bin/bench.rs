@@ -697,6 +697,8 @@ struct Requests {
     /// Distinct objects written (group, resource, namespace, name; subresources fold into
     /// their object).
     objects: BTreeSet<(String, String, String, String)>,
+    /// Distinct objects written other than through a subresource, Events aside.
+    object_targets: BTreeSet<(String, String, String, String)>,
     /// Writes by `resource[/subresource] verb`, to show where they go.
     writes_by_resource: BTreeMap<String, u64>,
     /// Requests answered with an error status (409 conflicts and the like).
@@ -714,6 +716,16 @@ impl Requests {
 
     fn total(&self) -> u64 {
         self.by_verb.values().sum()
+    }
+
+    /// Writes of objects themselves: neither `/status` nor Events. Each object the handler owns
+    /// should need exactly one while converging.
+    fn object_writes(&self) -> u64 {
+        self.writes_by_resource
+            .iter()
+            .filter(|(what, _)| !what.contains("/status ") && !what.starts_with("events "))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     fn reads(&self) -> u64 {
@@ -786,6 +798,14 @@ impl Audit {
                     field("name"),
                 ));
                 let subresource = field("subresource");
+                if subresource.is_empty() && field("resource") != "events" {
+                    entry.object_targets.insert((
+                        field("apiGroup"),
+                        field("resource"),
+                        field("namespace"),
+                        field("name"),
+                    ));
+                }
                 let what = if subresource.is_empty() {
                     format!("{} {verb}", field("resource"))
                 } else {
@@ -1202,9 +1222,9 @@ fn print_report(
 
     println!("\n### API requests per handler during convergence (medians)\n");
     println!(
-        "| clusters | handler | reads (get/list/watch) | writes | writes by verb | failed | objects written | writes / object |"
+        "| clusters | handler | reads (get/list/watch) | writes | writes by verb | failed | objects written | writes / object | object writes (no status, no Events) / object |"
     );
-    println!("|---:|---|---:|---:|---|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---|---:|---:|---:|---:|");
     for &n in &counts {
         for handler in CONTROLLERS {
             let pick = |f: &dyn Fn(&Requests) -> f64| {
@@ -1226,11 +1246,16 @@ fn print_report(
                 .join(", ");
             let writes = pick(&|q| q.writes() as f64);
             let objects = pick(&|q| q.objects.len() as f64);
+            let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
             println!(
-                "| {n} | {handler} | {:.0} | {writes:.0} | {by_verb} | {:.0} | {objects:.0} | {:.2} |",
+                "| {n} | {handler} | {:.0} | {writes:.0} | {by_verb} | {:.0} | {objects:.0} | {:.2} | {:.2} |",
                 pick(&|q| q.reads() as f64),
                 pick(&|q| q.failed as f64),
-                if objects > 0.0 { writes / objects } else { 0.0 },
+                ratio(writes, objects),
+                ratio(
+                    pick(&|q| q.object_writes() as f64),
+                    pick(&|q| q.object_targets.len() as f64)
+                ),
             );
         }
     }
