@@ -20,7 +20,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -36,7 +35,7 @@ use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, WatchParams
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TableGroup};
 use multigres_e2e::cluster::LocalCluster;
-use multigres_e2e::harness::{eventually, fresh_namespace, repo_path};
+use multigres_e2e::harness::{self, HANDLERS, eventually, fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::process::Supervised;
 use multigres_e2e::toolchain;
@@ -53,12 +52,6 @@ use tonic_health::pb::health_client::HealthClient;
 
 const RELEASE: &str = "multigres-operator";
 const NAMESPACE: &str = "multigres-system";
-const HANDLERS: [&str; 4] = [
-    "cluster-handler",
-    "resource-handler",
-    "data-handler",
-    "webhook-server",
-];
 const CONTROLLERS: [&str; 3] = ["cluster-handler", "resource-handler", "data-handler"];
 /// Bound for anything that normally takes a few seconds.
 const WAIT: Duration = Duration::from_secs(60);
@@ -603,37 +596,6 @@ fn dashboards_use_only_documented_metrics() {
 // ---------------------------------------------------------------------------------------------
 // The installed release
 
-/// Builds the four handlers once per test process and returns their directory.
-fn bin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        // This test runs as <target>/<profile>/deps/chart-<hash>.
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .ancestors()
-            .nth(2)
-            .expect("profile directory above deps/")
-            .to_path_buf();
-        let target_dir = profile_dir.parent().expect("target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let mut command = Command::new(cargo);
-        command
-            .current_dir(repo_path(""))
-            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
-            .arg(target_dir);
-        for handler in HANDLERS {
-            command.args(["-p", handler]);
-        }
-        let status = command.status().expect("running cargo build");
-        assert!(status.success(), "cargo build of the handlers: {status}");
-        profile_dir
-    })
-}
-
 /// A handler process started from its Deployment, as its ServiceAccount.
 struct Handler {
     name: &'static str,
@@ -820,7 +782,7 @@ impl Handler {
         let pod = format!("{name}-local-{}", NEXT.fetch_add(1, Ordering::Relaxed));
         let mut env = vec![("POD_NAMESPACE", NAMESPACE), ("POD_NAME", pod.as_str())];
         env.extend_from_slice(extra_env);
-        let process = Supervised::spawn(name, &bin_dir().join(name), &args, &env, &log)
+        let process = Supervised::spawn(name, &harness::handler_binary(name), &args, &env, &log)
             .unwrap_or_else(|e| panic!("starting {name}: {e}"));
         let (grpc, metrics) = eventually(&format!("{name} listens"), WAIT, || async {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
