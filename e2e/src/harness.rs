@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -518,4 +518,51 @@ pub async fn apply_yaml(cluster: &LocalCluster, namespace: &str, yaml: &str) {
             .await
             .unwrap_or_else(|e| panic!("applying {:?}: {e}", doc.metadata.name));
     }
+}
+
+/// Every kind the handlers (and the workload controllers acting for them) create for a cluster,
+/// Pods included; all carry the `multigres.com/cluster` label.
+pub fn cluster_object_kinds() -> Vec<ApiResource> {
+    [
+        ("multigres.com", "v1alpha1", "TopoServer", "toposervers"),
+        ("multigres.com", "v1alpha1", "Cell", "cells"),
+        ("multigres.com", "v1alpha1", "TableGroup", "tablegroups"),
+        ("multigres.com", "v1alpha1", "Shard", "shards"),
+        ("apps", "v1", "StatefulSet", "statefulsets"),
+        ("apps", "v1", "Deployment", "deployments"),
+        ("", "v1", "Pod", "pods"),
+        ("", "v1", "Service", "services"),
+        ("", "v1", "ConfigMap", "configmaps"),
+        ("", "v1", "Secret", "secrets"),
+        ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+        (
+            "policy",
+            "v1",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+        ),
+    ]
+    .into_iter()
+    .map(|(g, v, k, p)| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), p))
+    .collect()
+}
+
+/// Every object of `kinds` in `namespace` labelled as part of cluster `name`.
+pub async fn cluster_objects(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    kinds: &[ApiResource],
+) -> Vec<(ApiResource, DynamicObject)> {
+    let selector = ListParams::default().labels(&format!("multigres.com/cluster={name}"));
+    let mut out = Vec::new();
+    for resource in kinds {
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
+        let listed = api
+            .list(&selector)
+            .await
+            .unwrap_or_else(|e| panic!("listing {}: {e}", resource.plural));
+        out.extend(listed.items.into_iter().map(|o| (resource.clone(), o)));
+    }
+    out
 }

@@ -12,11 +12,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{DeleteParams, ListParams};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::{MultigresCluster, Phase};
-use multigres_e2e::harness::{Stack, WAIT, admin, control_plane, eventually, fresh_namespace};
+use multigres_e2e::harness::{
+    self, Stack, WAIT, admin, control_plane, eventually, fresh_namespace,
+};
 use serde_json::{Value, json};
 
 /// A one-cell cluster with pools `keep` (`whenScaled: Retain`) and `drop` (`whenScaled:
@@ -117,33 +119,12 @@ async fn wait_pool_volumes(
 /// Names of every object labelled as part of cluster `name`, by kind, across the kinds the
 /// handlers and workload controllers create.
 async fn leftovers(client: &Client, namespace: &str, name: &str) -> Vec<String> {
-    let selector = ListParams::default().labels(&format!("multigres.com/cluster={name}"));
-    let mut out = Vec::new();
-    for (g, v, k, p) in [
-        ("multigres.com", "v1alpha1", "TopoServer", "toposervers"),
-        ("multigres.com", "v1alpha1", "Cell", "cells"),
-        ("multigres.com", "v1alpha1", "TableGroup", "tablegroups"),
-        ("multigres.com", "v1alpha1", "Shard", "shards"),
-        ("apps", "v1", "StatefulSet", "statefulsets"),
-        ("apps", "v1", "Deployment", "deployments"),
-        ("", "v1", "Pod", "pods"),
-        ("", "v1", "Service", "services"),
-        ("", "v1", "ConfigMap", "configmaps"),
-        ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
-        (
-            "policy",
-            "v1",
-            "PodDisruptionBudget",
-            "poddisruptionbudgets",
-        ),
-    ] {
-        let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), p);
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
-        for object in api.list(&selector).await.expect("listing").items {
-            out.push(format!("{k}/{}", object.name_any()));
-        }
-    }
-    out
+    let kinds = harness::cluster_object_kinds();
+    harness::cluster_objects(client, namespace, name, &kinds)
+        .await
+        .into_iter()
+        .map(|(kind, object)| format!("{}/{}", kind.kind, object.name_any()))
+        .collect()
 }
 
 /// Deletes the cluster and waits until nothing labelled with it remains but volumes.

@@ -37,8 +37,8 @@ use multigres_api::v1alpha1::{MultigresCluster, Phase};
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::etcd::{EtcdConfig, EtcdProcess};
 use multigres_e2e::harness::{
-    Stack, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace, handler_binary,
-    repo_path,
+    self, Stack, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace,
+    handler_binary, repo_path,
 };
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::process::Supervised;
@@ -118,29 +118,12 @@ async fn wait_converged(
     .await
 }
 
-/// Every kind the handlers (and the workload controllers for them) create for a cluster.
+/// Every kind the handlers create for a cluster, without Pods (the workload controllers' own).
 fn inventory_kinds() -> Vec<ApiResource> {
-    [
-        ("multigres.com", "v1alpha1", "TopoServer", "toposervers"),
-        ("multigres.com", "v1alpha1", "Cell", "cells"),
-        ("multigres.com", "v1alpha1", "TableGroup", "tablegroups"),
-        ("multigres.com", "v1alpha1", "Shard", "shards"),
-        ("apps", "v1", "StatefulSet", "statefulsets"),
-        ("apps", "v1", "Deployment", "deployments"),
-        ("", "v1", "Service", "services"),
-        ("", "v1", "ConfigMap", "configmaps"),
-        ("", "v1", "Secret", "secrets"),
-        ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
-        (
-            "policy",
-            "v1",
-            "PodDisruptionBudget",
-            "poddisruptionbudgets",
-        ),
-    ]
-    .into_iter()
-    .map(|(g, v, k, p)| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), p))
-    .collect()
+    harness::cluster_object_kinds()
+        .into_iter()
+        .filter(|k| k.kind != "Pod")
+        .collect()
 }
 
 /// `Kind/name` → its owners as `Kind/name`, of everything labelled as part of cluster `name`.
