@@ -361,6 +361,9 @@ impl LocalCluster {
                 format!("--audit-log-path={}", log.display()),
                 "--audit-log-format=json".into(),
                 "--audit-log-mode=blocking".into(),
+                // Never rotate (0 would mean lumberjack's default of 100 MB): readers keep
+                // byte offsets into the one file.
+                "--audit-log-maxsize=1000000".into(),
             ]);
         }
         self.spawn("kube-apiserver", &args, &[])?;

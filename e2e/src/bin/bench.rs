@@ -824,6 +824,8 @@ struct RunResult {
     children_s: f64,
     workloads_s: f64,
     available_s: f64,
+    /// When the handlers last wrote (measured to within the 250 ms poll of their counters).
+    quiet_s: f64,
     children: usize,
     workloads: usize,
     baseline_s: f64,
@@ -1038,9 +1040,10 @@ async fn converge(
         }
         tokio::time::sleep(POLL).await;
     }
-    for handler in &handlers {
-        handler.settled(SETTLE).await;
-    }
+    let quiet_s = settle(&handlers, deadline)
+        .await?
+        .duration_since(began)
+        .as_secs_f64();
     let requests = audit.since(offset)?;
     let rss_peak: BTreeMap<String, u64> = handlers
         .iter()
@@ -1080,7 +1083,7 @@ async fn converge(
             .join(", ")
     };
     progress!(
-        "{n} clusters, run {}: children {children_s:.2}s, workloads {workloads_s:.2}s, Available {available_s:.2}s (last created per kind: {by_kind})",
+        "{n} clusters, run {}: children {children_s:.2}s, workloads {workloads_s:.2}s, Available {available_s:.2}s, last write {quiet_s:.2}s (last created per kind: {by_kind})",
         run + 1
     );
 
@@ -1133,6 +1136,7 @@ async fn converge(
             children_s,
             workloads_s,
             available_s,
+            quiet_s,
             children,
             workloads,
             baseline_s,
@@ -1143,6 +1147,29 @@ async fn converge(
         },
         idle,
     ))
+}
+
+/// Waits until no handler's write counters have moved for `SETTLE`; returns when they last
+/// moved (the end of convergence: the last write the clusters caused).
+async fn settle(handlers: &[HandlerProcess], deadline: Instant) -> anyhow::Result<Instant> {
+    let mut last = Vec::new();
+    let mut moved = Instant::now();
+    loop {
+        let mut now = Vec::with_capacity(handlers.len());
+        for handler in handlers {
+            now.push(handler.writes().await);
+        }
+        if now != last {
+            last = now;
+            moved = Instant::now();
+        } else if moved.elapsed() >= SETTLE {
+            return Ok(moved);
+        }
+        if Instant::now() > deadline {
+            bail!("the handlers' writes never settled: {last:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Server-side applies `objects` ConfigMaps of `BASELINE_OBJECT_BYTES` into a fresh namespace,
@@ -1202,17 +1229,18 @@ fn print_report(
 
     println!("### Convergence time (medians, seconds from the first apply)\n");
     println!(
-        "| clusters | children created | workloads created | all Available | objects written by handlers | bulk-write baseline | workloads / baseline | Available / baseline |"
+        "| clusters | children created | workloads created | all Available | handlers' last write | objects written by handlers | bulk-write baseline | workloads / baseline | Available / baseline |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &counts {
         let children = median(of(n).map(|r| r.children_s));
         let workloads = median(of(n).map(|r| r.workloads_s));
         let avail = median(of(n).map(|r| r.available_s));
+        let quiet = median(of(n).map(|r| r.quiet_s));
         let objects = median(of(n).map(|r| r.baseline_objects as f64));
         let baseline = median(of(n).map(|r| r.baseline_s));
         println!(
-            "| {n} | {children:.2} | {workloads:.2} | {avail:.2} | {objects:.0} ({:.0} children, {:.0} workloads) | {baseline:.2} | {:.2}× | {:.2}× |",
+            "| {n} | {children:.2} | {workloads:.2} | {avail:.2} | {quiet:.2} | {objects:.0} ({:.0} children, {:.0} workloads) | {baseline:.2} | {:.2}× | {:.2}× |",
             median(of(n).map(|r| r.children as f64)),
             median(of(n).map(|r| r.workloads as f64)),
             workloads / baseline,
@@ -1348,6 +1376,7 @@ fn print_report(
             println!("| {name} | {a:.2} | {b:.2} | {ratio:.2} |");
         };
         row("all Available (s)", &|r| r.available_s);
+        row("handlers' last write (s)", &|r| r.quiet_s);
         row("workloads created (s)", &|r| r.workloads_s);
         row("bulk-write baseline (s)", &|r| r.baseline_s);
         for handler in CONTROLLERS {
