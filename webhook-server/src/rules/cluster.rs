@@ -438,8 +438,8 @@ fn external_service(findings: &mut Findings, path: &str, service: Option<&Extern
     if service.enabled && service.external_ips.is_empty() {
         findings.warning(
             path,
-            "is enabled without externalIPs: the Service stays reachable only inside the cluster \
-             unless your platform routes to it",
+            "is enabled without externalIPs: the LoadBalancer Service gets an address only if \
+             a load-balancer controller runs in the cluster",
         );
     }
 }
