@@ -2,11 +2,12 @@
 //!
 //! kube's watcher re-lists when a running watch reports 410 Gone, but when the request that
 //! resumes a watch is itself refused with 410 it retries the same stale resourceVersion
-//! forever. After an API server restart its watch cache refuses every version older than its
-//! start exactly that way, so a handler would never see another change. Every handler watches
-//! through [`watcher`] instead.
+//! forever; and it reports every 410 as an error, so the error backoff grows to 30 s while an
+//! API server that just restarted keeps answering lists with versions its new watch cache
+//! does not serve yet. Every handler watches through [`watcher`] instead.
 
 use std::fmt::Debug;
+use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -14,9 +15,15 @@ use kube::runtime::watcher::{self, Config, Error, Event};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 
-/// Like [`kube::runtime::watcher()`], but a watch resume refused with 410 Gone restarts the
-/// watcher (a fresh list, delivered as a new `Init`..`InitDone` round, which reflectors apply
-/// as a whole).
+/// Pause before listing again after a 410 Gone, instead of the growing error backoff: right
+/// after an API server restart a list can still answer with a version the new watch cache no
+/// longer serves, and a watcher backed off to 30 s would miss changes for that long.
+const RELIST_DELAY: Duration = Duration::from_secs(1);
+
+/// Like [`kube::runtime::watcher()`], but 410 Gone is not an error: a watch resume refused with
+/// it restarts the watcher, and a running watch ended by it re-lists, both after
+/// `RELIST_DELAY` (a fresh list arrives as a new `Init`..`InitDone` round, which reflectors
+/// apply as a whole).
 pub fn watcher<K>(
     api: Api<K>,
     config: Config,
@@ -28,25 +35,44 @@ where
     futures::stream::unfold(None::<Events<K>>, move |current| {
         let (api, config) = (api.clone(), config.clone());
         async move {
-            let mut events = current.unwrap_or_else(|| watcher::watcher(api, config).boxed());
-            let next = events.next().await?;
-            let keep = if is_resume_gone(&next) {
-                tracing::info!("watch resume refused with 410 Gone; listing again");
-                None
-            } else {
-                Some(events)
-            };
-            Some((next, keep))
+            let start = || watcher::watcher(api.clone(), config.clone()).boxed();
+            let mut events = current.unwrap_or_else(start);
+            loop {
+                let next = events.next().await?;
+                match gone(&next) {
+                    None => return Some((next, Some(events))),
+                    Some(Gone::Resume) => {
+                        tracing::info!("watch resume refused with 410 Gone; listing again");
+                        tokio::time::sleep(RELIST_DELAY).await;
+                        events = start();
+                    }
+                    Some(Gone::Watch) => {
+                        tracing::info!("watch ended with 410 Gone; listing again");
+                        tokio::time::sleep(RELIST_DELAY).await;
+                    }
+                }
+            }
         }
     })
 }
 
-/// Whether `event` is a watch resume the API server refused with 410 Gone.
-fn is_resume_gone<K>(event: &watcher::Result<Event<K>>) -> bool {
-    matches!(
-        event,
-        Err(Error::WatchStartFailed(kube::Error::Api(status))) if status.code == 410
-    )
+/// How the API server said a resource version is gone.
+#[derive(Debug, PartialEq, Eq)]
+enum Gone {
+    /// It refused to resume a watch (kube would retry the same version forever).
+    Resume,
+    /// It ended a running watch (kube lists again by itself).
+    Watch,
+}
+
+fn gone<K>(event: &watcher::Result<Event<K>>) -> Option<Gone> {
+    match event {
+        Err(Error::WatchStartFailed(kube::Error::Api(status))) if status.code == 410 => {
+            Some(Gone::Resume)
+        }
+        Err(Error::WatchError(status)) if status.code == 410 => Some(Gone::Watch),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -63,10 +89,14 @@ mod tests {
     }
 
     #[test]
-    fn only_a_resume_refused_as_gone_starts_over() {
-        assert!(is_resume_gone(&refused(410)));
-        assert!(!is_resume_gone(&refused(500)));
-        assert!(!is_resume_gone(&refused(403)));
-        assert!(!is_resume_gone::<ConfigMap>(&Ok(Event::Init)));
+    fn only_410_gone_is_taken_as_a_reason_to_list_again() {
+        assert_eq!(gone(&refused(410)), Some(Gone::Resume));
+        assert_eq!(gone(&refused(500)), None);
+        assert_eq!(gone(&refused(403)), None);
+        let mut status = Status::failure("too old resource version: 586 (595)", "Expired");
+        status.code = 410;
+        let ended: watcher::Result<Event<ConfigMap>> = Err(Error::WatchError(Box::new(status)));
+        assert_eq!(gone(&ended), Some(Gone::Watch));
+        assert_eq!(gone::<ConfigMap>(&Ok(Event::Init)), None);
     }
 }
