@@ -386,7 +386,11 @@ pub static FIELDS: &[Field] = &[
         "spec.databases[].tablegroups[].backup.encryption",
         BACKUP,
     ),
-    done(Mgc, "spec.databases[].tablegroups[].backup.pgbackrestTLS", PGBACKREST_TLS),
+    done(
+        Mgc,
+        "spec.databases[].tablegroups[].backup.pgbackrestTLS",
+        PGBACKREST_TLS,
+    ),
     done(
         Mgc,
         "spec.databases[].tablegroups[].shards[].backup.type",
@@ -407,7 +411,11 @@ pub static FIELDS: &[Field] = &[
         "spec.databases[].tablegroups[].shards[].backup.encryption",
         BACKUP,
     ),
-    done(Mgc, "spec.databases[].tablegroups[].shards[].backup.pgbackrestTLS", PGBACKREST_TLS),
+    done(
+        Mgc,
+        "spec.databases[].tablegroups[].shards[].backup.pgbackrestTLS",
+        PGBACKREST_TLS,
+    ),
     // MultigresCluster: databases, table groups and shards.
     done(
         Mgc,

@@ -771,7 +771,10 @@ async fn an_idle_cluster_costs_no_writes() {
         .filter(|(k, _)| k.ends_with("/apply") && !k.contains("/MultigresCluster/"))
         .map(|(_, v)| v)
         .sum();
-    assert_eq!(child_applies, child_count as u64, "one apply per child: {last:?}");
+    assert_eq!(
+        child_applies, child_count as u64,
+        "one apply per child: {last:?}"
+    );
     assert_eq!(
         last.get("multigrescluster/MultigresCluster/apply"),
         Some(&2),

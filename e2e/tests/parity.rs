@@ -6,13 +6,13 @@
 
 #[path = "parity/external_endpoints.rs"]
 mod external_endpoints;
-#[path = "parity/internal_tls.rs"]
-mod internal_tls;
-#[path = "parity/warnings.rs"]
-mod warnings;
 #[path = "parity/image_policy.rs"]
 mod image_policy;
+#[path = "parity/internal_tls.rs"]
+mod internal_tls;
 #[path = "parity/observability.rs"]
 mod observability;
 #[path = "parity/postgres_config.rs"]
 mod postgres_config;
+#[path = "parity/warnings.rs"]
+mod warnings;
