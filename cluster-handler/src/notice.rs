@@ -76,10 +76,14 @@ pub fn transitions(
     if old_phase != Some(new_phase) {
         let from = old_phase.map_or_else(|| "none".to_owned(), |p| format!("{p:?}"));
         let text = format!("Phase changed from {from} to {new_phase:?}: {new_message}");
+        // One reason per target phase: kube's recorder folds events of one reason into a
+        // series that keeps the first message, so a shared reason would hide every later
+        // transition behind the first one's text.
+        let reason = format!("PhaseChangedTo{new_phase:?}");
         out.push(if new_phase == Phase::Degraded {
-            Notice::warning("PhaseChange", text)
+            Notice::warning(reason, text)
         } else {
-            Notice::normal("PhaseChange", text)
+            Notice::normal(reason, text)
         });
     }
     let was = old_degraded.filter(|c| c.status == TRUE);
@@ -176,7 +180,7 @@ mod tests {
             notices,
             [
                 Notice::warning(
-                    "PhaseChange",
+                    "PhaseChangedToDegraded",
                     "Phase changed from Healthy to Degraded: spec.x: ShardTemplate \"t\" missing"
                 ),
                 Notice::warning("TemplateNotFound", "spec.x: ShardTemplate \"t\" missing"),
@@ -207,7 +211,7 @@ mod tests {
         assert_eq!(
             first,
             [Notice::normal(
-                "PhaseChange",
+                "PhaseChangedToInitializing",
                 "Phase changed from none to Initializing: waiting"
             )]
         );

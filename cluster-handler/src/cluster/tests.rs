@@ -482,7 +482,7 @@ fn a_new_cluster_is_initializing_until_its_children_report() {
         [TemplateRef::new("default")]
     );
     assert_eq!(computed.notices.len(), 1);
-    assert_eq!(computed.notices[0].reason, "PhaseChange");
+    assert_eq!(computed.notices[0].reason, "PhaseChangedToInitializing");
 }
 
 #[test]
