@@ -10,6 +10,7 @@ use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use kube::runtime::controller::Action;
 use rand::Rng;
 
 /// How delays grow.
@@ -98,6 +99,16 @@ impl<Key: Hash + Eq + Clone> ObjectBackoff<Key> {
         self.policy.jittered_delay(failures, rng)
     }
 
+    /// What a controller does after a failed reconcile of `key`: a spec problem waits for the
+    /// object to change (retrying cannot fix it); anything else is retried after the next delay.
+    pub fn after_error(&self, key: &Key, invalid_spec: bool) -> Action {
+        if invalid_spec {
+            Action::await_change()
+        } else {
+            Action::requeue(self.next_delay(key))
+        }
+    }
+
     /// Forgets the failures of `key` after a success (or its deletion).
     pub fn reset(&self, key: &Key) {
         self.failures_map().remove(key);
@@ -155,6 +166,21 @@ mod tests {
             distinct.len() > 100,
             "jitter barely varies: {}",
             distinct.len()
+        );
+    }
+
+    #[test]
+    fn a_spec_problem_waits_for_a_change_and_anything_else_backs_off() {
+        let backoff = ObjectBackoff::new(NO_JITTER);
+        let a = ObjectRef::<ConfigMap>::new("a").within("ns");
+        assert_eq!(backoff.after_error(&a, true), Action::await_change());
+        assert_eq!(
+            backoff.after_error(&a, false),
+            Action::requeue(Duration::from_millis(500))
+        );
+        assert_eq!(
+            backoff.after_error(&a, false),
+            Action::requeue(Duration::from_secs(1))
         );
     }
 

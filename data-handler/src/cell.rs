@@ -129,11 +129,8 @@ pub async fn reconcile(obj: Arc<Guarded<Cell>>, ctx: Arc<Context>) -> Result<Act
 
 /// Waits for a change after a spec problem; backs off (with jitter) after anything else.
 pub fn error_policy(obj: Arc<Guarded<Cell>>, error: &Error, ctx: Arc<Context>) -> Action {
-    if error.is_invalid_spec() {
-        Action::await_change()
-    } else {
-        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&*obj)))
-    }
+    ctx.backoff
+        .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
 }
 
 /// The MultigresCluster a Cell belongs to: the one its `multigres.com/cluster` label names, in

@@ -158,11 +158,8 @@ pub fn error_policy(
     error: &Error,
     ctx: Arc<Context>,
 ) -> Action {
-    if error.is_invalid_spec() {
-        Action::await_change()
-    } else {
-        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&*obj)))
-    }
+    ctx.backoff
+        .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
 }
 
 async fn reconcile_cluster(

@@ -122,11 +122,8 @@ pub async fn reconcile(obj: Arc<Guarded<Shard>>, ctx: Arc<Context>) -> Result<Ac
 
 /// Waits for a change after a spec problem; backs off (with jitter) after anything else.
 pub fn error_policy(obj: Arc<Guarded<Shard>>, error: &Error, ctx: Arc<Context>) -> Action {
-    if error.is_invalid_spec() {
-        Action::await_change()
-    } else {
-        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&*obj)))
-    }
+    ctx.backoff
+        .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
 }
 
 /// The Shard a pool pod belongs to, from its labels, for mapping pod changes.

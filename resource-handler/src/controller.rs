@@ -425,11 +425,8 @@ where
     K: Resource<DynamicType = ()> + Clone,
     E: Classify,
 {
-    if error.is_invalid_spec() {
-        Action::await_change()
-    } else {
-        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&obj)))
-    }
+    ctx.backoff
+        .after_error(&ObjectRef::from_obj(&obj), error.is_invalid_spec())
 }
 
 /// How long to wait before looking again at something only polling can see progress of

@@ -160,11 +160,8 @@ pub async fn reconcile(obj: Arc<Guarded<TableGroup>>, ctx: Arc<Context>) -> Resu
 
 /// Waits for a change after a spec problem; backs off (with jitter) after anything else.
 pub fn error_policy(obj: Arc<Guarded<TableGroup>>, error: &Error, ctx: Arc<Context>) -> Action {
-    if error.is_invalid_spec() {
-        Action::await_change()
-    } else {
-        Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(&*obj)))
-    }
+    ctx.backoff
+        .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
 }
 
 async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Result<Action, Error> {
