@@ -14,6 +14,9 @@
 //! - then server-side applies as many ConfigMaps of similar size as the handlers wrote objects,
 //!   with `--write-concurrency` requests in flight: the time the API server needs to accept that
 //!   many writes in bulk, the physical limit the convergence time is compared with;
+//! - and again for as many writes as every client made during convergence (the handlers, and
+//!   the controller manager, scheduler and kwok acting on the workloads), cycling over the same
+//!   names with a changed payload: the limit for all the work converging really takes;
 //! - reads each handler's RSS when started (0 clusters) and its peak after convergence.
 //!
 //! After the last run of the largest N, with its clusters still in place, it counts the
@@ -830,6 +833,11 @@ struct RunResult {
     workloads: usize,
     baseline_s: f64,
     baseline_objects: usize,
+    /// Writes of every client (handlers, controller manager, scheduler, kwok, the benchmark
+    /// itself) from the first apply to the handlers' last write: what converging really cost.
+    all_writes: usize,
+    /// Seconds the API server needs for `all_writes` writes in bulk.
+    all_writes_s: f64,
     requests: BTreeMap<String, Requests>,
     rss_start: BTreeMap<String, u64>,
     rss_peak: BTreeMap<String, u64>,
@@ -1097,11 +1105,26 @@ async fn converge(
         admin,
         &format!("{namespace}-bulk"),
         baseline_objects,
+        baseline_objects,
         cli,
     )
     .await?;
     progress!(
         "{n} clusters, run {}: baseline {baseline_objects} writes in {baseline_s:.2}s",
+        run + 1
+    );
+    let all_writes = requests.values().map(Requests::writes).sum::<u64>() as usize;
+    let all_writes_s = bulk_writes(
+        cluster,
+        admin,
+        &format!("{namespace}-bulk-all"),
+        baseline_objects,
+        all_writes,
+        cli,
+    )
+    .await?;
+    progress!(
+        "{n} clusters, run {}: every client's writes: {all_writes}, in bulk {all_writes_s:.2}s",
         run + 1
     );
 
@@ -1141,6 +1164,8 @@ async fn converge(
             workloads,
             baseline_s,
             baseline_objects,
+            all_writes,
+            all_writes_s,
             requests,
             rss_start,
             rss_peak,
@@ -1172,27 +1197,31 @@ async fn settle(handlers: &[HandlerProcess], deadline: Instant) -> anyhow::Resul
     }
 }
 
-/// Server-side applies `objects` ConfigMaps of `BASELINE_OBJECT_BYTES` into a fresh namespace,
-/// `--write-concurrency` at a time; returns the seconds taken, and deletes the namespace.
+/// Server-side applies `writes` writes of ConfigMaps of `BASELINE_OBJECT_BYTES` into a fresh
+/// namespace, `--write-concurrency` at a time, over `objects` names: the first round creates
+/// them, each further round changes every payload, so every write is a real one. Returns the
+/// seconds taken, and deletes the namespace.
 async fn bulk_writes(
     cluster: &LocalCluster,
     admin: &Client,
     namespace: &str,
     objects: usize,
+    writes: usize,
     cli: &Cli,
 ) -> anyhow::Result<f64> {
     cluster.create_namespace(namespace).await?;
+    let objects = objects.max(1);
     let payload = "x".repeat(BASELINE_OBJECT_BYTES);
     let began = Instant::now();
-    stream::iter(0..objects)
+    stream::iter(0..writes)
         .map(|i| {
             apply(
                 admin,
                 Some(namespace),
                 json!({
                     "apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": format!("bulk-{i}"), "labels": {BENCH_LABEL: "bulk"}},
-                    "data": {"payload": payload},
+                    "metadata": {"name": format!("bulk-{}", i % objects), "labels": {BENCH_LABEL: "bulk"}},
+                    "data": {"payload": payload, "round": (i / objects).to_string()},
                 }),
             )
         })
@@ -1245,6 +1274,34 @@ fn print_report(
             median(of(n).map(|r| r.workloads as f64)),
             workloads / baseline,
             avail / baseline,
+        );
+    }
+
+    println!(
+        "\n### Convergence against every write it took (medians; writes of every client from the audit log)\n"
+    );
+    println!(
+        "| clusters | writes by handlers | writes by every client | bulk time for every client's writes (s) | workloads / that | Available / that | handlers' last write / that |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for &n in &counts {
+        let handlers = median(of(n).map(|r| {
+            CONTROLLERS
+                .iter()
+                .filter_map(|h| r.requests.get(*h))
+                .map(Requests::writes)
+                .sum::<u64>() as f64
+        }));
+        let all = median(of(n).map(|r| r.all_writes as f64));
+        let bulk = median(of(n).map(|r| r.all_writes_s));
+        let workloads = median(of(n).map(|r| r.workloads_s));
+        let avail = median(of(n).map(|r| r.available_s));
+        let quiet = median(of(n).map(|r| r.quiet_s));
+        println!(
+            "| {n} | {handlers:.0} | {all:.0} | {bulk:.2} | {:.2}× | {:.2}× | {:.2}× |",
+            workloads / bulk,
+            avail / bulk,
+            quiet / bulk,
         );
     }
 
@@ -1379,6 +1436,10 @@ fn print_report(
         row("handlers' last write (s)", &|r| r.quiet_s);
         row("workloads created (s)", &|r| r.workloads_s);
         row("bulk-write baseline (s)", &|r| r.baseline_s);
+        row("writes by every client", &|r| r.all_writes as f64);
+        row("bulk time for every client's writes (s)", &|r| {
+            r.all_writes_s
+        });
         for handler in CONTROLLERS {
             row(&format!("{handler} requests"), &|r| {
                 r.requests.get(handler).map_or(0.0, |q| q.total() as f64)
