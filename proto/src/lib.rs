@@ -1,5 +1,6 @@
-//! Protocol messages shared by the handlers: the `HandlerInfo` gRPC service and, in `topo`, the
-//! Multigres topology records the data-handler writes to etcd.
+//! Protocol messages shared by the handlers: the `HandlerInfo` gRPC service, in `topo` the
+//! Multigres topology records the data-handler writes to etcd, and in `multipooler` the
+//! multipooler's `ReloadConfig` RPC the data-handler calls to apply reload-class settings.
 
 /// `multigres.operator.v1`: the HandlerInfo service.
 pub mod operator {
@@ -12,4 +13,17 @@ pub mod operator {
 /// in etcd, byte-compatible with what Multigres components read and write.
 pub mod topo {
     tonic::include_proto!("clustermetadata");
+}
+
+/// `multipoolermanager` / `multipoolermanagerdata`: the multipooler's management service, trimmed
+/// to `ReloadConfig`, with the upstream packages so the gRPC path and wire format match.
+pub mod multipooler {
+    /// Request and response messages.
+    pub mod multipoolermanagerdata {
+        tonic::include_proto!("multipoolermanagerdata");
+    }
+    /// The `MultiPoolerManager` service client and server.
+    pub mod multipoolermanager {
+        tonic::include_proto!("multipoolermanager");
+    }
 }
