@@ -19,6 +19,7 @@ pub mod servers;
 pub mod shutdown;
 pub mod state;
 pub mod status_metrics;
+pub mod status_pacer;
 pub mod telemetry;
 pub mod watch;
 

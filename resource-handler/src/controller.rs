@@ -26,6 +26,7 @@ use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::state::HandlerState;
+use multigres_common::status_pacer::StatusPacer;
 use multigres_common::telemetry::ErrorChain;
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
@@ -317,6 +318,7 @@ impl Base {
             telemetry: self.telemetry.clone(),
             name,
             backoff: ObjectBackoff::new(BackoffPolicy::default()),
+            pacer: StatusPacer::default(),
         })
     }
 }
@@ -339,6 +341,8 @@ pub struct Ctx<K: Resource<DynamicType = ()>> {
     pub name: &'static str,
     /// Consecutive failures per object.
     pub backoff: ObjectBackoff<ObjectRef<K>>,
+    /// When each object's status was last written, to pace progress-only status writes.
+    pub pacer: StatusPacer<String>,
 }
 
 impl<K: Resource<DynamicType = ()>> Ctx<K> {

@@ -2,7 +2,8 @@
 //! would send differs from what it sent last time (a hash of the desired object stored in an
 //! annotation, which also catches fields that were removed from the desired object), or when
 //! someone changed a field this handler sets. A status is applied only when one of this
-//! handler's status fields or conditions differs from what is stored.
+//! handler's status fields or conditions differs from what is stored, and then at most once per
+//! pacing interval while the object converges ([`multigres_common::status_pacer`]).
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -14,6 +15,7 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_common::apply::{ApplyError, apply, apply_status};
+use multigres_common::status_pacer::{Pace, StatusPacer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -263,25 +265,41 @@ pub fn status_differs(desired: &impl Serialize, observed: Option<&impl Serialize
     })
 }
 
-/// Applies `desired` to the status of `obj` unless it already holds it. Returns whether a
-/// write happened.
+/// Applies `desired` to the status of `obj` unless it already holds it, or unless it only
+/// carries progress and `pacer` wrote this object less than its interval ago (see
+/// [`multigres_common::status_pacer`]). Returns how long the write was deferred, if it was: the reconcile looks
+/// again then ([`multigres_common::status_pacer::action`]).
 pub async fn ensure_status<K, S>(
     controller: &'static str,
     api: &Api<K>,
     obj: &K,
     desired: &S,
     observed: Option<&S>,
-) -> Result<bool, SyncError>
+    pacer: &StatusPacer<String>,
+) -> Result<Option<Duration>, SyncError>
 where
     K: Child,
     S: Serialize,
 {
     if !status_differs(desired, observed) {
-        return Ok(false);
+        return Ok(None);
+    }
+    let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    // A status that cannot be turned into JSON is not paced: the apply reports the error.
+    let pace = match (
+        serde_json::to_value(desired),
+        serde_json::to_value(observed),
+    ) {
+        (Ok(wanted), Ok(stored)) => pacer.pace(&key, Some(&stored), &wanted),
+        _ => Pace::Write,
+    };
+    if let Pace::Defer(delay) = pace {
+        return Ok(Some(delay));
     }
     count(controller, &K::kind(&()), "apply-status");
     apply_status(api, FIELD_MANAGER, &obj.name_any(), desired).await?;
-    Ok(true)
+    pacer.wrote(&key);
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use kube::runtime::reflector::ObjectRef;
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Cell, CellStatus};
 use multigres_common::shutdown::Shutdown;
+use multigres_common::status_pacer;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
 use crate::controller::{Classify, Ctx, Shared, Trigger, drain, error_policy, observe, owned};
@@ -142,8 +143,9 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let counts = readiness::deployment(observed_deployment.as_deref());
     let desired = status(cell, counts, &name, Timestamp::now());
     let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
-    sync::ensure_status(NAME, &api, cell, &desired, cell.status.as_ref()).await?;
-    Ok(Action::await_change())
+    let stored = cell.status.as_ref();
+    let deferred = sync::ensure_status(NAME, &api, cell, &desired, stored, &ctx.pacer).await?;
+    Ok(status_pacer::action(None, deferred))
 }
 
 /// The status fields and conditions this handler owns on a Cell.

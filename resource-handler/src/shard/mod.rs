@@ -28,6 +28,7 @@ use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Shard, ShardSpec, ShardStatus};
 use multigres_common::shutdown::Shutdown;
+use multigres_common::status_pacer;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
 use crate::controller::{
@@ -248,7 +249,9 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
                 .status
                 .as_ref()
                 .and_then(|s| s.postgres_config.clone());
-            sync::ensure_status(NAME, &api, shard, &desired, shard.status.as_ref()).await?;
+            // A problem makes the phase Degraded, which is news: never deferred.
+            let stored = shard.status.as_ref();
+            sync::ensure_status(NAME, &api, shard, &desired, stored, &ctx.pacer).await?;
             return Err(Error::InvalidSpec(problem));
         }
     };
@@ -279,7 +282,8 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
                 };
                 let mut desired = status(shard, &report, Timestamp::now());
                 desired.postgres_config = Some(pgconfig::failed(pg_status, &error));
-                sync::ensure_status(NAME, &api, shard, &desired, shard.status.as_ref()).await?;
+                let stored = shard.status.as_ref();
+                sync::ensure_status(NAME, &api, shard, &desired, stored, &ctx.pacer).await?;
             }
             return Err(error.into());
         }
@@ -323,17 +327,19 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         pods,
         now,
     ));
-    sync::ensure_status(NAME, &api, shard, &desired, shard.status.as_ref()).await?;
-    Ok(match step {
+    let stored = shard.status.as_ref();
+    let deferred = sync::ensure_status(NAME, &api, shard, &desired, stored, &ctx.pacer).await?;
+    let planned = match step {
         // A user's Secret that is missing or incomplete is looked at again (it is not watched).
         Some(Step::UpToDate { .. }) if tls.is_some_and(|c| !c.is_true()) => {
-            Action::requeue(crate::tls::RECHECK)
+            Some(crate::tls::RECHECK)
         }
-        Some(Step::UpToDate { .. }) => Action::await_change(),
+        Some(Step::UpToDate { .. }) => None,
         // A restart is under way (or about to be decided once the StatefulSet controller has
         // caught up): look again soon even if no watched object changes.
-        _ => Action::requeue(POLL),
-    })
+        _ => Some(POLL),
+    };
+    Ok(status_pacer::action(planned, deferred))
 }
 
 /// Applies every workload that changed. Returns whether a pool StatefulSet was written (its

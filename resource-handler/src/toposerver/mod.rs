@@ -5,6 +5,7 @@ pub mod build;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::Future;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -21,6 +22,7 @@ use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
 use multigres_api::v1alpha1::{MultigresCluster, TopoServer, TopoServerStatus};
 use multigres_common::shutdown::Shutdown;
+use multigres_common::status_pacer;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
 use crate::controller::{Classify, Ctx, Shared, Trigger, drain, error_policy, observe, owned};
@@ -164,6 +166,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         Ok(objects) => objects,
         Err(problem) => {
             write_status(
+                ctx,
                 &statuses,
                 topo,
                 observed_sts.as_deref(),
@@ -184,7 +187,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     if let Some(observed) = observed_sts.as_deref()
         && let Some(problem) = replicas_changed(observed, &statefulset)
     {
-        write_status(&statuses, topo, Some(observed), None, Some(&problem)).await?;
+        write_status(ctx, &statuses, topo, Some(observed), None, Some(&problem)).await?;
         return Err(Error::InvalidSpec(problem));
     }
 
@@ -248,7 +251,8 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         .stores
         .statefulsets
         .get(&ObjectRef::new(&sts_name).within(ns));
-    write_status(
+    let deferred = write_status(
+        ctx,
         &statuses,
         topo,
         observed_sts.as_deref(),
@@ -256,7 +260,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         None,
     )
     .await?;
-    Ok(Action::await_change())
+    Ok(status_pacer::action(None, deferred))
 }
 
 /// A change of the member count, which static bootstrap cannot follow.
@@ -279,13 +283,16 @@ pub fn keep_claim_templates(desired: &mut StatefulSet, observed: &StatefulSet) {
     }
 }
 
+/// Writes the status unless only progress changed since a recent write; returns how long the
+/// write was deferred, if it was (never when `problem` is set: a Degraded phase is news).
 async fn write_status(
+    ctx: &Ctx<Guard>,
     api: &Api<TopoServer>,
     topo: &TopoServer,
     sts: Option<&StatefulSet>,
     storage: Option<Cond>,
     problem: Option<&str>,
-) -> Result<(), Error> {
+) -> Result<Option<Duration>, Error> {
     let desired = status(
         topo,
         readiness::statefulset(sts),
@@ -293,8 +300,8 @@ async fn write_status(
         problem,
         Timestamp::now(),
     );
-    sync::ensure_status(NAME, api, topo, &desired, topo.status.as_ref()).await?;
-    Ok(())
+    let status = topo.status.as_ref();
+    Ok(sync::ensure_status(NAME, api, topo, &desired, status, &ctx.pacer).await?)
 }
 
 /// The status fields and conditions this handler owns on a TopoServer.
