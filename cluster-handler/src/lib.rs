@@ -33,6 +33,7 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::HandlerContext;
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
+use multigres_common::status_pacer::StatusPacer;
 use multigres_common::telemetry::ErrorChain;
 
 use crate::watch::{Guarded, Scope, reflect};
@@ -106,6 +107,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
         recorder: recorder.clone(),
         state: ctx.state.clone(),
         backoff: ObjectBackoff::new(BackoffPolicy::default()),
+        pacer: StatusPacer::default(),
         images,
     });
     let table_group_ctx = Arc::new(tablegroup::Context {
@@ -115,6 +117,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
         recorder,
         state: ctx.state.clone(),
         backoff: ObjectBackoff::new(BackoffPolicy::default()),
+        pacer: StatusPacer::default(),
     });
 
     let config = controller::Config::default()

@@ -63,8 +63,11 @@ fn truncate(text: &str, max: usize) -> String {
 }
 
 /// The events for a move from (`old_phase`, `old_degraded`) to (`new_phase`, `new_degraded`):
-/// a phase change; a Warning with the Degraded reason when the object becomes degraded or the
-/// reason or message changes; a Normal `Recovered` when it stops being degraded.
+/// a phase change into or out of a settled phase (reaching Healthy or Degraded, leaving them;
+/// the steps of a first convergence, none → Initializing → Progressing, are visible in the
+/// status and are no news worth an Event each); a Warning with the Degraded reason when the
+/// object becomes degraded or the reason or message changes; a Normal `Recovered` when it stops
+/// being degraded.
 pub fn transitions(
     old_phase: Option<Phase>,
     old_degraded: Option<&Condition>,
@@ -73,7 +76,8 @@ pub fn transitions(
     new_degraded: Option<&Condition>,
 ) -> Vec<Notice> {
     let mut out = Vec::new();
-    if old_phase != Some(new_phase) {
+    let settled = |phase: Phase| !matches!(phase, Phase::Initializing | Phase::Progressing);
+    if old_phase != Some(new_phase) && (settled(new_phase) || old_phase.is_some_and(settled)) {
         let from = old_phase.map_or_else(|| "none".to_owned(), |p| format!("{p:?}"));
         let text = format!("Phase changed from {from} to {new_phase:?}: {new_message}");
         // One reason per target phase: kube's recorder folds events of one reason into a
@@ -207,14 +211,44 @@ mod tests {
                 "No longer degraded (was TemplateNotFound: gone)"
             )
         );
-        let first = transitions(None, None, Phase::Initializing, "waiting", Some(&ok));
+        let first = transitions(None, None, Phase::Healthy, "all healthy", Some(&ok));
         assert_eq!(
             first,
             [Notice::normal(
-                "PhaseChangedToInitializing",
-                "Phase changed from none to Initializing: waiting"
+                "PhaseChangedToHealthy",
+                "Phase changed from none to Healthy: all healthy"
             )]
         );
+    }
+
+    #[test]
+    fn steps_of_a_first_convergence_publish_nothing() {
+        let ok = degraded("False", "AsExpected", "fine");
+        assert!(transitions(None, None, Phase::Initializing, "waiting", Some(&ok)).is_empty());
+        let started = transitions(
+            Some(Phase::Initializing),
+            Some(&ok),
+            Phase::Progressing,
+            "1/3 healthy",
+            Some(&ok),
+        );
+        assert!(started.is_empty());
+        let reached = transitions(
+            Some(Phase::Progressing),
+            Some(&ok),
+            Phase::Healthy,
+            "all healthy",
+            Some(&ok),
+        );
+        assert_eq!(reached[0].reason, "PhaseChangedToHealthy");
+        let left = transitions(
+            Some(Phase::Healthy),
+            Some(&ok),
+            Phase::Progressing,
+            "2/3 healthy",
+            Some(&ok),
+        );
+        assert_eq!(left[0].reason, "PhaseChangedToProgressing");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use kube::runtime::events::{Event, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_common::apply::{self, ApplyError};
+use multigres_common::status_pacer::{Pace, StatusPacer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -162,6 +163,36 @@ impl Writer {
             .await;
         }
         Ok(())
+    }
+
+    /// Applies `status` (which differs from `stored`, the object's stored status) like
+    /// [`Writer::apply_status`], unless it only carries progress and `pacer` wrote `obj` less
+    /// than its interval ago ([`multigres_common::status_pacer`]). Returns how long the write
+    /// was deferred, if it was: the reconcile looks again then.
+    pub async fn apply_status_paced<K, S>(
+        &self,
+        store: &Store<Guarded<K>>,
+        pacer: &StatusPacer<String>,
+        obj: &K,
+        stored: Option<&S>,
+        status: &S,
+    ) -> Result<Option<Duration>, ApplyError>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + DeserializeOwned
+            + 'static,
+        S: Serialize,
+    {
+        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+        if let Pace::Defer(delay) = pacer.pace_typed(&key, stored, status) {
+            tracing::debug!(?delay, "progress-only status write deferred");
+            return Ok(Some(delay));
+        }
+        self.apply_status(store, obj, status).await?;
+        pacer.wrote(&key);
+        Ok(None)
     }
 
     /// Sets the annotation `key` of `obj` to `value` (a forced server-side apply of that one

@@ -33,6 +33,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
+use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -106,6 +107,15 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
         let last = self.lock().get(key).copied();
         match last.map(|at| at + self.interval) {
             Some(due) if due > Instant::now() => Pace::Defer(due - Instant::now()),
+            _ => Pace::Write,
+        }
+    }
+
+    /// [`StatusPacer::pace`] for typed statuses. A status that cannot be turned into JSON is
+    /// not paced: its write reports the error.
+    pub fn pace_typed<S: Serialize>(&self, key: &K, stored: Option<&S>, desired: &S) -> Pace {
+        match (serde_json::to_value(stored), serde_json::to_value(desired)) {
+            (Ok(stored), Ok(desired)) => self.pace(key, Some(&stored), &desired),
             _ => Pace::Write,
         }
     }

@@ -267,8 +267,8 @@ pub fn status_differs(desired: &impl Serialize, observed: Option<&impl Serialize
 
 /// Applies `desired` to the status of `obj` unless it already holds it, or unless it only
 /// carries progress and `pacer` wrote this object less than its interval ago (see
-/// [`multigres_common::status_pacer`]). Returns how long the write was deferred, if it was: the reconcile looks
-/// again then ([`multigres_common::status_pacer::action`]).
+/// [`multigres_common::status_pacer`]). Returns how long the write was deferred, if it was:
+/// the reconcile looks again then ([`multigres_common::status_pacer::action`]).
 pub async fn ensure_status<K, S>(
     controller: &'static str,
     api: &Api<K>,
@@ -285,15 +285,7 @@ where
         return Ok(None);
     }
     let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-    // A status that cannot be turned into JSON is not paced: the apply reports the error.
-    let pace = match (
-        serde_json::to_value(desired),
-        serde_json::to_value(observed),
-    ) {
-        (Ok(wanted), Ok(stored)) => pacer.pace(&key, Some(&stored), &wanted),
-        _ => Pace::Write,
-    };
-    if let Pace::Defer(delay) = pace {
+    if let Pace::Defer(delay) = pacer.pace_typed(&key, observed, desired) {
         return Ok(Some(delay));
     }
     count(controller, &K::kind(&()), "apply-status");

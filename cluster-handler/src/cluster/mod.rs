@@ -24,6 +24,7 @@ use multigres_api::v1alpha1::{
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
+use multigres_common::status_pacer::{self, StatusPacer};
 
 use crate::children::{Child, Slot, owned_by, slot};
 use crate::notice::Notice;
@@ -183,6 +184,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Reconcile counts for `HandlerInfo` and metrics.
     pub state: HandlerState,
+    /// When each object's status was last written, to pace progress-only status writes.
+    pub pacer: StatusPacer<String>,
     /// Retry delays of clusters failing transiently.
     pub backoff: ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>>,
     /// The operator's default images and update strategy.
@@ -295,10 +298,18 @@ async fn reconcile_cluster(
             computed.changed.push(field);
         }
     }
+    let mut deferred = None;
     if !computed.changed.is_empty() {
-        tracing::info!(changed = ?computed.changed, "writing status");
-        ctx.writer
-            .apply_status(&ctx.stores.clusters, cluster, &computed.status)
+        tracing::info!(changed = ?computed.changed, "status changed");
+        deferred = ctx
+            .writer
+            .apply_status_paced(
+                &ctx.stores.clusters,
+                &ctx.pacer,
+                cluster,
+                cluster.status.as_ref(),
+                &computed.status,
+            )
             .await
             .map_err(Error::Status)?;
     }
@@ -308,19 +319,24 @@ async fn reconcile_cluster(
         .map(|r| r.notices.as_slice())
         .unwrap_or_default();
     let image_notices = decided.map(|d| d.notices.as_slice()).unwrap_or_default();
-    for notice in deletions
-        .iter()
-        .chain(&computed.notices)
-        .chain(image_notices)
-    {
+    // The transitions' events go with the status that shows them: a deferred status publishes
+    // them once written (the next reconcile computes them again from the stored status).
+    let transitions = if deferred.is_none() {
+        computed.notices.as_slice()
+    } else {
+        &[]
+    };
+    for notice in deletions.iter().chain(transitions).chain(image_notices) {
         ctx.writer
             .publish(&ctx.recorder, &notice.event("Reconcile"), &reference)
             .await;
     }
     match result {
         Err(error) => Err(error),
-        Ok(realized) if realized.terminating => Ok(Action::requeue(TERMINATING_RETRY)),
-        Ok(_) => Ok(Action::await_change()),
+        Ok(realized) if realized.terminating => {
+            Ok(status_pacer::action(Some(TERMINATING_RETRY), deferred))
+        }
+        Ok(_) => Ok(status_pacer::action(None, deferred)),
     }
 }
 

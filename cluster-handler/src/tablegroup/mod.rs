@@ -17,6 +17,7 @@ use multigres_api::v1alpha1::{Shard, TableGroup};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
+use multigres_common::status_pacer::{self, StatusPacer};
 
 use crate::children::{Slot, owned_by, slot};
 use crate::notice::Notice;
@@ -123,6 +124,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Reconcile counts for `HandlerInfo` and metrics.
     pub state: HandlerState,
+    /// When each object's status was last written, to pace progress-only status writes.
+    pub pacer: StatusPacer<String>,
     /// Retry delays of TableGroups failing transiently.
     pub backoff: ObjectBackoff<ObjectRef<Guarded<TableGroup>>>,
 }
@@ -206,10 +209,18 @@ async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Resu
         .map(|shard| (shard.name_any(), shard.clone()))
         .collect();
     let computed = status::compute(tg, &outcome, &observed, Timestamp::now());
+    let mut deferred = None;
     if !computed.changed.is_empty() {
-        tracing::info!(changed = ?computed.changed, "writing status");
-        ctx.writer
-            .apply_status(&ctx.table_groups, tg, &computed.status)
+        tracing::info!(changed = ?computed.changed, "status changed");
+        deferred = ctx
+            .writer
+            .apply_status_paced(
+                &ctx.table_groups,
+                &ctx.pacer,
+                tg,
+                tg.status.as_ref(),
+                &computed.status,
+            )
             .await
             .map_err(Error::Status)?;
     }
@@ -218,15 +229,24 @@ async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Resu
         .as_ref()
         .map(|r| r.notices.as_slice())
         .unwrap_or_default();
-    for notice in deletions.iter().chain(&computed.notices) {
+    // The transitions' events go with the status that shows them: a deferred status publishes
+    // them once written (the next reconcile computes them again from the stored status).
+    let transitions = if deferred.is_none() {
+        computed.notices.as_slice()
+    } else {
+        &[]
+    };
+    for notice in deletions.iter().chain(transitions) {
         ctx.writer
             .publish(&ctx.recorder, &notice.event("Reconcile"), &reference)
             .await;
     }
     match result {
         Err(error) => Err(error),
-        Ok(realized) if realized.terminating => Ok(Action::requeue(TERMINATING_RETRY)),
-        Ok(_) => Ok(Action::await_change()),
+        Ok(realized) if realized.terminating => {
+            Ok(status_pacer::action(Some(TERMINATING_RETRY), deferred))
+        }
+        Ok(_) => Ok(status_pacer::action(None, deferred)),
     }
 }
 
