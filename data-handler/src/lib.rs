@@ -6,7 +6,9 @@
 //!   delete, and reports `TopoServerReachable` / `TopologyRegistered` on the cluster;
 //! - [`cell`]: reports the same conditions on each Cell from its record, and deregisters a cell
 //!   that left its cluster;
-//! - [`shard`]: publishes pool pod roles (primary / replica) read from the pooler records.
+//! - [`shard`]: publishes pool pod roles (primary / replica) read from the pooler records, and
+//!   delivers reload-class PostgreSQL configuration changes through the multipoolers
+//!   ([`reload`]).
 //!
 //! The etcd side is in [`topo`] (records, store) and [`sync`] (ownership, register, prune); the
 //! pure decisions in [`desired`], [`target`], [`conditions`], [`deletion`] and [`roles`].
@@ -17,6 +19,7 @@ pub mod conditions;
 pub mod deletion;
 pub mod desired;
 pub mod finalizer;
+pub mod reload;
 pub mod roles;
 pub mod shard;
 pub mod sync;
@@ -30,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Resource;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -111,6 +114,13 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
     let (cells, cell_events) = reflect::<Cell>(&client, &scope, managed());
     let (shards, shard_events) = reflect::<Shard>(&client, &scope, managed());
     let (pods, pod_events) = reflect::<Pod>(&client, &scope, pool_pods);
+    // The shards' rendered postgresql.conf (the resource-handler labels it as a shard object).
+    let shard_config_maps = watcher::Config::default().labels(&format!(
+        "{MANAGED_SELECTOR},{}={}",
+        labels::COMPONENT,
+        Component::Shard.as_str()
+    ));
+    let (config_maps, config_map_events) = reflect::<ConfigMap>(&client, &scope, shard_config_maps);
 
     let field_manager = multigres_common::apply::field_manager(NAME);
     let recorder = Recorder::new(
@@ -144,7 +154,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         topo_servers: topo_servers.clone(),
         connections: connections.clone(),
         writer: Writer::new(client.clone(), cell::CONTROLLER, field_manager.clone()),
-        recorder,
+        recorder: recorder.clone(),
         state: ctx.state.clone(),
         backoff: settings.backoff(),
         settings: settings.clone(),
@@ -152,9 +162,12 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
     let shard_ctx = Arc::new(shard::Context {
         clusters: clusters.clone(),
         pods: pods.clone(),
+        config_maps: config_maps.clone(),
         topo_servers: topo_servers.clone(),
         connections,
         writer: Writer::new(client.clone(), shard::CONTROLLER, field_manager),
+        recorder,
+        reload_waits: Default::default(),
         state: ctx.state.clone(),
         backoff: settings.backoff(),
         settings,
@@ -191,6 +204,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         .watches_stream(pod_events.touched_objects(), |pod: Guarded<Pod>| {
             pod.0.as_ref().ok().and_then(shard::shard_of)
         })
+        .owns_stream(config_map_events.touched_objects())
         .with_config(config)
         .graceful_shutdown_on(ctx.shutdown.wait())
         .run(shard::reconcile, shard::error_policy, shard_ctx)
@@ -205,6 +219,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         synced(&ctx, &cells).await;
         synced(&ctx, &shards).await;
         synced(&ctx, &pods).await;
+        synced(&ctx, &config_maps).await;
         ctx.state.set_serving(true).await;
         tracing::info!("caches synced; serving");
     };

@@ -57,17 +57,11 @@ pub fn roles(
 ) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for pod in pods {
-        let cells: Vec<&Option<Vec<PoolerRecord>>> = match &pod.cell {
-            Some(cell) => poolers.get(cell).into_iter().collect(),
-            None => poolers.values().collect(),
+        let unread = match &pod.cell {
+            Some(cell) => poolers.get(cell).is_some_and(Option::is_none),
+            None => poolers.values().any(Option::is_none),
         };
-        let read: Vec<&PoolerRecord> = cells
-            .iter()
-            .filter_map(|c| c.as_ref())
-            .flatten()
-            .filter(|r| of_shard(r, shard) && serves_pod(r, &pod.name))
-            .collect();
-        let role = match newest(&read) {
+        let role = match pooler_of(shard, pod, poolers) {
             Some(record) => Some(
                 if record.is_primary() {
                     PRIMARY
@@ -76,7 +70,7 @@ pub fn roles(
                 }
                 .to_owned(),
             ),
-            None if cells.iter().any(|c| c.is_none()) => previous.get(&pod.name).cloned(),
+            None if unread => previous.get(&pod.name).cloned(),
             None => None,
         };
         if let Some(role) = role {
@@ -84,6 +78,26 @@ pub fn roles(
         }
     }
     out
+}
+
+/// The record of the pooler serving `pod` among the readable cells' records of `shard`: the
+/// most recently updated one of a pooler that did not shut down.
+pub fn pooler_of<'r>(
+    shard: ShardKey<'_>,
+    pod: &PoolPod,
+    poolers: &'r BTreeMap<String, Option<Vec<PoolerRecord>>>,
+) -> Option<&'r PoolerRecord> {
+    let cells: Vec<&Option<Vec<PoolerRecord>>> = match &pod.cell {
+        Some(cell) => poolers.get(cell).into_iter().collect(),
+        None => poolers.values().collect(),
+    };
+    let read: Vec<&PoolerRecord> = cells
+        .iter()
+        .filter_map(|c| c.as_ref())
+        .flatten()
+        .filter(|r| of_shard(r, shard) && serves_pod(r, &pod.name))
+        .collect();
+    newest(&read)
 }
 
 fn of_shard(record: &PoolerRecord, shard: ShardKey<'_>) -> bool {

@@ -3,26 +3,35 @@
 //! `multigres.com/role` (`primary` / `replica`). The resource-handler orders restarts with it:
 //! replicas first, the primary last.
 //!
+//! It also delivers reload-class PostgreSQL configuration changes (see [`crate::reload`]): each
+//! pool pod whose PostgreSQL has not confirmed the rendered file's reload-class settings is
+//! asked, through its multipooler, to reload; a confirmed reload is stamped on the pod.
+//!
 //! etcd changes make no Kubernetes event, so each Shard is read again every `roles_period`.
-//! Nothing is written when the published roles and labels already match.
+//! Nothing is written when the published roles, labels and stamps already match.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, ROLE};
 use multigres_api::names;
+use multigres_api::postgres::RELOAD_HASH_ANNOTATION;
 use multigres_api::v1alpha1::{MultigresCluster, Shard, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
+use multigres_common::telemetry::ErrorChain;
 use serde_json::json;
 
 use crate::Settings;
+use crate::conditions::Notice;
+use crate::reload::{self, Desired, DesiredError, PodState, Verdict};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::target::{ConnectError, Connections, Target, TargetError};
 use crate::topo::TopoError;
@@ -57,7 +66,10 @@ pub enum Error {
     /// Writing `status.podRoles` failed.
     #[error("cannot write the status")]
     Status(#[source] ApplyError),
-    /// Writing a pod's role label failed.
+    /// The rendered postgresql.conf cannot be read back; reloads wait for it to be rewritten.
+    #[error(transparent)]
+    Config(#[from] DesiredError),
+    /// Writing a pod's role label or reload stamp failed.
     #[error("cannot label pod {pod}")]
     Label {
         pod: String,
@@ -69,7 +81,10 @@ pub enum Error {
 impl Error {
     /// Whether only a change can fix this (no periodic retry).
     pub fn is_invalid_spec(&self) -> bool {
-        matches!(self, Error::Malformed { .. } | Error::Target(_))
+        matches!(
+            self,
+            Error::Malformed { .. } | Error::Target(_) | Error::Config(_)
+        )
     }
 
     /// Short category, for metrics.
@@ -78,6 +93,7 @@ impl Error {
             Error::Malformed { .. } => "malformed",
             Error::ClusterNotFound { .. } => "cluster_not_found",
             Error::Target(_) => "invalid_spec",
+            Error::Config(_) => "config",
             Error::Connect(_) => "connect",
             Error::Poolers { .. } => "topo",
             Error::Status(_) | Error::Label { .. } => "kube_api",
@@ -91,12 +107,19 @@ pub struct Context {
     pub clusters: Store<Guarded<MultigresCluster>>,
     /// Pool pods managed by the operator.
     pub pods: Store<Guarded<Pod>>,
+    /// The shards' rendered postgresql.conf ConfigMaps.
+    pub config_maps: Store<Guarded<ConfigMap>>,
     /// Managed TopoServers: a server still starting is not read yet.
     pub topo_servers: Store<Guarded<TopoServer>>,
     /// Open topology connections.
     pub connections: Arc<Connections>,
     /// The write path.
     pub writer: Writer,
+    /// Events on Shards about reloads.
+    pub recorder: Recorder,
+    /// Why each pod's reload is waiting, as last reported (`namespace/pod` → note), so a
+    /// waiting reload is announced once, not on every retry.
+    pub reload_waits: Mutex<HashMap<String, String>>,
     /// Reconcile counts for `HandlerInfo` and metrics.
     pub state: HandlerState,
     /// Retry delays of failing Shards.
@@ -231,24 +254,205 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
             .await
             .map_err(Error::Status)?;
     }
+    let delivery = deliver_reloads(shard, key, &pods, &poolers, ctx).await;
+    let mut stamped = Vec::new();
     for pod in &pods {
         let wanted = published
             .get(&pod.name_any())
             .map(|r| roles::label_value(r));
-        if pod.labels().get(ROLE) != wanted.as_ref() {
+        let stamp = delivery
+            .stamps
+            .get(&pod.name_any())
+            .or_else(|| pod.annotations().get(RELOAD_HASH_ANNOTATION));
+        let new_stamp = stamp != pod.annotations().get(RELOAD_HASH_ANNOTATION);
+        if pod.labels().get(ROLE) != wanted.as_ref() || new_stamp {
             ctx.writer
-                .apply_role_label(pod, wanted.as_deref())
+                .apply_pod_marks(pod, wanted.as_deref(), stamp.map(String::as_str))
                 .await
                 .map_err(|source| Error::Label {
                     pod: pod.name_any(),
                     source,
                 })?;
         }
+        if new_stamp {
+            stamped.push(pod.name_any());
+        }
     }
-    match failure {
+    let reference = shard.object_ref(&());
+    for pod in stamped {
+        forget_wait(ctx, &namespace, &pod);
+        let notice = Notice::normal(
+            "ConfigReloaded",
+            format!("pod {pod}: PostgreSQL reloaded postgresql.conf without a restart"),
+        );
+        ctx.writer
+            .publish(&ctx.recorder, &notice.event("Reload"), &reference)
+            .await;
+    }
+    for notice in delivery.notices {
+        ctx.writer
+            .publish(&ctx.recorder, &notice.event("Reload"), &reference)
+            .await;
+    }
+    let period = if delivery.retry {
+        ctx.settings.roles_period.min(reload::RETRY)
+    } else {
+        ctx.settings.roles_period
+    };
+    match failure.or(delivery.error) {
         Some(error) => Err(error),
-        None => Ok(Action::requeue(ctx.settings.roles_period)),
+        None => Ok(Action::requeue(period)),
     }
+}
+
+/// What one pass of reload delivery found.
+#[derive(Default)]
+struct Delivery {
+    /// Pods whose PostgreSQL confirmed the current reload-class settings → their fingerprint.
+    stamps: BTreeMap<String, String>,
+    /// Some pod's reload is still pending: look again after [`reload::RETRY`].
+    retry: bool,
+    /// Events to publish on the Shard (each waiting reason once per pod).
+    notices: Vec<Notice>,
+    /// The rendered file could not be read back.
+    error: Option<Error>,
+}
+
+/// Asks the multipooler of every pool pod that has not confirmed the rendered file's
+/// reload-class settings to reload, and collects the confirmed ones.
+async fn deliver_reloads(
+    shard: &Shard,
+    key: ShardKey<'_>,
+    pods: &[Pod],
+    poolers: &BTreeMap<String, Option<Vec<crate::topo::PoolerRecord>>>,
+    ctx: &Context,
+) -> Delivery {
+    let mut out = Delivery::default();
+    let namespace = shard.namespace().unwrap_or_default();
+    let uid = shard.uid();
+    let rendered = valid_in(&ctx.config_maps, &namespace)
+        .into_iter()
+        .find(|cm| {
+            cm.owner_references()
+                .iter()
+                .any(|o| Some(&o.uid) == uid.as_ref())
+                && cm
+                    .data
+                    .as_ref()
+                    .is_some_and(|d| d.contains_key(reload::CONFIG_KEY))
+        });
+    // No file rendered yet (or a postgresConfigRef still missing): nothing to reload.
+    let Some(rendered) = rendered else {
+        return out;
+    };
+    let desired = match Desired::from_config_map(&rendered) {
+        Ok(desired) => desired,
+        Err(error) => {
+            out.error = Some(error.into());
+            return out;
+        }
+    };
+    let states: Vec<PodState> = pods.iter().map(PodState::of).collect();
+    let tls = shard
+        .spec
+        .internal_tls
+        .as_ref()
+        .and_then(|t| t.enabled)
+        .unwrap_or(false);
+    for pod in reload::to_reload(&desired, &states) {
+        let pool_pod = PoolPod {
+            name: pod.name.clone(),
+            cell: pod.cell.clone(),
+        };
+        let record = roles::pooler_of(key, &pool_pod, poolers);
+        let address = record.and_then(reload::address);
+        let wait = |out: &mut Delivery, notice: Notice| {
+            out.retry = true;
+            if announce(ctx, &namespace, &pod.name, &desired.reload_hash, &notice) {
+                out.notices.push(notice);
+            }
+        };
+        if tls {
+            // The multipooler serves mutual TLS with the cluster's internal CA; the
+            // data-handler holds no client certificate of it, so it cannot call.
+            wait(
+                &mut out,
+                Notice::warning(
+                    "ConfigReloadSkipped",
+                    format!(
+                        "pod {}: internalTLS is enabled and the data-handler has no client                          certificate for the multipooler, so reload-class settings are not                          reloaded in place; they apply when the pod restarts",
+                        pod.name
+                    ),
+                ),
+            );
+            continue;
+        }
+        let Some(address) = address else {
+            let note = match record {
+                None => format!(
+                    "pod {}: waiting for its multipooler to register in cell {} to reload                      postgresql.conf",
+                    pod.name,
+                    pod.cell.as_deref().unwrap_or("(unlabelled)")
+                ),
+                Some(r) => format!(
+                    "pod {}: its multipooler record {} has no hostname or no {:?} port;                      waiting for it to re-register to reload postgresql.conf",
+                    pod.name,
+                    r.key,
+                    reload::GRPC_PORT
+                ),
+            };
+            tracing::debug!(pod = %pod.name, "reload waits for the pooler record");
+            wait(&mut out, Notice::normal("ConfigReloadPending", note));
+            continue;
+        };
+        match reload::call(&address, &desired.expected).await {
+            Ok(response) => match reload::verdict(&response) {
+                Verdict::Reloaded => {
+                    tracing::info!(pod = %pod.name, hash = %desired.reload_hash, "PostgreSQL reloaded its configuration");
+                    out.stamps
+                        .insert(pod.name.clone(), desired.reload_hash.clone());
+                }
+                Verdict::NeedsRestart(settings) => wait(
+                    &mut out,
+                    Notice::warning(
+                        "ConfigReloadNeedsRestart",
+                        format!(
+                            "pod {}: PostgreSQL applies {} only at start, though the operator                              classified them as reloadable; restart the pod to apply them",
+                            pod.name,
+                            settings.join(", ")
+                        ),
+                    ),
+                ),
+                Verdict::NotYet(settings) => {
+                    tracing::debug!(pod = %pod.name, ?settings, "mounted postgresql.conf not synced yet");
+                    out.retry = true;
+                }
+            },
+            Err(error) => {
+                tracing::warn!(pod = %pod.name, error = %ErrorChain(&error), "ReloadConfig failed; retrying");
+                out.retry = true;
+            }
+        }
+    }
+    out
+}
+
+/// Records that `pod`'s reload to `hash` waits for the reason `notice` gives; true the first
+/// time, so the event is published once.
+fn announce(ctx: &Context, namespace: &str, pod: &str, hash: &str, notice: &Notice) -> bool {
+    let note = format!("{hash} {}", notice.reason);
+    let mut waits = ctx
+        .reload_waits
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    waits.insert(format!("{namespace}/{pod}"), note.clone()) != Some(note)
+}
+
+fn forget_wait(ctx: &Context, namespace: &str, pod: &str) {
+    ctx.reload_waits
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&format!("{namespace}/{pod}"));
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, Recorder};
 use kube::{Api, Resource, ResourceExt};
 use multigres_api::labels::ROLE;
+use multigres_api::postgres::RELOAD_HASH_ANNOTATION;
 use multigres_common::apply::{self, ApplyError};
 use multigres_common::telemetry::ErrorChain;
 use serde::de::DeserializeOwned;
@@ -77,16 +78,30 @@ impl Writer {
         Ok(())
     }
 
-    /// Server-side applies the `multigres.com/role` label of `pod` (`None` drops this
-    /// handler's label). A pod deleted meanwhile is not an error.
-    pub async fn apply_role_label(&self, pod: &Pod, role: Option<&str>) -> Result<(), kube::Error> {
+    /// Server-side applies what this handler marks on a pool pod, together because an apply
+    /// drops the manager's fields it leaves out: the `multigres.com/role` label and the
+    /// confirmed reload fingerprint annotation (`None` drops either). A pod deleted meanwhile
+    /// is not an error.
+    pub async fn apply_pod_marks(
+        &self,
+        pod: &Pod,
+        role: Option<&str>,
+        reload_hash: Option<&str>,
+    ) -> Result<(), kube::Error> {
         let namespace = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
         let labels = role.map_or_else(|| json!({}), |r| json!({ ROLE: r }));
+        let annotations =
+            reload_hash.map_or_else(|| json!({}), |h| json!({ RELOAD_HASH_ANNOTATION: h }));
         let body = json!({
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": { "name": name, "namespace": namespace, "labels": labels },
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": labels,
+                "annotations": annotations,
+            },
         });
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         count(self.controller, "Pod", "apply");

@@ -17,3 +17,12 @@ pub use validate::{Problem, validate};
 /// settings, so whoever triggers a reload can check PostgreSQL read the current file (also
 /// when a setting was removed).
 pub const RELOAD_MARKER: &str = "multigres.config_reload_marker";
+
+/// Annotation with the fingerprint of the restart-class settings: on the rendered ConfigMap and
+/// the pool pod template (a change restarts the pods in order), hence on every pool pod.
+pub const CONFIG_HASH_ANNOTATION: &str = "multigres.com/postgres-config-hash";
+
+/// Annotation with the fingerprint of the reload-class settings: on the rendered ConfigMap, and
+/// on a pool pod once its PostgreSQL confirmed it reloaded a file with those settings (stamped
+/// by the data-handler). Never on the pod template, so a change restarts nothing.
+pub const RELOAD_HASH_ANNOTATION: &str = "multigres.com/postgres-reload-hash";

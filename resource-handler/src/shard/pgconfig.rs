@@ -36,10 +36,10 @@ pub const CONFIG_KEY: &str = "postgresql.conf";
 pub const CONFIG_DIR: &str = "/etc/pgctld/postgres-config";
 /// Pod template (and ConfigMap) annotation: fingerprint of the restart-class settings. Part of
 /// the template, so a change restarts the pods in order.
-pub const CONFIG_HASH: &str = "multigres.com/postgres-config-hash";
+pub const CONFIG_HASH: &str = multigres_api::postgres::CONFIG_HASH_ANNOTATION;
 /// ConfigMap annotation: fingerprint of the reload-class settings, also written into the file
 /// as `multigres.config_reload_marker`. Never on the pod template.
-pub const RELOAD_HASH: &str = "multigres.com/postgres-reload-hash";
+pub const RELOAD_HASH: &str = multigres_api::postgres::RELOAD_HASH_ANNOTATION;
 /// pgctld's variable naming the extra configuration file PostgreSQL includes.
 const EXTRA_CONF_ENV: &str = "POSTGRES_INITDB_EXTRA_CONF";
 const VOLUME: &str = "postgres-config";

@@ -1,0 +1,425 @@
+//! Reload delivery: applies a change of reload-class PostgreSQL settings in place.
+//!
+//! The resource-handler renders the shard's postgresql.conf into `<shard>-postgres-config`; a
+//! change of only reload-class settings rewrites the file (and the fingerprint at its end, the
+//! `multigres.config_reload_marker` line) but restarts nothing. This module tells each pool
+//! pod's PostgreSQL to read it, as upstream does: for every pod whose stamped reload fingerprint
+//! differs from the file's, whose restart fingerprint is current (a pod due for a restart gets
+//! the file anyway) and which is not being deleted, the multipooler registered for the pod is
+//! asked to `ReloadConfig` with the expected settings. The multipooler reloads only once the
+//! mounted file carries all of them, so a file the kubelet has not synced yet is reported, not
+//! reloaded, and the call is repeated after [`RETRY`]. A confirmed reload is stamped on the pod
+//! as `multigres.com/postgres-reload-hash`.
+//!
+//! The planning and the reading of a response are pure ([`Desired`], [`to_reload`],
+//! [`verdict`]); [`call`] is the RPC.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt;
+use multigres_api::labels::CELL;
+use multigres_api::postgres::{
+    CONFIG_HASH_ANNOTATION, RELOAD_HASH_ANNOTATION, RELOAD_MARKER, conf, split,
+};
+use multigres_proto::multipooler::multipoolermanager::multi_pooler_manager_client::MultiPoolerManagerClient;
+use multigres_proto::multipooler::multipoolermanagerdata::{
+    ReloadConfigRequest, ReloadConfigResponse,
+};
+
+use crate::topo::PoolerRecord;
+
+/// How soon a pending reload is tried again (the kubelet syncs a ConfigMap volume within about
+/// a minute; upstream retries every 10 s too).
+pub const RETRY: Duration = Duration::from_secs(10);
+/// Key of the rendered file in the ConfigMap.
+pub const CONFIG_KEY: &str = "postgresql.conf";
+/// Name of the multipooler's gRPC port in its record's port map.
+pub const GRPC_PORT: &str = "grpc";
+/// Time allowed to connect to a multipooler.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time allowed for a `ReloadConfig` (the multipooler waits for `pg_conf_load_time()`).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why the rendered ConfigMap cannot say what the pods should run.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DesiredError {
+    /// The ConfigMap has no rendered file.
+    #[error("ConfigMap {name} has no key {CONFIG_KEY}")]
+    NoFile { name: String },
+    /// The file cannot be read back.
+    #[error("ConfigMap {name}, key {CONFIG_KEY}: {source}")]
+    Syntax {
+        name: String,
+        #[source]
+        source: conf::SyntaxError,
+    },
+    /// The file lacks the fingerprint line, or it does not match the file's settings (edited
+    /// by hand).
+    #[error(
+        "ConfigMap {name}, key {CONFIG_KEY}: {RELOAD_MARKER} is {found:?}, but the file's \
+         reload-class settings have fingerprint {computed:?}; the resource-handler rewrites it"
+    )]
+    Marker {
+        name: String,
+        found: Option<String>,
+        computed: String,
+    },
+}
+
+/// What the rendered file asks of every pool pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// Fingerprint of the restart-class settings (the pods' `postgres-config-hash`).
+    pub restart_hash: String,
+    /// Fingerprint of the reload-class settings, stamped on a pod once it reloaded.
+    pub reload_hash: String,
+    /// The settings the file must carry before a reload counts: every reload-class setting and
+    /// the marker (which also catches a removed setting), name → the value as written.
+    pub expected: BTreeMap<String, String>,
+}
+
+impl Desired {
+    /// Reads the rendered file back from the ConfigMap.
+    pub fn from_config_map(config_map: &ConfigMap) -> Result<Self, DesiredError> {
+        let name = config_map.name_any();
+        let text = config_map
+            .data
+            .as_ref()
+            .and_then(|d| d.get(CONFIG_KEY))
+            .ok_or_else(|| DesiredError::NoFile { name: name.clone() })?;
+        let mut settings = conf::parse(text).map_err(|source| DesiredError::Syntax {
+            name: name.clone(),
+            source,
+        })?;
+        let marker = settings.remove(RELOAD_MARKER);
+        let split = split(&settings);
+        let marker = match marker {
+            Some(m) if m == split.reload_hash => m,
+            found => {
+                return Err(DesiredError::Marker {
+                    name,
+                    found,
+                    computed: split.reload_hash,
+                });
+            }
+        };
+        let mut expected = split.reload;
+        expected.insert(RELOAD_MARKER.to_owned(), marker.clone());
+        Ok(Self {
+            restart_hash: split.restart_hash,
+            reload_hash: marker,
+            expected,
+        })
+    }
+}
+
+/// A pool pod, as far as reloading goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodState {
+    /// Pod name.
+    pub name: String,
+    /// Its cell label.
+    pub cell: Option<String>,
+    /// Its `postgres-config-hash` (from the template it was created from).
+    pub restart_hash: Option<String>,
+    /// Its stamped `postgres-reload-hash`.
+    pub reload_hash: Option<String>,
+    /// Whether it is being deleted.
+    pub deleting: bool,
+}
+
+impl PodState {
+    /// The reload state of `pod`.
+    pub fn of(pod: &Pod) -> Self {
+        let annotation = |key: &str| pod.annotations().get(key).cloned();
+        Self {
+            name: pod.name_any(),
+            cell: pod.labels().get(CELL).cloned(),
+            restart_hash: annotation(CONFIG_HASH_ANNOTATION),
+            reload_hash: annotation(RELOAD_HASH_ANNOTATION),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// The pods to reload: not yet stamped with the current reload fingerprint, running the
+/// current restart-class settings (a pod due for a restart starts with the new file anyway),
+/// and not being deleted.
+pub fn to_reload<'p>(desired: &Desired, pods: &'p [PodState]) -> Vec<&'p PodState> {
+    pods.iter()
+        .filter(|p| !p.deleting)
+        .filter(|p| p.reload_hash.as_deref() != Some(desired.reload_hash.as_str()))
+        .filter(|p| p.restart_hash.as_deref() == Some(desired.restart_hash.as_str()))
+        .collect()
+}
+
+/// What a `ReloadConfig` answer means for the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// PostgreSQL reloaded a file carrying every expected setting: stamp the pod.
+    Reloaded,
+    /// The named settings are in the file but PostgreSQL applies them only at start: reported,
+    /// not stamped.
+    NeedsRestart(Vec<String>),
+    /// No reload yet (the mounted file lags behind, or PostgreSQL is not running): the named
+    /// settings do not match yet; try again later.
+    NotYet(Vec<String>),
+}
+
+/// Reads a `ReloadConfig` answer. A load time counts only with no mismatch, so a multipooler
+/// that reloads first and compares afterwards cannot confirm a stale file.
+pub fn verdict(response: &ReloadConfigResponse) -> Verdict {
+    let names = || response.mismatches.iter().map(|m| m.name.clone()).collect();
+    if response.needs_restart {
+        Verdict::NeedsRestart(
+            response
+                .mismatches
+                .iter()
+                .filter(|m| m.requires_restart)
+                .map(|m| m.name.clone())
+                .collect(),
+        )
+    } else if response.config_load_time.is_some() && response.mismatches.is_empty() {
+        Verdict::Reloaded
+    } else {
+        Verdict::NotYet(names())
+    }
+}
+
+/// Where a pooler's management service listens: `http://<hostname>:<grpc port>`, or `None`
+/// when its record names no gRPC port.
+pub fn address(record: &PoolerRecord) -> Option<String> {
+    let port = record.pooler.port_map.get(GRPC_PORT)?;
+    let host = record.pooler.hostname.as_str();
+    (!host.is_empty()).then(|| format!("http://{host}:{port}"))
+}
+
+/// Why a `ReloadConfig` call failed (the pod is tried again after [`RETRY`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    /// The pooler's address is not a URI.
+    #[error("multipooler address {address:?} is invalid")]
+    Address {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// No connection.
+    #[error("cannot connect to the multipooler at {address}")]
+    Connect {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The call failed.
+    #[error("ReloadConfig at {address} failed")]
+    Call {
+        address: String,
+        #[source]
+        source: tonic::Status,
+    },
+}
+
+/// Calls `MultiPoolerManager.ReloadConfig` at `address` with `expected`.
+pub async fn call(
+    address: &str,
+    expected: &BTreeMap<String, String>,
+) -> Result<ReloadConfigResponse, RpcError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(address.to_owned())
+        .map_err(|source| RpcError::Address {
+            address: address.to_owned(),
+            source,
+        })?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(CALL_TIMEOUT);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|source| RpcError::Connect {
+            address: address.to_owned(),
+            source,
+        })?;
+    let request = ReloadConfigRequest {
+        expected_settings: expected.clone().into_iter().collect(),
+    };
+    MultiPoolerManagerClient::new(channel)
+        .reload_config(request)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|source| RpcError::Call {
+            address: address.to_owned(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use multigres_api::postgres::{Resources, render};
+    use multigres_proto::multipooler::multipoolermanagerdata::SettingMismatch;
+    use multigres_proto::topo::Multipooler;
+
+    use super::*;
+
+    fn rendered(config: &[(&str, &str)]) -> ConfigMap {
+        let config: BTreeMap<String, String> = config
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let r = render(
+            "c/postgres/default/0-inf",
+            Resources::default(),
+            None,
+            &config,
+        )
+        .unwrap();
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("s-postgres-config".into());
+        cm.data = Some(BTreeMap::from([(CONFIG_KEY.to_owned(), r.text)]));
+        cm
+    }
+
+    fn pod(name: &str, restart: &str, reload: Option<&str>) -> PodState {
+        PodState {
+            name: name.into(),
+            cell: Some("zone-a".into()),
+            restart_hash: Some(restart.into()),
+            reload_hash: reload.map(Into::into),
+            deleting: false,
+        }
+    }
+
+    #[test]
+    fn the_file_gives_the_fingerprints_and_the_expected_settings() {
+        let config = [("work_mem", "16MB"), ("shared_buffers", "256MB")];
+        let desired = Desired::from_config_map(&rendered(&config)).unwrap();
+        let r = render(
+            "c/postgres/default/0-inf",
+            Resources::default(),
+            None,
+            &config
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        )
+        .unwrap();
+        assert_eq!(desired.restart_hash, r.split.restart_hash);
+        assert_eq!(desired.reload_hash, r.split.reload_hash);
+        assert_eq!(desired.expected["work_mem"], "16MB");
+        assert_eq!(desired.expected[RELOAD_MARKER], r.split.reload_hash);
+        assert!(
+            !desired.expected.contains_key("shared_buffers"),
+            "restart-class settings are not expected of a reload"
+        );
+    }
+
+    #[test]
+    fn an_edited_or_unmarked_file_is_refused() {
+        let mut cm = rendered(&[("work_mem", "16MB")]);
+        let text = cm.data.as_mut().unwrap().get_mut(CONFIG_KEY).unwrap();
+        *text = text.replace("work_mem = '16MB'", "work_mem = '32MB'");
+        assert!(matches!(
+            Desired::from_config_map(&cm),
+            Err(DesiredError::Marker { .. })
+        ));
+        cm.data = None;
+        assert_eq!(
+            Desired::from_config_map(&cm),
+            Err(DesiredError::NoFile {
+                name: "s-postgres-config".into()
+            })
+        );
+    }
+
+    #[test]
+    fn only_current_unstamped_live_pods_are_reloaded() {
+        let desired = Desired {
+            restart_hash: "r1".into(),
+            reload_hash: "l2".into(),
+            expected: BTreeMap::new(),
+        };
+        let mut deleting = pod("p-4", "r1", Some("l1"));
+        deleting.deleting = true;
+        let pods = [
+            pod("p-0", "r1", Some("l1")),
+            pod("p-1", "r1", Some("l2")),
+            pod("p-2", "r0", Some("l1")),
+            pod("p-3", "r1", None),
+            deleting,
+        ];
+        let names: Vec<&str> = to_reload(&desired, &pods)
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["p-0", "p-3"],
+            "p-1 is stamped already, p-2 awaits its restart, p-4 is going away"
+        );
+    }
+
+    fn mismatch(name: &str, requires_restart: bool) -> SettingMismatch {
+        SettingMismatch {
+            name: name.into(),
+            requires_restart,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_confirmed_reload_is_stamped() {
+        let at = Some(prost_types::Timestamp {
+            seconds: 1,
+            nanos: 0,
+        });
+        let reloaded = ReloadConfigResponse {
+            config_load_time: at,
+            ..Default::default()
+        };
+        assert_eq!(verdict(&reloaded), Verdict::Reloaded);
+        let stale = ReloadConfigResponse {
+            mismatches: vec![mismatch("work_mem", false)],
+            ..Default::default()
+        };
+        assert_eq!(verdict(&stale), Verdict::NotYet(vec!["work_mem".into()]));
+        let reloaded_then_stale = ReloadConfigResponse {
+            config_load_time: at,
+            mismatches: vec![mismatch("work_mem", false)],
+            ..Default::default()
+        };
+        assert_eq!(
+            verdict(&reloaded_then_stale),
+            Verdict::NotYet(vec!["work_mem".into()])
+        );
+        let restart = ReloadConfigResponse {
+            mismatches: vec![mismatch("work_mem", false), mismatch("wal_level", true)],
+            needs_restart: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            verdict(&restart),
+            Verdict::NeedsRestart(vec!["wal_level".into()])
+        );
+        assert_eq!(
+            verdict(&ReloadConfigResponse::default()),
+            Verdict::NotYet(vec![]),
+            "PostgreSQL not running"
+        );
+    }
+
+    #[test]
+    fn the_address_is_the_hostname_and_grpc_port() {
+        let mut record = PoolerRecord {
+            key: "k".into(),
+            id: "multipooler-zone-a-p-0".into(),
+            pooler: Multipooler {
+                hostname: "p-0.svc".into(),
+                ..Default::default()
+            },
+        };
+        assert_eq!(address(&record), None);
+        record.pooler.port_map.insert(GRPC_PORT.into(), 15270);
+        assert_eq!(address(&record).as_deref(), Some("http://p-0.svc:15270"));
+    }
+}
