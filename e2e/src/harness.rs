@@ -38,6 +38,21 @@ pub const WAIT: Duration = Duration::from_secs(60);
 /// The log line each controller handler writes once its caches are filled and it reconciles.
 pub const READY_MESSAGE: &str = "caches synced; serving";
 
+/// The log line the webhook-server writes once it answers admission requests (its readiness).
+pub const ADMISSION_MESSAGE: &str = "admission server listening";
+
+/// The ServiceAccount (and handler) name of the webhook-server.
+pub const WEBHOOK: &str = "webhook-server";
+
+/// What `name` logs when it is ready: the webhook answers admissions, the others reconcile.
+fn ready_message(name: &str) -> &'static str {
+    if name == WEBHOOK {
+        ADMISSION_MESSAGE
+    } else {
+        READY_MESSAGE
+    }
+}
+
 /// A path relative to the repository root.
 pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -176,6 +191,169 @@ pub async fn grant_shipped_rbac(cluster: &LocalCluster, namespace: &str, handler
     kubeconfig
 }
 
+/// Binds the webhook-server's shipped roles (`deploy/webhook/rbac.yaml`) to ServiceAccount
+/// `webhook-server` in `system`: cluster-wide, and its certificate Secret role in `system`.
+/// With `registrations`, it may also patch the caBundle of the registrations
+/// `<registrations>-mutating` and `<registrations>-validating` (tests that register the webhooks
+/// under their own names so others' registrations are left alone). Returns its kubeconfig.
+pub async fn grant_webhook_rbac(
+    cluster: &LocalCluster,
+    system: &str,
+    registrations: Option<&str>,
+) -> PathBuf {
+    let admin = admin(cluster);
+    let file = "deploy/webhook/rbac.yaml";
+    let rbac = std::fs::read_to_string(repo_path(file)).expect("webhook RBAC");
+    let mut docs = manifest::parse_documents(&rbac, Path::new(file)).expect("RBAC documents");
+    let subject = json!([{"kind": "ServiceAccount", "name": WEBHOOK, "namespace": system}]);
+    let binding = |kind: &str, name: String, role: &str, namespace: Option<&str>| {
+        serde_json::from_value::<DynamicObject>(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": subject,
+        }))
+        .expect("binding")
+    };
+    docs.push(binding(
+        "ClusterRoleBinding",
+        format!("{system}-webhook-server"),
+        "multigres-operator-webhook-server",
+        None,
+    ));
+    docs.push(binding(
+        "RoleBinding",
+        "webhook-server-certificates".to_owned(),
+        "multigres-operator-webhook-server-certificates",
+        Some(system),
+    ));
+    if let Some(users) = registrations {
+        let role = format!("{users}-webhook-registrations");
+        docs.push(
+            serde_json::from_value(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": role},
+                "rules": [
+                    {"apiGroups": ["admissionregistration.k8s.io"],
+                     "resources": ["mutatingwebhookconfigurations"],
+                     "resourceNames": [format!("{users}-mutating")], "verbs": ["get", "patch"]},
+                    {"apiGroups": ["admissionregistration.k8s.io"],
+                     "resources": ["validatingwebhookconfigurations"],
+                     "resourceNames": [format!("{users}-validating")], "verbs": ["get", "patch"]},
+                ],
+            }))
+            .expect("registrations role"),
+        );
+        docs.push(binding("ClusterRoleBinding", role.clone(), &role, None));
+    }
+    for doc in &docs {
+        let namespace = doc.metadata.namespace.clone();
+        manifest::apply(&admin, doc, namespace.as_deref(), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying the webhook's RBAC: {e}"));
+    }
+    cluster
+        .service_account_kubeconfig(system, WEBHOOK, Duration::from_secs(24 * 3600))
+        .await
+        .unwrap_or_else(|e| panic!("kubeconfig of the webhook-server: {e}"))
+}
+
+/// The webhook-server on a fixed loopback port (so a restarted process serves the
+/// registrations already in place), managing its own certificate in a directory of its own.
+pub struct WebhookServer {
+    /// The process; declared first so it stops before its certificate directory is removed.
+    pub process: HandlerProcess,
+    /// Its admission (HTTPS) address.
+    pub address: SocketAddr,
+    _certs: tempfile::TempDir,
+}
+
+impl WebhookServer {
+    /// Starts the webhook-server with `kubeconfig` (see [`grant_webhook_rbac`]), its Service
+    /// namespace `system`, `operators` (`namespace:name` ServiceAccounts allowed to write
+    /// children) and, with `registrations`, the names of the registrations it patches; returns
+    /// once it answers admissions.
+    pub async fn spawn(
+        kubeconfig: &Path,
+        system: &str,
+        operators: &str,
+        registrations: Option<&str>,
+    ) -> WebhookServer {
+        let certs = tempfile::Builder::new()
+            .prefix("multigres-webhook-certs-")
+            .tempdir()
+            .expect("certificate directory");
+        let address = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port");
+        let mut flags = vec![
+            format!("--webhook-bind-address={address}"),
+            format!("--webhook-service-namespace={system}"),
+            "--webhook-extra-sans=127.0.0.1".to_owned(),
+            format!("--webhook-cert-dir={}", certs.path().display()),
+            "--webhook-cert-check-interval=1s".to_owned(),
+            format!("--operator-service-accounts={operators}"),
+        ];
+        if let Some(users) = registrations {
+            flags.push(format!(
+                "--webhook-mutating-configurations={users}-mutating"
+            ));
+            flags.push(format!(
+                "--webhook-validating-configurations={users}-validating"
+            ));
+        }
+        let process = HandlerProcess::spawn(WEBHOOK, kubeconfig, &flags).await;
+        let listening = process.admission_addr().await;
+        assert_eq!(listening, address, "the webhook listens where it was told");
+        WebhookServer {
+            process,
+            address,
+            _certs: certs,
+        }
+    }
+}
+
+/// The shipped webhook registrations (`deploy/webhook/webhook-configurations.yaml`, failure
+/// policy, rules and timeouts as shipped), pointed at `https://<address>` and limited to the
+/// namespaces `namespace_selector` selects; renamed `<rename>-mutating` and
+/// `<rename>-validating` when `rename` is given.
+pub fn webhook_registrations(
+    address: SocketAddr,
+    namespace_selector: serde_json::Value,
+    rename: Option<&str>,
+) -> Vec<DynamicObject> {
+    let file = "deploy/webhook/webhook-configurations.yaml";
+    let text = std::fs::read_to_string(repo_path(file)).expect("webhook registrations");
+    manifest::parse_documents(&text, Path::new(file))
+        .expect("registration documents")
+        .into_iter()
+        .map(|doc| {
+            let mut value = serde_json::to_value(&doc).expect("registration as JSON");
+            if let Some(prefix) = rename {
+                let suffix = match value["kind"].as_str() {
+                    Some("MutatingWebhookConfiguration") => "mutating",
+                    _ => "validating",
+                };
+                value["metadata"] = json!({"name": format!("{prefix}-{suffix}")});
+            }
+            for webhook in value["webhooks"].as_array_mut().expect("webhooks") {
+                let path = webhook["clientConfig"]["service"]["path"]
+                    .as_str()
+                    .expect("webhook path")
+                    .to_owned();
+                webhook["clientConfig"] = json!({"url": format!("https://{address}{path}")});
+                webhook["namespaceSelector"] = namespace_selector.clone();
+            }
+            serde_json::from_value(value).expect("registration")
+        })
+        .collect()
+}
+
+/// The selector of exactly one namespace, for [`webhook_registrations`].
+pub fn only_namespace(namespace: &str) -> serde_json::Value {
+    json!({"matchLabels": {"kubernetes.io/metadata.name": namespace}})
+}
+
 /// `multigres.com/v1alpha1` MultigresCluster, for dynamic clients.
 pub fn multigres_clusters() -> ApiResource {
     ApiResource {
@@ -274,23 +452,34 @@ impl HandlerProcess {
         self.wait_ready().await;
     }
 
-    /// Waits until the handler logs that its caches are synced.
+    /// Waits until the handler logs that it is ready: caches synced, or for the
+    /// webhook-server, the admission server listening.
     pub async fn wait_ready(&self) {
-        eventually(&format!("{} syncs its caches", self.name), WAIT, || async {
+        self.wait_logged(ready_message(&self.name)).await;
+    }
+
+    /// Waits for the first log entry with `message` in this run's log and returns it.
+    async fn wait_logged(&self, message: &str) -> serde_json::Value {
+        eventually(&format!("{} logs {message:?}", self.name), WAIT, || async {
             let text = self.log();
             if let Some(status) = self.process.exit_status() {
                 panic!("{} exited ({status}):\n{text}", self.name);
             }
-            if text.lines().any(|l| {
-                serde_json::from_str::<serde_json::Value>(l)
-                    .is_ok_and(|e| e["message"] == READY_MESSAGE)
-            }) {
-                Ok(())
-            } else {
-                Err(text)
-            }
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|e| e["message"] == message)
+                .ok_or(text)
         })
-        .await;
+        .await
+    }
+
+    /// The webhook-server's admission (HTTPS) address, once it listens.
+    pub async fn admission_addr(&self) -> SocketAddr {
+        let entry = self.wait_logged(ADMISSION_MESSAGE).await;
+        entry["address"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("{ADMISSION_MESSAGE:?} without an address: {entry}"))
     }
 
     /// The handler's name (its binary).

@@ -18,8 +18,6 @@
 //! Durations printed here are observations for `docs/reliability.md`, never assertions.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client as Etcd, GetOptions};
@@ -37,11 +35,10 @@ use multigres_api::v1alpha1::{MultigresCluster, Phase};
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::etcd::{EtcdConfig, EtcdProcess};
 use multigres_e2e::harness::{
-    self, Stack, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace,
-    handler_binary, repo_path,
+    self, Stack, WAIT, WebhookServer, admin, apply_yaml, control_plane, eventually,
+    fresh_namespace, grant_webhook_rbac, only_namespace, repo_path, webhook_registrations,
 };
 use multigres_e2e::manifest::{self, Mode};
-use multigres_e2e::process::Supervised;
 use multigres_proto::topo::{Cell as CellRecord, Database};
 use prost::Message;
 use serde_json::{Value, json};
@@ -485,152 +482,6 @@ async fn a_topology_etcd_outage_is_reported_and_registration_completes_after_it(
     );
 }
 
-/// The webhook-server as its own ServiceAccount with the shipped RBAC, on a fixed loopback
-/// port so a restarted process serves the registrations already in place.
-struct Webhook {
-    process: Supervised,
-    args: Vec<String>,
-    dir: tempfile::TempDir,
-    address: SocketAddr,
-    launches: usize,
-}
-
-impl Webhook {
-    /// `operators`: the `namespace:name` ServiceAccounts allowed to write children.
-    async fn start(plane: &LocalCluster, system: &str, operators: &str) -> Webhook {
-        let client = admin(plane);
-        let rbac = std::fs::read_to_string(repo_path("deploy/webhook/rbac.yaml")).expect("rbac");
-        for doc in manifest::parse_documents(&rbac, Path::new("rbac.yaml")).expect("rbac yaml") {
-            manifest::apply(&client, &doc, None, Mode::Apply)
-                .await
-                .expect("applying webhook RBAC");
-        }
-        let subject =
-            json!([{"kind": "ServiceAccount", "name": "webhook-server", "namespace": system}]);
-        for (kind, name, role, namespace) in [
-            (
-                "ClusterRoleBinding",
-                format!("{system}-webhook-server"),
-                "multigres-operator-webhook-server",
-                None,
-            ),
-            (
-                "RoleBinding",
-                "webhook-server-certificates".to_owned(),
-                "multigres-operator-webhook-server-certificates",
-                Some(system),
-            ),
-        ] {
-            let binding: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
-                "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                "subjects": subject,
-            }))
-            .expect("binding");
-            manifest::apply(&client, &binding, namespace, Mode::Apply)
-                .await
-                .expect("binding the webhook's roles");
-        }
-        let kubeconfig = plane
-            .service_account_kubeconfig(system, "webhook-server", Duration::from_secs(3600))
-            .await
-            .expect("webhook kubeconfig");
-        let dir = tempfile::Builder::new()
-            .prefix("multigres-webhook-")
-            .tempdir()
-            .expect("webhook dir");
-        std::fs::create_dir(dir.path().join("certs")).expect("cert dir");
-        let address: SocketAddr = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port");
-        let args = vec![
-            format!("--kubeconfig={}", kubeconfig.display()),
-            "--grpc-bind-address=127.0.0.1:0".to_owned(),
-            "--metrics-bind-address=127.0.0.1:0".to_owned(),
-            "--log-format=json".to_owned(),
-            format!("--webhook-bind-address={address}"),
-            format!("--webhook-service-namespace={system}"),
-            "--webhook-extra-sans=127.0.0.1".to_owned(),
-            format!("--webhook-cert-dir={}", dir.path().join("certs").display()),
-            "--webhook-cert-check-interval=1s".to_owned(),
-            format!("--operator-service-accounts={operators}"),
-        ];
-        let process = Self::launch(&args, &dir.path().join("webhook-server.0.log"));
-        let webhook = Webhook {
-            process,
-            args,
-            dir,
-            address,
-            launches: 1,
-        };
-        webhook.wait_listening().await;
-        webhook
-    }
-
-    fn launch(args: &[String], log: &Path) -> Supervised {
-        Supervised::spawn(
-            "webhook-server",
-            &handler_binary("webhook-server"),
-            args,
-            &[],
-            log,
-        )
-        .expect("starting the webhook-server")
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir
-            .path()
-            .join(format!("webhook-server.{}.log", self.launches - 1))
-    }
-
-    async fn wait_listening(&self) {
-        eventually("the webhook listens", WAIT, || async {
-            let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-            if let Some(status) = self.process.exit_status() {
-                panic!("webhook-server exited ({status}):\n{text}");
-            }
-            if text.contains("admission server listening") {
-                Ok(())
-            } else {
-                Err(text)
-            }
-        })
-        .await;
-    }
-
-    async fn restart(&mut self) {
-        self.launches += 1;
-        self.process = Self::launch(&self.args, &self.log_path());
-        self.wait_listening().await;
-    }
-}
-
-/// The shipped registrations as they are (failure policy, rules, timeouts), pointed at
-/// `https://<address>` and scoped to `namespace`.
-fn registrations(address: SocketAddr, namespace: &str) -> Vec<DynamicObject> {
-    let text = std::fs::read_to_string(repo_path("deploy/webhook/webhook-configurations.yaml"))
-        .expect("registrations");
-    manifest::parse_documents(&text, Path::new("webhook-configurations.yaml"))
-        .expect("registration yaml")
-        .into_iter()
-        .map(|doc| {
-            let mut value = serde_json::to_value(&doc).expect("json");
-            for webhook in value["webhooks"].as_array_mut().expect("webhooks") {
-                let path = webhook["clientConfig"]["service"]["path"]
-                    .as_str()
-                    .expect("path")
-                    .to_owned();
-                webhook["clientConfig"] = json!({"url": format!("https://{address}{path}")});
-                webhook["namespaceSelector"] =
-                    json!({"matchLabels": {"kubernetes.io/metadata.name": namespace}});
-            }
-            serde_json::from_value(value).expect("registration")
-        })
-        .collect()
-}
-
 /// The API server's refusal message, or a panic if it accepted.
 fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
     match result {
@@ -648,9 +499,11 @@ async fn with_the_webhook_down_user_writes_are_refused_and_the_handlers_keep_rec
     let operators = ["cluster-handler", "resource-handler", "data-handler"]
         .map(|h| format!("{namespace}:{h}"))
         .join(",");
-    let mut webhook = Webhook::start(plane, &system, &operators).await;
-    for registration in registrations(webhook.address, &namespace) {
-        manifest::apply(&client, &registration, None, Mode::Apply)
+    let kubeconfig = grant_webhook_rbac(plane, &system, None).await;
+    let mut webhook = WebhookServer::spawn(&kubeconfig, &system, &operators, None).await;
+    let registrations = webhook_registrations(webhook.address, only_namespace(&namespace), None);
+    for registration in &registrations {
+        manifest::apply(&client, registration, None, Mode::Apply)
             .await
             .expect("registering the webhook");
     }
@@ -681,7 +534,7 @@ async fn with_the_webhook_down_user_writes_are_refused_and_the_handlers_keep_rec
         handler.settled(QUIET).await;
     }
 
-    webhook.process.stop(Duration::from_secs(10));
+    webhook.process.stop();
     let stopped = Instant::now();
 
     // 1. The user's writes of clusters are refused, naming the webhook that could not be called.
@@ -769,7 +622,7 @@ async fn with_the_webhook_down_user_writes_are_refused_and_the_handlers_keep_rec
     );
 
     // 3. Back: the same write succeeds and reaches the handlers.
-    webhook.restart().await;
+    webhook.process.restart().await;
     let back = Instant::now();
     eventually("writes pass the webhook again", WAIT, || async {
         clusters
@@ -797,12 +650,12 @@ async fn with_the_webhook_down_user_writes_are_refused_and_the_handlers_keep_rec
 
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    for registration in registrations(webhook.address, &namespace) {
+    for registration in registrations {
         let name = registration.name_any();
         let _ = validating.delete(&name, &DeleteParams::default()).await;
         let _ = mutating.delete(&name, &DeleteParams::default()).await;
     }
-    webhook.process.stop(Duration::from_secs(10));
+    webhook.process.stop();
 }
 
 /// A small seeded generator (xorshift64), so a failing spec can be reproduced from its index.

@@ -6,8 +6,6 @@
 //! the webhook adds, refuses deleting a template in use, and refuses manual edits of children
 //! while the operator's own ServiceAccount may make them.
 
-use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -18,16 +16,16 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, CellTemplate, LogLevel, MultigresCluster};
 use multigres_e2e::cluster::LocalCluster;
-use multigres_e2e::harness::{self, fresh_namespace, repo_path};
+use multigres_e2e::harness::{
+    self, WebhookServer, fresh_namespace, only_namespace, webhook_registrations,
+};
 use multigres_e2e::manifest::{self, Mode};
-use multigres_e2e::process::Supervised;
 use serde_json::{Value, json};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 const WAIT: Duration = Duration::from_secs(60);
-const WEBHOOK_ACCOUNT: &str = "webhook-server";
 const OPERATOR_ACCOUNT: &str = "operator";
 const MUTATING: &str = "multigres-operator-mutating-webhook-configuration";
 const VALIDATING: &str = "multigres-operator-validating-webhook-configuration";
@@ -52,158 +50,21 @@ async fn apply(client: &Client, namespace: Option<&str>, object: Value) {
         .unwrap_or_else(|e| panic!("applying {:?}: {e}", object.metadata.name));
 }
 
-/// The webhook-server process, serving on loopback as its own ServiceAccount.
-struct Webhook {
-    process: Supervised,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-    address: SocketAddr,
-    grpc: SocketAddr,
-}
-
-impl Webhook {
-    async fn start(cluster: &LocalCluster, system: &str, users: &str) -> Webhook {
-        let admin = cluster.client().unwrap();
-        let rbac = std::fs::read_to_string(repo_path("deploy/webhook/rbac.yaml")).unwrap();
-        for doc in manifest::parse_documents(&rbac, Path::new("rbac.yaml")).unwrap() {
-            manifest::apply(&admin, &doc, None, Mode::Apply)
-                .await
-                .unwrap();
-        }
-        let subject =
-            json!([{"kind": "ServiceAccount", "name": WEBHOOK_ACCOUNT, "namespace": system}]);
-        apply(
-            &admin,
-            None,
-            json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": format!("{system}-webhook-server")},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "multigres-operator-webhook-server"},
-                "subjects": subject,
-            }),
-        )
-        .await;
-        apply(
-            &admin,
-            Some(system),
-            json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "webhook-server-certificates"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "multigres-operator-webhook-server-certificates"},
-                "subjects": subject,
-            }),
-        )
-        .await;
-        let kubeconfig = cluster
-            .service_account_kubeconfig(system, WEBHOOK_ACCOUNT, Duration::from_secs(3600))
-            .await
-            .unwrap();
-
-        let log_dir = tempfile::Builder::new()
-            .prefix("multigres-webhook-")
-            .tempdir()
-            .unwrap();
-        // An empty certificate directory: the webhook manages its own certificate.
-        let cert_dir = tempfile::Builder::new()
-            .prefix("multigres-webhook-certs-")
-            .tempdir()
-            .unwrap();
-        let log = log_dir.path().join("webhook-server.log");
-        let args = [
-            format!("--kubeconfig={}", kubeconfig.display()),
-            "--grpc-bind-address=127.0.0.1:0".to_owned(),
-            "--metrics-bind-address=127.0.0.1:0".to_owned(),
-            "--log-format=json".to_owned(),
-            "--log-level=info".to_owned(),
-            "--webhook-bind-address=127.0.0.1:0".to_owned(),
-            format!("--webhook-service-namespace={system}"),
-            "--webhook-extra-sans=127.0.0.1".to_owned(),
-            format!("--webhook-cert-dir={}", cert_dir.path().display()),
-            "--webhook-cert-check-interval=1s".to_owned(),
-            format!("--operator-service-accounts={users}:{OPERATOR_ACCOUNT}"),
-        ];
-        let process = Supervised::spawn(
-            "webhook-server",
-            &harness::handler_binary("webhook-server"),
-            &args,
-            &[],
-            &log,
-        )
-        .unwrap();
-        let (address, grpc) = eventually("the webhook listens", || async {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(status) = process.exit_status() {
-                panic!("webhook-server exited ({status}):\n{text}");
-            }
-            let entries: Vec<Value> = text
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            let field = |message: &str, key: &str| {
-                entries
-                    .iter()
-                    .find(|e| e["message"] == message)
-                    .and_then(|e| e[key].as_str()?.parse::<SocketAddr>().ok())
-            };
-            match (
-                field("admission server listening", "address"),
-                field("servers listening", "grpc_addr"),
-            ) {
-                (Some(address), Some(grpc)) => Ok((address, grpc)),
-                _ => Err(text),
-            }
-        })
-        .await;
-        Webhook {
-            process,
-            _dirs: (log_dir, cert_dir),
-            address,
-            grpc,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.process.log_path()).unwrap_or_default()
-    }
-
-    async fn health(&self) -> Result<ServingStatus, String> {
-        let channel = tonic::transport::Channel::from_shared(format!("http://{}", self.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
-        HealthClient::new(channel)
-            .check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .map(|r| r.into_inner().status())
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// The shipped registrations, pointed at `https://<address>` and scoped to `namespace`.
-fn registrations(address: SocketAddr, namespace: &str) -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(repo_path("deploy/webhook/webhook-configurations.yaml")).unwrap();
-    manifest::parse_documents(&text, Path::new("webhook-configurations.yaml"))
+/// The webhook-server's gRPC health status.
+async fn health(webhook: &WebhookServer) -> Result<ServingStatus, String> {
+    let address = webhook.process.grpc_addr();
+    let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
         .unwrap()
-        .into_iter()
-        .map(|doc| {
-            let mut value = serde_json::to_value(&doc).unwrap();
-            for webhook in value["webhooks"].as_array_mut().unwrap() {
-                let path = webhook["clientConfig"]["service"]["path"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned();
-                webhook["clientConfig"] = json!({"url": format!("https://{address}{path}")});
-                webhook["namespaceSelector"] =
-                    json!({"matchLabels": {"kubernetes.io/metadata.name": namespace}});
-            }
-            value
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: String::new(),
         })
-        .collect()
+        .await
+        .map(|r| r.into_inner().status())
+        .map_err(|e| e.to_string())
 }
 
 fn cluster_manifest(name: &str, spec: Value) -> MultigresCluster {
@@ -256,10 +117,14 @@ async fn the_api_server_enforces_the_webhook() {
     )
     .await;
 
-    let webhook = Webhook::start(cluster, &system, &ns).await;
+    let kubeconfig = harness::grant_webhook_rbac(cluster, &system, None).await;
+    let operators = format!("{ns}:{OPERATOR_ACCOUNT}");
+    let webhook = WebhookServer::spawn(&kubeconfig, &system, &operators, None).await;
     let started = Instant::now();
-    for registration in registrations(webhook.address, &ns) {
-        apply(&admin, None, registration).await;
+    for registration in webhook_registrations(webhook.address, only_namespace(&ns), None) {
+        manifest::apply(&admin, &registration, None, Mode::Apply)
+            .await
+            .unwrap();
     }
 
     // The webhook generated its certificate, reports SERVING, and set the caBundle itself.
@@ -274,7 +139,7 @@ async fn the_api_server_enforces_the_webhook() {
     .await;
     let ca = secret.data.as_ref().unwrap()["ca.crt"].0.clone();
     eventually("SERVING", || async {
-        match webhook.health().await? {
+        match health(&webhook).await? {
             ServingStatus::Serving => Ok(()),
             other => Err(format!("{other:?}")),
         }
@@ -464,7 +329,11 @@ async fn the_api_server_enforces_the_webhook() {
         .await
         .unwrap();
 
-    assert!(webhook.process.exit_status().is_none(), "{}", webhook.log());
+    assert!(
+        webhook.process.exit_status().is_none(),
+        "{}",
+        webhook.process.log()
+    );
     mutating
         .delete(MUTATING, &DeleteParams::default())
         .await
@@ -473,5 +342,5 @@ async fn the_api_server_enforces_the_webhook() {
         .delete(VALIDATING, &DeleteParams::default())
         .await
         .unwrap();
-    webhook.process.stop(Duration::from_secs(10));
+    webhook.process.stop();
 }

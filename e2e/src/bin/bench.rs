@@ -50,7 +50,10 @@ use kube::{Api, Client, ResourceExt};
 use multigres_e2e::cluster::{ClusterOptions, LocalCluster, REGION, REGION_LABEL};
 use multigres_e2e::cluster::{ZONE_ID_LABEL, ZONE_LABEL};
 use multigres_e2e::etcd::{EtcdConfig, EtcdProcess};
-use multigres_e2e::harness::{HANDLER_DIR_ENV, HandlerProcess, multigres_clusters, repo_path};
+use multigres_e2e::harness::{
+    HANDLER_DIR_ENV, HandlerProcess, WEBHOOK, WebhookServer, multigres_clusters, repo_path,
+    webhook_registrations,
+};
 use multigres_e2e::manifest::{self, Mode};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -65,7 +68,6 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 const SYSTEM: &str = "multigres-system";
 /// The controllers, each started afresh for every run.
 const CONTROLLERS: [&str; 3] = ["cluster-handler", "resource-handler", "data-handler"];
-const WEBHOOK: &str = "webhook-server";
 /// Label selecting the namespaces the webhooks are registered for.
 const BENCH_LABEL: &str = "multigres-bench";
 /// Field manager of the benchmark's own writes (the user's `kubectl apply --server-side`).
@@ -179,8 +181,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     for handler in CONTROLLERS.iter().chain([&WEBHOOK]) {
         kubeconfigs.insert(*handler, grant_cluster_wide(&cluster, handler).await?);
     }
-    let (webhook, webhook_addr) = start_webhook(&admin, &kubeconfigs[WEBHOOK]).await?;
-    let webhook_rss_0 = webhook.memory().map(|m| m.0).unwrap_or(0);
+    let webhook = start_webhook(&admin, &kubeconfigs[WEBHOOK]).await?;
+    let webhook_addr = webhook.address;
+    let webhook_rss_0 = webhook.process.memory().map(|m| m.0).unwrap_or(0);
     progress!("webhook-server serving on {webhook_addr}");
 
     let latency = admission_latency(&cluster, &admin, webhook_addr, &topo, &cli).await?;
@@ -215,7 +218,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             results.push(result.0);
         }
     }
-    let webhook_peak = webhook.memory().map(|m| m.1).unwrap_or(0);
+    let webhook_peak = webhook.process.memory().map(|m| m.1).unwrap_or(0);
     drop(webhook);
 
     print_report(
@@ -359,53 +362,17 @@ async fn grant_cluster_wide(cluster: &LocalCluster, handler: &str) -> anyhow::Re
 
 /// Starts the webhook-server (self-managed certificate, serving 127.0.0.1), registers the
 /// shipped webhook configurations by URL for the benchmark namespaces, and waits until the
-/// webhook has written its caBundle into them. Returns the process and its admission address.
-async fn start_webhook(
-    admin: &Client,
-    kubeconfig: &Path,
-) -> anyhow::Result<(HandlerProcess, SocketAddr)> {
-    let cert_dir =
-        std::env::temp_dir().join(format!("multigres-bench-certs-{}", std::process::id()));
-    std::fs::create_dir_all(&cert_dir)?;
+/// webhook has written its caBundle into them.
+async fn start_webhook(admin: &Client, kubeconfig: &Path) -> anyhow::Result<WebhookServer> {
     let operators = CONTROLLERS
         .iter()
         .map(|h| format!("{SYSTEM}:{h}"))
         .collect::<Vec<_>>()
         .join(",");
-    let webhook = HandlerProcess::spawn(
-        WEBHOOK,
-        kubeconfig,
-        &[
-            "--webhook-bind-address=127.0.0.1:0".to_owned(),
-            format!("--webhook-service-namespace={SYSTEM}"),
-            "--webhook-extra-sans=127.0.0.1".to_owned(),
-            format!("--webhook-cert-dir={}", cert_dir.display()),
-            format!("--operator-service-accounts={operators}"),
-        ],
-    )
-    .await;
-    let address: SocketAddr = poll("the webhook listens", Duration::from_secs(60), || async {
-        Ok(webhook
-            .log()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|e| e["message"] == "admission server listening")
-            .and_then(|e| e["address"].as_str()?.parse().ok()))
-    })
-    .await?;
-    let file = "deploy/webhook/webhook-configurations.yaml";
-    let text = std::fs::read_to_string(repo_path(file))?;
-    for doc in manifest::parse_documents(&text, Path::new(file))? {
-        let mut value = serde_json::to_value(&doc)?;
-        for hook in value["webhooks"].as_array_mut().context("webhooks")? {
-            let path = hook["clientConfig"]["service"]["path"]
-                .as_str()
-                .context("webhook path")?
-                .to_owned();
-            hook["clientConfig"] = json!({"url": format!("https://{address}{path}")});
-            hook["namespaceSelector"] = json!({"matchLabels": {BENCH_LABEL: "true"}});
-        }
-        apply(admin, None, value).await?;
+    let webhook = WebhookServer::spawn(kubeconfig, SYSTEM, &operators, None).await;
+    let selector = json!({"matchLabels": {BENCH_LABEL: "true"}});
+    for registration in webhook_registrations(webhook.address, selector, None) {
+        manifest::apply(admin, &registration, None, Mode::Apply).await?;
     }
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(admin.clone());
     poll(
@@ -425,7 +392,7 @@ async fn start_webhook(
         },
     )
     .await?;
-    Ok((webhook, address))
+    Ok(webhook)
 }
 
 /// The benchmark's MultigresCluster `name`, registering in the topology etcd at `topo` under

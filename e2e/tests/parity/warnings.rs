@@ -5,177 +5,23 @@
 //! fields returns exactly one `kubectl` warning per such field, derived from the registry, while
 //! one using only implemented fields gets none.
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::time::Duration;
-
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::DeleteParams;
-use kube::{Api, Client};
+use kube::Api;
 use multigres_api::field_support::{self, Kind};
 use multigres_e2e::cluster::{ClusterError, LocalCluster};
 use multigres_e2e::harness::{
-    WAIT, admin, control_plane, eventually, fresh_namespace, handler_binary, repo_path,
+    WAIT, WebhookServer, admin, control_plane, eventually, fresh_namespace, grant_webhook_rbac,
+    only_namespace, webhook_registrations,
 };
 use multigres_e2e::manifest::{self, Mode};
-use multigres_e2e::process::Supervised;
 use serde_json::{Value, json};
 
-const WEBHOOK_ACCOUNT: &str = "webhook-server";
 /// What every warning of the rule says after the field path.
 const MARKER: &str = ": accepted but not implemented yet by this operator version: ";
-
-async fn apply(client: &Client, namespace: Option<&str>, object: Value) {
-    let object = serde_json::from_value(object).expect("a Kubernetes object");
-    manifest::apply(client, &object, namespace, Mode::Apply)
-        .await
-        .unwrap_or_else(|e| panic!("applying {object:?}: {e}"));
-}
-
-/// The webhook-server as its own ServiceAccount on loopback, patching the caBundle of
-/// registrations named after `users` (its own names, so other tests' registrations are left
-/// alone).
-async fn start_webhook(
-    cluster: &LocalCluster,
-    system: &str,
-    users: &str,
-) -> (Supervised, SocketAddr, tempfile::TempDir) {
-    let admin = admin(cluster);
-    let rbac = std::fs::read_to_string(repo_path("deploy/webhook/rbac.yaml")).unwrap();
-    for doc in manifest::parse_documents(&rbac, Path::new("rbac.yaml")).unwrap() {
-        manifest::apply(&admin, &doc, None, Mode::Apply)
-            .await
-            .unwrap();
-    }
-    let subject = json!([{"kind": "ServiceAccount", "name": WEBHOOK_ACCOUNT, "namespace": system}]);
-    apply(
-        &admin,
-        None,
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": format!("{system}-webhook-server")},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": "multigres-operator-webhook-server"},
-            "subjects": subject,
-        }),
-    )
-    .await;
-    apply(
-        &admin,
-        Some(system),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "webhook-server-certificates"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": "multigres-operator-webhook-server-certificates"},
-            "subjects": subject,
-        }),
-    )
-    .await;
-    // The shipped role names the shipped registrations; these have the test's own names.
-    let registrations = format!("{users}-webhook-registrations");
-    apply(
-        &admin,
-        None,
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": registrations},
-            "rules": [
-                {"apiGroups": ["admissionregistration.k8s.io"],
-                 "resources": ["mutatingwebhookconfigurations"],
-                 "resourceNames": [format!("{users}-mutating")], "verbs": ["get", "patch"]},
-                {"apiGroups": ["admissionregistration.k8s.io"],
-                 "resources": ["validatingwebhookconfigurations"],
-                 "resourceNames": [format!("{users}-validating")], "verbs": ["get", "patch"]},
-            ],
-        }),
-    )
-    .await;
-    apply(
-        &admin,
-        None,
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": registrations},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": registrations},
-            "subjects": subject,
-        }),
-    )
-    .await;
-    let kubeconfig = cluster
-        .service_account_kubeconfig(system, WEBHOOK_ACCOUNT, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let dir = tempfile::Builder::new()
-        .prefix("multigres-warnings-webhook-")
-        .tempdir()
-        .unwrap();
-    let certs = dir.path().join("certs");
-    std::fs::create_dir(&certs).unwrap();
-    let log = dir.path().join("webhook-server.log");
-    let args = [
-        format!("--kubeconfig={}", kubeconfig.display()),
-        "--grpc-bind-address=127.0.0.1:0".to_owned(),
-        "--metrics-bind-address=127.0.0.1:0".to_owned(),
-        "--log-format=json".to_owned(),
-        "--webhook-bind-address=127.0.0.1:0".to_owned(),
-        format!("--webhook-service-namespace={system}"),
-        "--webhook-extra-sans=127.0.0.1".to_owned(),
-        format!("--webhook-cert-dir={}", certs.display()),
-        "--webhook-cert-check-interval=1s".to_owned(),
-        format!("--webhook-mutating-configurations={users}-mutating"),
-        format!("--webhook-validating-configurations={users}-validating"),
-        format!("--operator-service-accounts={users}:operator"),
-    ];
-    let binary = handler_binary("webhook-server");
-    let process = Supervised::spawn("webhook-server", &binary, &args, &[], &log).unwrap();
-    let address = eventually("the webhook listens", WAIT, || async {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(status) = process.exit_status() {
-            panic!("webhook-server exited ({status}):\n{text}");
-        }
-        text.lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|e| e["message"] == "admission server listening")
-            .and_then(|e| e["address"].as_str()?.parse::<SocketAddr>().ok())
-            .ok_or(text)
-    })
-    .await;
-    (process, address, dir)
-}
-
-/// The shipped registrations under this test's names, pointed at `address` and scoped to
-/// `namespace`.
-fn registrations(address: SocketAddr, namespace: &str) -> Vec<Value> {
-    let path = repo_path("deploy/webhook/webhook-configurations.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    manifest::parse_documents(&text, &path)
-        .unwrap()
-        .into_iter()
-        .map(|doc| {
-            let mut value = serde_json::to_value(&doc).unwrap();
-            let suffix = match value["kind"].as_str() {
-                Some("MutatingWebhookConfiguration") => "mutating",
-                _ => "validating",
-            };
-            value["metadata"] = json!({"name": format!("{namespace}-{suffix}")});
-            for webhook in value["webhooks"].as_array_mut().unwrap() {
-                let path = webhook["clientConfig"]["service"]["path"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned();
-                webhook["clientConfig"] = json!({"url": format!("https://{address}{path}")});
-                webhook["namespaceSelector"] =
-                    json!({"matchLabels": {"kubernetes.io/metadata.name": namespace}});
-            }
-            value
-        })
-        .collect()
-}
 
 /// `kubectl create` of `object`, treating warnings as errors so they can be read; returns the
 /// warnings (none when kubectl succeeded) after checking the object was stored either way.
@@ -286,9 +132,14 @@ async fn unimplemented_fields_are_named_in_admission_warnings() {
 
     let system = fresh_namespace(cluster, "warnings-system").await;
     let ns = fresh_namespace(cluster, "warnings").await;
-    let (webhook, address, _dir) = start_webhook(cluster, &system, &ns).await;
-    for registration in registrations(address, &ns) {
-        apply(&client, None, registration).await;
+    // Registrations under this test's own names, so other tests' registrations are left alone.
+    let kubeconfig = grant_webhook_rbac(cluster, &system, Some(&ns)).await;
+    let operators = format!("{ns}:operator");
+    let webhook = WebhookServer::spawn(&kubeconfig, &system, &operators, Some(&ns)).await;
+    for registration in webhook_registrations(webhook.address, only_namespace(&ns), Some(&ns)) {
+        manifest::apply(&client, &registration, None, Mode::Apply)
+            .await
+            .unwrap();
     }
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let name = format!("{ns}-validating");
@@ -354,7 +205,10 @@ async fn unimplemented_fields_are_named_in_admission_warnings() {
         create_with_warnings(cluster, &ns, &object("ShardTemplate", "tuned", spec)).await;
     assert_eq!(unimplemented_warnings(&warnings), want, "{warnings:#?}");
 
-    assert!(webhook.exit_status().is_none(), "the webhook-server exited");
+    assert!(
+        webhook.process.exit_status().is_none(),
+        "the webhook-server exited"
+    );
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     mutating
         .delete(&format!("{ns}-mutating"), &DeleteParams::default())
@@ -364,5 +218,5 @@ async fn unimplemented_fields_are_named_in_admission_warnings() {
         .delete(&name, &DeleteParams::default())
         .await
         .unwrap();
-    webhook.stop(Duration::from_secs(10));
+    webhook.process.stop();
 }
