@@ -9,7 +9,10 @@
 //! The rule: a status that carries news is written at once; a status that only carries progress
 //! is written at most once per [`MIN_INTERVAL`] per object, with its latest value. News is:
 //!
-//! - the first status this handler writes (nothing of its fields is stored yet);
+//! - the first status this handler writes (nothing of its fields is stored yet) once the object
+//!   has settled; a first status of an object still converging waits until [`MIN_INTERVAL`]
+//!   after the handler first saw it, so an object that converges quickly gets one status
+//!   write, not a `Progressing` one and then a `Healthy` one a moment later;
 //! - a change of `observedGeneration` (the user changed the spec);
 //! - for an object with a phase, any change unless it is converging (an intermediate phase,
 //!   `Initializing` or `Progressing`, both before and after): reaching `Healthy`, becoming
@@ -18,14 +21,15 @@
 //! - for an object without a phase, a condition whose status or reason changes (or appears).
 //!
 //! Everything else (counts and messages of a converging object, intermediate phases) is
-//! progress. A deferred write is not
-//! lost: the reconcile asks to run again when the interval has passed ([`Pace::Defer`]), and
-//! writes the latest value then. Once written, the status equals what is computed, so nothing
-//! is deferred and nothing is requeued: an idle object costs no writes.
+//! progress. A deferred write is not lost: the reconcile asks to run again when it is due
+//! ([`Pace::Defer`], [`action`]) and writes the latest value then. Once written, the status
+//! equals what is computed, so nothing is deferred and nothing is requeued: an idle object
+//! costs no writes.
 //!
-//! The pacer remembers when it last wrote each object, in memory, and forgets an object once
-//! its interval has passed (nothing is deferred for it any more), so it holds at most the
-//! objects written in the last [`MIN_INTERVAL`].
+//! The pacer remembers when it last wrote (or first saw) each object, in memory, and forgets an
+//! object [`FORGET_AFTER_INTERVALS`] intervals later, long after any deferred write of it was
+//! due: it holds at most the objects written in the last minute, whether or not they still
+//! exist.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -41,6 +45,10 @@ use tokio::time::Instant;
 /// person watching `kubectl get` sees counts move, long enough that a pool of pods becoming
 /// ready one by one costs one or two writes instead of one per pod.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How many intervals after its last write the pacer forgets an object: a reconcile that runs
+/// late, on a busy machine, still finds when the object was last written.
+pub const FORGET_AFTER_INTERVALS: u32 = 12;
 
 /// Phases an object passes through on its way to a settled phase.
 const TRANSIENT_PHASES: [&str; 2] = ["Initializing", "Progressing"];
@@ -101,12 +109,18 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
     /// (the object's stored status, if any) now. Call only when they differ; call
     /// [`StatusPacer::wrote`] after a write.
     pub fn pace(&self, key: &K, stored: Option<&Value>, desired: &Value) -> Pace {
-        if is_news(stored, desired) {
-            return Pace::Write;
-        }
-        let last = self.lock().get(key).copied();
-        match last.map(|at| at + self.interval) {
-            Some(due) if due > Instant::now() => Pace::Defer(due - Instant::now()),
+        let now = Instant::now();
+        let since = match classify(stored, desired) {
+            Change::News => return Pace::Write,
+            Change::Progress => self.lock().get(key).copied(),
+            Change::FirstWhileConverging => {
+                let mut last = self.lock();
+                self.forget_old(&mut last, now);
+                Some(*last.entry(key.clone()).or_insert(now))
+            }
+        };
+        match since.map(|at| at + self.interval) {
+            Some(due) if due > now => Pace::Defer(due - now),
             _ => Pace::Write,
         }
     }
@@ -120,12 +134,17 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
         }
     }
 
-    /// Records a status write of `key` now, and forgets objects whose interval has passed.
+    /// Records a status write of `key` now, and forgets objects written long ago.
     pub fn wrote(&self, key: &K) {
         let now = Instant::now();
         let mut last = self.lock();
-        last.retain(|_, at| *at + self.interval > now);
+        self.forget_old(&mut last, now);
         last.insert(key.clone(), now);
+    }
+
+    fn forget_old(&self, last: &mut HashMap<K, Instant>, now: Instant) {
+        let keep = self.interval * FORGET_AFTER_INTERVALS;
+        last.retain(|_, at| *at + keep > now);
     }
 
     #[cfg(test)]
@@ -142,35 +161,70 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
     }
 }
 
-/// Whether `desired` carries news over `stored` (see the module documentation). Fields
-/// `desired` leaves out are not compared.
-pub fn is_news(stored: Option<&Value>, desired: &Value) -> bool {
-    let Some(stored) = stored.filter(|s| s.is_object()) else {
-        return true;
+/// What a status change is, for pacing (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing of this handler's status is stored yet, and the object is still converging.
+    FirstWhileConverging,
+    /// Written at once.
+    News,
+    /// Written at most once per interval.
+    Progress,
+}
+
+/// What changes from `stored` to `desired` (see the module documentation). Fields `desired`
+/// leaves out are not compared.
+pub fn classify(stored: Option<&Value>, desired: &Value) -> Change {
+    let phase = |v: &Value| v.get("phase").and_then(Value::as_str).map(str::to_owned);
+    let transient = |p: &str| TRANSIENT_PHASES.contains(&p);
+    let conditions = |v: &Value| {
+        v.get("conditions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let wanted = conditions(desired);
+    let stored = stored.filter(|s| s.is_object());
+    let stored_conditions = stored.map(conditions).unwrap_or_default();
+    let find = |type_: Option<&Value>| stored_conditions.iter().find(|c| c.get("type") == type_);
+    let first = match (stored, phase(desired)) {
+        (None, _) => true,
+        (Some(stored), Some(_)) => phase(stored).is_none(),
+        (Some(_), None) => {
+            !wanted.is_empty() && wanted.iter().all(|c| find(c.get("type")).is_none())
+        }
+    };
+    if first {
+        let converging = match phase(desired) {
+            Some(phase) => transient(&phase),
+            None => wanted
+                .iter()
+                .any(|c| c.get("status") != Some(&Value::from("True"))),
+        };
+        return if converging {
+            Change::FirstWhileConverging
+        } else {
+            Change::News
+        };
+    }
+    let Some(stored) = stored else {
+        return Change::News;
     };
     let field = |v: &Value, name: &str| v.get(name).cloned().unwrap_or(Value::Null);
     if desired.get("observedGeneration").is_some()
         && field(desired, "observedGeneration") != field(stored, "observedGeneration")
     {
-        return true;
+        return Change::News;
     }
-    let phase = |v: &Value| v.get("phase").and_then(Value::as_str).map(str::to_owned);
-    let transient = |p: &str| TRANSIENT_PHASES.contains(&p);
-    match (phase(stored), phase(desired)) {
-        (_, None) => {}
-        (None, Some(_)) => return true,
-        (Some(old), Some(new)) => return !(transient(&old) && transient(&new)),
-    }
-    let conditions = |v: &Value| v.get("conditions").and_then(Value::as_array).cloned();
-    let stored_conditions = conditions(stored).unwrap_or_default();
-    conditions(desired).into_iter().flatten().any(|wanted| {
-        let same_type = stored_conditions
-            .iter()
-            .find(|c| c.get("type") == wanted.get("type"));
-        same_type.is_none_or(|c| {
-            c.get("status") != wanted.get("status") || c.get("reason") != wanted.get("reason")
-        })
-    })
+    let news = match (phase(stored), phase(desired)) {
+        (Some(old), Some(new)) => !(transient(&old) && transient(&new)),
+        _ => wanted.iter().any(|c| {
+            find(c.get("type")).is_none_or(|s| {
+                s.get("status") != c.get("status") || s.get("reason") != c.get("reason")
+            })
+        }),
+    };
+    if news { Change::News } else { Change::Progress }
 }
 
 #[cfg(test)]
@@ -204,30 +258,61 @@ mod tests {
         })
     }
 
+    fn news(stored: &Value, desired: &Value) -> bool {
+        classify(Some(stored), desired) == Change::News
+    }
+
+    fn progress(stored: &Value, desired: &Value) -> bool {
+        classify(Some(stored), desired) == Change::Progress
+    }
+
     #[test]
-    fn first_status_and_new_generation_are_news() {
-        let desired = status("Initializing", 0, "False");
-        assert!(is_news(None, &desired));
-        assert!(is_news(Some(&json!({})), &desired), "no phase stored yet");
+    fn first_status_waits_only_while_converging() {
+        let converging = status("Initializing", 0, "False");
+        assert_eq!(classify(None, &converging), Change::FirstWhileConverging);
+        assert_eq!(
+            classify(Some(&json!({"conditions": []})), &converging),
+            Change::FirstWhileConverging,
+            "another handler's fields are stored, no phase yet"
+        );
+        assert_eq!(classify(None, &status("Healthy", 3, "True")), Change::News);
+        assert_eq!(
+            classify(None, &status("Degraded", 0, "False")),
+            Change::News
+        );
+        let other = json!({"phase": "Progressing", "conditions": [{"type": "Available"}]});
+        assert_eq!(
+            classify(Some(&other), &conditions_only("False", "Waiting", "")),
+            Change::FirstWhileConverging,
+            "none of this handler's conditions is stored yet"
+        );
+        assert_eq!(
+            classify(Some(&other), &conditions_only("True", "Registered", "")),
+            Change::News
+        );
+    }
+
+    #[test]
+    fn a_new_generation_is_news() {
         let mut newer = status("Progressing", 1, "False");
         newer["observedGeneration"] = json!(2);
-        assert!(is_news(Some(&status("Progressing", 1, "False")), &newer));
+        assert!(news(&status("Progressing", 1, "False"), &newer));
     }
 
     #[test]
     fn counts_messages_and_intermediate_phases_are_progress() {
         let stored = status("Initializing", 0, "False");
-        assert!(!is_news(Some(&stored), &status("Initializing", 1, "False")));
-        assert!(!is_news(Some(&stored), &status("Progressing", 2, "False")));
+        assert!(progress(&stored, &status("Initializing", 1, "False")));
+        assert!(progress(&stored, &status("Progressing", 2, "False")));
     }
 
     #[test]
     fn settled_phases_are_news_both_ways() {
         let converging = status("Progressing", 2, "False");
         let healthy = status("Healthy", 3, "True");
-        assert!(is_news(Some(&converging), &healthy));
-        assert!(is_news(Some(&healthy), &status("Progressing", 2, "False")));
-        assert!(is_news(Some(&converging), &status("Degraded", 2, "False")));
+        assert!(news(&converging, &healthy));
+        assert!(news(&healthy, &status("Progressing", 2, "False")));
+        assert!(news(&converging, &status("Degraded", 2, "False")));
     }
 
     #[test]
@@ -235,27 +320,53 @@ mod tests {
         let mut flipped = status("Healthy", 3, "True");
         flipped["conditions"][0]["status"] = json!("False");
         flipped["conditions"][0]["reason"] = json!("NotReady");
-        assert!(is_news(Some(&status("Healthy", 3, "True")), &flipped));
+        assert!(news(&status("Healthy", 3, "True"), &flipped));
         let mut recounted = status("Healthy", 3, "True");
         recounted["readyReplicas"] = json!(4);
-        assert!(is_news(Some(&status("Healthy", 3, "True")), &recounted));
+        assert!(news(&status("Healthy", 3, "True"), &recounted));
     }
 
     #[test]
     fn without_a_phase_conditions_decide() {
         let stored = conditions_only("False", "Waiting", "0 of 2 cells");
-        assert!(!is_news(
-            Some(&stored),
+        assert!(progress(
+            &stored,
             &conditions_only("False", "Waiting", "1 of 2 cells")
         ));
-        assert!(is_news(
-            Some(&stored),
+        assert!(news(
+            &stored,
             &conditions_only("True", "Registered", "2 of 2 cells")
         ));
-        assert!(is_news(
-            Some(&stored),
-            &json!({"conditions": [{"type": "Other", "status": "True", "reason": "Set"}]})
-        ));
+        let mut more = conditions_only("False", "Waiting", "0 of 2 cells");
+        more["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "Other", "status": "True", "reason": "Set"}));
+        assert!(news(&stored, &more), "a condition appears");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_converging_first_status_is_written_an_interval_after_first_sight() {
+        let pacer = StatusPacer::new(Duration::from_secs(5));
+        let key = "ns/cell";
+        let waiting = status("Progressing", 0, "False");
+        assert_eq!(
+            pacer.pace(&key, None, &waiting),
+            Pace::Defer(Duration::from_secs(5))
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(
+            pacer.pace(&key, None, &status("Progressing", 1, "False")),
+            Pace::Defer(Duration::from_secs(3)),
+            "the first sight counts, not the latest pass"
+        );
+        assert_eq!(
+            pacer.pace(&key, None, &status("Healthy", 3, "True")),
+            Pace::Write,
+            "settled before the interval passed: written at once"
+        );
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(pacer.pace(&key, None, &waiting), Pace::Write);
     }
 
     #[tokio::test(start_paused = true)]
@@ -291,16 +402,18 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn objects_are_forgotten_once_their_interval_passed() {
-        let pacer = StatusPacer::new(Duration::from_secs(5));
+    async fn objects_are_forgotten_long_after_their_last_write() {
+        let interval = Duration::from_secs(5);
+        let forget = interval * FORGET_AFTER_INTERVALS;
+        let pacer = StatusPacer::new(interval);
         pacer.wrote(&"a");
-        tokio::time::advance(Duration::from_secs(3)).await;
+        tokio::time::advance(forget / 2).await;
         pacer.wrote(&"b");
         assert_eq!(pacer.len(), 2);
-        tokio::time::advance(Duration::from_secs(3)).await;
+        tokio::time::advance(forget / 2).await;
         pacer.wrote(&"c");
-        assert_eq!(pacer.len(), 2, "a is past its interval");
-        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(pacer.len(), 2, "a is forgotten");
+        tokio::time::advance(forget).await;
         pacer.wrote(&"c");
         assert_eq!(pacer.len(), 1);
     }

@@ -21,6 +21,7 @@ use multigres_api::v1alpha1::{Cell, MultigresCluster, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
+use multigres_common::status_pacer::{self, StatusPacer};
 use multigres_common::telemetry::ErrorChain;
 
 use crate::Settings;
@@ -108,6 +109,8 @@ pub struct Context {
     pub state: HandlerState,
     /// Retry delays of failing Cells.
     pub backoff: ObjectBackoff<ObjectRef<Guarded<Cell>>>,
+    /// When each Cell's conditions were last written, to pace progress-only writes.
+    pub pacer: StatusPacer<String>,
     /// Periods and timeouts.
     pub settings: Settings,
 }
@@ -194,21 +197,33 @@ async fn reconcile_cell(obj: &Guarded<Cell>, ctx: &Context) -> Result<Action, Er
         cell.meta().generation,
         Timestamp::now(),
     );
-    if changed {
-        ctx.writer
-            .apply_status(cell, &conditions::status_body(&ours))
-            .await
-            .map_err(Error::Status)?;
-    }
-    let reference = cell.object_ref(&());
-    for notice in conditions::transitions(existing, &ours) {
-        ctx.writer
-            .publish(&ctx.recorder, &notice.event("Check"), &reference)
-            .await;
+    let waits_for_a_change = check.outcome.as_ref().is_err_and(Error::is_invalid_spec);
+    let deferred = if changed {
+        crate::cluster::write_conditions(
+            &ctx.writer,
+            &ctx.pacer,
+            cell,
+            cell.status.as_ref(),
+            &ours,
+            waits_for_a_change,
+        )
+        .await
+        .map_err(Error::Status)?
+    } else {
+        None
+    };
+    // A deferred status publishes its transitions' events once written.
+    if deferred.is_none() {
+        let reference = cell.object_ref(&());
+        for notice in conditions::transitions(existing, &ours) {
+            ctx.writer
+                .publish(&ctx.recorder, &notice.event("Check"), &reference)
+                .await;
+        }
     }
     check
         .outcome
-        .map(|_| Action::requeue(ctx.settings.check_period))
+        .map(|_| status_pacer::action(Some(ctx.settings.check_period), deferred))
 }
 
 /// One look at a Cell's record.

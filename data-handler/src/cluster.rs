@@ -12,7 +12,7 @@ pub mod status;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
@@ -27,6 +27,7 @@ use multigres_api::v1alpha1::{
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
+use multigres_common::status_pacer::{self, Pace, StatusPacer};
 
 use crate::Settings;
 use crate::conditions::{self, Notice};
@@ -130,6 +131,8 @@ pub struct Context {
     pub state: HandlerState,
     /// Retry delays of failing clusters.
     pub backoff: ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>>,
+    /// When each cluster's conditions were last written, to pace progress-only writes.
+    pub pacer: StatusPacer<String>,
     /// Periods and timeouts.
     pub settings: Settings,
 }
@@ -186,13 +189,28 @@ async fn reconcile_cluster(
         cluster.meta().generation,
         Timestamp::now(),
     );
-    if changed {
-        ctx.writer
-            .apply_status(cluster, &conditions::status_body(&ours))
-            .await
-            .map_err(Error::Status)?;
-    }
-    let mut notices = conditions::transitions(existing, &ours);
+    let waits_for_a_change = pass.result.as_ref().is_err_and(Error::is_invalid_spec);
+    let deferred = if changed {
+        write_conditions(
+            &ctx.writer,
+            &ctx.pacer,
+            cluster,
+            cluster.status.as_ref(),
+            &ours,
+            waits_for_a_change,
+        )
+        .await
+        .map_err(Error::Status)?
+    } else {
+        None
+    };
+    // The transitions' events go with the status that shows them: a deferred status publishes
+    // them once written (the next pass computes them again from the stored status).
+    let mut notices = if deferred.is_none() {
+        conditions::transitions(existing, &ours)
+    } else {
+        Vec::new()
+    };
     if let (Some(target), Ok(done)) = (&pass.target, &pass.result) {
         notices.extend(status::registration_notices(target, done));
     }
@@ -203,7 +221,38 @@ async fn reconcile_cluster(
             .await;
     }
     pass.result
-        .map(|_| Action::requeue(ctx.settings.check_period))
+        .map(|_| status_pacer::action(Some(ctx.settings.check_period), deferred))
+}
+
+/// Applies `ours`, this handler's conditions of `obj` (`stored` is its stored status), unless
+/// they only carry progress and `pacer` wrote `obj` recently, or `obj` is converging and was
+/// first seen less than the pacing interval ago ([`multigres_common::status_pacer`]); never
+/// deferred when `urgent` (the object is not reconciled again until it changes). Returns how
+/// long the write was deferred, if it was.
+pub(crate) async fn write_conditions<K>(
+    writer: &Writer,
+    pacer: &StatusPacer<String>,
+    obj: &K,
+    stored: Option<&impl serde::Serialize>,
+    ours: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    urgent: bool,
+) -> Result<Option<Duration>, ApplyError>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    let body = conditions::status_body(ours);
+    let stored = serde_json::to_value(stored).unwrap_or_default();
+    if !urgent && let Pace::Defer(delay) = pacer.pace(&key, Some(&stored), &body) {
+        tracing::debug!(?delay, "progress-only status write deferred");
+        return Ok(Some(delay));
+    }
+    writer.apply_status(obj, &body).await?;
+    pacer.wrote(&key);
+    Ok(None)
 }
 
 /// A cluster that cannot be read: nothing can be registered. If it is being deleted, its

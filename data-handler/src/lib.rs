@@ -147,6 +147,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         recorder: recorder.clone(),
         state: ctx.state.clone(),
         backoff: settings.backoff(),
+        pacer: Default::default(),
         settings: settings.clone(),
     });
     let cell_ctx = Arc::new(cell::Context {
@@ -157,6 +158,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         recorder: recorder.clone(),
         state: ctx.state.clone(),
         backoff: settings.backoff(),
+        pacer: Default::default(),
         settings: settings.clone(),
     });
     let shard_ctx = Arc::new(shard::Context {
