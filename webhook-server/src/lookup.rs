@@ -1,18 +1,34 @@
 //! Reads of other objects for the rules: templates and clusters of the request's namespace.
 //!
-//! Direct GET/LIST against the API server rather than a watch cache: a template created a moment
-//! before a cluster that names it must be found, and a cluster created a moment before a
-//! template's deletion must block it. The API server serves these reads from its own watch
-//! cache, so they stay cheap, and the webhook needs neither memory for every template and
-//! cluster of the whole cluster nor list/watch permissions beyond the kinds it reads.
+//! Templates come from a watch-fed cache when [`Lookups::cached`] started one: validating a
+//! cluster otherwise costs a GET per template it may use (each kind's `default` included) on
+//! every request, and those round trips were most of the webhook's latency and all of its tail.
+//! The cache only ever answers "found": a name it lacks is read with a GET, so a template created
+//! a moment before a cluster that names it is still found, and a missing one is still reported
+//! missing. While a watch is not delivering (before its first list, after an error until it has
+//! listed again) its kind is read with GETs too. What the cache can get wrong is bounded by the
+//! watch delay (milliseconds): a template edited or deleted that recently may be seen as it was.
+//!
+//! Clusters are always listed from the API server: a template's edit or deletion is checked
+//! against them, a cluster created a moment before must block it, and these requests are rare
+//! enough that a cache of every cluster (and list/watch permission on them) would not pay.
 
 use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::try_join_all;
 use kube::api::{Api, ListParams};
-use kube::{Client, Resource};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource, ResourceExt};
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
+use multigres_common::backoff::BackoffPolicy;
 use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
 
 use crate::defaults::DefaultTemplates;
 use crate::rules::{TemplateKind, Templates};
@@ -27,16 +43,57 @@ pub struct LookupError {
     source: kube::Error,
 }
 
-/// Lookups through one client.
+/// Lookups through one client, with templates served from a cache when one was started.
 #[derive(Clone)]
 pub struct Lookups {
     client: Client,
+    cache: Option<Arc<TemplateCache>>,
 }
 
 impl Lookups {
-    /// Lookups with `client`.
+    /// Lookups that read every object from the API server, for callers that run no watches.
     pub fn new(client: Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            cache: None,
+        }
+    }
+
+    /// Lookups with templates cached from watches of every namespace, started here and stopped
+    /// when the returned [`TemplateWatches`] is dropped.
+    pub fn cached(client: Client) -> (Self, TemplateWatches) {
+        let (core, core_task) = Cached::start(&client);
+        let (cell, cell_task) = Cached::start(&client);
+        let (shard, shard_task) = Cached::start(&client);
+        let cache = TemplateCache { core, cell, shard };
+        let lookups = Self {
+            client,
+            cache: Some(Arc::new(cache)),
+        };
+        (
+            lookups,
+            TemplateWatches(vec![core_task, cell_task, shard_task]),
+        )
+    }
+
+    /// The template `name` of `namespace`: from the cache when it has it, else from the API
+    /// server.
+    async fn template<K>(
+        &self,
+        cached: Option<&Cached<K>>,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<K>, LookupError>
+    where
+        K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        match cached.and_then(|c| c.get(namespace, name)) {
+            Some(found) => Ok(Some(found)),
+            None => self.get(namespace, name).await,
+        }
     }
 
     async fn get<K>(&self, namespace: &str, name: &str) -> Result<Option<K>, LookupError>
@@ -69,15 +126,19 @@ impl Lookups {
                 .filter(move |(k, _)| *k == kind)
                 .map(|(_, name)| name.as_str())
         };
+        let cache = self.cache.as_deref();
         let (core, cell, shard) = futures::try_join!(
             try_join_all(of_kind(TemplateKind::Core).map(|name| async move {
-                Ok::<_, LookupError>((name, self.get::<CoreTemplate>(namespace, name).await?))
+                let found = self.template(cache.map(|c| &c.core), namespace, name);
+                Ok::<_, LookupError>((name, found.await?))
             })),
             try_join_all(of_kind(TemplateKind::Cell).map(|name| async move {
-                Ok::<_, LookupError>((name, self.get::<CellTemplate>(namespace, name).await?))
+                let found = self.template(cache.map(|c| &c.cell), namespace, name);
+                Ok::<_, LookupError>((name, found.await?))
             })),
             try_join_all(of_kind(TemplateKind::Shard).map(|name| async move {
-                Ok::<_, LookupError>((name, self.get::<ShardTemplate>(namespace, name).await?))
+                let found = self.template(cache.map(|c| &c.shard), namespace, name);
+                Ok::<_, LookupError>((name, found.await?))
             })),
         )?;
         Ok(Templates {
@@ -133,4 +194,104 @@ fn existing<K, S>(
         .into_iter()
         .filter_map(|(name, t)| t.map(|t| (name.to_owned(), spec(t))))
         .collect()
+}
+
+/// The watches filling a template cache; dropping this stops them.
+pub struct TemplateWatches(Vec<JoinHandle<()>>);
+
+impl Drop for TemplateWatches {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// One cache per template kind.
+struct TemplateCache {
+    core: Cached<CoreTemplate>,
+    cell: Cached<CellTemplate>,
+    shard: Cached<ShardTemplate>,
+}
+
+/// Delays before a failed template watch is started again.
+const RESTART: BackoffPolicy = BackoffPolicy {
+    base: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+    jitter: 0.0,
+};
+
+/// The templates of one kind as its watch last delivered them, and whether that watch is
+/// delivering (listed, and no error since).
+struct Cached<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    current: Arc<AtomicBool>,
+}
+
+impl<K> Cached<K>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    /// Starts watching `K` in every namespace. A watch that fails is started over, with a fresh
+    /// list, rather than resumed: the cache is trusted again only once that list is in.
+    fn start(client: &Client) -> (Self, JoinHandle<()>) {
+        let (store, mut writer) = reflector::store();
+        let current = Arc::new(AtomicBool::new(false));
+        let flag = current.clone();
+        let api = Api::<K>::all(client.clone());
+        let task = tokio::spawn(async move {
+            let kind = K::kind(&());
+            let mut failures = 0;
+            loop {
+                let mut events = std::pin::pin!(multigres_common::watch::watcher(
+                    api.clone(),
+                    watcher::Config::default()
+                ));
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(event) => {
+                            let event = event.modify(|t| t.managed_fields_mut().clear());
+                            writer.apply_watcher_event(&event);
+                            let listing = matches!(event, Event::Init | Event::InitApply(_));
+                            flag.store(!listing, Ordering::Release);
+                            if matches!(event, Event::InitDone) {
+                                failures = 0;
+                            }
+                        }
+                        Err(error) => {
+                            flag.store(false, Ordering::Release);
+                            failures += 1;
+                            tracing::warn!(
+                                %error,
+                                %kind,
+                                "template watch failed; reading these templates with GETs until \
+                                 it has listed them again"
+                            );
+                            break;
+                        }
+                    }
+                }
+                tokio::time::sleep(RESTART.delay(failures)).await;
+            }
+        });
+        (Self { store, current }, task)
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Cached<K> {
+    /// The cached template, if the watch is delivering and has it.
+    fn get(&self, namespace: &str, name: &str) -> Option<K> {
+        if !self.current.load(Ordering::Acquire) {
+            return None;
+        }
+        self.store
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|t| K::clone(&t))
+    }
 }

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::admission::{self, AdmissionState};
-use crate::lookup::Lookups;
+use crate::lookup::{Lookups, TemplateWatches};
 use crate::rules::children::Operators;
 use crate::tls::manager::{self, CertificateSource};
 use crate::tls::{self, CertStore, TlsListener};
@@ -55,6 +55,7 @@ pub struct RunningWebhook {
     shutdown: Shutdown,
     server: JoinHandle<std::io::Result<()>>,
     certificates: JoinHandle<()>,
+    template_watches: TemplateWatches,
 }
 
 impl RunningWebhook {
@@ -93,8 +94,8 @@ impl RunningWebhook {
             state,
             shutdown.clone(),
         ));
-        let router =
-            admission::router(AdmissionState::new(Lookups::new(client), options.operators));
+        let (lookups, template_watches) = Lookups::cached(client);
+        let router = admission::router(AdmissionState::new(lookups, options.operators));
         let server = tokio::spawn(
             axum::serve(listener, router)
                 .with_graceful_shutdown(shutdown.wait())
@@ -107,6 +108,7 @@ impl RunningWebhook {
             shutdown,
             server,
             certificates,
+            template_watches,
         })
     }
 
@@ -120,10 +122,13 @@ impl RunningWebhook {
         &self.store
     }
 
-    /// Stops accepting, lets requests in flight finish, and stops the certificate lifecycle.
+    /// Stops accepting, lets requests in flight finish, and stops the certificate lifecycle and
+    /// the template watches.
     pub async fn stop(self) -> Result<(), WebhookError> {
         self.shutdown.trigger();
         self.certificates.await?;
-        self.server.await?.map_err(WebhookError::Serve)
+        let served = self.server.await?.map_err(WebhookError::Serve);
+        drop(self.template_watches);
+        served
     }
 }
