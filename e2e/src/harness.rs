@@ -429,11 +429,11 @@ impl HandlerProcess {
         process
     }
 
-    /// Starts the same command line again after the process exited (or was killed), logging to
-    /// a new file in the same directory, and waits until it is ready.
+    /// Starts the same command line again after the process exited (or was killed or
+    /// stopped), logging to a new file in the same directory, and waits until it is ready.
     pub async fn restart(&mut self) {
         assert!(
-            self.process.exit_status().is_some(),
+            !self.process.is_running(),
             "{} is still running; kill it first",
             self.name
         );

@@ -135,6 +135,14 @@ impl Supervised {
         }
     }
 
+    /// Whether the process still runs: neither exited nor stopped.
+    pub fn is_running(&self) -> bool {
+        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        guard
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
     /// The last `lines` lines of the log, for error messages.
     pub fn log_tail(&self, lines: usize) -> String {
         tail(&self.log, lines)
