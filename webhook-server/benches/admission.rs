@@ -3,8 +3,9 @@
 //! never waits for the previous answer) over a small pool of keep-alive connections, as the API
 //! server sends them; latency counts from the moment a request is due to go out, including any
 //! wait for a free connection, so a slow answer holding up later ones is not hidden. The template and cluster
-//! lookups go to a real local API server (`LocalCluster`); the certificate is the webhook's own,
-//! self-managed in a Secret there.
+//! lookups go to a real local API server (`LocalCluster`), through the webhook's template cache
+//! (a name it lacks is read with a GET); the certificate is the webhook's own, self-managed in a
+//! Secret there.
 //!
 //! `cargo bench -p webhook-server --bench admission`. Bounded: a fixed number of requests per
 //! scenario at a fixed rate (about 25 s in all, plus control-plane start-up).
@@ -147,6 +148,29 @@ async fn main() {
     let secret = secrets.get("webhook-certs").await.unwrap();
     let ca = String::from_utf8(secret.data.unwrap()["ca.crt"].0.clone()).unwrap();
     let address = webhook.local_addr();
+    // A namespace where every kind has its `default` template, so the cluster's lookups all hit
+    // the webhook's template cache, against `ns` where all three miss and are read with GETs.
+    let templated = support::namespace(cluster, "bench-templated").await;
+    for kind in ["CoreTemplate", "CellTemplate", "ShardTemplate"] {
+        let template = serde_json::json!({
+            "apiVersion": "multigres.com/v1alpha1", "kind": kind,
+            "metadata": {"name": "default", "namespace": templated}, "spec": {},
+        });
+        let object: kube::core::DynamicObject = serde_json::from_value(template).unwrap();
+        let resource = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            "multigres.com",
+            "v1alpha1",
+            kind,
+        ));
+        kube::Api::<kube::core::DynamicObject>::namespaced_with(
+            cluster.client().unwrap(),
+            &templated,
+            &resource,
+        )
+        .create(&Default::default(), &object)
+        .await
+        .unwrap();
+    }
 
     let scenarios = [
         Scenario {
@@ -158,6 +182,11 @@ async fn main() {
             name: "validate MultigresCluster (3 template GETs)",
             path: "/validate-multigres-com-v1alpha1-multigrescluster",
             body: Arc::new(support::fixture("cluster-update-grown", &ns)),
+        },
+        Scenario {
+            name: "validate MultigresCluster (3 cached templates)",
+            path: "/validate-multigres-com-v1alpha1-multigrescluster",
+            body: Arc::new(support::fixture("cluster-update-grown", &templated)),
         },
         Scenario {
             name: "mutate MultigresCluster (3 template GETs)",
