@@ -58,7 +58,8 @@ const TRANSIENT_PHASES: [&str; 2] = ["Initializing", "Progressing"];
 pub enum Pace {
     /// Write it now.
     Write,
-    /// Progress only, and the object's last write is recent: reconcile again after this long.
+    /// Progress only, and the object's last write (or, before its first, the first sight of
+    /// it) is recent: reconcile again after this long.
     Defer(Duration),
 }
 
@@ -70,16 +71,6 @@ pub fn action(planned: Option<Duration>, deferred: Option<Duration>) -> Action {
         (Some(planned), Some(deferred)) => Action::requeue(planned.min(deferred)),
         (Some(delay), None) | (None, Some(delay)) => Action::requeue(delay),
         (None, None) => Action::await_change(),
-    }
-}
-
-impl Pace {
-    /// How long the write is deferred, if it is.
-    pub fn deferred(self) -> Option<Duration> {
-        match self {
-            Pace::Write => None,
-            Pace::Defer(delay) => Some(delay),
-        }
     }
 }
 
@@ -421,16 +412,10 @@ mod tests {
     #[test]
     fn a_deferred_write_requeues_no_later_than_planned() {
         let (one, three) = (Duration::from_secs(1), Duration::from_secs(3));
-        assert_eq!(
-            action(None, Pace::Defer(three).deferred()),
-            Action::requeue(three)
-        );
+        assert_eq!(action(None, Some(three)), Action::requeue(three));
         assert_eq!(action(Some(one), Some(three)), Action::requeue(one));
         assert_eq!(action(Some(three), Some(one)), Action::requeue(one));
-        assert_eq!(
-            action(Some(three), Pace::Write.deferred()),
-            Action::requeue(three)
-        );
+        assert_eq!(action(Some(three), None), Action::requeue(three));
         assert_eq!(action(None, None), Action::await_change());
     }
 }

@@ -365,6 +365,10 @@ pub fn multigres_clusters() -> ApiResource {
     }
 }
 
+/// The longest a handler defers a status write (`multigres_common::status_pacer::MIN_INTERVAL`,
+/// a dev-dependency only here).
+pub const STATUS_PACING: Duration = Duration::from_secs(5);
+
 /// A running handler process, its log and the addresses it bound.
 pub struct HandlerProcess {
     name: String,
@@ -596,8 +600,10 @@ impl HandlerProcess {
     }
 
     /// Waits until the write counters have held still for `quiet` (the handler converged) and
-    /// returns them.
+    /// returns them. Handlers defer a converging object's progress-only status writes by up to
+    /// [`STATUS_PACING`], so stillness counts only once it lasted longer than that.
     pub async fn settled(&self, quiet: Duration) -> BTreeMap<String, u64> {
+        let quiet = quiet.max(STATUS_PACING + Duration::from_secs(1));
         let mut last = self.writes().await;
         let mut still_since = Instant::now();
         let deadline = Instant::now() + WAIT + quiet;

@@ -950,3 +950,11 @@ async fn a_restarted_handler_repairs_drift_and_writes_nothing_else() {
         second.log()
     );
 }
+
+#[test]
+fn the_harness_waits_out_the_handlers_status_pacing() {
+    assert_eq!(
+        multigres_e2e::harness::STATUS_PACING,
+        multigres_common::status_pacer::MIN_INTERVAL
+    );
+}
