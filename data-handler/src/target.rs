@@ -16,7 +16,7 @@ use multigres_api::names;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{GlobalTopoServerRef, MultigresCluster, TopoServer};
 
-use crate::topo::{TlsPem, TopoConfig, TopoError, TopoStore};
+use crate::topo::{EtcdConnection, TlsPem, TopoConfig, TopoError, TopoStore};
 
 /// Key of the CA certificate in `caSecret` (and accepted in `clientCertSecret`).
 pub const CA_KEY: &str = "ca.crt";
@@ -255,12 +255,28 @@ struct Key {
     tls_digest: Option<u64>,
 }
 
+impl Key {
+    /// What the connection under the store depends on: not the root.
+    fn link(&self) -> (Vec<String>, Option<u64>) {
+        (self.endpoints.clone(), self.tls_digest)
+    }
+}
+
+/// The open stores, and the etcd connections under them: one per endpoints and TLS material,
+/// shared by the stores of every root there (clusters registering in one etcd under their own
+/// roots would otherwise hold a connection each).
+#[derive(Default)]
+struct Pool {
+    stores: HashMap<Key, Arc<TopoStore>>,
+    links: HashMap<(Vec<String>, Option<u64>), EtcdConnection>,
+}
+
 /// Open topology connections, shared by every controller of the handler.
 pub struct Connections {
     client: kube::Client,
     connect_timeout: Duration,
     request_timeout: Duration,
-    stores: Mutex<HashMap<Key, Arc<TopoStore>>>,
+    pool: Mutex<Pool>,
 }
 
 impl Connections {
@@ -270,7 +286,7 @@ impl Connections {
             client,
             connect_timeout,
             request_timeout,
-            stores: Mutex::new(HashMap::new()),
+            pool: Mutex::new(Pool::default()),
         }
     }
 
@@ -290,7 +306,7 @@ impl Connections {
             root: target.root.clone(),
             tls_digest: tls.as_ref().map(digest),
         };
-        if let Some(store) = self.locked().get(&key) {
+        if let Some(store) = self.locked().stores.get(&key) {
             return Ok(store.clone());
         }
         let config = TopoConfig {
@@ -300,19 +316,30 @@ impl Connections {
             connect_timeout: self.connect_timeout,
             request_timeout: self.request_timeout,
         };
-        let store = Arc::new(TopoStore::connect(config).await?);
-        Ok(self.locked().entry(key).or_insert(store).clone())
+        let open = self.locked().links.get(&key.link()).cloned();
+        let link = match open {
+            Some(link) => link,
+            None => EtcdConnection::open(&config).await?,
+        };
+        let mut pool = self.locked();
+        let link = pool.links.entry(key.link()).or_insert(link).clone();
+        let store = Arc::new(TopoStore::over(&link, config));
+        Ok(pool.stores.entry(key).or_insert(store).clone())
     }
 
-    /// Closes the connections to `target` (any TLS material), once nothing needs it.
+    /// Closes the store of `target` (any TLS material), and its etcd connection once no other
+    /// root uses it.
     pub fn forget(&self, target: &Target) {
-        self.locked()
+        let mut pool = self.locked();
+        pool.stores
             .retain(|key, _| key.endpoints != target.endpoints || key.root != target.root);
+        let Pool { stores, links } = &mut *pool;
+        links.retain(|link, _| stores.keys().any(|key| key.link() == *link));
     }
 
-    fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<TopoStore>>> {
+    fn locked(&self) -> std::sync::MutexGuard<'_, Pool> {
         // Nothing panics while the lock is held; recover the map if something ever does.
-        self.stores
+        self.pool
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }

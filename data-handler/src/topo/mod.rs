@@ -18,5 +18,5 @@ pub use error::{RecordError, TopoError};
 pub use paths::{RecordKind, RecordRef};
 pub use pooler::PoolerRecord;
 pub use records::{BackupSpec, CellSpec, DatabaseSpec, DurabilityPolicyName};
-pub use store::{Expected, Plan, Registration, TopoStore, WritePlan};
+pub use store::{EtcdConnection, Expected, Plan, Registration, TopoStore, WritePlan};
 pub use wire::WireError;

@@ -85,18 +85,39 @@ impl std::fmt::Debug for TopoStore {
     }
 }
 
+/// A client of one etcd cluster (endpoints, TLS material, timeouts), whatever the root. Clones
+/// share one connection, so the stores of many roots on the same etcd need only one: each
+/// connection keeps its own HTTP/2 buffers and background tasks.
+#[derive(Clone)]
+pub struct EtcdConnection(Client);
+
+impl EtcdConnection {
+    /// Prepares a client for `config`'s endpoints (its root is not used). Connections are made
+    /// lazily, so this succeeds while etcd is down; it fails only on bad settings such as
+    /// unusable TLS material.
+    pub async fn open(config: &TopoConfig) -> Result<Self, TopoError> {
+        connect_client(config, &config.endpoints).await.map(Self)
+    }
+}
+
 impl TopoStore {
     /// Prepares a client for the global topology. Connections are made lazily, so this succeeds
     /// while etcd is down (each later call then fails with a transient error); it fails only on
     /// bad settings such as unusable TLS material.
     pub async fn connect(config: TopoConfig) -> Result<Self, TopoError> {
-        let client = connect_client(&config, &config.endpoints).await?;
-        Ok(Self {
-            client,
+        let connection = EtcdConnection::open(&config).await?;
+        Ok(Self::over(&connection, config))
+    }
+
+    /// The global topology under `config`'s root, reached through `connection`, which must have
+    /// been opened with the same endpoints, TLS material and timeouts.
+    pub fn over(connection: &EtcdConnection, config: TopoConfig) -> Self {
+        Self {
+            client: connection.0.clone(),
             paths: GlobalPaths::new(&config.global_root),
             config,
             cell_clients: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
     /// The global key layout in use.
