@@ -12,7 +12,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, PodStatus, Secret, Service,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
@@ -140,6 +140,26 @@ where
         + Sync
         + 'static,
 {
+    share_trimmed(client, scope, config, |_| {})
+}
+
+/// Like [`share`], with `trim` also applied to every object before it is cached, to drop what
+/// no reconciler reads of a kind cached in large numbers.
+pub fn share_trimmed<K>(
+    client: &Client,
+    scope: &Scope,
+    config: watcher::Config,
+    trim: fn(&mut K),
+) -> (Shared<K>, impl Future<Output = ()> + Send + 'static)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     let (store, writer) = reflector::store_shared(SHARED_BUFFER);
     let handle = writer
         .subscribe()
@@ -148,7 +168,10 @@ where
     let deletions = Deletions(deleted.clone());
     let events = multigres_common::watch::watcher(scope.api::<K>(client), config)
         .default_backoff()
-        .modify(|obj: &mut K| obj.managed_fields_mut().clear())
+        .modify(move |obj: &mut K| {
+            obj.managed_fields_mut().clear();
+            trim(obj);
+        })
         .inspect(move |event| {
             if let Ok(watcher::Event::Delete(object)) = event {
                 // No subscriber (a kind no controller owns) is not an error.
@@ -276,6 +299,18 @@ pub fn pool_pods() -> watcher::Config {
         "{MANAGED_SELECTOR},{COMPONENT}={}",
         Component::Pool.as_str()
     ))
+}
+
+/// Keeps of a pool pod what the reconcilers read (its metadata and status conditions): the
+/// spec and the container statuses are most of a pod's size, and every pool pod is cached.
+pub fn slim_pod(pod: &mut Pod) {
+    pod.spec = None;
+    if let Some(status) = pod.status.as_mut() {
+        *status = PodStatus {
+            conditions: status.conditions.take(),
+            ..PodStatus::default()
+        };
+    }
 }
 
 /// The children of `K` in `store` that `owner_uid` controls, in `namespace`.
@@ -451,4 +486,46 @@ where
             std::future::ready(())
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::shard::rollout::pod_view;
+
+    #[test]
+    fn a_slimmed_pool_pod_reads_the_same_and_keeps_no_spec() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "pool-a-0",
+                "namespace": "ns",
+                "uid": "u-1",
+                "labels": {"controller-revision-hash": "pool-a-abc", "multigres.com/role": "replica"},
+                "annotations": {"multigres.com/config-hash": "h1"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                    "name": "pool-a", "uid": "s-1", "controller": true}],
+            },
+            "spec": {"containers": [{"name": "postgres", "image": "postgres:17",
+                "env": [{"name": "PGDATA", "value": "/data"}]}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "postgres", "image": "postgres:17",
+                    "imageID": "", "ready": true, "restartCount": 0}],
+            },
+        }))
+        .unwrap();
+        let before = pod_view(&pod, &BTreeMap::new());
+        let metadata = pod.metadata.clone();
+        slim_pod(&mut pod);
+        assert_eq!(pod_view(&pod, &BTreeMap::new()), before);
+        assert!(before.is_some_and(|view| view.ready));
+        assert_eq!(pod.metadata, metadata);
+        assert_eq!(pod.spec, None);
+        let status = pod.status.unwrap();
+        assert_eq!(status.container_statuses, None);
+        assert_eq!(status.conditions.map(|c| c.len()), Some(1));
+    }
 }

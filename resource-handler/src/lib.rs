@@ -34,7 +34,10 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::HandlerContext;
 
-use controller::{Base, Scope, Stores, cache, managed, pool_pods, recorder, share, triggers};
+use controller::{
+    Base, Scope, Stores, cache, managed, pool_pods, recorder, share, share_trimmed, slim_pod,
+    triggers,
+};
 
 /// Fills every cache, reports SERVING, then runs every controller until shutdown.
 ///
@@ -65,7 +68,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
     let (services, service_watch) = share::<Service>(&client, &scope, managed());
     let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, &scope, managed());
-    let (pods, pod_watch) = share::<Pod>(&client, &scope, pool_pods());
+    let (pods, pod_watch) = share_trimmed::<Pod>(&client, &scope, pool_pods(), slim_pod);
     let (pvcs, pvc_watch) = cache::<PersistentVolumeClaim>(&client, &scope, managed());
     let (secrets, secret_watch) = cache::<Secret>(&client, &scope, managed());
     let (config_maps, config_map_watch) = share::<ConfigMap>(&client, &scope, managed());
