@@ -7,7 +7,8 @@
 //! a moment before a cluster that names it is still found, and a missing one is still reported
 //! missing. While a watch is not delivering (before its first list, after an error until it has
 //! listed again) its kind is read with GETs too. What the cache can get wrong is bounded by the
-//! watch delay (milliseconds): a template edited or deleted that recently may be seen as it was.
+//! watch delay (milliseconds; about a second more when the API server ends a watch with 410 Gone
+//! and it lists again): a template edited or deleted that recently may be seen as it was.
 //!
 //! Clusters are always listed from the API server: a template's edit or deletion is checked
 //! against them, a cluster created a moment before must block it, and these requests are rare
