@@ -165,8 +165,8 @@ const PLACEMENT: &str = "resource-handler: pod nodeSelector from the cell's zone
 
 const POSTGRES_CONFIG: &str = "webhook: checked against the PostgreSQL 17 catalog; \
      resource-handler: rendered into `<shard>-postgres-config` for pgctld; a restart-class change \
-     restarts pods replicas first, no reload signal is sent yet \
-     (docs/postgresql-configuration.md)";
+     restarts pods replicas first; data-handler: a reload-class change is reloaded through each \
+     pod's multipooler (ReloadConfig) and stamped on the pod (docs/postgresql-configuration.md)";
 const POSTGRES_CONFIG_REF: &str = "resource-handler: the ConfigMap key rendered into \
      `<shard>-postgres-config`, re-rendered when it changes (docs/postgresql-configuration.md)";
 const PGBACKREST_TLS: &str = "resource-handler: the named Secret checked and mounted, or a \

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -279,20 +279,29 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         }
     }
     let reference = shard.object_ref(&());
-    for pod in stamped {
+    let notices = stamped.into_iter().map(|pod| {
         forget_wait(ctx, &namespace, &pod);
         let notice = Notice::normal(
             "ConfigReloaded",
             format!("pod {pod}: PostgreSQL reloaded postgresql.conf without a restart"),
         );
-        ctx.writer
-            .publish(&ctx.recorder, &notice.event("Reload"), &reference)
-            .await;
-    }
-    for notice in delivery.notices {
-        ctx.writer
-            .publish(&ctx.recorder, &notice.event("Reload"), &reference)
-            .await;
+        (pod, notice)
+    });
+    for (pod, notice) in notices
+        .collect::<Vec<_>>()
+        .into_iter()
+        .chain(delivery.notices)
+    {
+        // The pod as the related object: each pod's events form their own series.
+        let mut event = notice.event("Reload");
+        event.secondary = Some(ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            name: Some(pod),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        });
+        ctx.writer.publish(&ctx.recorder, &event, &reference).await;
     }
     let period = if delivery.retry {
         ctx.settings.roles_period.min(reload::RETRY)
@@ -312,8 +321,8 @@ struct Delivery {
     stamps: BTreeMap<String, String>,
     /// Some pod's reload is still pending: look again after [`reload::RETRY`].
     retry: bool,
-    /// Events to publish on the Shard (each waiting reason once per pod).
-    notices: Vec<Notice>,
+    /// Events to publish on the Shard, by pod (each waiting reason once per pod).
+    notices: Vec<(String, Notice)>,
     /// The rendered file could not be read back.
     error: Option<Error>,
 }
@@ -369,7 +378,7 @@ async fn deliver_reloads(
         let wait = |out: &mut Delivery, notice: Notice| {
             out.retry = true;
             if announce(ctx, &namespace, &pod.name, &desired.reload_hash, &notice) {
-                out.notices.push(notice);
+                out.notices.push((pod.name.clone(), notice));
             }
         };
         if tls {
@@ -380,7 +389,9 @@ async fn deliver_reloads(
                 Notice::warning(
                     "ConfigReloadSkipped",
                     format!(
-                        "pod {}: internalTLS is enabled and the data-handler has no client                          certificate for the multipooler, so reload-class settings are not                          reloaded in place; they apply when the pod restarts",
+                        "pod {}: internalTLS is enabled and the data-handler has no client \
+                         certificate for the multipooler, so reload-class settings are not \
+                         reloaded in place; they apply when the pod restarts",
                         pod.name
                     ),
                 ),
@@ -390,12 +401,14 @@ async fn deliver_reloads(
         let Some(address) = address else {
             let note = match record {
                 None => format!(
-                    "pod {}: waiting for its multipooler to register in cell {} to reload                      postgresql.conf",
+                    "pod {}: waiting for its multipooler to register in cell {} to reload \
+                     postgresql.conf",
                     pod.name,
                     pod.cell.as_deref().unwrap_or("(unlabelled)")
                 ),
                 Some(r) => format!(
-                    "pod {}: its multipooler record {} has no hostname or no {:?} port;                      waiting for it to re-register to reload postgresql.conf",
+                    "pod {}: its multipooler record {} has no hostname or no {:?} port; \
+                     waiting for it to re-register to reload postgresql.conf",
                     pod.name,
                     r.key,
                     reload::GRPC_PORT
@@ -417,7 +430,8 @@ async fn deliver_reloads(
                     Notice::warning(
                         "ConfigReloadNeedsRestart",
                         format!(
-                            "pod {}: PostgreSQL applies {} only at start, though the operator                              classified them as reloadable; restart the pod to apply them",
+                            "pod {}: PostgreSQL applies {} only at start, though the operator \
+                             classified them as reloadable; restart the pod to apply them",
                             pod.name,
                             settings.join(", ")
                         ),

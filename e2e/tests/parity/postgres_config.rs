@@ -2,9 +2,13 @@
 //! resource-handler renders the shard's postgresql.conf into `<shard>-postgres-config` with
 //! exactly the rendered contents (a missing referenced ConfigMap is reported until it
 //! appears), mounts it into pgctld; a change PostgreSQL applies on reload restarts no pod, and
-//! a change that needs a restart restarts the replicas first and the primary last.
+//! a change that needs a restart restarts the replicas first and the primary last. The
+//! data-handler delivers a reload-only change: it calls `ReloadConfig` on each pod's
+//! multipooler (here a gRPC server in the test, registered in a real topology etcd) with the
+//! expected settings and stamps the confirmed reload on the pod.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -12,11 +16,22 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use multigres_api::postgres::render_shard;
+use multigres_api::postgres::{RELOAD_MARKER, render_shard};
 use multigres_api::v1alpha1::Shard;
+use multigres_e2e::etcd::{EtcdConfig, EtcdProcess};
 use multigres_e2e::harness::{
     HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace,
 };
+use multigres_proto::multipooler::multipoolermanager::multi_pooler_manager_server::{
+    MultiPoolerManager, MultiPoolerManagerServer,
+};
+use multigres_proto::multipooler::multipoolermanagerdata::{
+    ReloadConfigRequest, ReloadConfigResponse,
+};
+use multigres_proto::topo::{
+    Cell as CellRecord, Id, Multipooler, RoutingRole, RoutingState, ShardKey, id,
+};
+use prost::Message;
 use serde_json::json;
 
 const NAME: &str = "pgc-postgres-default-0-inf";
@@ -340,6 +355,225 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
         match (pc.in_progress, &pc.last_applied_at) {
             (Some(false), Some(at)) if Some(at) != settled.last_applied_at.as_ref() => Ok(()),
             _ => Err(format!("{pc:?}")),
+        }
+    })
+    .await;
+}
+
+/// A multipooler's management service as far as reloads go: records the expected settings of
+/// every `ReloadConfig` and answers that PostgreSQL reloaded.
+#[derive(Clone, Default)]
+struct Multipoolers {
+    received: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
+}
+
+#[tonic::async_trait]
+impl MultiPoolerManager for Multipoolers {
+    async fn reload_config(
+        &self,
+        request: tonic::Request<ReloadConfigRequest>,
+    ) -> Result<tonic::Response<ReloadConfigResponse>, tonic::Status> {
+        let expected = request.into_inner().expected_settings.into_iter().collect();
+        self.received.lock().unwrap().push(expected);
+        Ok(tonic::Response::new(ReloadConfigResponse {
+            config_load_time: Some(Default::default()),
+            ..Default::default()
+        }))
+    }
+}
+
+#[tokio::test]
+async fn a_reload_only_change_is_reloaded_through_each_multipooler_and_stamped_on_the_pod() {
+    let cluster = control_plane().await;
+    let ns = fresh_namespace(cluster, "pg-reload").await;
+    let client = admin(cluster);
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+
+    // The multipoolers' gRPC endpoint, and the topology they register in.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_port = i32::from(listener.local_addr().unwrap().port());
+    let multipoolers = Multipoolers::default();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(MultiPoolerManagerServer::new(multipoolers.clone()))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let etcd = EtcdProcess::start(EtcdConfig::default()).await.unwrap();
+    let topo = etcd_client::Client::connect([etcd.client_url()], None)
+        .await
+        .unwrap();
+
+    let _resources = HandlerProcess::start_in(cluster, "resource-handler", &ns, &[]).await;
+    let _data = HandlerProcess::start_in(
+        cluster,
+        "data-handler",
+        &ns,
+        &["--roles-poll-period=1s", "--topo-check-period=1s"],
+    )
+    .await;
+    apply_yaml(
+        cluster,
+        &ns,
+        &format!(
+            r#"
+apiVersion: multigres.com/v1alpha1
+kind: MultigresCluster
+metadata: {{name: pgc}}
+spec:
+  postgresPasswordSecretRef: {{name: pg-superuser, key: password}}
+  globalTopoServer:
+    external: {{endpoints: ["{}"], rootPath: /multigres/global}}
+  cells: [{{name: zone-a, zoneId: zone-a}}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: tuning}}
+data:
+  extra.conf: "{}"
+"#,
+            etcd.client_url(),
+            REFERENCED.replace('\n', "\\n")
+        ),
+    )
+    .await;
+    apply_yaml(cluster, &ns, &shard(&ns)).await;
+    let before = eventually("three Ready pool pods", WAIT, || async {
+        let now = pods(&pod_api).await;
+        if now.len() == 3 && now.values().all(|(_, ready)| *ready) {
+            Ok(now)
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
+
+    // Each pod's multipooler registers in the cell topology, reachable at the test's server.
+    let mut topo_kv = topo.kv_client();
+    let cell_root = eventually("the cell is registered", WAIT, || async {
+        let got = topo_kv
+            .clone()
+            .get("/multigres/global/cells/zone-a/Cell", None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let kv = got.kvs().first().ok_or("no Cell record yet")?;
+        Ok::<_, String>(CellRecord::decode(kv.value()).unwrap().root)
+    })
+    .await;
+    for (i, pod) in before.keys().enumerate() {
+        let record = Multipooler {
+            id: Some(Id {
+                component: id::ComponentType::Multipooler as i32,
+                cell: "zone-a".to_owned(),
+                name: pod.clone(),
+            }),
+            shard_key: Some(ShardKey {
+                database: "postgres".to_owned(),
+                table_group: "default".to_owned(),
+                shard: "0-inf".to_owned(),
+            }),
+            hostname: "127.0.0.1".to_owned(),
+            port_map: [("grpc".to_owned(), grpc_port)].into(),
+            routing_state: Some(RoutingState {
+                role: if i == 1 {
+                    RoutingRole::Primary
+                } else {
+                    RoutingRole::Replica
+                } as i32,
+                rule: None,
+            }),
+            ..Default::default()
+        };
+        topo_kv
+            .put(
+                format!("{cell_root}/poolers/multipooler-zone-a-{pod}/Pooler"),
+                record.encode_to_vec(),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let stamped = async |hash: &str| {
+        eventually(&format!("every pod stamped {hash}"), WAIT, || async {
+            let mut stamps = BTreeMap::new();
+            for pod in before.keys() {
+                let p = pod_api.get(pod).await.map_err(|e| e.to_string())?;
+                stamps.insert(pod.clone(), p.annotations().get(RELOAD_HASH).cloned());
+            }
+            if stamps.values().all(|s| s.as_deref() == Some(hash)) {
+                return Ok(());
+            }
+            let notes: Vec<String> = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NAME))
+                .map(|e| format!("{:?}: {:?}", e.reason, e.note))
+                .collect();
+            let roles = shards
+                .get(NAME)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .map(|s| s.pod_roles);
+            Err(format!(
+                "{stamps:?}; Shard events: {notes:?}; podRoles: {roles:?}"
+            ))
+        })
+        .await;
+    };
+    let cm = config_with(&config_maps, "work_mem = '8MB'").await;
+    stamped(&cm.annotations()[RELOAD_HASH]).await;
+
+    // A reload-only change: every multipooler is asked to reload with the new value expected,
+    // each pod is stamped with the new fingerprint, and no pod restarts.
+    patch_config(&shards, json!({"work_mem": "16MB"})).await;
+    let cm = config_with(&config_maps, "work_mem = '16MB'").await;
+    let reload_hash = cm.annotations()[RELOAD_HASH].clone();
+    stamped(&reload_hash).await;
+    let asked: Vec<BTreeMap<String, String>> = multipoolers
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.get(RELOAD_MARKER) == Some(&reload_hash))
+        .cloned()
+        .collect();
+    assert_eq!(asked.len(), 3, "one ReloadConfig per pod: {asked:?}");
+    for expected in &asked {
+        assert_eq!(expected["work_mem"], "16MB");
+        assert_eq!(
+            expected["statement_timeout"], "30s",
+            "referenced settings too"
+        );
+        assert!(
+            !expected.contains_key("max_connections"),
+            "restart-class settings are not expected of a reload: {expected:?}"
+        );
+    }
+    assert_eq!(pods(&pod_api).await, before, "a reload restarted a pod");
+    eventually("ConfigReloaded events on the Shard", WAIT, || async {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        let reloaded: Vec<&str> = list
+            .items
+            .iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("ConfigReloaded")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NAME)
+            })
+            .filter_map(|e| e.note.as_deref())
+            .collect();
+        if before
+            .keys()
+            .all(|pod| reloaded.iter().any(|n| n.contains(pod.as_str())))
+        {
+            Ok(())
+        } else {
+            Err(format!("{reloaded:?}"))
         }
     })
     .await;
