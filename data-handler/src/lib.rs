@@ -48,7 +48,9 @@ use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::telemetry::ErrorChain;
 
 use crate::target::Connections;
-use crate::watch::{Guarded, Scope, labelled, reflect, reflect_shared};
+use crate::watch::{
+    Guarded, Scope, labelled, pod_metadata_only, reflect, reflect_shared, reflect_trimmed,
+};
 use crate::writes::Writer;
 
 /// The binary's name, also its field manager suffix.
@@ -113,7 +115,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
     let (topo_servers, topo_events) = reflect::<TopoServer>(&client, &scope, managed());
     let (cells, cell_events) = reflect::<Cell>(&client, &scope, managed());
     let (shards, shard_events) = reflect::<Shard>(&client, &scope, managed());
-    let (pods, pod_events) = reflect::<Pod>(&client, &scope, pool_pods);
+    let (pods, pod_events) = reflect_trimmed::<Pod>(&client, &scope, pool_pods, pod_metadata_only);
     // The shards' rendered postgresql.conf (the resource-handler labels it as a shard object).
     let shard_config_maps = watcher::Config::default().labels(&format!(
         "{MANAGED_SELECTOR},{}={}",

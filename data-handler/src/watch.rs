@@ -6,6 +6,7 @@
 use std::fmt::Debug;
 
 use futures::Stream;
+use k8s_openapi::api::core::v1::Pod;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -62,12 +63,48 @@ where
         + Sync
         + 'static,
 {
+    reflect_trimmed(client, scope, config, |_| {})
+}
+
+/// Like [`reflect`], with `trim` also applied to every object before it is cached, to drop what
+/// no reconciler reads of a kind cached in large numbers.
+pub fn reflect_trimmed<K>(
+    client: &Client,
+    scope: &Scope,
+    config: watcher::Config,
+    trim: fn(&mut Guarded<K>),
+) -> (
+    Store<Guarded<K>>,
+    impl Stream<Item = WatchEvent<K>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     let (reader, writer) = reflector::store();
     let stream = multigres_common::watch::watcher(scope.api::<Guarded<K>>(client), config)
         .default_backoff()
-        .modify(|obj: &mut Guarded<K>| obj.managed_fields_mut().clear())
+        .modify(move |obj: &mut Guarded<K>| {
+            obj.managed_fields_mut().clear();
+            trim(obj);
+        })
         .reflect(writer);
     (reader, stream)
+}
+
+/// Keeps of a pool pod only its metadata: the shard controller reads its name, labels and
+/// annotations, and the spec and status are most of a pod's size, with every pool pod cached
+/// and copied out of the cache on each shard reconcile.
+pub fn pod_metadata_only(pod: &mut Guarded<Pod>) {
+    if let Ok(pod) = pod.0.as_mut() {
+        pod.spec = None;
+        pod.status = None;
+    }
 }
 
 /// Like [`reflect`], for a kind several controllers are triggered by: one watch, one store, and
@@ -159,4 +196,31 @@ pub fn full_name<K: Resource>(obj: &K) -> String {
         obj.meta().namespace.as_deref().unwrap_or_default(),
         obj.meta().name.as_deref().unwrap_or_default()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reload::PodState;
+
+    #[test]
+    fn a_pool_pod_trimmed_to_its_metadata_reads_the_same() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "pool-a-0",
+                "namespace": "ns",
+                "labels": {"multigres.com/cell": "zone1", "multigres.com/role": "replica"},
+                "annotations": {"multigres.com/config-hash": "h1"},
+            },
+            "spec": {"containers": [{"name": "postgres", "image": "postgres:17"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.7"},
+        }))
+        .unwrap();
+        let mut guarded = DeserializeGuard(Ok(pod.clone()));
+        pod_metadata_only(&mut guarded);
+        let trimmed = guarded.0.unwrap();
+        assert_eq!(PodState::of(&trimmed), PodState::of(&pod));
+        assert_eq!(trimmed.metadata, pod.metadata);
+        assert_eq!((trimmed.spec, trimmed.status), (None, None));
+    }
 }
