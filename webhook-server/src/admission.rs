@@ -395,8 +395,13 @@ async fn validate_cluster(
         Operation::Update => Some(typed(request.old_object.as_ref(), "old object")?),
         _ => None,
     };
-    let names = cluster::needed_templates(std::iter::once(&new).chain(old.as_ref()));
-    let templates = state.lookups.templates(namespace, &names).await?;
+    let clusters = || std::iter::once(&new).chain(old.as_ref());
+    let names = cluster::needed_templates(clusters());
+    let implicit = cluster::implicit_defaults(clusters());
+    let templates = state
+        .lookups
+        .templates(namespace, &names, &implicit)
+        .await?;
     let mut findings = cluster::validate(&new, old.as_ref(), &templates);
     let object = request.object.as_ref();
     unimplemented::check_object(&mut findings, Kind::MultigresCluster, object);
@@ -490,7 +495,11 @@ async fn template_update(
         return Ok(Findings::default());
     }
     let names = cluster::needed_templates(&users);
-    let mut stored = state.lookups.templates(namespace, &names).await?;
+    let implicit = cluster::implicit_defaults(&users);
+    let mut stored = state
+        .lookups
+        .templates(namespace, &names, &implicit)
+        .await?;
     old.install(&mut stored, &request.name);
     Ok(templates::update(&request.name, old, new, &users, &stored))
 }

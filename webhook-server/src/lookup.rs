@@ -78,12 +78,13 @@ impl Lookups {
     }
 
     /// The template `name` of `namespace`: from the cache when it has it, else from the API
-    /// server.
+    /// server; with `trust_absence`, a name the delivering cache lacks is absent, no GET.
     async fn template<K>(
         &self,
         cached: Option<&Cached<K>>,
         namespace: &str,
         name: &str,
+        trust_absence: bool,
     ) -> Result<Option<K>, LookupError>
     where
         K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
@@ -91,9 +92,10 @@ impl Lookups {
             + DeserializeOwned
             + Debug,
     {
-        match cached.and_then(|c| c.get(namespace, name)) {
-            Some(found) => Ok(Some(found)),
-            None => self.get(namespace, name).await,
+        match cached.map(|c| c.get(namespace, name)) {
+            Some(Cache::Found(found)) => Ok(Some(found)),
+            Some(Cache::Absent) if trust_absence => Ok(None),
+            _ => self.get(namespace, name).await,
         }
     }
 
@@ -115,11 +117,14 @@ impl Lookups {
             })
     }
 
-    /// The named templates that exist.
+    /// The named templates that exist. Those in `implicit` (fallbacks no field names, see
+    /// [`crate::rules::cluster::implicit_defaults`]) are taken as absent when the delivering
+    /// cache lacks them; any other name the cache lacks is read from the API server.
     pub async fn templates(
         &self,
         namespace: &str,
         names: &BTreeSet<(TemplateKind, String)>,
+        implicit: &BTreeSet<(TemplateKind, String)>,
     ) -> Result<Templates, LookupError> {
         let of_kind = |kind: TemplateKind| {
             names
@@ -130,15 +135,18 @@ impl Lookups {
         let cache = self.cache.as_deref();
         let (core, cell, shard) = futures::try_join!(
             try_join_all(of_kind(TemplateKind::Core).map(|name| async move {
-                let found = self.template(cache.map(|c| &c.core), namespace, name);
+                let trust = implicit.contains(&(TemplateKind::Core, name.to_owned()));
+                let found = self.template(cache.map(|c| &c.core), namespace, name, trust);
                 Ok::<_, LookupError>((name, found.await?))
             })),
             try_join_all(of_kind(TemplateKind::Cell).map(|name| async move {
-                let found = self.template(cache.map(|c| &c.cell), namespace, name);
+                let trust = implicit.contains(&(TemplateKind::Cell, name.to_owned()));
+                let found = self.template(cache.map(|c| &c.cell), namespace, name, trust);
                 Ok::<_, LookupError>((name, found.await?))
             })),
             try_join_all(of_kind(TemplateKind::Shard).map(|name| async move {
-                let found = self.template(cache.map(|c| &c.shard), namespace, name);
+                let trust = implicit.contains(&(TemplateKind::Shard, name.to_owned()));
+                let found = self.template(cache.map(|c| &c.shard), namespace, name, trust);
                 Ok::<_, LookupError>((name, found.await?))
             })),
         )?;
@@ -164,7 +172,9 @@ impl Lookups {
         .filter(|(want, _)| *want)
         .map(|(_, kind)| (kind, multigres_api::DEFAULT_TEMPLATE.to_owned()))
         .collect();
-        let found = self.templates(namespace, &names).await?;
+        // Only ever the fallbacks: promoting one is cosmetic, the controller falls back to the
+        // namespace `default` of each kind whether or not it is promoted.
+        let found = self.templates(namespace, &names, &names).await?;
         Ok(DefaultTemplates {
             core: !found.core.is_empty(),
             cell: !found.cell.is_empty(),
@@ -285,14 +295,25 @@ where
     }
 }
 
+/// What a template cache knows of one name.
+enum Cache<K> {
+    /// The watch is delivering and has it.
+    Found(K),
+    /// The watch is delivering and does not have it (as of the watch delay).
+    Absent,
+    /// The watch is not delivering: only the API server can say.
+    Unknown,
+}
+
 impl<K: Resource<DynamicType = ()> + Clone + 'static> Cached<K> {
-    /// The cached template, if the watch is delivering and has it.
-    fn get(&self, namespace: &str, name: &str) -> Option<K> {
+    /// What the cache knows of template `name` of `namespace`.
+    fn get(&self, namespace: &str, name: &str) -> Cache<K> {
         if !self.current.load(Ordering::Acquire) {
-            return None;
+            return Cache::Unknown;
         }
-        self.store
-            .get(&ObjectRef::new(name).within(namespace))
-            .map(|t| K::clone(&t))
+        match self.store.get(&ObjectRef::new(name).within(namespace)) {
+            Some(t) => Cache::Found(K::clone(&t)),
+            None => Cache::Absent,
+        }
     }
 }

@@ -61,7 +61,7 @@ async fn watcher_client(admin: &Client) -> Client {
 
 async fn shard_template(lookups: &Lookups, ns: &str, name: &str) -> Result<Templates, LookupError> {
     let names = BTreeSet::from([(TemplateKind::Shard, name.to_owned())]);
-    lookups.templates(ns, &names).await
+    lookups.templates(ns, &names, &BTreeSet::new()).await
 }
 
 /// Waits up to 30 s for `done` to hold of the lookup of ShardTemplate `name`.
@@ -125,6 +125,13 @@ async fn cached_templates_are_served_without_a_get_and_misses_are_read_from_the_
     assert!(
         forbidden_get(&shard_template(&lookups, &ns, "absent").await),
         "a cache holding other templates still reads a missing name with a GET"
+    );
+    let fallback = BTreeSet::from([(TemplateKind::Shard, "default".to_owned())]);
+    let found = lookups.templates(&ns, &fallback, &fallback).await;
+    assert!(
+        found.as_ref().is_ok_and(|t| t.shard.is_empty()),
+        "a fallback no field names, absent from the delivering cache, is absent without a GET: {:?}",
+        found.map(|t| t.shard.into_keys().collect::<Vec<_>>())
     );
 
     templates

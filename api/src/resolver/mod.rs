@@ -148,10 +148,26 @@ pub struct ResolvedCluster {
 /// namespace `default` of each kind (whose creation or edit changes the result too). Recorded in
 /// the cluster's status so a template change re-resolves exactly the clusters that use it.
 pub fn referenced_templates(cluster: &MultigresCluster) -> ResolvedTemplates {
+    let with_default = |refs: Vec<TemplateRef>| {
+        let mut names: BTreeSet<String> = refs.into_iter().map(TemplateRef::into_inner).collect();
+        names.insert(DEFAULT_TEMPLATE.to_string());
+        names.into_iter().map(TemplateRef::new).collect()
+    };
+    let explicit = named_templates(cluster);
+    ResolvedTemplates {
+        core_templates: with_default(explicit.core_templates),
+        cell_templates: with_default(explicit.cell_templates),
+        shard_templates: with_default(explicit.shard_templates),
+    }
+}
+
+/// The templates a cluster names in its fields (explicit references and `templateDefaults`),
+/// sorted; unlike [`referenced_templates`], without the namespace `default` it falls back to.
+pub fn named_templates(cluster: &MultigresCluster) -> ResolvedTemplates {
     let spec = &cluster.spec;
-    let mut core = BTreeSet::from([DEFAULT_TEMPLATE.to_string()]);
-    let mut cell = core.clone();
-    let mut shard = core.clone();
+    let mut core = BTreeSet::new();
+    let mut cell = BTreeSet::new();
+    let mut shard = BTreeSet::new();
     let defaults = spec.template_defaults.clone().unwrap_or_default();
     let add = |set: &mut BTreeSet<String>, r: &Option<TemplateRef>| {
         if let Some(r) = r {

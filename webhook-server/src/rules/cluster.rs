@@ -44,6 +44,34 @@ pub fn needed_templates<'a>(
     names
 }
 
+/// The namespace `default` templates of [`needed_templates`] that no cluster names in a field,
+/// only falls back to. For these the webhook may take its template cache's word that one is
+/// absent: the controller resolves the fallback again from its own watch, so a `default`
+/// template created a moment before the cluster still applies; only this admission's checks of
+/// the pair are skipped.
+pub fn implicit_defaults<'a>(
+    clusters: impl IntoIterator<Item = &'a MultigresCluster>,
+) -> BTreeSet<(TemplateKind, String)> {
+    let mut named = BTreeSet::new();
+    for cluster in clusters {
+        let refs = resolver::named_templates(cluster);
+        for (kind, list) in [
+            (TemplateKind::Core, refs.core_templates),
+            (TemplateKind::Cell, refs.cell_templates),
+            (TemplateKind::Shard, refs.shard_templates),
+        ] {
+            if list.iter().any(|r| r.as_str() == DEFAULT_TEMPLATE) {
+                named.insert(kind);
+            }
+        }
+    }
+    [TemplateKind::Core, TemplateKind::Cell, TemplateKind::Shard]
+        .into_iter()
+        .filter(|kind| !named.contains(kind))
+        .map(|kind| (kind, DEFAULT_TEMPLATE.to_owned()))
+        .collect()
+}
+
 /// Validates a cluster being created (`old` is `None`) or updated.
 ///
 /// On update, problems the stored cluster already had are not held against the edit (ratcheting,
@@ -1167,6 +1195,31 @@ cells: [{name: zone-a, zoneId: z-a}, {name: zone-b, zoneId: z-b}]
 
     fn with(extra: &str) -> String {
         format!("{BASE}{extra}")
+    }
+
+    #[test]
+    fn a_default_template_named_in_a_field_is_not_an_implicit_fallback() {
+        let plain = cluster(BASE);
+        let default = |kind| (kind, DEFAULT_TEMPLATE.to_owned());
+        assert_eq!(
+            implicit_defaults([&plain]),
+            BTreeSet::from([
+                default(TemplateKind::Core),
+                default(TemplateKind::Cell),
+                default(TemplateKind::Shard)
+            ])
+        );
+        let named = cluster(
+            "
+postgresPasswordSecretRef: {name: pw, key: password}
+cells: [{name: zone-a, zoneId: z-a, cellTemplate: default}]
+templateDefaults: {shardTemplate: default}
+",
+        );
+        assert_eq!(
+            implicit_defaults([&plain, &named]),
+            BTreeSet::from([default(TemplateKind::Core)])
+        );
     }
 
     #[test]
