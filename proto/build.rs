@@ -6,8 +6,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut files = Vec::new();
     collect(&root, &mut files)?;
     files.sort();
+    // The directories too, so a newly added .proto is compiled without a clean build.
+    println!("cargo:rerun-if-changed={}", root.display());
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
+        if let Some(dir) = f.parent() {
+            println!("cargo:rerun-if-changed={}", dir.display());
+        }
     }
     tonic_prost_build::configure()
         .build_client(true)

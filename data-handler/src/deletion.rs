@@ -64,8 +64,13 @@ pub fn after_failure(
     if let ServerState::Gone { why } = server {
         return Verdict::GiveUp { why: why.clone() };
     }
-    let elapsed = since.map_or(0, |s| now.as_second().saturating_sub(s.as_second()));
-    let elapsed = Duration::from_secs(u64::try_from(elapsed).unwrap_or(0));
+    // A deletionTimestamp is truncated to the second: the deletion began before `since` + 1 s,
+    // so only what elapsed since then surely counts (never giving up early).
+    let elapsed = since.map_or(0, |s| {
+        now.as_millisecond()
+            .saturating_sub(s.as_second().saturating_add(1).saturating_mul(1000))
+    });
+    let elapsed = Duration::from_millis(u64::try_from(elapsed).unwrap_or(0));
     if elapsed >= timeout {
         Verdict::GiveUp {
             why: format!(
@@ -107,10 +112,11 @@ mod tests {
     fn an_external_server_is_retried_until_the_timeout() {
         let present = ServerState::Present;
         assert_eq!(
-            after_failure(&present, Some(at(1000)), at(1119), TIMEOUT),
-            Verdict::Retry
+            after_failure(&present, Some(at(1000)), at(1120), TIMEOUT),
+            Verdict::Retry,
+            "a deletion stamped at second 1000 may have begun at 1000.999"
         );
-        let Verdict::GiveUp { why } = after_failure(&present, Some(at(1000)), at(1120), TIMEOUT)
+        let Verdict::GiveUp { why } = after_failure(&present, Some(at(1000)), at(1121), TIMEOUT)
         else {
             panic!("past the timeout");
         };
