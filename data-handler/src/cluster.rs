@@ -373,7 +373,7 @@ fn specs<K, S>(
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
-    valid_in(store, namespace)
+    valid_in(store, namespace, |_| true)
         .into_iter()
         .map(|t| (t.name_any(), spec(t)))
         .collect()

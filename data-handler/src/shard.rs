@@ -226,10 +226,9 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         poolers.insert(cell.to_owned(), records);
     }
 
-    let pods: Vec<Pod> = valid_in(&ctx.pods, &namespace)
-        .into_iter()
-        .filter(|p| is_pool_pod_of(p, shard, &cluster_name))
-        .collect();
+    let pods: Vec<Pod> = valid_in(&ctx.pods, &namespace, |p| {
+        is_pool_pod_of(p, shard, &cluster_name)
+    });
     let pool_pods: Vec<PoolPod> = pods
         .iter()
         .map(|p| PoolPod {
@@ -339,17 +338,17 @@ async fn deliver_reloads(
     let mut out = Delivery::default();
     let namespace = shard.namespace().unwrap_or_default();
     let uid = shard.uid();
-    let rendered = valid_in(&ctx.config_maps, &namespace)
-        .into_iter()
-        .find(|cm| {
-            cm.owner_references()
-                .iter()
-                .any(|o| Some(&o.uid) == uid.as_ref())
-                && cm
-                    .data
-                    .as_ref()
-                    .is_some_and(|d| d.contains_key(reload::CONFIG_KEY))
-        });
+    let rendered = valid_in(&ctx.config_maps, &namespace, |cm| {
+        cm.owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == uid.as_ref())
+            && cm
+                .data
+                .as_ref()
+                .is_some_and(|d| d.contains_key(reload::CONFIG_KEY))
+    })
+    .into_iter()
+    .next();
     // No file rendered yet (or a postgresConfigRef still missing): nothing to reload.
     let Some(rendered) = rendered else {
         return out;
@@ -375,9 +374,12 @@ async fn deliver_reloads(
         };
         let record = roles::pooler_of(key, &pool_pod, poolers);
         let address = record.and_then(reload::address);
+        // A pod never stamped is new: it most likely started with the current file and its
+        // multipooler is still starting, so its first confirmation is waited for quietly.
+        let new_pod = pod.reload_hash.is_none();
         let wait = |out: &mut Delivery, notice: Notice| {
             out.retry = true;
-            if announce(ctx, &namespace, &pod.name, &desired.reload_hash, &notice) {
+            if !new_pod && announce(ctx, &namespace, &pod.name, &desired.reload_hash, &notice) {
                 out.notices.push((pod.name.clone(), notice));
             }
         };

@@ -144,8 +144,13 @@ where
 /// Events a shared watch buffers per subscriber before it waits for the slowest.
 const SHARED_BUFFER: usize = 256;
 
-/// The valid objects of `store` in `namespace`.
-pub fn valid_in<K>(store: &Store<Guarded<K>>, namespace: &str) -> Vec<K>
+/// The valid objects of `store` in `namespace` that `wanted` picks. Only those are copied: a
+/// reconcile of one Shard must not copy every pod of a namespace holding many clusters.
+pub fn valid_in<K>(
+    store: &Store<Guarded<K>>,
+    namespace: &str,
+    wanted: impl Fn(&K) -> bool,
+) -> Vec<K>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
@@ -153,7 +158,9 @@ where
         .state()
         .iter()
         .filter(|obj| obj.meta().namespace.as_deref() == Some(namespace))
-        .filter_map(|obj| obj.0.as_ref().ok().cloned())
+        .filter_map(|obj| obj.0.as_ref().ok())
+        .filter(|obj| wanted(obj))
+        .cloned()
         .collect()
 }
 
