@@ -9,8 +9,8 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::DeleteParams;
 use kube::Api;
+use kube::api::DeleteParams;
 use multigres_api::field_support::{self, Kind};
 use multigres_e2e::cluster::{ClusterError, LocalCluster};
 use multigres_e2e::harness::{
