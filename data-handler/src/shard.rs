@@ -379,7 +379,8 @@ async fn deliver_reloads(
         let new_pod = pod.reload_hash.is_none();
         let wait = |out: &mut Delivery, notice: Notice| {
             out.retry = true;
-            if !new_pod && announce(ctx, &namespace, &pod.name, &desired.reload_hash, &notice) {
+            let quiet = new_pod && notice.reason == "ConfigReloadPending";
+            if !quiet && announce(ctx, &namespace, &pod.name, &desired.reload_hash, &notice) {
                 out.notices.push((pod.name.clone(), notice));
             }
         };
