@@ -162,7 +162,14 @@ async fn lazy_holds_the_default_image_set_until_acknowledged() {
         lazy.metadata.annotations.unwrap()[APPLIED_IMAGES_ANNOTATION],
         serde_json::to_string(&a).unwrap()
     );
-    let images = lazy.status.unwrap().images.unwrap();
+    // A converging cluster's first status may be paced (written up to 5 s after first sight).
+    let images = eventually("lazy reports its images", WAIT, || async {
+        let c = clusters.get("lazy").await.map_err(|e| e.to_string())?;
+        c.status
+            .and_then(|s| s.images)
+            .ok_or_else(|| "no status.images yet".to_owned())
+    })
+    .await;
     assert_eq!(images.applied_revision.as_deref(), Some(rev_a.as_str()));
     assert_eq!(images.available_revision.as_deref(), Some(rev_a.as_str()));
     assert_eq!(images.effective, Some(a.clone()));
