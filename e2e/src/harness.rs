@@ -354,6 +354,34 @@ pub fn only_namespace(namespace: &str) -> serde_json::Value {
     json!({"matchLabels": {"kubernetes.io/metadata.name": namespace}})
 }
 
+/// The pool pods of `cluster` not being deleted: name → (uid, Ready). Comparing two readings
+/// shows which pods a change restarted and in which order they came back.
+pub async fn pool_pods(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+) -> BTreeMap<String, (String, bool)> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    pods.list(&ListParams::default().labels(&format!(
+        "app.kubernetes.io/component=shard-pool,multigres.com/cluster={cluster}"
+    )))
+    .await
+    .unwrap_or_else(|e| panic!("listing the pool pods of {cluster}: {e}"))
+    .items
+    .into_iter()
+    .filter(|p| p.metadata.deletion_timestamp.is_none())
+    .map(|p| {
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let name = p.metadata.name.unwrap_or_default();
+        (name, (p.metadata.uid.unwrap_or_default(), ready))
+    })
+    .collect()
+}
+
 /// `multigres.com/v1alpha1` MultigresCluster, for dynamic clients.
 pub fn multigres_clusters() -> ApiResource {
     ApiResource {

@@ -23,7 +23,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::{Cell, Shard, TopoServer};
 use multigres_e2e::cluster::LocalCluster;
-use multigres_e2e::harness::{HandlerProcess, WAIT, eventually, fresh_namespace};
+use multigres_e2e::harness::{HandlerProcess, WAIT, eventually, fresh_namespace, pool_pods};
 use multigres_e2e::manifest::{self, Mode};
 use serde_json::json;
 
@@ -526,32 +526,6 @@ spec:
     zone-a: {{{ZONE_ID_LABEL}: zone-a}}
 "#
     )
-}
-
-/// Pool pod name → uid.
-async fn pool_pods(
-    client: &Client,
-    namespace: &str,
-    cluster: &str,
-) -> BTreeMap<String, (String, bool)> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    pods.list(&ListParams::default().labels(&format!(
-        "app.kubernetes.io/component=shard-pool,multigres.com/cluster={cluster}"
-    )))
-    .await
-    .unwrap()
-    .items
-    .into_iter()
-    .filter(|p| p.metadata.deletion_timestamp.is_none())
-    .map(|p| {
-        let ready = p
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        (p.name_any(), (p.uid().unwrap_or_default(), ready))
-    })
-    .collect()
 }
 
 fn shard_conditions(s: &Shard) -> Vec<Condition> {

@@ -20,7 +20,7 @@ use multigres_api::postgres::{RELOAD_MARKER, render_shard};
 use multigres_api::v1alpha1::Shard;
 use multigres_e2e::etcd::{EtcdConfig, EtcdProcess};
 use multigres_e2e::harness::{
-    HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace,
+    HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace, pool_pods,
 };
 use multigres_proto::multipooler::multipoolermanager::multi_pooler_manager_server::{
     MultiPoolerManager, MultiPoolerManagerServer,
@@ -87,28 +87,6 @@ spec:
   postgresPasswordSecretRef: {{name: pg-superuser, key: password}}
 "#
     )
-}
-
-/// Pool pod name → (uid, Ready).
-async fn pods(api: &Api<Pod>) -> BTreeMap<String, (String, bool)> {
-    api.list(
-        &ListParams::default()
-            .labels("app.kubernetes.io/component=shard-pool,multigres.com/cluster=pgc"),
-    )
-    .await
-    .unwrap()
-    .items
-    .into_iter()
-    .filter(|p| p.metadata.deletion_timestamp.is_none())
-    .map(|p| {
-        let ready = p
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        (p.name_any(), (p.uid().unwrap_or_default(), ready))
-    })
-    .collect()
 }
 
 /// The restart fingerprint on the pool's pod template.
@@ -252,7 +230,7 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
     );
     assert_eq!(env["POSTGRES_INITDB_ARGS"], "--data-checksums");
     let before = eventually("three Ready pool pods", WAIT, || async {
-        let now = pods(&pod_api).await;
+        let now = pool_pods(&client, &ns, "pgc").await;
         if now.len() == 3 && now.values().all(|(_, ready)| *ready) {
             Ok(now)
         } else {
@@ -304,7 +282,7 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
         Some(restart_hash.as_str())
     );
     assert_eq!(
-        pods(&pod_api).await,
+        pool_pods(&client, &ns, "pgc").await,
         before,
         "a reload-only change restarted a pod"
     );
@@ -329,7 +307,7 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
             Instant::now() < deadline,
             "restarts stalled after {order:?}"
         );
-        let now = pods(&pod_api).await;
+        let now = pool_pods(&client, &ns, "pgc").await;
         for (pod, (uid, _)) in &now {
             if before.get(pod).map(|(u, _)| u) != Some(uid) && !order.contains(pod) {
                 order.push(pod.clone());
@@ -440,7 +418,7 @@ data:
     .await;
     apply_yaml(cluster, &ns, &shard(&ns)).await;
     let before = eventually("three Ready pool pods", WAIT, || async {
-        let now = pods(&pod_api).await;
+        let now = pool_pods(&client, &ns, "pgc").await;
         if now.len() == 3 && now.values().all(|(_, ready)| *ready) {
             Ok(now)
         } else {
@@ -555,7 +533,11 @@ data:
             "restart-class settings are not expected of a reload: {expected:?}"
         );
     }
-    assert_eq!(pods(&pod_api).await, before, "a reload restarted a pod");
+    assert_eq!(
+        pool_pods(&client, &ns, "pgc").await,
+        before,
+        "a reload restarted a pod"
+    );
     eventually("ConfigReloaded events on the Shard", WAIT, || async {
         let list = events.list(&ListParams::default()).await.unwrap();
         let reloaded: Vec<&str> = list
