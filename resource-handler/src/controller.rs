@@ -31,6 +31,8 @@ use multigres_common::telemetry::ErrorChain;
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 
+use crate::workload_cache::WorkloadStore;
+
 /// Name under which events are reported.
 pub const REPORTER: &str = "multigres.com/resource-handler";
 
@@ -239,10 +241,10 @@ pub const WATCHED_KINDS: [&str; 15] = [
 /// The caches every reconciler reads children from.
 #[derive(Clone)]
 pub struct Stores {
-    /// etcd and pool StatefulSets.
-    pub statefulsets: Store<StatefulSet>,
-    /// multigateway, multiorch and multiadmin Deployments.
-    pub deployments: Store<Deployment>,
+    /// etcd and pool StatefulSets, without pod templates.
+    pub statefulsets: WorkloadStore<StatefulSet>,
+    /// multigateway, multiorch and multiadmin Deployments, without pod templates.
+    pub deployments: WorkloadStore<Deployment>,
     /// Every Service this handler creates.
     pub services: Store<Service>,
     /// etcd and pool PodDisruptionBudgets.

@@ -22,6 +22,7 @@ pub mod storage;
 pub mod sync;
 pub mod tls;
 pub mod toposerver;
+pub mod workload_cache;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
@@ -38,6 +39,7 @@ use controller::{
     Base, Scope, Stores, cache, managed, pool_pods, recorder, share, share_trimmed, slim_pod,
     triggers,
 };
+use workload_cache::{WorkloadStore, trim_template};
 
 /// Fills every cache, reports SERVING, then runs every controller until shutdown.
 ///
@@ -59,8 +61,10 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         share::<DeserializeGuard<CellTemplate>>(&client, &scope, all());
     let (shard_templates, shard_watch) =
         share::<DeserializeGuard<ShardTemplate>>(&client, &scope, all());
-    let (statefulsets, sts_watch) = share::<StatefulSet>(&client, &scope, managed());
-    let (deployments, deployment_watch) = share::<Deployment>(&client, &scope, managed());
+    let (statefulsets, sts_watch) =
+        share_trimmed::<StatefulSet>(&client, &scope, managed(), trim_template);
+    let (deployments, deployment_watch) =
+        share_trimmed::<Deployment>(&client, &scope, managed(), trim_template);
     let caches = gauges::Caches {
         statefulsets: statefulsets.store.clone(),
         deployments: deployments.store.clone(),
@@ -90,8 +94,8 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         tokio::spawn(config_map_watch),
     ];
     let stores = Stores {
-        statefulsets: statefulsets.store.clone(),
-        deployments: deployments.store.clone(),
+        statefulsets: WorkloadStore::new(statefulsets.store.clone()),
+        deployments: WorkloadStore::new(deployments.store.clone()),
         services: services.store.clone(),
         pdbs: pdbs.store.clone(),
         pvcs,

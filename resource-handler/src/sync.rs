@@ -81,6 +81,14 @@ pub enum SyncError {
     /// A server-side apply failed.
     #[error(transparent)]
     Apply(#[from] ApplyError),
+    /// Reading the full object to check what its cached copy leaves out failed.
+    #[error("reading {kind} {name}")]
+    Get {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     /// Deleting an object that is no longer desired failed.
     #[error("deleting {kind} {name}")]
     Delete {
@@ -92,7 +100,7 @@ pub enum SyncError {
 }
 
 /// 64-bit FNV-1a: a stable, dependency-free fingerprint of the desired object.
-fn fnv1a64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -142,15 +150,53 @@ pub fn up_to_date<K: Resource + Serialize>(desired: &K, observed: &K) -> bool {
 /// what was written rather than sending it again.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Applies `desired` (stamping it first) unless the cached object in `store` is already up to
+/// What a cache tells about a child before a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Applying would change nothing.
+    UpToDate,
+    /// Applying is needed.
+    Stale,
+    /// The cached copy leaves out fields the handler sets: read the full object to tell.
+    Unverified,
+}
+
+/// Where [`ensure`] finds a child and learns whether applying it would change anything.
+pub trait ChildCache<K: Child> {
+    /// The cached copies.
+    fn store(&self) -> &Store<K>;
+    /// Whether `cached` already is what applying `desired` (stamped) would produce.
+    fn verdict(&self, desired: &K, cached: &K) -> Verdict;
+    /// Notes that `stored`, a full copy from the API server, was found up to date.
+    fn remember(&self, stored: &K);
+}
+
+/// Full copies: the cache alone decides.
+impl<K: Child> ChildCache<K> for Store<K> {
+    fn store(&self) -> &Store<K> {
+        self
+    }
+
+    fn verdict(&self, desired: &K, cached: &K) -> Verdict {
+        if up_to_date(desired, cached) {
+            Verdict::UpToDate
+        } else {
+            Verdict::Stale
+        }
+    }
+
+    fn remember(&self, _: &K) {}
+}
+
+/// Applies `desired` (stamping it first) unless the cached object in `cache` is already up to
 /// date. Returns whether a write happened.
 pub async fn ensure<K: Child>(
     controller: &'static str,
     api: &Api<K>,
-    store: &Store<K>,
+    cache: &impl ChildCache<K>,
     desired: K,
 ) -> Result<bool, SyncError> {
-    ensure_with(controller, api, store, desired, |_, _| {}).await
+    ensure_with(controller, api, cache, desired, |_, _| {}).await
 }
 
 /// [`ensure`], first copying from the existing object what cannot change once created
@@ -159,20 +205,39 @@ pub async fn ensure<K: Child>(
 pub async fn ensure_with<K: Child>(
     controller: &'static str,
     api: &Api<K>,
-    store: &Store<K>,
+    cache: &impl ChildCache<K>,
     mut desired: K,
     keep: impl FnOnce(&mut K, &K),
 ) -> Result<bool, SyncError> {
     stamp(&mut desired);
     let key = ObjectRef::from_obj(&desired);
+    let store = cache.store();
     if let Some(existing) = store.get(&key) {
         keep(&mut desired, &existing);
-        if up_to_date(&desired, &existing) {
-            return Ok(false);
+        match cache.verdict(&desired, &existing) {
+            Verdict::UpToDate => return Ok(false),
+            Verdict::Stale => {}
+            Verdict::Unverified => {
+                let full =
+                    api.get_opt(&desired.name_any())
+                        .await
+                        .map_err(|source| SyncError::Get {
+                            kind: K::kind(&()).into_owned(),
+                            name: desired.name_any(),
+                            source,
+                        })?;
+                if let Some(full) = full.filter(|full| up_to_date(&desired, full)) {
+                    cache.remember(&full);
+                    return Ok(false);
+                }
+            }
         }
     }
     count(controller, &K::kind(&()), "apply");
-    apply(api, FIELD_MANAGER, &desired).await?;
+    let stored = apply(api, FIELD_MANAGER, &desired).await?;
+    if up_to_date(&desired, &stored) {
+        cache.remember(&stored);
+    }
     tracing::info!(
         kind = %K::kind(&()),
         name = %desired.name_any(),
