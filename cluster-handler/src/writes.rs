@@ -167,8 +167,8 @@ impl Writer {
 
     /// Applies `status` (which differs from `stored`, the object's stored status) like
     /// [`Writer::apply_status`], unless it only carries progress and `pacer` wrote `obj` less
-    /// than its interval ago ([`multigres_common::status_pacer`]). Returns how long the write
-    /// was deferred, if it was: the reconcile looks again then.
+    /// than its interval ago or spent its progress budget ([`multigres_common::status_pacer`]).
+    /// Returns how long the write was deferred, if it was: the reconcile looks again then.
     pub async fn apply_status_paced<K, S>(
         &self,
         store: &Store<Guarded<K>>,

@@ -26,13 +26,26 @@
 //! equals what is computed, so nothing is deferred and nothing is requeued: an idle object
 //! costs no writes.
 //!
+//! The interval bounds the writes of one object, not of the handler: when many objects converge
+//! at once (100 clusters applied together take over a minute), a progress write falls due every
+//! interval for each of them, so the API server's writes and the watch events per status step
+//! grow with the number of converging objects. Progress-only writes (a converging object's
+//! first status included) therefore also draw on a budget shared by everything one pacer (one
+//! controller) writes: a token bucket refilled at [`PROGRESS_WRITES_PER_SECOND`] that holds at
+//! most [`PROGRESS_BURST`] tokens. A write the per-object rule allows but that finds no token is
+//! deferred until a token is expected plus a spread of up to one interval, which differs from
+//! object to object and from one deferral to the next, so deferred objects do not all wake at
+//! once and take turns. News neither waits for the budget nor spends it. The burst is what the
+//! rate refills in one interval, so up to that many objects converging together never find the
+//! budget spent: they are paced by the per-object rule alone.
+//!
 //! The pacer remembers when it last wrote (or first saw) each object, in memory, and forgets an
 //! object [`FORGET_AFTER_INTERVALS`] intervals later, long after any deferred write of it was
 //! due: it holds at most the objects written in the last minute, whether or not they still
-//! exist.
+//! exist. The budget is one instant and a counter.
 
 use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -50,6 +63,18 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
 /// late, on a busy machine, still finds when the object was last written.
 pub const FORGET_AFTER_INTERVALS: u32 = 12;
 
+/// Progress-only status writes one pacer (one controller) makes per second once its burst is
+/// spent, whatever the number of converging objects. For 100 objects converging over about a
+/// minute, that is a little over one progress write each (mostly their first status) besides
+/// their news, where the per-object interval alone allowed one each every five seconds; each of
+/// them still gets a turn about every 50 s, so a long convergence keeps showing progress.
+pub const PROGRESS_WRITES_PER_SECOND: u32 = 2;
+
+/// Progress-only status writes one pacer makes at once before [`PROGRESS_WRITES_PER_SECOND`]
+/// applies: what that rate refills in one [`MIN_INTERVAL`], so up to this many objects
+/// converging together (the objects of a few clusters) are paced as without a budget.
+pub const PROGRESS_BURST: u32 = PROGRESS_WRITES_PER_SECOND * MIN_INTERVAL.as_secs() as u32;
+
 /// Phases an object passes through on its way to a settled phase.
 const TRANSIENT_PHASES: [&str; 2] = ["Initializing", "Progressing"];
 
@@ -59,7 +84,7 @@ pub enum Pace {
     /// Write it now.
     Write,
     /// Progress only, and the object's last write (or, before its first, the first sight of
-    /// it) is recent: reconcile again after this long.
+    /// it) is recent, or the pacer's progress budget is spent: reconcile again after this long.
     Defer(Duration),
 }
 
@@ -74,11 +99,52 @@ pub fn action(planned: Option<Duration>, deferred: Option<Duration>) -> Action {
     }
 }
 
-/// When each object's status was last written, to pace progress-only writes.
+/// When each object's status was last written, and the progress budget of all of them, to pace
+/// progress-only writes.
 #[derive(Debug)]
 pub struct StatusPacer<K> {
     interval: Duration,
-    last_write: Mutex<HashMap<K, Instant>>,
+    state: Mutex<State<K>>,
+}
+
+#[derive(Debug)]
+struct State<K> {
+    /// When each object was last written (or, before its first write, first seen).
+    last_write: HashMap<K, Instant>,
+    budget: ProgressBudget,
+}
+
+/// The token bucket of progress-only writes, kept as the instant up to which its tokens are
+/// spent (a single number, instead of a count and the time it was counted): taking a token
+/// moves that instant one token period on, and a token is there while the instant stays within
+/// a burst's worth of periods from now. An instant in the past is a full bucket.
+#[derive(Debug)]
+struct ProgressBudget {
+    spent_until: Instant,
+    /// Deferrals for want of a token so far, to vary each deferral's spread.
+    deferrals: u64,
+}
+
+impl ProgressBudget {
+    fn full(now: Instant) -> Self {
+        Self {
+            spent_until: now,
+            deferrals: 0,
+        }
+    }
+
+    /// Takes a token at `now`, or returns how long until one is there.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let period = Duration::from_secs(1) / PROGRESS_WRITES_PER_SECOND;
+        let spent_until = self.spent_until.max(now) + period;
+        let ahead = spent_until - now;
+        let burst = period * PROGRESS_BURST;
+        if ahead > burst {
+            return Err(ahead - burst);
+        }
+        self.spent_until = spent_until;
+        Ok(())
+    }
 }
 
 impl<K: Eq + Hash + Clone> Default for StatusPacer<K> {
@@ -88,31 +154,46 @@ impl<K: Eq + Hash + Clone> Default for StatusPacer<K> {
 }
 
 impl<K: Eq + Hash + Clone> StatusPacer<K> {
-    /// A pacer allowing one progress-only write per `interval` per object.
+    /// A pacer allowing one progress-only write per `interval` per object, within the progress
+    /// budget ([`PROGRESS_WRITES_PER_SECOND`], [`PROGRESS_BURST`]).
     pub fn new(interval: Duration) -> Self {
         Self {
             interval,
-            last_write: Mutex::new(HashMap::new()),
+            state: Mutex::new(State {
+                last_write: HashMap::new(),
+                budget: ProgressBudget::full(Instant::now()),
+            }),
         }
     }
 
     /// Whether to write `desired` (the status fields this handler owns, as JSON) over `stored`
-    /// (the object's stored status, if any) now. Call only when they differ; call
-    /// [`StatusPacer::wrote`] after a write.
+    /// (the object's stored status, if any) now. Call only when they differ and the write
+    /// follows a [`Pace::Write`]: a progress-only write takes its token from the budget here.
+    /// Call [`StatusPacer::wrote`] after a write.
     pub fn pace(&self, key: &K, stored: Option<&Value>, desired: &Value) -> Pace {
         let now = Instant::now();
-        let since = match classify(stored, desired) {
-            Change::News => return Pace::Write,
-            Change::Progress => self.lock().get(key).copied(),
-            Change::FirstWhileConverging => {
-                let mut last = self.lock();
-                self.forget_old(&mut last, now);
-                Some(*last.entry(key.clone()).or_insert(now))
-            }
+        let change = classify(stored, desired);
+        if change == Change::News {
+            return Pace::Write;
+        }
+        let mut state = self.lock();
+        let since = if change == Change::FirstWhileConverging {
+            self.forget_old(&mut state.last_write, now);
+            Some(*state.last_write.entry(key.clone()).or_insert(now))
+        } else {
+            state.last_write.get(key).copied()
         };
-        match since.map(|at| at + self.interval) {
-            Some(due) if due > now => Pace::Defer(due - now),
-            _ => Pace::Write,
+        if let Some(due) = since.map(|at| at + self.interval)
+            && due > now
+        {
+            return Pace::Defer(due - now);
+        }
+        match state.budget.take(now) {
+            Ok(()) => Pace::Write,
+            Err(until_token) => {
+                state.budget.deferrals += 1;
+                Pace::Defer(until_token + self.spread(key, state.budget.deferrals))
+            }
         }
     }
 
@@ -128,9 +209,9 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
     /// Records a status write of `key` now, and forgets objects written long ago.
     pub fn wrote(&self, key: &K) {
         let now = Instant::now();
-        let mut last = self.lock();
-        self.forget_old(&mut last, now);
-        last.insert(key.clone(), now);
+        let mut state = self.lock();
+        self.forget_old(&mut state.last_write, now);
+        state.last_write.insert(key.clone(), now);
     }
 
     fn forget_old(&self, last: &mut HashMap<K, Instant>, now: Instant) {
@@ -138,15 +219,26 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
         last.retain(|_, at| *at + keep > now);
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.lock().len()
+    /// Less than one interval, from the key and the deferral's number: deterministic, but
+    /// different for the objects deferred together and for one object from turn to turn, so
+    /// none is always first to wake.
+    fn spread(&self, key: &K, deferral: u64) -> Duration {
+        let mut hasher = DefaultHasher::new();
+        key.hash(&mut hasher);
+        deferral.hash(&mut hasher);
+        let millis = u64::try_from(self.interval.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(hasher.finish() % millis.max(1))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Instant>> {
-        // The map is only read and replaced entry by entry: a panic elsewhere cannot leave it
-        // half-updated, so a poisoned lock is still usable.
-        self.last_write
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().last_write.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
+        // The state is only read and replaced field by field, entry by entry: a panic elsewhere
+        // cannot leave it half-updated, so a poisoned lock is still usable.
+        self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -407,6 +499,159 @@ mod tests {
         tokio::time::advance(forget).await;
         pacer.wrote(&"c");
         assert_eq!(pacer.len(), 1);
+    }
+
+    /// The token period of the progress budget.
+    fn token_period() -> Duration {
+        Duration::from_secs(1) / PROGRESS_WRITES_PER_SECOND
+    }
+
+    /// Paces a progress-only change of `key`, recording the write if it is allowed.
+    fn progress_write(pacer: &StatusPacer<String>, key: &str) -> Pace {
+        let key = key.to_owned();
+        let pace = pacer.pace(
+            &key,
+            Some(&status("Progressing", 1, "False")),
+            &status("Progressing", 2, "False"),
+        );
+        if pace == Pace::Write {
+            pacer.wrote(&key);
+        }
+        pace
+    }
+
+    /// Spends the whole burst on progress writes of objects `spent-<n>`.
+    fn spend_the_burst(pacer: &StatusPacer<String>) {
+        for n in 0..PROGRESS_BURST {
+            assert_eq!(progress_write(pacer, &format!("spent-{n}")), Pace::Write);
+        }
+    }
+
+    #[test]
+    fn the_burst_is_what_the_rate_refills_in_one_interval() {
+        assert_eq!(token_period() * PROGRESS_BURST, MIN_INTERVAL);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_allows_the_burst_then_defers_progress_until_a_token_is_there() {
+        let pacer = StatusPacer::new(MIN_INTERVAL);
+        spend_the_burst(&pacer);
+        let Pace::Defer(delay) = progress_write(&pacer, "late") else {
+            panic!("the budget is spent");
+        };
+        assert!(
+            delay >= token_period() && delay < token_period() + MIN_INTERVAL,
+            "{delay:?}"
+        );
+        tokio::time::advance(delay).await;
+        assert_eq!(progress_write(&pacer, "late"), Pace::Write);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_refills_at_its_rate_up_to_the_burst() {
+        let pacer = StatusPacer::new(MIN_INTERVAL);
+        spend_the_burst(&pacer);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let writes = |round: &str| {
+            (0..2 * PROGRESS_BURST)
+                .filter(|n| progress_write(&pacer, &format!("{round}-{n}")) == Pace::Write)
+                .count()
+        };
+        assert_eq!(
+            writes("after-a-second"),
+            PROGRESS_WRITES_PER_SECOND as usize
+        );
+        tokio::time::advance(MIN_INTERVAL * 4).await;
+        assert_eq!(
+            writes("after-a-long-pause"),
+            PROGRESS_BURST as usize,
+            "a full bucket holds no more than the burst"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_never_holds_back_news_nor_is_spent_by_it() {
+        let pacer = StatusPacer::new(MIN_INTERVAL);
+        let converging = status("Progressing", 2, "False");
+        let healthy = status("Healthy", 3, "True");
+        for n in 0..2 * PROGRESS_BURST {
+            let key = format!("news-{n}");
+            assert_eq!(pacer.pace(&key, Some(&converging), &healthy), Pace::Write);
+            pacer.wrote(&key);
+        }
+        spend_the_burst(&pacer);
+        assert!(matches!(progress_write(&pacer, "late"), Pace::Defer(_)));
+        let key = "settling".to_owned();
+        assert_eq!(pacer.pace(&key, Some(&converging), &healthy), Pace::Write);
+        assert_eq!(
+            pacer.pace(&key, None, &healthy),
+            Pace::Write,
+            "a settled first status"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_converging_first_status_draws_on_the_budget() {
+        let pacer = StatusPacer::new(MIN_INTERVAL);
+        let key = "first".to_owned();
+        let waiting = status("Progressing", 0, "False");
+        assert_eq!(pacer.pace(&key, None, &waiting), Pace::Defer(MIN_INTERVAL));
+        tokio::time::advance(MIN_INTERVAL).await;
+        spend_the_burst(&pacer);
+        let Pace::Defer(delay) = pacer.pace(&key, None, &waiting) else {
+            panic!("the budget is spent");
+        };
+        assert!(delay >= token_period(), "{delay:?}");
+        tokio::time::advance(delay).await;
+        assert_eq!(pacer.pace(&key, None, &waiting), Pace::Write);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn objects_deferred_together_wake_spread_out() {
+        let pacer = StatusPacer::new(MIN_INTERVAL);
+        spend_the_burst(&pacer);
+        let delays: Vec<Duration> = (0..20)
+            .map(|n| match progress_write(&pacer, &format!("waiting-{n}")) {
+                Pace::Defer(delay) => delay,
+                Pace::Write => panic!("the budget is spent"),
+            })
+            .collect();
+        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+        assert!(distinct.len() >= 18, "{delays:?}");
+        let range = delays
+            .iter()
+            .max()
+            .unwrap()
+            .saturating_sub(*delays.iter().min().unwrap());
+        assert!(range > MIN_INTERVAL / 2, "{delays:?}");
+        assert!(
+            delays
+                .iter()
+                .all(|d| *d >= token_period() && *d < token_period() + MIN_INTERVAL),
+            "{delays:?}"
+        );
+        let again = progress_write(&pacer, "waiting-0");
+        assert_ne!(again, Pace::Defer(delays[0]), "a new turn, a new spread");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_few_objects_converging_together_are_paced_as_without_a_budget() {
+        let pacer = StatusPacer::new(MIN_INTERVAL);
+        let keys: Vec<String> = (0..PROGRESS_BURST).map(|n| format!("object-{n}")).collect();
+        let mut writes = 0;
+        for second in 0..60 {
+            for key in &keys {
+                match progress_write(&pacer, key) {
+                    Pace::Write => writes += 1,
+                    Pace::Defer(delay) => assert!(
+                        delay <= MIN_INTERVAL,
+                        "{key} at {second} s deferred by {delay:?}"
+                    ),
+                }
+            }
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert_eq!(writes, keys.len() * 12, "one write per object per interval");
     }
 
     #[test]

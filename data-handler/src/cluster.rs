@@ -225,10 +225,10 @@ async fn reconcile_cluster(
 }
 
 /// Applies `ours`, this handler's conditions of `obj` (`stored` is its stored status), unless
-/// they only carry progress and `pacer` wrote `obj` recently, or `obj` is converging and was
-/// first seen less than the pacing interval ago ([`multigres_common::status_pacer`]); never
-/// deferred when `urgent` (the object is not reconciled again until it changes). Returns how
-/// long the write was deferred, if it was.
+/// they only carry progress and `pacer` wrote `obj` recently or spent its progress budget, or
+/// `obj` is converging and was first seen less than the pacing interval ago
+/// ([`multigres_common::status_pacer`]); never deferred when `urgent` (the object is not
+/// reconciled again until it changes). Returns how long the write was deferred, if it was.
 pub(crate) async fn write_conditions<K>(
     writer: &Writer,
     pacer: &StatusPacer<String>,

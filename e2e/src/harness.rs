@@ -393,8 +393,8 @@ pub fn multigres_clusters() -> ApiResource {
     }
 }
 
-/// The longest a handler defers a status write (`multigres_common::status_pacer::MIN_INTERVAL`,
-/// a dev-dependency only here).
+/// The longest a handler defers a status write while few objects converge, as in these tests
+/// (`multigres_common::status_pacer::MIN_INTERVAL`, a dev-dependency only here).
 pub const STATUS_PACING: Duration = Duration::from_secs(5);
 
 /// A running handler process, its log and the addresses it bound.
