@@ -669,6 +669,10 @@ struct Requests {
     objects: BTreeSet<(String, String, String, String)>,
     /// Distinct objects written other than through a subresource, Events aside.
     object_targets: BTreeSet<(String, String, String, String)>,
+    /// Distinct write targets: an object and each of its subresources count apart (a status
+    /// can only be written through `/status`, never together with the object), every Event
+    /// is one. The least number of writes that could have produced what the handler wrote.
+    write_targets: BTreeSet<(String, String, String, String, String)>,
     /// Writes by `resource[/subresource] verb`, to show where they go.
     writes_by_resource: BTreeMap<String, u64>,
     /// Requests answered with an error status (409 conflicts and the like).
@@ -768,6 +772,13 @@ impl Audit {
                     field("name"),
                 ));
                 let subresource = field("subresource");
+                entry.write_targets.insert((
+                    field("apiGroup"),
+                    field("resource"),
+                    subresource.clone(),
+                    field("namespace"),
+                    field("name"),
+                ));
                 if subresource.is_empty() && field("resource") != "events" {
                     entry.object_targets.insert((
                         field("apiGroup"),
@@ -1274,9 +1285,9 @@ fn print_report(
 
     println!("\n### API requests per handler during convergence (medians)\n");
     println!(
-        "| clusters | handler | reads (get/list/watch) | writes | writes by verb | failed | objects written | writes / object | object writes (no status, no Events) / object |"
+        "| clusters | handler | reads (get/list/watch) | writes | writes by verb | failed | objects written | writes / object | object writes (no status, no Events) / object | write targets (object, its status, each Event) | writes / target |"
     );
-    println!("|---:|---|---:|---:|---|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|");
     for &n in &counts {
         for handler in CONTROLLERS {
             let pick = |f: &dyn Fn(&Requests) -> f64| {
@@ -1298,9 +1309,10 @@ fn print_report(
                 .join(", ");
             let writes = pick(&|q| q.writes() as f64);
             let objects = pick(&|q| q.objects.len() as f64);
+            let targets = pick(&|q| q.write_targets.len() as f64);
             let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
             println!(
-                "| {n} | {handler} | {:.0} | {writes:.0} | {by_verb} | {:.0} | {objects:.0} | {:.2} | {:.2} |",
+                "| {n} | {handler} | {:.0} | {writes:.0} | {by_verb} | {:.0} | {objects:.0} | {:.2} | {:.2} | {targets:.0} | {:.2} |",
                 pick(&|q| q.reads() as f64),
                 pick(&|q| q.failed as f64),
                 ratio(writes, objects),
@@ -1308,6 +1320,7 @@ fn print_report(
                     pick(&|q| q.object_writes() as f64),
                     pick(&|q| q.object_targets.len() as f64)
                 ),
+                ratio(writes, targets),
             );
         }
     }
