@@ -5,7 +5,8 @@
 //! contract, kwok makes their pods Ready and the status climbs to `Available`; a pod template
 //! change restarts pool pods replicas first and the primary last; PVCs are kept or removed as
 //! the policy says; volumes grow and never shrink; multiadmin follows the real global
-//! topology; an idle object costs no writes.
+//! topology; an idle object costs no writes; a hand-edited pod template is written back once,
+//! also by a restarted handler.
 //!
 //! Each test works in its own namespace with its own handler (`--watch-namespace`).
 
@@ -720,6 +721,103 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
             .any(|n| n.contains(&primary) && n.contains("the primary, last")),
         "{restarts:?}"
     );
+}
+
+/// The image of `container` in a workload's pod template.
+fn image_of(pod: &k8s_openapi::api::core::v1::PodSpec, container: &str) -> Option<String> {
+    pod.containers
+        .iter()
+        .find(|c| c.name == container)
+        .and_then(|c| c.image.clone())
+}
+
+/// Sets the image of `container` in the pod template of workload `name`, as `kubectl edit`
+/// would.
+async fn edit_image<K>(api: &Api<K>, name: &str, container: &str, image: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = json!({"spec": {"template": {"spec": {"containers": [
+        {"name": container, "image": image}
+    ]}}}});
+    api.patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .unwrap_or_else(|e| panic!("editing the image of {name}: {e}"));
+}
+
+/// Server-side applies of `kind` by the shard controller so far.
+fn shard_applies(writes: &BTreeMap<String, u64>, kind: &str) -> u64 {
+    writes
+        .get(&format!("shard/{kind}/apply"))
+        .copied()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn edited_pod_templates_are_reverted_with_one_write_also_after_a_restart() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-drift").await;
+    let mut handler = start_handler(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    let image = "ghcr.io/multigres/multigres:sha-66d2310";
+    let retain = "{whenDeleted: Retain, whenScaled: Retain}";
+    apply_yaml(&client, &ns, &shard("drift", &ns, 1, image, retain, "1Gi")).await;
+    let name = "drift-postgres-default-0-inf";
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    wait_condition(&shards, name, "Available", "True", None, shard_conditions).await;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let set = format!("{name}-pool-main-zone-a");
+    let orch = format!("{name}-multiorch-zone-a");
+    let converged = handler.settled(Duration::from_secs(3)).await;
+
+    // Someone edits a container image in the pool StatefulSet and in the multiorch
+    // Deployment: both are put back, with one apply each.
+    edit_image(&sets, &set, "multipooler", "example.com/edited:1").await;
+    edit_image(&deployments, &orch, "multiorch", "example.com/edited:1").await;
+    let edited = Instant::now();
+    eventually("both edited images are reverted", WAIT, || async {
+        let sts = sets.get(&set).await.map_err(|e| e.to_string())?;
+        let deployment = deployments.get(&orch).await.map_err(|e| e.to_string())?;
+        let images = (
+            image_of(statefulset_pod(&sts), "multipooler"),
+            image_of(deployment_pod(&deployment), "multiorch"),
+        );
+        if images == (Some(image.to_owned()), Some(image.to_owned())) {
+            Ok(())
+        } else {
+            Err(format!("{images:?}"))
+        }
+    })
+    .await;
+    println!("edited images reverted in {:?}", edited.elapsed());
+    let reverted = handler.settled(Duration::from_secs(3)).await;
+    for kind in ["StatefulSet", "Deployment"] {
+        assert_eq!(
+            shard_applies(&reverted, kind) - shard_applies(&converged, kind),
+            1,
+            "{kind} applies: {converged:?} then {reverted:?}"
+        );
+    }
+
+    // While the handler is down, someone edits the Deployment's image again. The restarted
+    // handler knows no template yet: it reads both workloads once, writes back only the
+    // edited one and leaves the StatefulSet alone.
+    handler.stop();
+    edit_image(&deployments, &orch, "multiorch", "example.com/edited:2").await;
+    handler.restart().await;
+    eventually("the image edited while down is reverted", WAIT, || async {
+        let deployment = deployments.get(&orch).await.map_err(|e| e.to_string())?;
+        match image_of(deployment_pod(&deployment), "multiorch") {
+            Some(now) if now == image => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let restarted = handler.settled(Duration::from_secs(3)).await;
+    println!("writes after the restart: {restarted:?}");
+    assert_eq!(shard_applies(&restarted, "Deployment"), 1, "{restarted:?}");
+    assert_eq!(shard_applies(&restarted, "StatefulSet"), 0, "{restarted:?}");
 }
 
 #[tokio::test]
