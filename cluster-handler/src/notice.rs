@@ -36,6 +36,23 @@ impl Notice {
         }
     }
 
+    /// The Warning for a failed reconcile, if it is worth one: the first transient failure of
+    /// a streak (`failures` earlier ones). Retries of the same streak are not news, and a spec
+    /// problem is reported by the object's status and conditions instead.
+    pub fn first_failure(
+        reason: &str,
+        error: &(dyn std::error::Error + 'static),
+        invalid_spec: bool,
+        failures: u32,
+    ) -> Option<Self> {
+        (!invalid_spec && failures == 0).then(|| {
+            Self::warning(
+                reason,
+                multigres_common::telemetry::ErrorChain(error).to_string(),
+            )
+        })
+    }
+
     /// The event, with `action` saying what the controller was doing.
     pub fn event(&self, action: &str) -> Event {
         Event {

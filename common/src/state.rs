@@ -2,13 +2,16 @@
 //! server (which reports it through grpc.health.v1 and `HandlerInfo`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use multigres_proto::operator::v1::{ControllerCounts, GetInfoResponse};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
+
+use crate::backoff::ObjectBackoff;
 
 pub use multigres_proto::operator::v1::LeaderState;
 
@@ -159,6 +162,34 @@ impl HandlerState {
         crate::metrics::record_reconcile(controller, outcome, elapsed);
     }
 
+    /// Runs one reconcile of the object `key` for `controller`: records its outcome (`category`
+    /// names a failure's kind) and duration, and ends `key`'s failure streak when it succeeds,
+    /// so the next failure is retried after the shortest delay again. Every controller counts
+    /// and backs off the same way through this.
+    pub async fn run_reconcile<Key, T, E>(
+        &self,
+        controller: &str,
+        backoff: &ObjectBackoff<Key>,
+        key: &Key,
+        category: fn(&E) -> &'static str,
+        reconcile: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E>
+    where
+        Key: Hash + Eq + Clone,
+    {
+        let started = Instant::now();
+        let result = reconcile.await;
+        if result.is_ok() {
+            backoff.reset(key);
+        }
+        self.record_reconcile(
+            controller,
+            result.as_ref().map(|_| ()).map_err(category),
+            started.elapsed(),
+        );
+        result
+    }
+
     /// The `HandlerInfo` answer for the current state.
     pub fn info(&self) -> GetInfoResponse {
         let mutable = self.lock();
@@ -192,6 +223,7 @@ impl HandlerState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backoff::BackoffPolicy;
 
     #[tokio::test]
     async fn info_reflects_updates() {
@@ -240,5 +272,31 @@ mod tests {
         assert_eq!(info.leader_state(), LeaderState::Standby);
         assert!(info.serving);
         assert!(state.is_serving());
+    }
+
+    #[tokio::test]
+    async fn a_success_ends_the_failure_streak_and_every_run_is_counted() {
+        let state = HandlerState::new("data-handler", "1").await;
+        let backoff = ObjectBackoff::new(BackoffPolicy::default());
+        let category = |_: &&str| "kube_api";
+        backoff.next_delay(&"a");
+        let failed: Result<(), &str> = state
+            .run_reconcile("cell", &backoff, &"a", category, async { Err("down") })
+            .await;
+        assert_eq!(failed, Err("down"));
+        assert_eq!(backoff.failures(&"a"), 1, "a failure keeps the streak");
+        let done = state
+            .run_reconcile("cell", &backoff, &"a", category, async { Ok::<_, &str>(7) })
+            .await;
+        assert_eq!(done, Ok(7));
+        assert_eq!(backoff.failures(&"a"), 0, "a success ends it");
+        assert_eq!(
+            state.info().controllers,
+            [ControllerCounts {
+                controller: "cell".to_owned(),
+                reconciles: 2,
+                errors: 1
+            }]
+        );
     }
 }

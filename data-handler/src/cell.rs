@@ -8,7 +8,6 @@
 //! Secrets), so a change of the cluster also re-checks its Cells.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
@@ -117,17 +116,16 @@ pub struct Context {
 
 /// Reconciles one Cell and records the outcome.
 pub async fn reconcile(obj: Arc<Guarded<Cell>>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = reconcile_cell(&obj, &ctx).await;
-    if result.is_ok() {
-        ctx.backoff.reset(&ObjectRef::from_obj(&*obj));
-    }
-    ctx.state.record_reconcile(
-        CONTROLLER,
-        result.as_ref().map(|_| ()).map_err(Error::category),
-        started.elapsed(),
-    );
-    result
+    let key = ObjectRef::from_obj(&*obj);
+    ctx.state
+        .run_reconcile(
+            CONTROLLER,
+            &ctx.backoff,
+            &key,
+            Error::category,
+            reconcile_cell(&obj, &ctx),
+        )
+        .await
 }
 
 /// Waits for a change after a spec problem; backs off (with jitter) after anything else.

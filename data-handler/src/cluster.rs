@@ -12,7 +12,7 @@ pub mod status;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
@@ -142,17 +142,16 @@ pub async fn reconcile(
     obj: Arc<Guarded<MultigresCluster>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = reconcile_cluster(&obj, &ctx).await;
-    if result.is_ok() {
-        ctx.backoff.reset(&ObjectRef::from_obj(&*obj));
-    }
-    ctx.state.record_reconcile(
-        CONTROLLER,
-        result.as_ref().map(|_| ()).map_err(Error::category),
-        started.elapsed(),
-    );
-    result
+    let key = ObjectRef::from_obj(&*obj);
+    ctx.state
+        .run_reconcile(
+            CONTROLLER,
+            &ctx.backoff,
+            &key,
+            Error::category,
+            reconcile_cluster(&obj, &ctx),
+        )
+        .await
 }
 
 /// Waits for a change after a spec problem; backs off (with jitter) after anything else.

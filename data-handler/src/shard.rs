@@ -12,7 +12,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use kube::runtime::controller::Action;
@@ -130,17 +129,16 @@ pub struct Context {
 
 /// Reconciles one Shard and records the outcome.
 pub async fn reconcile(obj: Arc<Guarded<Shard>>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = reconcile_shard(&obj, &ctx).await;
-    if result.is_ok() {
-        ctx.backoff.reset(&ObjectRef::from_obj(&*obj));
-    }
-    ctx.state.record_reconcile(
-        CONTROLLER,
-        result.as_ref().map(|_| ()).map_err(Error::category),
-        started.elapsed(),
-    );
-    result
+    let key = ObjectRef::from_obj(&*obj);
+    ctx.state
+        .run_reconcile(
+            CONTROLLER,
+            &ctx.backoff,
+            &key,
+            Error::category,
+            reconcile_shard(&obj, &ctx),
+        )
+        .await
 }
 
 /// Waits for a change after a spec problem; backs off (with jitter) after anything else.

@@ -8,7 +8,7 @@ pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
@@ -198,32 +198,33 @@ pub async fn reconcile(
     obj: Arc<Guarded<MultigresCluster>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let started = Instant::now();
     let key = ObjectRef::from_obj(&*obj);
-    let result = reconcile_cluster(&obj, &ctx).await;
-    match &result {
-        Ok(_) => ctx.backoff.reset(&key),
-        // The first failure of a streak is worth an event; retries are not.
-        Err(error) if !error.is_invalid_spec() && ctx.backoff.failures(&key) == 0 => {
-            let notice = Notice::warning(
-                error.reason(),
-                multigres_common::telemetry::ErrorChain(error).to_string(),
-            );
-            ctx.writer
-                .publish(
-                    &ctx.recorder,
-                    &notice.event("Reconcile"),
-                    &obj.object_ref(&()),
-                )
-                .await;
-        }
-        Err(_) => {}
+    let result = ctx
+        .state
+        .run_reconcile(
+            CONTROLLER,
+            &ctx.backoff,
+            &key,
+            Error::reason,
+            reconcile_cluster(&obj, &ctx),
+        )
+        .await;
+    if let Err(error) = &result
+        && let Some(notice) = Notice::first_failure(
+            error.reason(),
+            error,
+            error.is_invalid_spec(),
+            ctx.backoff.failures(&key),
+        )
+    {
+        ctx.writer
+            .publish(
+                &ctx.recorder,
+                &notice.event("Reconcile"),
+                &obj.object_ref(&()),
+            )
+            .await;
     }
-    ctx.state.record_reconcile(
-        CONTROLLER,
-        result.as_ref().map(|_| ()).map_err(Error::reason),
-        started.elapsed(),
-    );
     result
 }
 
