@@ -6,13 +6,13 @@
 //! The process can be stopped and restarted on the same ports and data directory, which is how
 //! tests simulate an etcd outage, and it is killed when the handle is dropped.
 
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use crate::process::{ProcessError, Supervised};
 use crate::toolchain::{self, ToolchainError};
@@ -105,6 +105,10 @@ pub struct EtcdProcess {
     client_port: u16,
     peer_port: u16,
     health_port: u16,
+    // While stopped, sockets bound (not listening) to the three ports: another process picking
+    // a free port cannot be handed one of them (and answer the handlers' etcd client in etcd's
+    // place), and a connection attempt is still refused as with nothing there.
+    reserved: Vec<TcpSocket>,
     // Holds the logs and, by default, the data directory; removed on drop.
     work_dir: tempfile::TempDir,
 }
@@ -139,6 +143,7 @@ impl EtcdProcess {
             client_port: free_port()?,
             peer_port: free_port()?,
             health_port: free_port()?,
+            reserved: Vec::new(),
             work_dir,
         };
         etcd.launch().await?;
@@ -200,10 +205,15 @@ impl EtcdProcess {
     }
 
     /// Stops etcd (SIGTERM, then SIGKILL after `stop_grace`) and waits for it to exit. The
-    /// data directory and ports are kept for `restart`. Stopping a stopped etcd does nothing.
+    /// data directory and ports are kept for `restart`: the ports stay reserved until then.
+    /// Stopping a stopped etcd does nothing.
     pub fn stop(&mut self) {
         if let Some(child) = self.child.take() {
             child.stop(self.config.stop_grace);
+            self.reserved = [self.client_port, self.peer_port, self.health_port]
+                .into_iter()
+                .filter_map(reserve)
+                .collect();
         }
     }
 
@@ -241,6 +251,7 @@ impl EtcdProcess {
             }
         }
         args.extend(self.config.extra_args.iter().cloned());
+        self.reserved.clear();
         let child = Supervised::spawn("etcd", &self.binary, &args, &[], &self.log_path())?;
         self.child = Some(child);
         self.wait_healthy().await
@@ -280,6 +291,19 @@ impl Drop for EtcdProcess {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A socket bound to loopback `port` without listening, or `None` if the port is taken (by
+/// then someone else holds it; the restart will say so).
+fn reserve(port: u16) -> Option<TcpSocket> {
+    let socket = TcpSocket::new_v4().ok()?;
+    // Connections etcd closed leave TIME_WAIT entries on its ports; they must not stop the
+    // reservation. Ports picked by the kernel are never shared with a bound socket.
+    socket.set_reuseaddr(true).ok()?;
+    socket
+        .bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+        .ok()?;
+    Some(socket)
 }
 
 fn free_port() -> Result<u16, EtcdError> {

@@ -433,7 +433,13 @@ async fn a_topology_etcd_outage_is_reported_and_registration_completes_after_it(
             state(&c, "TopoServerReachable"),
             state(&c, "TopologyRegistered"),
         ];
-        assert_eq!(got, down, "during the outage");
+        assert_eq!(
+            got,
+            down,
+            "during the outage, {:.0}s after the stop: {:#?}",
+            stopped.elapsed().as_secs_f64(),
+            c.status.as_ref().map(|s| &s.conditions)
+        );
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
     let during = clusters.get(SAMPLE).await.expect("cluster");
