@@ -654,6 +654,51 @@ mod tests {
         assert_eq!(writes, keys.len() * 12, "one write per object per interval");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn many_objects_converging_together_share_the_budget() {
+        let pacer = StatusPacer::new(MIN_INTERVAL);
+        let objects = 100;
+        let converged_at = |n: usize| 60 + n % 10;
+        let mut stored: Vec<Option<Value>> = vec![None; objects];
+        let (mut progress_writes, mut news_writes) = (0, 0);
+        for second in 0..70 {
+            for (n, stored) in stored.iter_mut().enumerate() {
+                let desired = if second >= converged_at(n) {
+                    status("Healthy", 3, "True")
+                } else {
+                    status("Progressing", (second % 3) as i64, "False")
+                };
+                if stored.as_ref() == Some(&desired) {
+                    continue;
+                }
+                let news = classify(stored.as_ref(), &desired) == Change::News;
+                let key = format!("cluster-{n}");
+                if pacer.pace(&key, stored.as_ref(), &desired) == Pace::Write {
+                    pacer.wrote(&key);
+                    *stored = Some(desired);
+                    if news {
+                        news_writes += 1
+                    } else {
+                        progress_writes += 1
+                    }
+                } else {
+                    assert!(!news, "news is written at once");
+                }
+            }
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert_eq!(news_writes, objects, "each object's Healthy status");
+        let budget = PROGRESS_BURST as usize + 70 * PROGRESS_WRITES_PER_SECOND as usize;
+        assert!(
+            progress_writes <= budget,
+            "{progress_writes} progress writes"
+        );
+        assert!(
+            progress_writes >= budget - 20,
+            "the budget is used: {progress_writes}"
+        );
+    }
+
     #[test]
     fn a_deferred_write_requeues_no_later_than_planned() {
         let (one, three) = (Duration::from_secs(1), Duration::from_secs(3));
