@@ -167,9 +167,9 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
     }
 
     /// Whether to write `desired` (the status fields this handler owns, as JSON) over `stored`
-    /// (the object's stored status, if any) now. Call only when they differ and the write
-    /// follows a [`Pace::Write`]: a progress-only write takes its token from the budget here.
-    /// Call [`StatusPacer::wrote`] after a write.
+    /// (the object's stored status, if any) now. Call only when they differ, and write when
+    /// this answers [`Pace::Write`]: a progress-only write has then taken its token from the
+    /// budget. Call [`StatusPacer::wrote`] after a write.
     pub fn pace(&self, key: &K, stored: Option<&Value>, desired: &Value) -> Pace {
         let now = Instant::now();
         let change = classify(stored, desired);
@@ -221,7 +221,9 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
 
     /// Less than one interval, from the key and the deferral's number: deterministic, but
     /// different for the objects deferred together and for one object from turn to turn, so
-    /// none is always first to wake.
+    /// none is always first to wake. Up to a whole interval, so that objects waiting for a
+    /// token reconcile again about as often as the per-object rule alone would write them, not
+    /// every token period.
     fn spread(&self, key: &K, deferral: u64) -> Duration {
         let mut hasher = DefaultHasher::new();
         key.hash(&mut hasher);
