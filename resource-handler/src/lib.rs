@@ -74,7 +74,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, &scope, managed());
     let (pods, pod_watch) = share_trimmed::<Pod>(&client, &scope, pool_pods(), slim_pod);
     let (pvcs, pvc_watch) = cache::<PersistentVolumeClaim>(&client, &scope, managed());
-    let (secrets, secret_watch) = cache::<Secret>(&client, &scope, managed());
+    let (secrets, secret_watch) = share::<Secret>(&client, &scope, managed());
     let (config_maps, config_map_watch) = share::<ConfigMap>(&client, &scope, managed());
     let watches = [
         tokio::spawn(topo_watch),
@@ -100,7 +100,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         pdbs: pdbs.store.clone(),
         pvcs,
         pods: pods.store.clone(),
-        secrets,
+        secrets: secrets.store.clone(),
         config_maps: config_maps.store.clone(),
         clusters: clusters.store.clone(),
         core_templates: core_templates.store.clone(),
@@ -164,6 +164,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
                 pdbs: triggers(pdbs.handle, &pdbs.deletions),
                 pods: triggers(pods.handle, &pods.deletions),
                 config_maps: triggers(config_maps.handle, &config_maps.deletions),
+                secrets: triggers(secrets.handle.clone(), &secrets.deletions),
             },
             shutdown,
         );
@@ -173,6 +174,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
                 clusters: clusters.handle,
                 deployments: triggers(deployments.handle, &deployments.deletions),
                 services: triggers(services.handle, &services.deletions),
+                secrets: triggers(secrets.handle, &secrets.deletions),
                 core_templates: core_templates.handle,
                 cell_templates: cell_templates.handle,
                 shard_templates: shard_templates.handle,

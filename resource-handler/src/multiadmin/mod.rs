@@ -30,9 +30,7 @@ use multigres_common::apply::apply_status;
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::Cond;
-use crate::controller::{
-    Classify, Ctx, Stores, Trigger, drain, error_policy, managed, observe, owned,
-};
+use crate::controller::{Classify, Ctx, Stores, Trigger, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::sync::{self, FIELD_MANAGER, SyncError};
 use external::{Exposed, InvalidExposure};
@@ -92,6 +90,8 @@ pub struct Triggers {
     pub deployments: Trigger<Deployment>,
     /// Owned Services (their load-balancer status is the external endpoints').
     pub services: Trigger<Service>,
+    /// Owned TLS Secrets (a deleted one is issued again).
+    pub secrets: Trigger<Secret>,
     /// Template changes re-resolve the clusters of their namespace.
     pub core_templates: ReflectHandle<DeserializeGuard<CoreTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.
@@ -146,9 +146,7 @@ pub fn run(
     let results = Controller::for_shared_stream(triggers.clusters, clusters.clone())
         .watches_shared_stream(triggers.deployments, cluster_of_deployment)
         .owns_shared_stream(triggers.services)
-        // Not a shared stream: those do not report deletions, and a deleted Secret must be
-        // issued again.
-        .owns(ctx.scope.api::<Secret>(&ctx.client), managed())
+        .owns_shared_stream(triggers.secrets)
         .watches_shared_stream(triggers.core_templates, clusters_in_namespace_of(&clusters))
         .watches_shared_stream(triggers.cell_templates, clusters_in_namespace_of(&clusters))
         .watches_shared_stream(

@@ -32,7 +32,7 @@ use multigres_common::status_pacer;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
 use crate::controller::{
-    Classify, Ctx, POLL, Shared, Trigger, drain, error_policy, managed, observe, owned,
+    Classify, Ctx, POLL, Shared, Trigger, drain, error_policy, observe, owned,
 };
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
@@ -115,6 +115,8 @@ pub struct Triggers {
     pub pods: Trigger<Pod>,
     /// Owned postgresql.conf ConfigMaps (a deleted or edited one is written again).
     pub config_maps: Trigger<ConfigMap>,
+    /// Owned TLS Secrets (a deleted one is issued again).
+    pub secrets: Trigger<Secret>,
 }
 
 /// Whether `pod` (by its labels) belongs to `shard`.
@@ -159,9 +161,7 @@ pub fn run(
         .owns_shared_stream(triggers.deployments)
         .owns_shared_stream(triggers.services)
         .owns_shared_stream(triggers.pdbs)
-        // Not a shared stream: those do not report deletions, and a deleted Secret must be
-        // issued again.
-        .owns(ctx.scope.api::<Secret>(&ctx.client), managed())
+        .owns_shared_stream(triggers.secrets)
         .owns_shared_stream(triggers.config_maps)
         .watches_stream(referenced, referencing)
         .watches_shared_stream(triggers.pods, by_labels)
