@@ -453,13 +453,24 @@ async fn deliver_reloads(
 }
 
 /// Records that `pod`'s reload to `hash` waits for the reason `notice` gives; true the first
-/// time, so the event is published once.
+/// time, so the event is published once. Entries of pods gone from the cache are dropped
+/// whenever there are as many entries as cached pods, so the map stays within one entry of
+/// the number of pool pods.
 fn announce(ctx: &Context, namespace: &str, pod: &str, hash: &str, notice: &Notice) -> bool {
     let note = format!("{hash} {}", notice.reason);
     let mut waits = ctx
         .reload_waits
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if waits.len() >= ctx.pods.len() {
+        waits.retain(|key, _| {
+            key.split_once('/').is_some_and(|(namespace, name)| {
+                ctx.pods
+                    .get(&ObjectRef::new(name).within(namespace))
+                    .is_some()
+            })
+        });
+    }
     waits.insert(format!("{namespace}/{pod}"), note.clone()) != Some(note)
 }
 
