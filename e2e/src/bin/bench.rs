@@ -22,7 +22,8 @@
 //! After the last run of the largest N, with its clusters still in place, it counts the
 //! handlers' requests for `--idle-minutes`; before the first run it measures admission latency
 //! at a steady rate against the running webhook-server over HTTPS (the body is an AdmissionReview
-//! of the benchmark's own MultigresCluster). Figures are medians over the runs; nothing here
+//! of the benchmark's own MultigresCluster), in `--webhook-windows` windows reported one by one
+//! and as their median. Figures are medians over the runs; nothing here
 //! asserts a timing, the targets are judged in docs/performance.md.
 //!
 //! `just bench` (or `cargo build --release -p cluster-handler -p resource-handler -p
@@ -109,9 +110,13 @@ struct Cli {
     /// Admission requests per second of the webhook latency measurement.
     #[arg(long, default_value_t = 50)]
     webhook_rate: u32,
-    /// Length of the webhook latency measurement.
+    /// Length of each window of the webhook latency measurement.
     #[arg(long, default_value_t = 30)]
     webhook_seconds: u64,
+    /// Windows of the webhook latency measurement, back to back; the figures are reported per
+    /// window and as their median, so one stall of the machine shows as one odd window.
+    #[arg(long, default_value_t = 3)]
+    webhook_windows: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -187,11 +192,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     progress!("webhook-server serving on {webhook_addr}");
 
     let latency = admission_latency(&cluster, &admin, webhook_addr, &topo, &cli).await?;
-    progress!(
-        "admission: p50 {:.2} ms, p99 {:.2} ms",
-        latency.p50 * 1e3,
-        latency.p99 * 1e3
-    );
+    for (window, l) in latency.iter().enumerate() {
+        progress!(
+            "admission, window {}: p50 {:.2} ms, p99 {:.2} ms",
+            window + 1,
+            l.p50 * 1e3,
+            l.p99 * 1e3
+        );
+    }
 
     let mut results: Vec<RunResult> = Vec::new();
     let mut idle = None;
@@ -466,14 +474,15 @@ struct Latency {
 
 /// Sends AdmissionReviews of a benchmark cluster to the validating MultigresCluster webhook at
 /// a steady rate, open loop (a request never waits for the previous answer, only for a free
-/// connection, which counts as latency), and returns the percentiles.
+/// connection, which counts as latency): a warm-up, then `--webhook-windows` measured windows
+/// back to back. Returns each window's percentiles.
 async fn admission_latency(
     cluster: &LocalCluster,
     admin: &Client,
     address: SocketAddr,
     topo: &EtcdProcess,
     cli: &Cli,
-) -> anyhow::Result<Latency> {
+) -> anyhow::Result<Vec<Latency>> {
     let namespace = "bench-admission";
     bench_namespace(cluster, admin, namespace).await?;
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), SYSTEM);
@@ -510,10 +519,10 @@ async fn admission_latency(
     let permits = Arc::new(tokio::sync::Semaphore::new(WEBHOOK_CONNECTIONS));
     let count = cli.webhook_rate * u32::try_from(cli.webhook_seconds)?;
     let interval = Duration::from_secs(1) / cli.webhook_rate;
-    let mut measured = Vec::new();
-    let mut allowed = true;
-    let mut elapsed = Duration::ZERO;
-    for (phase, n) in [("warm-up", WEBHOOK_WARM_UP), ("measured", count)] {
+    let mut windows = Vec::with_capacity(cli.webhook_windows);
+    let phases = std::iter::once((false, WEBHOOK_WARM_UP))
+        .chain(std::iter::repeat_n((true, count), cli.webhook_windows));
+    for (measured, n) in phases {
         let start = tokio::time::Instant::now() + Duration::from_millis(10);
         let began = Instant::now();
         let mut tasks = Vec::with_capacity(n as usize);
@@ -538,27 +547,28 @@ async fn admission_latency(
             }));
         }
         let mut latencies = Vec::with_capacity(n as usize);
+        let mut allowed = true;
         for task in tasks {
             let (latency, ok) = task.await??;
             allowed &= ok;
             latencies.push(latency.as_secs_f64());
         }
-        if phase == "measured" {
-            elapsed = began.elapsed();
-            measured = latencies;
+        if measured {
+            let elapsed = began.elapsed();
+            latencies.sort_by(f64::total_cmp);
+            windows.push(Latency {
+                rate: cli.webhook_rate,
+                requests: latencies.len(),
+                achieved: latencies.len() as f64 / elapsed.as_secs_f64(),
+                p50: percentile(&latencies, 0.50),
+                p90: percentile(&latencies, 0.90),
+                p99: percentile(&latencies, 0.99),
+                max: latencies.last().copied().unwrap_or(0.0),
+                allowed,
+            });
         }
     }
-    measured.sort_by(f64::total_cmp);
-    Ok(Latency {
-        rate: cli.webhook_rate,
-        requests: measured.len(),
-        achieved: measured.len() as f64 / elapsed.as_secs_f64(),
-        p50: percentile(&measured, 0.50),
-        p90: percentile(&measured, 0.90),
-        p99: percentile(&measured, 0.99),
-        max: measured.last().copied().unwrap_or(0.0),
-        allowed,
-    })
+    Ok(windows)
 }
 
 /// One keep-alive HTTPS connection speaking just enough HTTP/1.1 for AdmissionReview POSTs.
@@ -1220,7 +1230,7 @@ fn print_report(
     cli: &Cli,
     results: &[RunResult],
     idle: Option<&IdleWindow>,
-    latency: &Latency,
+    latency: &[Latency],
     webhook_rss_0: u64,
     webhook_peak: u64,
 ) {
@@ -1437,17 +1447,30 @@ fn print_report(
         "\n### Admission latency at the webhook (validate MultigresCluster, HTTPS, {} keep-alive connections, open loop)\n",
         WEBHOOK_CONNECTIONS
     );
-    println!("| rate | requests | achieved | p50 | p90 | p99 | max | allowed |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("| window | rate | requests | achieved | p50 | p90 | p99 | max | allowed |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    for (window, l) in latency.iter().enumerate() {
+        println!(
+            "| {} | {} req/s | {} | {:.1} req/s | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {} |",
+            window + 1,
+            l.rate,
+            l.requests,
+            l.achieved,
+            l.p50 * 1e3,
+            l.p90 * 1e3,
+            l.p99 * 1e3,
+            l.max * 1e3,
+            l.allowed
+        );
+    }
+    let window_median = |f: fn(&Latency) -> f64| median(latency.iter().map(f)) * 1e3;
     println!(
-        "| {} req/s | {} | {:.1} req/s | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {} |",
-        latency.rate,
-        latency.requests,
-        latency.achieved,
-        latency.p50 * 1e3,
-        latency.p90 * 1e3,
-        latency.p99 * 1e3,
-        latency.max * 1e3,
-        latency.allowed
+        "| median of {} | | | | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {} |",
+        latency.len(),
+        window_median(|l| l.p50),
+        window_median(|l| l.p90),
+        window_median(|l| l.p99),
+        window_median(|l| l.max),
+        latency.iter().all(|l| l.allowed)
     );
 }
