@@ -16,12 +16,15 @@
 //! - a change of `observedGeneration` (the user changed the spec);
 //! - for an object with a phase, any change unless it is converging (an intermediate phase,
 //!   `Initializing` or `Progressing`, both before and after): reaching `Healthy`, becoming
-//!   `Degraded`, leaving `Healthy`, and any change of a settled object; while converging, the
-//!   phase sums the conditions up and their intermediate flips are progress;
-//! - for an object without a phase, a condition whose status or reason changes (or appears).
+//!   `Degraded`, leaving `Healthy`, and any change of a settled object;
+//! - for every object, a condition whose status changes: pipelines gate on conditions
+//!   (`kubectl wait --for=condition=Available`), so `Available` turning `True` while the phase
+//!   still says `Progressing` (the gateways serve before the last pool is ready) is written at
+//!   once, not when the phase settles;
+//! - for an object without a phase, also a condition whose reason changes (or that appears).
 //!
-//! Everything else (counts and messages of a converging object, intermediate phases) is
-//! progress. A deferred write is not lost: the reconcile asks to run again when it is due
+//! Everything else (counts, messages and reasons of a converging object, intermediate phases)
+//! is progress. A deferred write is not lost: the reconcile asks to run again when it is due
 //! ([`Pace::Defer`], [`action`]) and writes the latest value then. Once written, the status
 //! equals what is computed, so nothing is deferred and nothing is requeued: an idle object
 //! costs no writes.
@@ -301,14 +304,18 @@ pub fn classify(stored: Option<&Value>, desired: &Value) -> Change {
     {
         return Change::News;
     }
-    let news = match (phase(stored), phase(desired)) {
-        (Some(old), Some(new)) => !(transient(&old) && transient(&new)),
-        _ => wanted.iter().any(|c| {
-            find(c.get("type")).is_none_or(|s| {
-                s.get("status") != c.get("status") || s.get("reason") != c.get("reason")
-            })
-        }),
-    };
+    let flipped = wanted
+        .iter()
+        .any(|c| find(c.get("type")).is_some_and(|s| s.get("status") != c.get("status")));
+    let news = flipped
+        || match (phase(stored), phase(desired)) {
+            (Some(old), Some(new)) => !(transient(&old) && transient(&new)),
+            _ => wanted.iter().any(|c| {
+                find(c.get("type")).is_none_or(|s| {
+                    s.get("status") != c.get("status") || s.get("reason") != c.get("reason")
+                })
+            }),
+        };
     if news { Change::News } else { Change::Progress }
 }
 
@@ -389,6 +396,18 @@ mod tests {
         let stored = status("Initializing", 0, "False");
         assert!(progress(&stored, &status("Initializing", 1, "False")));
         assert!(progress(&stored, &status("Progressing", 2, "False")));
+    }
+
+    #[test]
+    fn a_condition_changing_status_is_news_while_converging() {
+        let stored = status("Progressing", 2, "False");
+        assert!(news(&stored, &status("Progressing", 3, "True")));
+        let mut reasoned = status("Progressing", 2, "False");
+        reasoned["conditions"][0]["reason"] = json!("StillWaiting");
+        assert!(
+            progress(&stored, &reasoned),
+            "a new reason alone is progress"
+        );
     }
 
     #[test]
