@@ -272,12 +272,25 @@ impl WebhookServer {
     /// Starts the webhook-server with `kubeconfig` (see [`grant_webhook_rbac`]), its Service
     /// namespace `system`, `operators` (`namespace:name` ServiceAccounts allowed to write
     /// children) and, with `registrations`, the names of the registrations it patches; returns
-    /// once it answers admissions.
+    /// once it answers admissions. It checks its certificate every second, so tests see a
+    /// rotation at once.
     pub async fn spawn(
         kubeconfig: &Path,
         system: &str,
         operators: &str,
         registrations: Option<&str>,
+    ) -> WebhookServer {
+        Self::spawn_with(kubeconfig, system, operators, registrations, Some("1s")).await
+    }
+
+    /// [`WebhookServer::spawn`] with the certificate checked every `cert_check_interval`, or as
+    /// shipped (`None`), as the benchmark runs it.
+    pub async fn spawn_with(
+        kubeconfig: &Path,
+        system: &str,
+        operators: &str,
+        registrations: Option<&str>,
+        cert_check_interval: Option<&str>,
     ) -> WebhookServer {
         let certs = tempfile::Builder::new()
             .prefix("multigres-webhook-certs-")
@@ -291,9 +304,11 @@ impl WebhookServer {
             format!("--webhook-service-namespace={system}"),
             "--webhook-extra-sans=127.0.0.1".to_owned(),
             format!("--webhook-cert-dir={}", certs.path().display()),
-            "--webhook-cert-check-interval=1s".to_owned(),
             format!("--operator-service-accounts={operators}"),
         ];
+        if let Some(interval) = cert_check_interval {
+            flags.push(format!("--webhook-cert-check-interval={interval}"));
+        }
         if let Some(users) = registrations {
             flags.push(format!(
                 "--webhook-mutating-configurations={users}-mutating"

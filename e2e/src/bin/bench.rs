@@ -377,7 +377,8 @@ async fn start_webhook(admin: &Client, kubeconfig: &Path) -> anyhow::Result<Webh
         .map(|h| format!("{SYSTEM}:{h}"))
         .collect::<Vec<_>>()
         .join(",");
-    let webhook = WebhookServer::spawn(kubeconfig, SYSTEM, &operators, None).await;
+    // The shipped certificate check interval: the tests' once a second is not production.
+    let webhook = WebhookServer::spawn_with(kubeconfig, SYSTEM, &operators, None, None).await;
     let selector = json!({"matchLabels": {BENCH_LABEL: "true"}});
     for registration in webhook_registrations(webhook.address, selector, None) {
         manifest::apply(admin, &registration, None, Mode::Apply).await?;
