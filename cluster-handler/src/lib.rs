@@ -45,8 +45,10 @@ pub const NAME: &str = "cluster-handler";
 /// Reconciles of different objects that may run at once, per controller.
 const CONCURRENCY: u16 = 4;
 /// Bursts of events for one object (e.g. a cluster's children being created) are folded into
-/// one reconcile after this quiet period.
-const DEBOUNCE: Duration = Duration::from_millis(200);
+/// one reconcile after this quiet period. Short, because a new cluster passes it on every hop down (cluster, table group) and back
+/// up (table group and cluster status), and no write depends on it: each write waits until the
+/// cache shows it, so a reconcile soon after never re-sends it.
+const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// Runs both controllers over `scope` until `ctx.shutdown` fires, giving clusters `images`
 /// as the operator's default image set. Reports SERVING once every cache has synced.

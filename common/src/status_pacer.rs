@@ -10,9 +10,10 @@
 //! is written at most once per [`MIN_INTERVAL`] per object, with its latest value. News is:
 //!
 //! - the first status this handler writes (nothing of its fields is stored yet) once the object
-//!   has settled; a first status of an object still converging waits until [`MIN_INTERVAL`]
-//!   after the handler first saw it, so an object that converges quickly gets one status
-//!   write, not a `Progressing` one and then a `Healthy` one a moment later;
+//!   has settled or is [`AVAILABLE`] (`True`); a first status of an object still converging and
+//!   not yet available waits until [`MIN_INTERVAL`] after the handler first saw it, so an object
+//!   that converges quickly gets one status write, not a `Progressing` one and then a `Healthy`
+//!   one a moment later, while `kubectl wait --for=condition=Available` is not held up;
 //! - a change of `observedGeneration` (the user changed the spec);
 //! - for an object with a phase, any change unless it is converging (an intermediate phase,
 //!   `Initializing` or `Progressing`, both before and after): reaching `Healthy`, becoming
@@ -80,6 +81,10 @@ pub const PROGRESS_BURST: u32 = PROGRESS_WRITES_PER_SECOND * MIN_INTERVAL.as_sec
 
 /// Phases an object passes through on its way to a settled phase.
 const TRANSIENT_PHASES: [&str; 2] = ["Initializing", "Progressing"];
+
+/// The condition pipelines wait for: a first status in which it is `True` is news even while
+/// the phase still converges (a cluster serves once its gateways are up, before its last pool).
+pub const AVAILABLE: &str = "Available";
 
 /// What to do with a status that differs from the stored one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,8 +288,12 @@ pub fn classify(stored: Option<&Value>, desired: &Value) -> Change {
         }
     };
     if first {
+        let available = wanted.iter().any(|c| {
+            c.get("type") == Some(&Value::from(AVAILABLE))
+                && c.get("status") == Some(&Value::from("True"))
+        });
         let converging = match phase(desired) {
-            Some(phase) => transient(&phase),
+            Some(phase) => transient(&phase) && !available,
             None => wanted
                 .iter()
                 .any(|c| c.get("status") != Some(&Value::from("True"))),
@@ -368,6 +377,11 @@ mod tests {
             "another handler's fields are stored, no phase yet"
         );
         assert_eq!(classify(None, &status("Healthy", 3, "True")), Change::News);
+        assert_eq!(
+            classify(None, &status("Progressing", 2, "True")),
+            Change::News,
+            "available while the phase still converges"
+        );
         assert_eq!(
             classify(None, &status("Degraded", 0, "False")),
             Change::News
