@@ -253,12 +253,17 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let names = Names::of(&owner.cluster);
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
-    for service in [admin.service, web_service, gateway_service] {
-        sync::ensure(NAME, &services, &ctx.stores.services, service).await?;
-    }
-    for deployment in [admin.deployment, web.deployment] {
-        sync::ensure(NAME, &deployments, &ctx.stores.deployments, deployment).await?;
-    }
+    // Independent objects are applied together: under load each write (a Service's above
+    // all, which allocates a cluster IP) takes a round trip and a watch event to settle, and
+    // one after another they would add up.
+    let applied_services = [admin.service, web_service, gateway_service]
+        .map(|service| sync::ensure(NAME, &services, &ctx.stores.services, service));
+    let applied_deployments = [admin.deployment, web.deployment]
+        .map(|deployment| sync::ensure(NAME, &deployments, &ctx.stores.deployments, deployment));
+    futures::try_join!(
+        futures::future::try_join_all(applied_services),
+        futures::future::try_join_all(applied_deployments),
+    )?;
     let uid = owner.uid();
     let keep_services = BTreeSet::from([
         names.multiadmin.clone(),

@@ -367,32 +367,41 @@ async fn apply_workloads(
         sync::ensure_with(NAME, &api, &stores.pvcs, pvc, keep).await?;
     }
     let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
-    for m in &objects.multiorch {
-        sync::ensure(NAME, &services, &stores.services, m.service.clone()).await?;
-        sync::ensure(
-            NAME,
-            &deployments,
-            &stores.deployments,
-            m.deployment.clone(),
-        )
-        .await?;
-    }
     let pdbs = Api::<PodDisruptionBudget>::namespaced(client.clone(), ns);
     let sets = Api::<StatefulSet>::namespaced(client.clone(), ns);
-    let mut sets_written = false;
-    for p in &objects.pools {
-        sync::ensure(NAME, &services, &stores.services, p.service.clone()).await?;
-        sync::ensure(NAME, &pdbs, &stores.pdbs, p.pdb.clone()).await?;
-        sets_written |= sync::ensure_with(
-            NAME,
-            &sets,
-            &stores.statefulsets,
-            p.statefulset.clone(),
-            keep_claim_templates,
+    // Independent objects are applied together: under load each write (a Service's above
+    // all, which allocates a cluster IP) takes a round trip and a watch event to settle, and
+    // one after another they would add up for every shard.
+    let multiorch = objects.multiorch.iter().map(|m| async {
+        futures::try_join!(
+            sync::ensure(NAME, &services, &stores.services, m.service.clone()),
+            sync::ensure(
+                NAME,
+                &deployments,
+                &stores.deployments,
+                m.deployment.clone()
+            ),
         )
-        .await?;
-    }
-    Ok(sets_written)
+    });
+    let pools = objects.pools.iter().map(|p| async {
+        let (_, _, set_written) = futures::try_join!(
+            sync::ensure(NAME, &services, &stores.services, p.service.clone()),
+            sync::ensure(NAME, &pdbs, &stores.pdbs, p.pdb.clone()),
+            sync::ensure_with(
+                NAME,
+                &sets,
+                &stores.statefulsets,
+                p.statefulset.clone(),
+                keep_claim_templates,
+            ),
+        )?;
+        Ok(set_written)
+    });
+    let (_, sets_written) = futures::try_join!(
+        futures::future::try_join_all(multiorch),
+        futures::future::try_join_all(pools),
+    )?;
+    Ok(sets_written.contains(&true))
 }
 
 /// Grows pool and backup volumes to their requested sizes.
