@@ -11,9 +11,12 @@
 //!   Deployment, Service, PodDisruptionBudget) created, every cluster `Available`;
 //! - counts the API requests of each handler during convergence (from the API server's audit
 //!   log, level Metadata), and the distinct objects each wrote;
-//! - then server-side applies as many ConfigMaps of similar size as the handlers wrote objects,
-//!   with `--write-concurrency` requests in flight: the time the API server needs to accept that
-//!   many writes in bulk, the physical limit the convergence time is compared with;
+//! - then server-side applies as many objects as the handlers wrote, with `--write-concurrency`
+//!   requests in flight: a Service (with or without a cluster IP, as theirs were) for each
+//!   Service they wrote, since a Service costs the API server far more than other objects (its
+//!   cluster IP is allocated, an IPAddress object written), and a ConfigMap of similar size for
+//!   everything else: the time the API server needs to accept
+//!   that many writes in bulk, the physical limit the convergence time is compared with;
 //! - and again for as many writes as every client made during convergence (the handlers, and
 //!   the controller manager, scheduler and kwok acting on the workloads), cycling over the same
 //!   names with a changed payload: the limit for all the work converging really takes;
@@ -43,7 +46,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret, Service};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -1089,18 +1092,22 @@ async fn converge(
         .filter_map(|h| requests.get(*h))
         .map(|r| r.objects.len())
         .sum();
+    let services = ServiceMix::of(admin, &namespace).await?;
     let baseline_s = bulk_writes(
         cluster,
         admin,
         &format!("{namespace}-bulk"),
         baseline_objects,
         baseline_objects,
+        services,
         cli,
     )
     .await?;
     progress!(
-        "{n} clusters, run {}: baseline {baseline_objects} writes in {baseline_s:.2}s",
-        run + 1
+        "{n} clusters, run {}: baseline {baseline_objects} writes ({} Services with a cluster IP, {} headless) in {baseline_s:.2}s",
+        run + 1,
+        services.cluster_ip,
+        services.headless
     );
     let all_writes = requests.values().map(Requests::writes).sum::<u64>() as usize;
     let all_writes_s = bulk_writes(
@@ -1109,6 +1116,7 @@ async fn converge(
         &format!("{namespace}-bulk-all"),
         baseline_objects,
         all_writes,
+        services,
         cli,
     )
     .await?;
@@ -1186,34 +1194,77 @@ async fn settle(handlers: &[HandlerProcess], deadline: Instant) -> anyhow::Resul
     }
 }
 
-/// Server-side applies `writes` writes of ConfigMaps of `BASELINE_OBJECT_BYTES` into a fresh
-/// namespace, `--write-concurrency` at a time, over `objects` names: the first round creates
-/// them, each further round changes every payload, so every write is a real one. Returns the
-/// seconds taken, and deletes the namespace.
+/// The Services the handlers created, by whether the API server allocated them a cluster IP.
+#[derive(Debug, Clone, Copy)]
+struct ServiceMix {
+    cluster_ip: usize,
+    headless: usize,
+}
+
+impl ServiceMix {
+    async fn of(admin: &Client, namespace: &str) -> anyhow::Result<Self> {
+        let services = Api::<Service>::namespaced(admin.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .context("listing the benchmark's Services")?;
+        let headless = services
+            .items
+            .iter()
+            .filter(|s| s.spec.as_ref().and_then(|spec| spec.cluster_ip.as_deref()) == Some("None"))
+            .count();
+        Ok(Self {
+            cluster_ip: services.items.len() - headless,
+            headless,
+        })
+    }
+}
+
+/// Server-side applies `writes` writes into a fresh namespace, `--write-concurrency` at a time,
+/// over `objects` names. The first round creates them: the first `services` as Services like
+/// the handlers' (one port, a selector matching nothing), the others as ConfigMaps of
+/// `BASELINE_OBJECT_BYTES`. Each further round writes a ConfigMap of every name with a changed
+/// payload (creating those named like a Service), so every write is a real one and Services are
+/// created as often as the handlers created them. Returns the seconds taken, and deletes the
+/// namespace.
 async fn bulk_writes(
     cluster: &LocalCluster,
     admin: &Client,
     namespace: &str,
     objects: usize,
     writes: usize,
+    services: ServiceMix,
     cli: &Cli,
 ) -> anyhow::Result<f64> {
     cluster.create_namespace(namespace).await?;
-    let objects = objects.max(1);
+    let objects = objects.max(services.cluster_ip + services.headless).max(1);
     let payload = "x".repeat(BASELINE_OBJECT_BYTES);
+    let object = |i: usize| {
+        let (index, round) = (i % objects, i / objects);
+        let name = format!("bulk-{index}");
+        if round == 0 && index < services.cluster_ip + services.headless {
+            let mut spec = json!({
+                "ports": [{"name": "grpc", "port": 15991}],
+                "selector": {BENCH_LABEL: "none"},
+            });
+            if index >= services.cluster_ip {
+                spec["clusterIP"] = json!("None");
+            }
+            json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "labels": {BENCH_LABEL: "bulk"}},
+                "spec": spec,
+            })
+        } else {
+            json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "labels": {BENCH_LABEL: "bulk"}},
+                "data": {"payload": payload, "round": round.to_string()},
+            })
+        }
+    };
     let began = Instant::now();
     stream::iter(0..writes)
-        .map(|i| {
-            apply(
-                admin,
-                Some(namespace),
-                json!({
-                    "apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": format!("bulk-{}", i % objects), "labels": {BENCH_LABEL: "bulk"}},
-                    "data": {"payload": payload, "round": (i / objects).to_string()},
-                }),
-            )
-        })
+        .map(|i| apply(admin, Some(namespace), object(i)))
         .buffer_unordered(cli.write_concurrency)
         .try_collect::<Vec<()>>()
         .await?;
