@@ -45,9 +45,10 @@ pub const NAME: &str = "cluster-handler";
 /// Reconciles of different objects that may run at once, per controller.
 const CONCURRENCY: u16 = 4;
 /// Bursts of events for one object (e.g. a cluster's children being created) are folded into
-/// one reconcile after this quiet period. Short, because a new cluster passes it on every hop down (cluster, table group) and back
-/// up (table group and cluster status), and no write depends on it: each write waits until the
-/// cache shows it, so a reconcile soon after never re-sends it.
+/// one reconcile after this quiet period. Short, because a new cluster passes it on every hop
+/// down (cluster, table group) and back up (table group and cluster status), and no write
+/// depends on it: each write waits until the cache shows it, so a reconcile soon after never
+/// re-sends it.
 const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// How soon a reconcile that found the caches still filling runs again.
