@@ -89,10 +89,13 @@ where
     loop {
         match check().await {
             Ok(value) => return value,
-            Err(last) => assert!(
-                Instant::now() < deadline,
-                "{what}: not reached within {timeout:?}; last: {last}"
-            ),
+            Err(last) if Instant::now() >= deadline => {
+                // A summary of a failed run may keep only the lines before the panic: name
+                // what timed out there too.
+                println!("timed out after {timeout:?}: {what}");
+                panic!("{what}: not reached within {timeout:?}; last: {last}");
+            }
+            Err(_) => {}
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -4,7 +4,8 @@
 //!   very same PVCs (same UIDs);
 //! - `whenDeleted: Delete`: deleting the cluster leaves nothing of it behind, volumes included;
 //! - `whenScaled`: scaling a pool down and up again brings back the same PVCs under `Retain`,
-//!   and deletes the scaled-away ones (new ones on scale-up) under `Delete`.
+//!   and deletes the scaled-away ones (new ones on scale-up) under `Delete`; a scale-up over a
+//!   scaled-away volume that is still terminating waits, says so, and completes once it is gone.
 //!
 //! Each test has its own namespace; the clusters' topology is an external endpoint nobody
 //! dials (no data-handler runs), which the volume lifecycle does not depend on.
@@ -15,7 +16,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{DeleteParams, ListParams};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use multigres_api::v1alpha1::{MultigresCluster, Phase};
+use multigres_api::v1alpha1::{MultigresCluster, Phase, Shard};
 use multigres_e2e::harness::{
     self, Stack, WAIT, admin, control_plane, eventually, fresh_namespace,
 };
@@ -246,6 +247,29 @@ async fn with_delete_nothing_of_a_deleted_cluster_is_left() {
     }
 }
 
+/// Adds (`hold`) or removes the test's own finalizer on PVC `name`.
+async fn hold_volume(client: &Client, namespace: &str, name: &str, hold: bool) {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let pvc = api.get(name).await.expect("the held PVC");
+    let mut finalizers: Vec<String> = pvc
+        .finalizers()
+        .iter()
+        .filter(|f| *f != HOLD)
+        .cloned()
+        .collect();
+    if hold {
+        finalizers.push(HOLD.to_owned());
+    }
+    let patch =
+        json!({"metadata": {"finalizers": finalizers, "resourceVersion": pvc.resource_version()}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("setting the finalizers of {name}: {e}"));
+}
+
+/// The finalizer that keeps a scaled-away volume terminating for as long as the test wants.
+const HOLD: &str = "e2e.multigres.com/hold";
+
 #[tokio::test]
 async fn scaling_down_and_up_follows_when_scaled() {
     let plane = control_plane().await;
@@ -256,6 +280,14 @@ async fn scaling_down_and_up_follows_when_scaled() {
     apply(&clusters, &cluster("scaled", "Retain", 3)).await;
     wait_healthy(&clusters, "scaled").await;
     let three = wait_pool_volumes(&client, &namespace, 3).await;
+    // The last drop volume stays terminating after the scale-down, as a slow garbage collector
+    // or storage driver would leave it. A StatefulSet scaled up over it would wait for it to go
+    // and never look again (its controller does not watch claims).
+    let (held, _) = of_pool(&three, "drop")
+        .into_iter()
+        .next_back()
+        .expect("a volume");
+    hold_volume(&client, &namespace, &held, true).await;
 
     apply(&clusters, &cluster("scaled", "Retain", 1)).await;
     wait_healthy(&clusters, "scaled").await;
@@ -284,6 +316,31 @@ async fn scaling_down_and_up_follows_when_scaled() {
     );
 
     apply(&clusters, &cluster("scaled", "Retain", 3)).await;
+    let waiting = eventually(
+        "the scale-up waits for the terminating volume",
+        WAIT,
+        || async {
+            let shards: Api<Shard> = Api::namespaced(client.clone(), &namespace);
+            let listed = shards
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let available = listed
+                .items
+                .iter()
+                .flat_map(|s| s.status.iter().flat_map(|st| st.conditions.iter()))
+                .find(|c| c.type_ == "Available")
+                .cloned();
+            match available {
+                Some(c) if c.reason == "WaitingForVolumeDeletion" && c.message.contains(&held) => {
+                    Ok(c.message)
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    hold_volume(&client, &namespace, &held, false).await;
     wait_healthy(&clusters, "scaled").await;
     let again = wait_pool_volumes(&client, &namespace, 3).await;
     assert_eq!(
@@ -306,7 +363,7 @@ async fn scaling_down_and_up_follows_when_scaled() {
     }
     println!(
         "whenScaled: 3 -> 1 -> 3 replicas; Retain pool kept {:?}; Delete pool recreated {} \
-         volumes",
+         volumes; while {held} was terminating the shard said: {waiting}",
         of_pool(&three, "keep").keys().collect::<Vec<_>>(),
         drop_again.len() - 1
     );

@@ -191,29 +191,6 @@ where
     )
 }
 
-/// Starts a cached watch of `K` that no controller is triggered by (only read from).
-pub fn cache<K>(
-    client: &Client,
-    scope: &Scope,
-    config: watcher::Config,
-) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store();
-    let events = multigres_common::watch::watcher(scope.api::<K>(client), config)
-        .default_backoff()
-        .modify(|obj: &mut K| obj.managed_fields_mut().clear())
-        .reflect(writer);
-    (store, drive(K::kind(&()).into_owned(), events))
-}
-
 /// Objects this operator manages (every child carries the label).
 pub fn managed() -> watcher::Config {
     watcher::Config::default().labels(MANAGED_SELECTOR)

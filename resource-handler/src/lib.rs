@@ -36,8 +36,7 @@ use multigres_api::v1alpha1::{
 use multigres_common::HandlerContext;
 
 use controller::{
-    Base, Scope, Stores, cache, managed, pool_pods, recorder, share, share_trimmed, slim_pod,
-    triggers,
+    Base, Scope, Stores, managed, pool_pods, recorder, share, share_trimmed, slim_pod, triggers,
 };
 use workload_cache::{WorkloadStore, trim_template};
 
@@ -73,7 +72,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     let (services, service_watch) = share::<Service>(&client, &scope, managed());
     let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, &scope, managed());
     let (pods, pod_watch) = share_trimmed::<Pod>(&client, &scope, pool_pods(), slim_pod);
-    let (pvcs, pvc_watch) = cache::<PersistentVolumeClaim>(&client, &scope, managed());
+    let (pvcs, pvc_watch) = share::<PersistentVolumeClaim>(&client, &scope, managed());
     let (secrets, secret_watch) = share::<Secret>(&client, &scope, managed());
     let (config_maps, config_map_watch) = share::<ConfigMap>(&client, &scope, managed());
     let watches = [
@@ -98,7 +97,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         deployments: WorkloadStore::new(deployments.store.clone()),
         services: services.store.clone(),
         pdbs: pdbs.store.clone(),
-        pvcs,
+        pvcs: pvcs.store.clone(),
         pods: pods.store.clone(),
         secrets: secrets.store.clone(),
         config_maps: config_maps.store.clone(),
@@ -165,6 +164,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
                 pods: triggers(pods.handle, &pods.deletions),
                 config_maps: triggers(config_maps.handle, &config_maps.deletions),
                 secrets: triggers(secrets.handle.clone(), &secrets.deletions),
+                pvcs: triggers(pvcs.handle, &pvcs.deletions),
             },
             shutdown,
         );

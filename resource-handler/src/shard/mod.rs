@@ -5,6 +5,7 @@
 pub mod build;
 pub mod pgconfig;
 pub mod rollout;
+pub mod scale;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
@@ -41,6 +42,7 @@ use crate::sync::{self, SyncError};
 use crate::toposerver::keep_claim_templates;
 use build::ShardObjects;
 use rollout::Step;
+use scale::HeldScaleUp;
 
 /// Controller name in metrics and HandlerInfo.
 pub const NAME: &str = "shard";
@@ -117,17 +119,29 @@ pub struct Triggers {
     pub config_maps: Trigger<ConfigMap>,
     /// Owned TLS Secrets (a deleted one is issued again).
     pub secrets: Trigger<Secret>,
+    /// Pool volumes (a held scale-up continues once a scaled-away replica's claim is gone).
+    pub pvcs: Trigger<PersistentVolumeClaim>,
 }
 
-/// Whether `pod` (by its labels) belongs to `shard`.
-fn pod_of(pod: &Pod, shard: &Shard) -> bool {
-    let labels = pod.labels();
+/// Whether `object` (a pool pod or volume, by its labels) belongs to `shard`.
+fn labelled_for<K: ResourceExt>(object: &K, shard: &Shard) -> bool {
+    let labels = object.labels();
     let is = |key: &str, value: &str| labels.get(key).map(String::as_str) == Some(value);
-    pod.namespace() == shard.namespace()
+    object.namespace() == shard.namespace()
         && Owner::of(shard).is_ok_and(|o| is(CLUSTER, &o.cluster))
         && is(DATABASE, shard.spec.database_name.as_str())
         && is(TABLE_GROUP, shard.spec.table_group_name.as_str())
         && is(SHARD, shard.spec.shard_name.as_str())
+}
+
+/// The shards `object` belongs to (by its labels).
+fn shards_of<K: ResourceExt>(shards: &Store<Guard>, object: &K) -> Vec<ObjectRef<Guard>> {
+    shards
+        .state()
+        .into_iter()
+        .filter(|s| s.0.as_ref().is_ok_and(|shard| labelled_for(object, shard)))
+        .map(|s| ObjectRef::from_obj(&*s))
+        .collect()
 }
 
 /// The controller, ready to be polled until shutdown.
@@ -145,16 +159,14 @@ pub fn run(
         let shards = shards.clone();
         move |config_map| pgconfig::referencing(&shards, &config_map)
     };
-    // Pool pods belong to StatefulSets, not to the Shard: map them by their labels, so
-    // readiness and role changes reach the ordered restart at once.
-    let by_labels = move |pod: Arc<Pod>| {
-        shards
-            .state()
-            .into_iter()
-            .filter(|s| s.0.as_ref().is_ok_and(|shard| pod_of(&pod, shard)))
-            .map(|s| ObjectRef::from_obj(&*s))
-            .collect::<Vec<_>>()
+    // Pool pods and volumes belong to StatefulSets, not to the Shard: map them by their
+    // labels, so readiness and role changes reach the ordered restart at once, and a
+    // scale-up held for a leaving volume continues as soon as it is gone.
+    let pods_of = {
+        let shards = shards.clone();
+        move |pod: Arc<Pod>| shards_of(&shards, &*pod)
     };
+    let volumes_of = move |pvc: Arc<PersistentVolumeClaim>| shards_of(&shards, &*pvc);
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
     let results = controller
         .owns_shared_stream(triggers.statefulsets)
@@ -164,7 +176,8 @@ pub fn run(
         .owns_shared_stream(triggers.secrets)
         .owns_shared_stream(triggers.config_maps)
         .watches_stream(referenced, referencing)
-        .watches_shared_stream(triggers.pods, by_labels)
+        .watches_shared_stream(triggers.pods, pods_of)
+        .watches_shared_stream(triggers.pvcs, volumes_of)
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
@@ -211,11 +224,24 @@ impl Observed {
         }
     }
 
+    /// Counts against the replicas the spec asks for, which a pool applied with fewer (a
+    /// held scale-up, or a cache not yet showing the last write) has not reached.
     fn counts(&self, objects: &ShardObjects) -> (Vec<Counts>, Vec<Counts>) {
         let pools = objects
             .pools
             .iter()
-            .map(|p| readiness::statefulset(self.sets.get(&p.statefulset.name_any()).map(|s| &**s)))
+            .map(|p| {
+                let found = self.sets.get(&p.statefulset.name_any());
+                let counts = readiness::statefulset(found.map(|s| &**s));
+                let wanted = p.statefulset.spec.as_ref().and_then(|s| s.replicas);
+                match (found, wanted) {
+                    (Some(_), Some(wanted)) => Counts {
+                        desired: counts.desired.max(wanted),
+                        ..counts
+                    },
+                    _ => counts,
+                }
+            })
             .collect();
         let orchs = objects
             .multiorch
@@ -292,7 +318,10 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let observed_conditions = shard.status.as_ref().map(|s| s.conditions.as_slice());
     let tls = crate::tls::reconcile_pgbackrest(ctx, guard, &owner, &shard.spec).await?;
     crate::tls::warn_if_new(ctx, guard, observed_conditions, tls.as_ref()).await;
-    let templates_changed = apply_workloads(ctx, &owner, &objects).await?;
+    let Applied {
+        templates_changed,
+        held,
+    } = apply_workloads(ctx, &owner, &objects).await?;
     let observed = Observed::read(ctx, ns, &objects);
     let resize = resize(ctx, guard, &shard.spec, ns, &objects).await?;
     prune(ctx, &owner, &objects).await?;
@@ -311,6 +340,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         rollout: step.clone(),
         storage: Some(resize.condition()),
         pgbackrest_tls: tls.clone(),
+        held,
         problem: None,
     };
     let now = Timestamp::now();
@@ -318,7 +348,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let pods = ctx
         .stores
         .pods
-        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && pod_of(pod, shard));
+        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard));
     let pods = pods.iter().map(|p| &**p);
     desired.postgres_config = Some(pgconfig::progress(
         pg_status,
@@ -342,13 +372,21 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     Ok(status_pacer::action(planned, deferred))
 }
 
-/// Applies every workload that changed. Returns whether a pool StatefulSet was written (its
-/// pods' revisions are then not comparable until its controller catches up).
+/// What applying the workloads did.
+struct Applied {
+    /// A pool StatefulSet was written (its pods' revisions are then not comparable until its
+    /// controller catches up).
+    templates_changed: bool,
+    /// Pool scale-ups applied only in part, for volumes still leaving.
+    held: Vec<HeldScaleUp>,
+}
+
+/// Applies every workload that changed.
 async fn apply_workloads(
     ctx: &Ctx<Guard>,
     owner: &Owner,
     objects: &ShardObjects,
-) -> Result<bool, Error> {
+) -> Result<Applied, Error> {
     let ns = owner.namespace.as_str();
     let client = &ctx.client;
     let stores = &ctx.stores;
@@ -383,25 +421,30 @@ async fn apply_workloads(
             ),
         )
     });
+    let claims = stores
+        .pvcs
+        .state_filter(|pvc| pvc.namespace().as_deref() == Some(ns));
     let pools = objects.pools.iter().map(|p| async {
+        let mut set = p.statefulset.clone();
+        let current = stores
+            .statefulsets
+            .get(&ObjectRef::new(&set.name_any()).within(ns));
+        let held = scale::hold(&mut set, current.as_deref(), &claims);
         let (_, _, set_written) = futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, p.service.clone()),
             sync::ensure(NAME, &pdbs, &stores.pdbs, p.pdb.clone()),
-            sync::ensure_with(
-                NAME,
-                &sets,
-                &stores.statefulsets,
-                p.statefulset.clone(),
-                keep_claim_templates,
-            ),
+            sync::ensure_with(NAME, &sets, &stores.statefulsets, set, keep_claim_templates),
         )?;
-        Ok(set_written)
+        Ok::<_, SyncError>((set_written, held))
     });
-    let (_, sets_written) = futures::try_join!(
+    let (_, pools) = futures::try_join!(
         futures::future::try_join_all(multiorch),
         futures::future::try_join_all(pools),
     )?;
-    Ok(sets_written.contains(&true))
+    Ok(Applied {
+        templates_changed: pools.iter().any(|(written, _)| *written),
+        held: pools.into_iter().filter_map(|(_, held)| held).collect(),
+    })
 }
 
 /// Grows pool and backup volumes to their requested sizes.
@@ -522,7 +565,7 @@ fn plan_restart(
     let pods: Vec<_> = ctx
         .stores
         .pods
-        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && pod_of(pod, shard))
+        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard))
         .iter()
         .filter_map(|pod| rollout::pod_view(pod, &roles))
         .collect();
@@ -604,6 +647,8 @@ pub struct Report<'a> {
     pub storage: Option<Cond>,
     /// The pgBackRest TLS verdict (none without backups).
     pub pgbackrest_tls: Option<Cond>,
+    /// Pool scale-ups waiting for volumes of scaled-away replicas to go.
+    pub held: Vec<HeldScaleUp>,
     /// Why the spec cannot be realised.
     pub problem: Option<&'a str>,
 }
@@ -668,6 +713,10 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     );
     let available = if pools_ready && orch_ready {
         Cond::new(AVAILABLE, TRUE, "AllReady", message.clone())
+    } else if !report.held.is_empty() {
+        let held: Vec<String> = report.held.iter().map(HeldScaleUp::message).collect();
+        let message = format!("{message}; {}", held.join("; "));
+        Cond::new(AVAILABLE, FALSE, "WaitingForVolumeDeletion", message)
     } else {
         Cond::new(AVAILABLE, FALSE, "NotReady", message.clone())
     };
@@ -733,6 +782,7 @@ mod tests {
             rollout: Some(Step::UpToDate { pods: 3 }),
             storage: None,
             pgbackrest_tls: None,
+            held: Vec::new(),
             problem: None,
         };
         let st = status(&s, &report, now);
@@ -758,6 +808,35 @@ mod tests {
         );
         assert_eq!(st.phase, Some(Phase::Healthy));
         assert!(st.pod_roles.is_empty(), "roles belong to the data-handler");
+    }
+
+    #[test]
+    fn a_held_scale_up_says_which_volume_it_waits_for() {
+        let held = HeldScaleUp {
+            statefulset: "pool-main-z1".into(),
+            replicas: 2,
+            wanted: 3,
+            claim: "data-pool-main-z1-2".into(),
+        };
+        let report = Report {
+            pools: vec![counts(3, 2)],
+            orchs: vec![counts(1, 1)],
+            held: vec![held],
+            ..Report::default()
+        };
+        let st = status(&shard(), &report, Timestamp::from_second(1).unwrap());
+        let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();
+        assert_eq!(
+            (available.status.as_str(), available.reason.as_str()),
+            (FALSE, "WaitingForVolumeDeletion")
+        );
+        assert_eq!(
+            available.message,
+            "pool pods 2/3 ready; multiorch ready in 1/1 cells; pool-main-z1 stays at 2 of 3 \
+             replicas until PersistentVolumeClaim data-pool-main-z1-2 of a scaled-away replica \
+             is deleted (whenScaled: Delete)"
+        );
+        assert_eq!(st.phase, Some(Phase::Progressing));
     }
 
     #[test]
@@ -815,7 +894,7 @@ mod tests {
             }))
             .unwrap()
         };
-        assert!(pod_of(&pod("postgres"), &s));
-        assert!(!pod_of(&pod("other"), &s));
+        assert!(labelled_for(&pod("postgres"), &s));
+        assert!(!labelled_for(&pod("other"), &s));
     }
 }
