@@ -33,7 +33,7 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::HandlerContext;
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
-use multigres_common::status_pacer::StatusPacer;
+use multigres_common::status_pacer::{self, Budget, StatusPacer};
 use multigres_common::telemetry::ErrorChain;
 
 use crate::watch::{Guarded, Scope, reflect};
@@ -50,6 +50,17 @@ const CONCURRENCY: u16 = 4;
 /// depends on it: each write waits until the cache shows it, so a reconcile soon after never
 /// re-sends it.
 const DEBOUNCE: Duration = Duration::from_millis(50);
+/// Progress-only status writes of both controllers together (one pacer): a token every 2 s,
+/// 5 at most. A cluster's and a table group's statuses sum up the children's, whose own
+/// statuses the other handlers write as they progress; once news (a first status of an
+/// Available object, a phase settling, a condition flipping) is written at once, what is left
+/// is a count or message moving on. One or two clusters converging are paced by the
+/// per-object interval alone; many converging together take turns, so that the handler's
+/// writes stay within 1.2 per object whatever their number (docs/performance.md).
+const PROGRESS_BUDGET: Budget = Budget {
+    token_period: Duration::from_secs(2),
+    burst: 5,
+};
 
 /// How soon a reconcile that found the caches still filling runs again.
 const UNSYNCED_RETRY: Duration = Duration::from_millis(250);
@@ -108,6 +119,10 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
             instance: std::env::var("POD_NAME").ok(),
         },
     );
+    let pacer = Arc::new(StatusPacer::with_budget(
+        status_pacer::MIN_INTERVAL,
+        PROGRESS_BUDGET,
+    ));
     let cluster_ctx = Arc::new(cluster::Context {
         stores: cluster::Stores {
             clusters: clusters.store.clone(),
@@ -122,7 +137,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
         recorder: recorder.clone(),
         state: ctx.state.clone(),
         backoff: ObjectBackoff::new(BackoffPolicy::default()),
-        pacer: StatusPacer::default(),
+        pacer: pacer.clone(),
         images,
     });
     let table_group_ctx = Arc::new(tablegroup::Context {
@@ -132,7 +147,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
         recorder,
         state: ctx.state.clone(),
         backoff: ObjectBackoff::new(BackoffPolicy::default()),
-        pacer: StatusPacer::default(),
+        pacer,
     });
 
     let config = controller::Config::default()

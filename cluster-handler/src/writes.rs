@@ -185,7 +185,13 @@ impl Writer {
             + 'static,
         S: Serialize,
     {
-        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+        // One pacer may serve several kinds.
+        let key = format!(
+            "{}/{}/{}",
+            K::kind(&()),
+            obj.namespace().unwrap_or_default(),
+            obj.name_any()
+        );
         if let Pace::Defer(delay) = pacer.pace_typed(&key, stored, status) {
             tracing::debug!(?delay, "progress-only status write deferred");
             return Ok(Some(delay));

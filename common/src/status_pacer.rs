@@ -41,7 +41,9 @@
 //! object to object and from one deferral to the next, so deferred objects do not all wake at
 //! once and take turns. News neither waits for the budget nor spends it. The burst is what the
 //! rate refills in one interval, so up to that many objects converging together never find the
-//! budget spent: they are paced by the per-object rule alone.
+//! budget spent: they are paced by the per-object rule alone. A handler whose statuses only
+//! sum up other handlers' may give one pacer a smaller [`Budget`] and share it among its
+//! controllers (the cluster-handler does).
 //!
 //! The pacer remembers when it last wrote (or first saw) each object, in memory, and forgets an
 //! object [`FORGET_AFTER_INTERVALS`] intervals later, long after any deferred write of it was
@@ -79,6 +81,25 @@ pub const PROGRESS_WRITES_PER_SECOND: u32 = 2;
 /// converging together (the objects of a few clusters) are paced as without a budget.
 pub const PROGRESS_BURST: u32 = PROGRESS_WRITES_PER_SECOND * MIN_INTERVAL.as_secs() as u32;
 
+/// The progress budget of a pacer: one token every `token_period`, at most `burst` held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Time between two tokens.
+    pub token_period: Duration,
+    /// Tokens held at most (and at the start).
+    pub burst: u32,
+}
+
+impl Default for Budget {
+    /// [`PROGRESS_WRITES_PER_SECOND`] and [`PROGRESS_BURST`].
+    fn default() -> Self {
+        Self {
+            token_period: Duration::from_secs(1) / PROGRESS_WRITES_PER_SECOND,
+            burst: PROGRESS_BURST,
+        }
+    }
+}
+
 /// Phases an object passes through on its way to a settled phase.
 const TRANSIENT_PHASES: [&str; 2] = ["Initializing", "Progressing"];
 
@@ -112,6 +133,7 @@ pub fn action(planned: Option<Duration>, deferred: Option<Duration>) -> Action {
 #[derive(Debug)]
 pub struct StatusPacer<K> {
     interval: Duration,
+    budget: Budget,
     state: Mutex<State<K>>,
 }
 
@@ -119,7 +141,7 @@ pub struct StatusPacer<K> {
 struct State<K> {
     /// When each object was last written (or, before its first write, first seen).
     last_write: HashMap<K, Instant>,
-    budget: ProgressBudget,
+    budget: Bucket,
 }
 
 /// The token bucket of progress-only writes, kept as the instant up to which its tokens are
@@ -127,13 +149,13 @@ struct State<K> {
 /// moves that instant one token period on, and a token is there while the instant stays within
 /// a burst's worth of periods from now. An instant in the past is a full bucket.
 #[derive(Debug)]
-struct ProgressBudget {
+struct Bucket {
     spent_until: Instant,
     /// Deferrals for want of a token so far, to vary each deferral's spread.
     deferrals: u64,
 }
 
-impl ProgressBudget {
+impl Bucket {
     fn full(now: Instant) -> Self {
         Self {
             spent_until: now,
@@ -141,12 +163,12 @@ impl ProgressBudget {
         }
     }
 
-    /// Takes a token at `now`, or returns how long until one is there.
-    fn take(&mut self, now: Instant) -> Result<(), Duration> {
-        let period = Duration::from_secs(1) / PROGRESS_WRITES_PER_SECOND;
+    /// Takes a token of `budget` at `now`, or returns how long until one is there.
+    fn take(&mut self, budget: Budget, now: Instant) -> Result<(), Duration> {
+        let period = budget.token_period;
         let spent_until = self.spent_until.max(now) + period;
         let ahead = spent_until - now;
-        let burst = period * PROGRESS_BURST;
+        let burst = period * budget.burst;
         if ahead > burst {
             return Err(ahead - burst);
         }
@@ -162,14 +184,20 @@ impl<K: Eq + Hash + Clone> Default for StatusPacer<K> {
 }
 
 impl<K: Eq + Hash + Clone> StatusPacer<K> {
-    /// A pacer allowing one progress-only write per `interval` per object, within the progress
-    /// budget ([`PROGRESS_WRITES_PER_SECOND`], [`PROGRESS_BURST`]).
+    /// A pacer allowing one progress-only write per `interval` per object, within the default
+    /// progress budget ([`PROGRESS_WRITES_PER_SECOND`], [`PROGRESS_BURST`]).
     pub fn new(interval: Duration) -> Self {
+        Self::with_budget(interval, Budget::default())
+    }
+
+    /// A pacer allowing one progress-only write per `interval` per object, within `budget`.
+    pub fn with_budget(interval: Duration, budget: Budget) -> Self {
         Self {
             interval,
+            budget,
             state: Mutex::new(State {
                 last_write: HashMap::new(),
-                budget: ProgressBudget::full(Instant::now()),
+                budget: Bucket::full(Instant::now()),
             }),
         }
     }
@@ -196,7 +224,7 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
         {
             return Pace::Defer(due - now);
         }
-        match state.budget.take(now) {
+        match state.budget.take(self.budget, now) {
             Ok(()) => Pace::Write,
             Err(until_token) => {
                 state.budget.deferrals += 1;
@@ -602,6 +630,25 @@ mod tests {
             PROGRESS_BURST as usize,
             "a full bucket holds no more than the burst"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_smaller_budget_allows_its_own_burst_and_rate() {
+        let budget = Budget {
+            token_period: Duration::from_secs(2),
+            burst: 3,
+        };
+        let pacer = StatusPacer::with_budget(MIN_INTERVAL, budget);
+        let written = |pacer: &StatusPacer<String>, round: u32| {
+            (0..10)
+                .filter(|n| progress_write(pacer, &format!("r{round}-{n}")) == Pace::Write)
+                .count()
+        };
+        assert_eq!(written(&pacer, 0), 3, "the burst");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(written(&pacer, 1), 3, "refilled up to the burst, not five");
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(written(&pacer, 2), 2, "one token per period");
     }
 
     #[tokio::test(start_paused = true)]

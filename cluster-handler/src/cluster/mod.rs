@@ -185,7 +185,7 @@ pub struct Context {
     /// Reconcile counts for `HandlerInfo` and metrics.
     pub state: HandlerState,
     /// When each object's status was last written, to pace progress-only status writes.
-    pub pacer: StatusPacer<String>,
+    pub pacer: Arc<StatusPacer<String>>,
     /// Retry delays of clusters failing transiently.
     pub backoff: ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>>,
     /// The operator's default images and update strategy.
