@@ -50,16 +50,17 @@ const CONCURRENCY: u16 = 4;
 /// depends on it: each write waits until the cache shows it, so a reconcile soon after never
 /// re-sends it.
 const DEBOUNCE: Duration = Duration::from_millis(50);
-/// Progress-only status writes of both controllers together (one pacer): a token every 2 s,
-/// 5 at most. A cluster's and a table group's statuses sum up the children's, whose own
-/// statuses the other handlers write as they progress; once news (a first status of an
-/// Available object, a phase settling, a condition flipping) is written at once, what is left
-/// is a count or message moving on. One or two clusters converging are paced by the
-/// per-object interval alone; many converging together take turns, so that the handler's
-/// writes stay within 1.2 per object whatever their number (docs/performance.md).
+/// Progress-only status writes of both controllers together (one pacer): a token every 3 s,
+/// 2 at most. A cluster's and a table group's statuses sum up the children's, whose own
+/// statuses the other handlers write as they progress; news (a first status of an Available
+/// object, a phase settling, a condition flipping) is written at once whatever the budget, so
+/// what waits is a count or a message moving on. A converging cluster and its table group each
+/// show progress every 5 to 10 s; many converging together take turns, and the
+/// handler's writes stay within 1.2 per object written whatever their number
+/// (docs/performance.md).
 const PROGRESS_BUDGET: Budget = Budget {
-    token_period: Duration::from_secs(2),
-    burst: 5,
+    token_period: Duration::from_secs(3),
+    burst: 2,
 };
 
 /// How soon a reconcile that found the caches still filling runs again.
