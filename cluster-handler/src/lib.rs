@@ -63,18 +63,6 @@ const PROGRESS_BUDGET: Budget = Budget {
     burst: 2,
 };
 
-/// How soon a reconcile that found the caches still filling runs again.
-const UNSYNCED_RETRY: Duration = Duration::from_millis(250);
-
-/// A requeue, while some cache has not had its first complete list yet (SERVING is reported
-/// once all have). Each controller starts as soon as its own cache is filled, but a cluster
-/// judged before its templates are listed would read a template as missing and be reported
-/// blocked for a moment after every restart; so nothing is done until every cache is filled,
-/// and nothing at all while a watch is refused.
-pub fn until_synced(state: &multigres_common::state::HandlerState) -> Option<controller::Action> {
-    (!state.is_serving()).then(|| controller::Action::requeue(UNSYNCED_RETRY))
-}
-
 /// Runs both controllers over `scope` until `ctx.shutdown` fires, giving clusters `images`
 /// as the operator's default image set. Reports SERVING once every cache has synced.
 pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::ImageDefaults) {

@@ -11,7 +11,12 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
+use kube::runtime::controller::Action;
+
 use crate::backoff::ObjectBackoff;
+
+/// How soon a reconcile that found the caches still filling runs again.
+pub const UNSYNCED_RETRY: Duration = Duration::from_millis(250);
 
 pub use multigres_proto::operator::v1::LeaderState;
 
@@ -166,17 +171,26 @@ impl HandlerState {
     /// names a failure's kind) and duration, and ends `key`'s failure streak when it succeeds,
     /// so the next failure is retried after the shortest delay again. Every controller counts
     /// and backs off the same way through this.
-    pub async fn run_reconcile<Key, T, E>(
+    ///
+    /// Until the handler is SERVING (every cache has had its first complete list) nothing is
+    /// reconciled: the reconcile runs again after [`UNSYNCED_RETRY`]. A controller starts as
+    /// soon as its own cache is filled, and an object judged before the others are listed
+    /// would read what it refers to (a template, a topology server) as missing and be reported
+    /// blocked for a moment after every restart, or while a watch is refused.
+    pub async fn run_reconcile<Key, E>(
         &self,
         controller: &str,
         backoff: &ObjectBackoff<Key>,
         key: &Key,
         category: fn(&E) -> &'static str,
-        reconcile: impl Future<Output = Result<T, E>>,
-    ) -> Result<T, E>
+        reconcile: impl Future<Output = Result<Action, E>>,
+    ) -> Result<Action, E>
     where
         Key: Hash + Eq + Clone,
     {
+        if !self.is_serving() {
+            return Ok(Action::requeue(UNSYNCED_RETRY));
+        }
         let started = Instant::now();
         let result = reconcile.await;
         if result.is_ok() {
@@ -277,18 +291,21 @@ mod tests {
     #[tokio::test]
     async fn a_success_ends_the_failure_streak_and_every_run_is_counted() {
         let state = HandlerState::new("data-handler", "1").await;
+        state.set_serving(true).await;
         let backoff = ObjectBackoff::new(BackoffPolicy::default());
         let category = |_: &&str| "kube_api";
         backoff.next_delay(&"a");
-        let failed: Result<(), &str> = state
+        let failed = state
             .run_reconcile("cell", &backoff, &"a", category, async { Err("down") })
             .await;
         assert_eq!(failed, Err("down"));
         assert_eq!(backoff.failures(&"a"), 1, "a failure keeps the streak");
         let done = state
-            .run_reconcile("cell", &backoff, &"a", category, async { Ok::<_, &str>(7) })
+            .run_reconcile("cell", &backoff, &"a", category, async {
+                Ok::<_, &str>(Action::await_change())
+            })
             .await;
-        assert_eq!(done, Ok(7));
+        assert_eq!(done, Ok(Action::await_change()));
         assert_eq!(backoff.failures(&"a"), 0, "a success ends it");
         assert_eq!(
             state.info().controllers,
@@ -298,5 +315,22 @@ mod tests {
                 errors: 1
             }]
         );
+    }
+
+    #[tokio::test]
+    async fn nothing_is_reconciled_before_serving() {
+        let state = HandlerState::new("cluster-handler", "1").await;
+        let backoff = ObjectBackoff::new(BackoffPolicy::default());
+        let category = |_: &&str| "kube_api";
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let early = state
+            .run_reconcile("cluster", &backoff, &"a", category, async {
+                ran.store(true, std::sync::atomic::Ordering::Relaxed);
+                Ok(Action::await_change())
+            })
+            .await;
+        assert_eq!(early, Ok(Action::requeue(UNSYNCED_RETRY)));
+        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed));
+        assert!(state.info().controllers.is_empty(), "not counted");
     }
 }

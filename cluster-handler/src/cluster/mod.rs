@@ -198,9 +198,6 @@ pub async fn reconcile(
     obj: Arc<Guarded<MultigresCluster>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    if let Some(wait) = crate::until_synced(&ctx.state) {
-        return Ok(wait);
-    }
     let key = ObjectRef::from_obj(&*obj);
     let result = ctx
         .state

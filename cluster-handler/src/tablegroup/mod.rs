@@ -133,9 +133,6 @@ pub struct Context {
 /// Reconciles one TableGroup and records the outcome.
 #[tracing::instrument(skip_all, fields(controller = CONTROLLER, object = %ObjectRef::from_obj(&*obj)))]
 pub async fn reconcile(obj: Arc<Guarded<TableGroup>>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if let Some(wait) = crate::until_synced(&ctx.state) {
-        return Ok(wait);
-    }
     let key = ObjectRef::from_obj(&*obj);
     let result = ctx
         .state
