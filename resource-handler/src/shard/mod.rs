@@ -166,7 +166,15 @@ pub fn run(
         let shards = shards.clone();
         move |pod: Arc<Pod>| shards_of(&shards, &*pod)
     };
-    let volumes_of = move |pvc: Arc<PersistentVolumeClaim>| shards_of(&shards, &*pvc);
+    // Only claims on their way out matter (and are few): binding and resizing do not wake a
+    // shard.
+    let volumes_of = move |pvc: Arc<PersistentVolumeClaim>| {
+        if scale::leaving(&pvc) {
+            shards_of(&shards, &*pvc)
+        } else {
+            Vec::new()
+        }
+    };
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
     let results = controller
         .owns_shared_stream(triggers.statefulsets)
@@ -421,15 +429,13 @@ async fn apply_workloads(
             ),
         )
     });
-    let claims = stores
-        .pvcs
-        .state_filter(|pvc| pvc.namespace().as_deref() == Some(ns));
     let pools = objects.pools.iter().map(|p| async {
         let mut set = p.statefulset.clone();
         let current = stores
             .statefulsets
             .get(&ObjectRef::new(&set.name_any()).within(ns));
-        let held = scale::hold(&mut set, current.as_deref(), &claims);
+        let claim = |name: &str| stores.pvcs.get(&ObjectRef::new(name).within(ns));
+        let held = scale::hold(&mut set, current.as_deref(), claim);
         let (_, _, set_written) = futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, p.service.clone()),
             sync::ensure(NAME, &pdbs, &stores.pdbs, p.pdb.clone()),

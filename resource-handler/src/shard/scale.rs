@@ -40,19 +40,19 @@ impl HeldScaleUp {
 
 /// Whether `claim` is about to be deleted: marked for deletion, or handed to a scaled-away pod
 /// (the only claims the StatefulSet controller gives a Pod owner).
-fn leaving(claim: &PersistentVolumeClaim) -> bool {
+pub fn leaving(claim: &PersistentVolumeClaim) -> bool {
     claim.metadata.deletion_timestamp.is_some()
         || claim.owner_references().iter().any(|o| o.kind == "Pod")
 }
 
 /// Lowers the replicas of `desired` below the first new ordinal whose claim is still leaving.
 ///
-/// `current` is the StatefulSet as it is now (`None`: not created yet); `claims` are the
-/// namespace's claims, matched by the names the StatefulSet controller gives them.
+/// `current` is the StatefulSet as it is now (`None`: not created yet); `claim` looks a claim
+/// of its namespace up by name (the names the StatefulSet controller gives them).
 pub fn hold(
     desired: &mut StatefulSet,
     current: Option<&StatefulSet>,
-    claims: &[Arc<PersistentVolumeClaim>],
+    claim: impl Fn(&str) -> Option<Arc<PersistentVolumeClaim>>,
 ) -> Option<HeldScaleUp> {
     let replicas = |set: &StatefulSet| set.spec.as_ref().and_then(|s| s.replicas);
     let wanted = replicas(desired)?;
@@ -68,11 +68,10 @@ pub fn hold(
         .collect();
     let (ordinal, claim) = (from..wanted).find_map(|ordinal| {
         templates.iter().find_map(|template| {
-            let claim = format!("{template}-{name}-{ordinal}");
-            claims
-                .iter()
-                .any(|c| c.name_any() == claim && leaving(c))
-                .then_some((ordinal, claim))
+            let name = format!("{template}-{name}-{ordinal}");
+            claim(&name)
+                .is_some_and(|c| leaving(&c))
+                .then_some((ordinal, name))
         })
     })?;
     desired.spec.as_mut()?.replicas = Some(ordinal);
@@ -101,6 +100,13 @@ mod tests {
         Arc::new(serde_yaml::from_str(yaml).unwrap())
     }
 
+    /// Looks claims up by name among `claims`.
+    fn among(
+        claims: &[Arc<PersistentVolumeClaim>],
+    ) -> impl Fn(&str) -> Option<Arc<PersistentVolumeClaim>> + '_ {
+        |name| claims.iter().find(|c| c.name_any() == name).cloned()
+    }
+
     const OWNED_BY_POD: &str = "metadata:\n  name: data-pool-2\n  ownerReferences:\n  - \
                                 {apiVersion: v1, kind: Pod, name: pool-2, uid: u2}\n";
     const TERMINATING: &str =
@@ -110,11 +116,8 @@ mod tests {
     #[test]
     fn a_scale_up_stops_below_the_first_claim_still_leaving() {
         let mut desired = set(3);
-        let held = hold(
-            &mut desired,
-            Some(&set(1)),
-            &[claim(IN_USE), claim(OWNED_BY_POD)],
-        );
+        let claims = [claim(IN_USE), claim(OWNED_BY_POD)];
+        let held = hold(&mut desired, Some(&set(1)), among(&claims));
         assert_eq!(
             held,
             Some(HeldScaleUp {
@@ -128,26 +131,29 @@ mod tests {
         assert!(held.unwrap().message().contains("data-pool-2"));
 
         let mut desired = set(3);
-        let held = hold(&mut desired, Some(&set(1)), &[claim(TERMINATING)]);
+        let held = hold(&mut desired, Some(&set(1)), among(&[claim(TERMINATING)]));
         assert_eq!(held.map(|h| h.replicas), Some(1), "held where it is");
     }
 
     #[test]
     fn nothing_is_held_without_a_leaving_claim_or_without_a_scale_up() {
         let mut desired = set(3);
-        assert_eq!(hold(&mut desired, Some(&set(1)), &[claim(IN_USE)]), None);
+        assert_eq!(
+            hold(&mut desired, Some(&set(1)), among(&[claim(IN_USE)])),
+            None
+        );
         assert_eq!(desired.spec.unwrap().replicas, Some(3));
 
         let mut desired = set(1);
         let claims = [claim(OWNED_BY_POD), claim(TERMINATING)];
         assert_eq!(
-            hold(&mut desired, Some(&set(3)), &claims),
+            hold(&mut desired, Some(&set(3)), among(&claims)),
             None,
             "scale-down"
         );
         let mut desired = set(2);
         assert_eq!(
-            hold(&mut desired, Some(&set(2)), &claims),
+            hold(&mut desired, Some(&set(2)), among(&claims)),
             None,
             "claims of ordinals already running belong to their pods"
         );
@@ -156,7 +162,7 @@ mod tests {
     #[test]
     fn a_new_statefulset_waits_for_claims_of_an_earlier_one() {
         let mut desired = set(3);
-        let held = hold(&mut desired, None, &[claim(TERMINATING)]);
+        let held = hold(&mut desired, None, among(&[claim(TERMINATING)]));
         assert_eq!(held.map(|h| h.replicas), Some(1));
     }
 }
