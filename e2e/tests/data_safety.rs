@@ -250,21 +250,28 @@ async fn with_delete_nothing_of_a_deleted_cluster_is_left() {
 /// Adds (`hold`) or removes the test's own finalizer on PVC `name`.
 async fn hold_volume(client: &Client, namespace: &str, name: &str, hold: bool) {
     let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
-    let pvc = api.get(name).await.expect("the held PVC");
-    let mut finalizers: Vec<String> = pvc
-        .finalizers()
-        .iter()
-        .filter(|f| *f != HOLD)
-        .cloned()
-        .collect();
-    if hold {
-        finalizers.push(HOLD.to_owned());
-    }
-    let patch =
-        json!({"metadata": {"finalizers": finalizers, "resourceVersion": pvc.resource_version()}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("setting the finalizers of {name}: {e}"));
+    // The StatefulSet controller and the PVC protection controller update the claim too: a
+    // conflict is retried with the claim as it is then.
+    eventually(&format!("the finalizers of {name} set"), WAIT, || async {
+        let pvc = api.get(name).await.map_err(|e| e.to_string())?;
+        let mut finalizers: Vec<String> = pvc
+            .finalizers()
+            .iter()
+            .filter(|f| *f != HOLD)
+            .cloned()
+            .collect();
+        if hold {
+            finalizers.push(HOLD.to_owned());
+        }
+        let patch = json!({"metadata": {
+            "finalizers": finalizers, "resourceVersion": pvc.resource_version(),
+        }});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    })
+    .await;
 }
 
 /// The finalizer that keeps a scaled-away volume terminating for as long as the test wants.
