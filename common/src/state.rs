@@ -6,12 +6,11 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use kube::runtime::controller::Action;
 use multigres_proto::operator::v1::{ControllerCounts, GetInfoResponse};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
-
-use kube::runtime::controller::Action;
 
 use crate::backoff::ObjectBackoff;
 

@@ -47,17 +47,17 @@ pub fn leaving(claim: &PersistentVolumeClaim) -> bool {
 
 /// Lowers the replicas of `desired` below the first new ordinal whose claim is still leaving.
 ///
-/// `current` is the StatefulSet as it is now (`None`: not created yet); `claim` looks a claim
-/// of its namespace up by name (the names the StatefulSet controller gives them).
+/// `current` is the StatefulSet as it is now (`None`: not created yet); `lookup` finds a claim
+/// of its namespace by name (the names the StatefulSet controller gives them).
 pub fn hold(
     desired: &mut StatefulSet,
     current: Option<&StatefulSet>,
-    claim: impl Fn(&str) -> Option<Arc<PersistentVolumeClaim>>,
+    lookup: impl Fn(&str) -> Option<Arc<PersistentVolumeClaim>>,
 ) -> Option<HeldScaleUp> {
     let replicas = |set: &StatefulSet| set.spec.as_ref().and_then(|s| s.replicas);
     let wanted = replicas(desired)?;
     let from = current.and_then(replicas).unwrap_or(0);
-    let name = desired.name_any();
+    let statefulset = desired.name_any();
     let templates: Vec<String> = desired
         .spec
         .as_ref()
@@ -68,15 +68,15 @@ pub fn hold(
         .collect();
     let (ordinal, claim) = (from..wanted).find_map(|ordinal| {
         templates.iter().find_map(|template| {
-            let name = format!("{template}-{name}-{ordinal}");
-            claim(&name)
+            let claim = format!("{template}-{statefulset}-{ordinal}");
+            lookup(&claim)
                 .is_some_and(|c| leaving(&c))
-                .then_some((ordinal, name))
+                .then_some((ordinal, claim))
         })
     })?;
     desired.spec.as_mut()?.replicas = Some(ordinal);
     Some(HeldScaleUp {
-        statefulset: name,
+        statefulset,
         replicas: ordinal,
         wanted,
         claim,
