@@ -167,7 +167,11 @@ async fn external_endpoints_and_multiadmin_web_follow_the_spec() {
     );
 
     // multiadmin-web: its Service exposed, its Deployment from the resolved spec.
-    let web = get(&services, "ext-multiadmin-web").await.unwrap();
+    // Applied together with the gateway Service, not after it: it may appear a moment later.
+    let web = eventually("the multiadmin-web Service", WAIT, || async {
+        get(&services, "ext-multiadmin-web").await
+    })
+    .await;
     let web_spec = web.spec.clone().unwrap();
     assert_eq!(web_spec.type_.as_deref(), Some("LoadBalancer"));
     assert_eq!(web_spec.external_ips, None);
