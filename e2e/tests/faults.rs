@@ -461,19 +461,25 @@ async fn a_topology_etcd_outage_is_reported_and_registration_completes_after_it(
     .await;
     let recovered = back.elapsed();
     assert_records(&etcd).await;
+    // The Events are written after the conditions they go with: wait for them too.
     let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
-    let reasons: Vec<String> = events
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(SAMPLE))
-        .filter_map(|e| e.reason)
-        .collect();
-    for reason in ["Unreachable", "Recovered"] {
-        assert!(reasons.iter().any(|r| r == reason), "{reason}: {reasons:?}");
-    }
+    eventually("the Unreachable and Recovered Events", WAIT, || async {
+        let reasons: Vec<String> = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(SAMPLE))
+            .filter_map(|e| e.reason)
+            .collect();
+        ["Unreachable", "Recovered"]
+            .iter()
+            .all(|reason| reasons.iter().any(|r| r == reason))
+            .then_some(())
+            .ok_or_else(|| format!("{reasons:?}"))
+    })
+    .await;
     wait_converged(&clusters, SAMPLE, true).await;
     assert_alive(&stack);
     let after: Vec<u32> = stack.handlers().iter().map(|h| h.pid()).collect();
