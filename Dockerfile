@@ -11,7 +11,19 @@
 #
 # Run: distroless (glibc and libgcc only: TLS is rustls with ring, no OpenSSL), no shell, as the
 # unprivileged user 65532 the chart's securityContext expects; nothing is written to the file
-# system, so the root file system can be read-only.
+# system, so the root file system can be read-only. CA certificates: the Kubernetes API is
+# verified against the service account's (or kubeconfig's) CA and OTLP export uses the bundled
+# webpki roots, but kube falls back to the system store for a kubeconfig without a CA, which the
+# base's /etc/ssl/certs serves.
+#
+# Without Docker: `just image` (e2e/images/operator.sh) builds the same image as an OCI archive
+# (target/images/operator.tar, localhost/multigres-operator:dev) for the real-node tests. It
+# reads this file — the build stage's `cargo build -p` packages and `for handler in` list, and
+# the final stage's LABEL, COPY destination, USER, EXPOSE and ENTRYPOINT/CMD — and refuses any
+# other instruction in the final stage, so keep the final stage to those (or teach the script).
+# The base below it makes from the host's files: the glibc/libgcc files the binaries load,
+# CA certificates, nonroot (65532) in /etc/passwd and /etc/group, /tmp, and the base's config
+# (PATH, SSL_CERT_FILE, WORKDIR /home/nonroot).
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm

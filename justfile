@@ -19,6 +19,10 @@ lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
 
+# The operator's image as an OCI archive, without Docker (from the Dockerfile; e2e/images/operator.sh); prints "<ref> <archive>".
+image:
+    bash e2e/images/operator.sh
+
 # Build (once per machine, cached outside the repo) the real control-plane binaries; prints their directory.
 toolchain:
     bash e2e/toolchain/build.sh
