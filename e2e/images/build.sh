@@ -43,6 +43,9 @@ mg_key=$(short_sha "$MULTIGRES_TARBALL")
 br_key=$PGBACKREST_VERSION-$(short_sha "$PGBACKREST_TARBALL")
 work=$images_dir/work
 mkdir -p "$work"
+# One build at a time per cache (several test runs may start together).
+exec 9>"$images_dir/.lock"
+flock 9
 
 # Runs a command inside a staged root as uid:gid, so only the root's own files are used (PATH
 # covers every image's binary directories).

@@ -45,23 +45,31 @@ copy_host_file() {
   done
 }
 
-# Copies the shared libraries (and the loader) that ldd names for each binary, except those
-# already under the root (libraries a bundle ships itself). Fails on any unresolved library.
+# Copies the shared libraries (and the loader) that ldd names for each binary, once each,
+# except those already under the root (libraries a bundle ships itself). Fails on any
+# unresolved library.
 copy_libs() {
-  local root=$1 out lib
+  local root=$1 rroot lib
   shift
+  rroot=$(realpath "$root")
   for bin in "$@"; do
-    out=$(ldd "$bin" 2>&1) || { grep -q "not a dynamic executable" <<<"$out" && continue; echo "$out" >&2; return 1; }
-    if grep -q "not found" <<<"$out"; then
-      echo "copy_libs: unresolved libraries of $bin:" >&2
-      grep "not found" <<<"$out" >&2
-      return 1
-    fi
-    while read -r lib; do
-      case $(realpath "$lib") in "$(realpath "$root")"/*) continue ;; esac
-      copy_host_file "$root" "$lib"
-    done < <(awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' <<<"$out")
+    ldd_libs "$bin"
+  done | sort -u | while read -r lib; do
+    case $(realpath "$lib") in "$rroot"/*) continue ;; esac
+    copy_host_file "$root" "$lib"
   done
+}
+
+# The library paths ldd prints for one binary (none for a static one).
+ldd_libs() {
+  local out
+  out=$(ldd "$1" 2>&1) || { grep -q "not a dynamic executable" <<<"$out" && return 0; echo "$out" >&2; return 1; }
+  if grep -q "not found" <<<"$out"; then
+    echo "copy_libs: unresolved libraries of $1:" >&2
+    grep "not found" <<<"$out" >&2
+    return 1
+  fi
+  awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' <<<"$out"
 }
 
 # Writes /etc/passwd and /etc/group: root plus one "name:uid:gid:home" per argument (the
