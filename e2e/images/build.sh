@@ -176,11 +176,15 @@ image_pgctld() {
     cp "$pgbr" "$root/usr/bin/pgbackrest"
     cp /usr/bin/dash "$root/usr/bin/dash"
     ln -s dash "$root/usr/bin/sh"
-    copy_libs "$root" "$root$pgdir"/bin/* "$root$pgdir"/lib/*.so* "$root/usr/bin/pgbackrest" "$root/usr/bin/dash"
+    # initdb lists the system locales with `locale -a` to import them as collations.
+    cp /usr/bin/locale "$root/usr/bin/locale"
+    copy_libs "$root" "$root$pgdir"/bin/* "$root$pgdir"/lib/*.so* "$root"/usr/bin/{pgbackrest,dash,locale}
     copy_host_file "$root" /usr/lib/ssl/cert.pem
     # C.UTF-8 (glibc's, 400 KB) so initdb creates UTF8 databases; there are no other locales.
-    mkdir -p "$root/usr/lib/locale"
+    mkdir -p "$root/usr/lib/locale" "$root/usr/share"
     cp -a /usr/lib/locale/C.utf8 "$root/usr/lib/locale/"
+    # This PostgreSQL build reads the system's time zone data (--with-system-tzdata).
+    cp -a /usr/share/zoneinfo "$root/usr/share/"
     add_users "$root" postgres:$POSTGRES:$POSTGRES:/var/lib/postgresql
     # As the postgres image: the socket directory and a default PGDATA the user may create.
     install -d -o $POSTGRES -g $POSTGRES -m 2775 "$root/var/run/postgresql"

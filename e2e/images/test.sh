@@ -110,7 +110,7 @@ check "pgctld: initdb, pg_ctl start, psql, pg_isready, pg_controldata" run "$pg"
   pg_isready -h /tmp
   psql -h /tmp -U postgres -tAc "select version(), current_setting(\$\$server_encoding\$\$), current_user"
   pg_ctl -D /tmp/pg -w stop >/dev/null
-  pg_controldata /tmp/pg | grep "cluster state"'
+  pg_controldata /tmp/pg | while read -r line; do case $line in *"cluster state"*) echo "$line" ;; esac; done'
 sed 's/^/      /' "$tmp/out"
 
 # etcd and pause.
