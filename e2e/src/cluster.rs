@@ -22,6 +22,7 @@ use serde_json::json;
 use tempfile::TempDir;
 
 use crate::manifest::{self, FIELD_MANAGER, ManifestError, Mode};
+use crate::nodes::{self, NodesError, RealNodes};
 use crate::pki::{Pki, PkiError};
 use crate::process::{ProcessError, Supervised};
 use crate::toolchain::{self, ToolchainError};
@@ -32,6 +33,8 @@ const LOOPBACK: Ipv4Addr = Ipv4Addr::LOCALHOST;
 const SERVICE_CIDR: &str = "198.19.0.0/16";
 /// Pod IPs handed out by kwok (RFC 2544 benchmarking range, never routed).
 const POD_CIDR: &str = "198.18.0.0/16";
+/// The `kubernetes` Service's ClusterIP (the first address of [`SERVICE_CIDR`]).
+const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
 /// Environment for every child: never send loopback traffic through a proxy.
 const NO_PROXY: &str = "127.0.0.1,localhost";
 /// How long a component gets between SIGTERM and SIGKILL.
@@ -64,6 +67,8 @@ pub enum ClusterError {
     Pki(#[from] PkiError),
     #[error(transparent)]
     Process(#[from] ProcessError),
+    #[error(transparent)]
+    Nodes(#[from] NodesError),
     #[error(transparent)]
     Manifest(Box<ManifestError>),
     #[error("{what}: {source}")]
@@ -132,6 +137,10 @@ pub struct ClusterOptions {
     pub zones: Vec<String>,
     /// Budget for each wait during startup (API server ready, CRDs established, Nodes ready).
     pub wait_timeout: Duration,
+    /// Real nodes instead of kwok's fakes: one per zone, named `node-<zone>`, with containerd, a
+    /// kubelet, kube-proxy, CoreDNS and a local-path provisioner (see [`crate::nodes`]). Only
+    /// inside the sandbox `e2e/run-e2e.sh` creates.
+    pub real_nodes: bool,
     /// Write the API server's audit log (every request at level Metadata, one JSON line per
     /// request stage after `RequestReceived`) to `<dir>/logs/audit.log`, so a benchmark can count
     /// requests per user and verb. Off by default: it costs the API server some CPU.
@@ -145,6 +154,7 @@ impl Default for ClusterOptions {
             crd_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds"),
             zones: ["zone-a", "zone-b", "zone-c"].map(String::from).to_vec(),
             wait_timeout: Duration::from_secs(90),
+            real_nodes: false,
             audit: false,
         }
     }
@@ -180,6 +190,8 @@ pub struct LocalCluster {
     startup: Duration,
     /// The audit log, when [`ClusterOptions::audit`] is set.
     audit_log: Option<PathBuf>,
+    /// Real nodes, when [`ClusterOptions::real_nodes`] is set.
+    real_nodes: Mutex<Option<RealNodes>>,
 }
 
 impl LocalCluster {
@@ -211,7 +223,13 @@ impl LocalCluster {
             )))?;
         }
 
-        let pki = Pki::generate(&dir.join("pki"), LOOPBACK)?;
+        if opts.real_nodes {
+            nodes::prepare_sandbox(opts.zones.len(), SERVICE_CIDR)?;
+        }
+        let pki = Pki::generate(
+            &dir.join("pki"),
+            &[LOOPBACK, nodes::CONTROL_PLANE_IP, KUBERNETES_SERVICE_IP],
+        )?;
         let [apiserver_port, etcd_client_port, etcd_peer_port] = free_ports()?;
         let server = format!("https://{LOOPBACK}:{apiserver_port}");
         let kubeconfig = dir.join("admin.kubeconfig");
@@ -237,10 +255,17 @@ impl LocalCluster {
             node_names: opts
                 .zones
                 .iter()
-                .map(|zone| format!("kwok-node-{zone}"))
+                .map(|zone| {
+                    if opts.real_nodes {
+                        format!("node-{zone}")
+                    } else {
+                        format!("kwok-node-{zone}")
+                    }
+                })
                 .collect(),
             startup: Duration::ZERO,
             audit_log,
+            real_nodes: Mutex::new(None),
         };
         // From here on, an early return drops `cluster`, which stops what was started.
         cluster
@@ -248,8 +273,20 @@ impl LocalCluster {
                 &etcd_data,
                 [apiserver_port, etcd_client_port, etcd_peer_port],
                 opts.wait_timeout,
+                opts.real_nodes,
             )
             .await?;
+        if opts.real_nodes {
+            cluster.start_real_nodes(&opts).await?;
+            cluster.startup = began.elapsed();
+            tracing::info!(
+                startup = ?cluster.startup,
+                server = %cluster.server,
+                dir = %cluster.dir.display(),
+                "local control plane with real nodes ready"
+            );
+            return Ok(cluster);
+        }
         let stages = stages_dir()?;
         cluster.start_scheduler()?;
         cluster.start_kwok(&stages)?;
@@ -283,27 +320,29 @@ impl LocalCluster {
     /// (from an `atexit` hook, since statics are never dropped). For test binaries whose tests
     /// each work in their own namespace.
     pub async fn shared() -> Result<&'static LocalCluster, &'static ClusterError> {
-        static SHARED: tokio::sync::OnceCell<Result<LocalCluster, ClusterError>> =
-            tokio::sync::OnceCell::const_new();
+        static SHARED: SharedCluster = tokio::sync::OnceCell::const_new();
         extern "C" fn stop_shared() {
             if let Some(Ok(cluster)) = SHARED.get() {
                 cluster.shutdown();
             }
         }
-        SHARED
-            .get_or_init(|| async {
-                let started = LocalCluster::start(ClusterOptions::default()).await;
-                if started.is_ok() {
-                    // SAFETY: registers a plain `extern "C" fn()` with the C runtime; it only
-                    // touches a static that is initialised by then.
-                    unsafe {
-                        libc::atexit(stop_shared);
-                    }
-                }
-                started
-            })
-            .await
-            .as_ref()
+        start_shared(&SHARED, ClusterOptions::default(), stop_shared).await
+    }
+
+    /// Like [`LocalCluster::shared`], with real nodes (one per zone): for the test binaries of
+    /// the real-node tier.
+    pub async fn shared_real_nodes() -> Result<&'static LocalCluster, &'static ClusterError> {
+        static SHARED: SharedCluster = tokio::sync::OnceCell::const_new();
+        extern "C" fn stop_shared() {
+            if let Some(Ok(cluster)) = SHARED.get() {
+                cluster.shutdown();
+            }
+        }
+        let opts = ClusterOptions {
+            real_nodes: true,
+            ..ClusterOptions::default()
+        };
+        start_shared(&SHARED, opts, stop_shared).await
     }
 
     async fn start_etcd_and_apiserver(
@@ -311,6 +350,7 @@ impl LocalCluster {
         etcd_data: &Path,
         [apiserver_port, client_port, peer_port]: [u16; 3],
         timeout: Duration,
+        real_nodes: bool,
     ) -> Result<(), ClusterError> {
         let client_url = format!("http://{LOOPBACK}:{client_port}");
         let peer_url = format!("http://{LOOPBACK}:{peer_port}");
@@ -340,15 +380,11 @@ impl LocalCluster {
         let pki = &self.pki;
         let mut args = vec![
             format!("--etcd-servers={client_url}"),
-            format!("--bind-address={LOOPBACK}"),
             format!("--secure-port={apiserver_port}"),
-            format!("--advertise-address={LOOPBACK}"),
-            "--endpoint-reconciler-type=none".into(),
             format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             format!("--tls-cert-file={}", pki.apiserver_cert.display()),
             format!("--tls-private-key-file={}", pki.apiserver_key.display()),
             format!("--client-ca-file={}", pki.ca_cert.display()),
-            "--authorization-mode=RBAC".into(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!(
                 "--service-account-signing-key-file={}",
@@ -358,6 +394,32 @@ impl LocalCluster {
             "--allow-privileged=true".into(),
             format!("--cert-dir={}", self.dir.join("pki").display()),
         ];
+        if real_nodes {
+            // Pods reach the API server through the `kubernetes` Service, whose endpoint is the
+            // advertised address (127.0.0.1 inside a pod is the pod); the API server reaches
+            // kubelets (logs, exec, port-forward) on their InternalIP with a client certificate.
+            let (kubelet_cert, kubelet_key) = pki.client(
+                "apiserver-kubelet-client",
+                "kube-apiserver-kubelet-client",
+                Some("system:masters"),
+            )?;
+            args.extend([
+                "--bind-address=0.0.0.0".into(),
+                format!("--advertise-address={}", nodes::CONTROL_PLANE_IP),
+                "--authorization-mode=Node,RBAC".into(),
+                format!("--kubelet-client-certificate={}", kubelet_cert.display()),
+                format!("--kubelet-client-key={}", kubelet_key.display()),
+                format!("--kubelet-certificate-authority={}", pki.ca_cert.display()),
+                "--kubelet-preferred-address-types=InternalIP".into(),
+            ]);
+        } else {
+            args.extend([
+                format!("--bind-address={LOOPBACK}"),
+                format!("--advertise-address={LOOPBACK}"),
+                "--endpoint-reconciler-type=none".into(),
+                "--authorization-mode=RBAC".into(),
+            ]);
+        }
         if let Some(log) = &self.audit_log {
             let policy = self.dir.join("audit-policy.yaml");
             std::fs::write(&policy, AUDIT_POLICY)
@@ -395,6 +457,72 @@ impl LocalCluster {
         }
     }
 
+    /// The real-node tier: scheduler and controller manager, containerd and a kubelet per zone,
+    /// kube-proxy, the CRDs, CoreDNS and the local-path StorageClass; returns once every Node
+    /// is Ready and cluster DNS answers (its pod is Ready).
+    async fn start_real_nodes(&mut self, opts: &ClusterOptions) -> Result<(), ClusterError> {
+        self.start_scheduler()?;
+        let client = self.client()?;
+        self.install_crds(&client, &opts.crd_dir, opts.wait_timeout)
+            .await?;
+        self.start_controller_manager()?;
+        let real = RealNodes::start(
+            &self.dir,
+            &opts.zones,
+            &self.pki,
+            &self.server,
+            &self.config,
+        )?;
+        let waited = real.wait_ready(&client, opts.wait_timeout * 2).await;
+        *self.real_nodes.lock().unwrap_or_else(|p| p.into_inner()) = Some(real);
+        waited?;
+        for doc in nodes::addon_manifests() {
+            let doc: kube::api::DynamicObject =
+                serde_json::from_value(doc).expect("the add-on literals are Kubernetes objects");
+            manifest::apply(&client, &doc, None, Mode::Apply).await?;
+        }
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, "kube-system");
+        let deadline = Instant::now() + opts.wait_timeout;
+        loop {
+            self.check_alive()?;
+            let ready = pods
+                .list(&ListParams::default().labels("k8s-app=kube-dns"))
+                .await
+                .map_err(ClusterError::kube("listing the CoreDNS pods"))?
+                .items
+                .iter()
+                .any(|pod| {
+                    pod.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                });
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(self.timeout(
+                    "the CoreDNS pod to be Ready",
+                    opts.wait_timeout,
+                    &["kube-scheduler", "kube-controller-manager"],
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The real nodes, when the cluster has them: their names, zones, addresses and directories.
+    pub fn real_nodes(&self) -> Vec<nodes::RealNode> {
+        self.real_nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|real| real.nodes().to_vec())
+            .unwrap_or_default()
+    }
+
     fn start_scheduler(&mut self) -> Result<(), ClusterError> {
         let args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
@@ -408,7 +536,9 @@ impl LocalCluster {
     fn start_kwok(&mut self, stages: &Path) -> Result<(), ClusterError> {
         let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
-            "--manage-all-nodes=true".into(),
+            // Only the fake Nodes: real ones (kubelets) must keep their own pods.
+            "--manage-all-nodes=false".into(),
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
             format!("--cidr={POD_CIDR}"),
             "--node-lease-duration-seconds=40".into(),
         ];
@@ -888,6 +1018,14 @@ impl LocalCluster {
             return;
         }
         let began = Instant::now();
+        if let Some(mut real) = self
+            .real_nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            real.stop(&self.dir);
+        }
         let restarted = self
             .restarted_apiservers
             .lock()
@@ -909,6 +1047,29 @@ impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// A cluster started on first use and kept for the whole test process.
+type SharedCluster = tokio::sync::OnceCell<Result<LocalCluster, ClusterError>>;
+
+async fn start_shared(
+    cell: &'static SharedCluster,
+    opts: ClusterOptions,
+    stop: extern "C" fn(),
+) -> Result<&'static LocalCluster, &'static ClusterError> {
+    cell.get_or_init(|| async {
+        let started = LocalCluster::start(opts).await;
+        if started.is_ok() {
+            // SAFETY: registers a plain `extern "C" fn()` with the C runtime; it only touches
+            // a static that is initialised by then.
+            unsafe {
+                libc::atexit(stop);
+            }
+        }
+        started
+    })
+    .await
+    .as_ref()
 }
 
 /// Schedulable: `Ready=True` and none of the node-lifecycle taints (`node.kubernetes.io/*`).
@@ -1043,7 +1204,7 @@ mod tests {
     #[tokio::test]
     async fn kubeconfig_round_trips_through_kube() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::generate(dir.path(), LOOPBACK).unwrap();
+        let pki = Pki::generate(dir.path(), &[LOOPBACK]).unwrap();
         let path = dir.path().join("kubeconfig");
         write_kubeconfig(
             &path,

@@ -402,7 +402,7 @@ mod tests {
     #[tokio::test]
     async fn tls_client_port_and_plain_health_port() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let pki = Pki::generate(dir.path(), Ipv4Addr::LOCALHOST).expect("certificates");
+        let pki = Pki::generate(dir.path(), &[Ipv4Addr::LOCALHOST]).expect("certificates");
         let config = EtcdConfig {
             tls: Some(EtcdTls {
                 cert_file: pki.apiserver_cert.clone(),

@@ -807,3 +807,41 @@ pub async fn cluster_objects(
     }
     out
 }
+
+/// Runs the real helm with its own cache and config directories; returns whether it succeeded,
+/// its stdout and its stderr. `kubeconfig` is given for commands that talk to a cluster.
+pub async fn run_helm(args: &[&str], kubeconfig: Option<&Path>) -> (bool, String, String) {
+    static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let home = HOME.get_or_init(|| {
+        tempfile::Builder::new()
+            .prefix("multigres-helm-")
+            .tempdir()
+            .expect("helm home")
+    });
+    let program = crate::toolchain::binary("helm").unwrap_or_else(|e| panic!("{e}"));
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .kill_on_drop(true);
+    if let Some(path) = kubeconfig {
+        command.arg(format!("--kubeconfig={}", path.display()));
+    }
+    let out = command.output().await.expect("running helm");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs helm; returns stdout, or panics with stderr.
+pub async fn helm(args: &[&str], kubeconfig: Option<&Path>) -> String {
+    let (ok, stdout, stderr) = run_helm(args, kubeconfig).await;
+    assert!(ok, "helm {} failed:\n{stderr}", args.join(" "));
+    stdout
+}

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod etcd;
 pub mod harness;
 pub mod manifest;
+pub mod nodes;
 pub mod pki;
 pub mod process;
 pub mod toolchain;

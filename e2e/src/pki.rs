@@ -1,6 +1,7 @@
 //! Per-cluster certificates for the local control plane: a CA, the API server's serving
 //! certificate, an admin client certificate (`O=system:masters`) and the ServiceAccount signing
-//! key. Generated fresh for every cluster so nothing secret is committed or shared between runs.
+//! key, plus on demand the client and serving certificates of real nodes (kubelet, kube-proxy).
+//! Generated fresh for every cluster so nothing secret is committed or shared between runs.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -17,6 +18,11 @@ pub enum PkiError {
     Generate {
         what: &'static str,
         source: rcgen::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
     },
     #[error("writing {path}: {source}")]
     Write {
@@ -57,8 +63,9 @@ pub struct Pki {
 
 impl Pki {
     /// Generates every certificate and key into `dir` (which must exist), for an API server
-    /// listening on `ip`.
-    pub fn generate(dir: &Path, ip: Ipv4Addr) -> Result<Pki, PkiError> {
+    /// reached at `ips` (the first is where clients dial; pods also use the `kubernetes`
+    /// Service's ClusterIP, so real-node clusters list it too).
+    pub fn generate(dir: &Path, ips: &[Ipv4Addr]) -> Result<Pki, PkiError> {
         let pki = Pki {
             ca_cert: dir.join("ca.crt"),
             ca_key: dir.join("ca.key"),
@@ -71,14 +78,7 @@ impl Pki {
         };
 
         let ca_key = key("CA key")?;
-        let mut ca_params = CertificateParams::default();
-        ca_params.distinguished_name = name("multigres-e2e-ca", None);
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let ca_params = ca_params();
         let ca_cert = ca_params
             .self_signed(&ca_key)
             .map_err(|source| PkiError::Generate {
@@ -91,7 +91,10 @@ impl Pki {
 
         let server_key = key("API server key")?;
         let mut server = leaf("kube-apiserver", None, ExtendedKeyUsagePurpose::ServerAuth);
-        server.subject_alt_names = vec![SanType::IpAddress(IpAddr::V4(ip))];
+        server.subject_alt_names = ips
+            .iter()
+            .map(|ip| SanType::IpAddress(IpAddr::V4(*ip)))
+            .collect();
         for dns in APISERVER_DNS_NAMES {
             let dns = (*dns).try_into().map_err(|source| PkiError::Generate {
                 what: "API server DNS name",
@@ -130,6 +133,76 @@ impl Pki {
         write(&pki.sa_pub, &sa_key.public_key_pem())?;
         Ok(pki)
     }
+
+    /// Issues a client certificate for `common_name` in `organization` (for example
+    /// `system:node:<node>` in `system:nodes`, which the Node authorizer recognises), written
+    /// to `<dir>/<stem>.crt` and `.key` beside the CA. Returns the two paths.
+    pub fn client(
+        &self,
+        stem: &str,
+        common_name: &str,
+        organization: Option<&str>,
+    ) -> Result<(PathBuf, PathBuf), PkiError> {
+        let params = leaf(
+            common_name,
+            organization,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        self.issue(stem, params)
+    }
+
+    /// Issues a serving certificate for `ip` (a kubelet's node address), so the API server can
+    /// verify the kubelet it calls for logs, exec and port-forward.
+    pub fn serving(&self, stem: &str, ip: Ipv4Addr) -> Result<(PathBuf, PathBuf), PkiError> {
+        let mut params = leaf(stem, None, ExtendedKeyUsagePurpose::ServerAuth);
+        params.subject_alt_names = vec![SanType::IpAddress(IpAddr::V4(ip))];
+        self.issue(stem, params)
+    }
+
+    fn issue(&self, stem: &str, params: CertificateParams) -> Result<(PathBuf, PathBuf), PkiError> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| PkiError::Read {
+                path: path.to_path_buf(),
+                source,
+            })
+        };
+        let ca_key =
+            KeyPair::from_pem(&read(&self.ca_key)?).map_err(|source| PkiError::Generate {
+                what: "CA key (reloaded)",
+                source,
+            })?;
+        // The CA's name and key are all a signer needs: its certificate is not re-read.
+        let ca_params = ca_params();
+        let issuer = Issuer::from_params(&ca_params, ca_key);
+        let key = key("leaf key")?;
+        let cert = params
+            .signed_by(&key, &issuer)
+            .map_err(|source| PkiError::Generate {
+                what: "leaf certificate",
+                source,
+            })?;
+        let dir = self.ca_cert.parent().unwrap_or(Path::new("."));
+        let (cert_path, key_path) = (
+            dir.join(format!("{stem}.crt")),
+            dir.join(format!("{stem}.key")),
+        );
+        write(&cert_path, &cert.pem())?;
+        write(&key_path, &key.serialize_pem())?;
+        Ok((cert_path, key_path))
+    }
+}
+
+/// The CA's name, constraints and usages (the same at generation and when issuing later).
+fn ca_params() -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name("multigres-e2e-ca", None);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
 }
 
 fn key(what: &'static str) -> Result<KeyPair, PkiError> {
@@ -209,7 +282,7 @@ mod tests {
     #[test]
     fn serving_certificate_verifies_for_loopback_and_kubernetes_names() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::generate(dir.path(), Ipv4Addr::LOCALHOST).unwrap();
+        let pki = Pki::generate(dir.path(), &[Ipv4Addr::LOCALHOST]).unwrap();
         for name in ["127.0.0.1", "localhost", "kubernetes.default.svc"] {
             verify_as_server(&pki, &pki.apiserver_cert, name)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -222,7 +295,7 @@ mod tests {
     #[test]
     fn admin_certificate_verifies_as_a_client_of_the_ca() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::generate(dir.path(), Ipv4Addr::LOCALHOST).unwrap();
+        let pki = Pki::generate(dir.path(), &[Ipv4Addr::LOCALHOST]).unwrap();
         let verifier = WebPkiClientVerifier::builder_with_provider(roots(&pki), provider())
             .build()
             .unwrap();
@@ -230,7 +303,7 @@ mod tests {
             .verify_client_cert(&cert(&pki.admin_cert), &[], UnixTime::now())
             .unwrap();
         let other = tempfile::tempdir().unwrap();
-        let other = Pki::generate(other.path(), Ipv4Addr::LOCALHOST).unwrap();
+        let other = Pki::generate(other.path(), &[Ipv4Addr::LOCALHOST]).unwrap();
         assert!(
             verifier
                 .verify_client_cert(&cert(&other.admin_cert), &[], UnixTime::now())

@@ -19,8 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -38,7 +37,6 @@ use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{self, HANDLERS, eventually, fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::process::Supervised;
-use multigres_e2e::toolchain;
 use multigres_proto::operator::v1::handler_info_client::HandlerInfoClient;
 use multigres_proto::operator::v1::{GetInfoRequest, GetInfoResponse, LeaderState};
 use serde::Deserialize as _;
@@ -69,44 +67,6 @@ fn chart_dir() -> PathBuf {
 // ---------------------------------------------------------------------------------------------
 // helm
 
-/// Runs the real helm with its own cache and config directories; returns whether it succeeded,
-/// its stdout and its stderr. `kubeconfig` is given for commands that talk to a cluster.
-async fn run_helm(args: &[&str], kubeconfig: Option<&Path>) -> (bool, String, String) {
-    static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
-    let home = HOME.get_or_init(|| {
-        tempfile::Builder::new()
-            .prefix("multigres-helm-")
-            .tempdir()
-            .expect("helm home")
-    });
-    let program = toolchain::binary("helm").unwrap_or_else(|e| panic!("{e}"));
-    let mut command = tokio::process::Command::new(program);
-    command
-        .args(args)
-        .env("HELM_CACHE_HOME", home.path().join("cache"))
-        .env("HELM_CONFIG_HOME", home.path().join("config"))
-        .env("HELM_DATA_HOME", home.path().join("data"))
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .kill_on_drop(true);
-    if let Some(path) = kubeconfig {
-        command.arg(format!("--kubeconfig={}", path.display()));
-    }
-    let out = command.output().await.expect("running helm");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// Runs helm; returns stdout, or panics with stderr.
-async fn helm(args: &[&str], kubeconfig: Option<&Path>) -> String {
-    let (ok, stdout, stderr) = run_helm(args, kubeconfig).await;
-    assert!(ok, "helm {} failed:\n{stderr}", args.join(" "));
-    stdout
-}
-
 /// Values that switch every optional part of the chart on.
 const ALL_OPTIONS: [&str; 10] = [
     "webhook.certificate.mode=cert-manager",
@@ -136,7 +96,7 @@ async fn render(sets: &[&str]) -> Vec<Value> {
     for set in sets {
         args.extend(["--set", set]);
     }
-    let text = helm(&args, None).await;
+    let text = harness::helm(&args, None).await;
     documents(&text)
 }
 
@@ -163,13 +123,13 @@ fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 async fn the_chart_lints_and_renders_every_option() {
     let chart = chart_dir();
     let chart = chart.to_str().expect("utf-8 path");
-    let lint = helm(&["lint", "--strict", chart], None).await;
+    let lint = harness::helm(&["lint", "--strict", chart], None).await;
     assert!(lint.contains("0 chart(s) failed"), "{lint}");
     let mut all = vec!["lint", "--strict", chart];
     for set in ALL_OPTIONS {
         all.extend(["--set", set]);
     }
-    let lint = helm(&all, None).await;
+    let lint = harness::helm(&all, None).await;
     assert!(lint.contains("0 chart(s) failed"), "{lint}");
 
     let docs = render(&[]).await;
@@ -243,7 +203,7 @@ async fn the_chart_lints_and_renders_every_option() {
             "{kind} rendered by default"
         );
     }
-    let crds = helm(
+    let crds = harness::helm(
         &[
             "template",
             RELEASE,
@@ -328,7 +288,7 @@ async fn values_the_schema_refuses_fail_before_rendering() {
         ("webhook.url=http://127.0.0.1:9443", "/webhook/url"),
         ("clusterHandler.grpcPort=70000", "/clusterHandler"),
     ] {
-        let (ok, _, stderr) = run_helm(
+        let (ok, _, stderr) = harness::run_helm(
             &[
                 "template",
                 RELEASE,
@@ -692,7 +652,7 @@ async fn install() -> Release {
     for set in LEASE_VALUES {
         args.extend(["--set", set]);
     }
-    let out = helm(&args, Some(cluster.kubeconfig())).await;
+    let out = harness::helm(&args, Some(cluster.kubeconfig())).await;
     assert!(out.contains("STATUS: deployed"), "{out}");
     let webhook = Handler::start(cluster, "webhook-server", webhook_port, &[]).await;
     webhook.wait_info("certificate loaded", |i| i.serving).await;
@@ -1004,7 +964,7 @@ async fn helm_install_and_upgrade_succeed() {
     assert!(before.is_some(), "the webhook-server set the caBundle");
 
     let chart = chart_dir();
-    let out = helm(
+    let out = harness::helm(
         &[
             "upgrade",
             RELEASE,
@@ -1022,7 +982,7 @@ async fn helm_install_and_upgrade_succeed() {
     )
     .await;
     assert!(out.contains("STATUS: deployed"), "{out}");
-    let history = helm(
+    let history = harness::helm(
         &["history", RELEASE, "--namespace", NAMESPACE, "-o", "json"],
         Some(kubeconfig),
     )
@@ -1219,10 +1179,14 @@ async fn a_rule_missing_from_the_chart_rbac_fails_its_handler_until_helm_upgrade
         info.synced_kinds.is_empty() && info.controllers.iter().all(|c| c.reconciles == 0),
         "synced or reconciled without its watch: {info:?}"
     );
+    // Only a leader watches: one that cannot fill its caches cannot reconcile, so it is not ready.
+    assert_eq!(info.leader_state(), LeaderState::Leader, "{info:?}");
+    assert!(!info.serving, "ready without its caches: {info:?}");
+    assert_eq!(handler.health().await, ServingStatus::NotServing);
     drop(handler);
 
     let chart = chart_dir();
-    helm(
+    harness::helm(
         &[
             "upgrade",
             RELEASE,
@@ -1384,7 +1348,7 @@ async fn every_installed_object_passes_strict_field_validation() {
     let release = release().await;
     let _serial = SERIAL.lock().await;
     let client = release.cluster.client().unwrap();
-    let manifest = helm(
+    let manifest = harness::helm(
         &["get", "manifest", RELEASE, "--namespace", NAMESPACE],
         Some(release.cluster.kubeconfig()),
     )

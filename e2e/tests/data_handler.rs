@@ -678,7 +678,7 @@ async fn pod_roles_are_published_over_tls_and_follow_a_failover() {
     let plane = control_plane().await;
     let namespace = fresh_namespace(plane, "dh-roles").await;
     let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::generate(dir.path(), Ipv4Addr::LOCALHOST).unwrap();
+    let pki = Pki::generate(dir.path(), &[Ipv4Addr::LOCALHOST]).unwrap();
     let etcd = EtcdProcess::start(EtcdConfig {
         tls: Some(EtcdTls {
             cert_file: pki.apiserver_cert.clone(),

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Builds the real control-plane binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, etcd, kwok, helm) from the Go module proxy into a cache outside the repository, keyed by
-# version, so a machine builds them once. Prints the binary directory on stdout.
+# kubectl, etcd, kwok, helm) and the real-node binaries (kubelet, kube-proxy, CoreDNS) from the Go
+# module proxy into a cache outside the repository, keyed by version, so a machine builds them
+# once. Prints the binary directory on stdout.
 set -euo pipefail
 
 KUBE_VERSION=v1.36.2
 ETCD_VERSION=v3.6.14
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.21.4
+COREDNS_VERSION=v1.15.0
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache_root=${MULTIGRES_TOOLCHAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigres-operator}
 bin="$cache_root/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin"
-wanted=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
+k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+wanted=("${k8s_cmds[@]}" etcd kwok helm coredns)
 
 missing=()
 for b in "${wanted[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
@@ -28,17 +31,19 @@ mkdir -p "$bin"
 log() { echo "[toolchain] $*" >&2; }
 build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
-if [ ! -x "$bin/kube-apiserver" ] || [ ! -x "$bin/kube-controller-manager" ] || [ ! -x "$bin/kube-scheduler" ] || [ ! -x "$bin/kubectl" ]; then
-  log "building Kubernetes $KUBE_VERSION (first time on this machine: 10-25 minutes)"
+k8s_missing=()
+for cmd in "${k8s_cmds[@]}"; do [ -x "$bin/$cmd" ] || k8s_missing+=("k8s.io/kubernetes/cmd/$cmd"); done
+if [ ${#k8s_missing[@]} -gt 0 ]; then
+  # One module and one go build for all of them: the kubelet shares most packages with the
+  # control plane, and a separate module would resolve some dependencies differently.
+  log "building Kubernetes $KUBE_VERSION: ${k8s_missing[*]##*/} (first time on this machine: 10-25 minutes)"
   minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   ldflags=""
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
   done
-  (cd "$here/kubernetes" && go build -trimpath -ldflags "all=$ldflags -s -w" -o "$bin/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  (cd "$here/kubernetes" && go build -trimpath -ldflags "all=$ldflags -s -w" -o "$bin/" "${k8s_missing[@]}")
 fi
 if [ ! -x "$bin/etcd" ]; then
   log "building etcd $ETCD_VERSION"
@@ -53,6 +58,10 @@ if [ ! -x "$bin/helm" ]; then
   log "building helm $HELM_VERSION"
   (cd "$here/helm" && go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
     -o "$bin/helm" helm.sh/helm/v3/cmd/helm)
+fi
+if [ ! -x "$bin/coredns" ]; then
+  log "building CoreDNS $COREDNS_VERSION"
+  (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$bin/coredns" github.com/coredns/coredns)
 fi
 # kwok's stage files ship in its module; keep a copy beside the binaries so the harness needs no Go.
 if [ ! -d "$stages" ]; then

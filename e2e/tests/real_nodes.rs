@@ -1,0 +1,404 @@
+//! The real-node tier: the operator installed by `helm install` from the image `just image`
+//! builds, its four handlers running as real pods (containerd, runc, CNI) under the chart's
+//! ServiceAccounts and RBAC, the API server calling the webhook through its Service, and a
+//! managed etcd topology that the data-handler reaches through cluster DNS.
+//!
+//! One control plane with three real nodes (zones `zone-a`, `zone-b`, `zone-c`) per test
+//! process; the release is installed once and shared; tests that change it run one at a time.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, Client};
+use multigres_api::v1alpha1::{Cell, MultigresCluster};
+use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::harness::{self, HANDLERS, eventually, fresh_namespace, repo_path};
+use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::nodes;
+
+const RELEASE: &str = "multigres-operator";
+const NAMESPACE: &str = "multigres-system";
+const CONTROLLERS: [&str; 3] = ["cluster-handler", "resource-handler", "data-handler"];
+/// Real pods start in seconds, but images unpack and probes pass on 2 shared cores.
+const WAIT: Duration = Duration::from_secs(180);
+/// The operator's image as `just image` names it.
+const OPERATOR_IMAGE_PREFIX: &str = "localhost/multigres-operator:";
+/// etcd for the managed topology, built from the toolchain's etcd.
+const ETCD_IMAGE_PREFIX: &str = "localhost/multigres/etcd:";
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn cluster() -> &'static LocalCluster {
+    LocalCluster::shared_real_nodes()
+        .await
+        .unwrap_or_else(|e| panic!("starting the control plane with real nodes: {e}"))
+}
+
+/// The reference of the listed image whose name starts with `prefix`.
+fn image(prefix: &str) -> String {
+    nodes::image_list()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_keys()
+        .find(|reference| reference.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix}* image in ${}", nodes::IMAGES_ENV))
+}
+
+/// `helm install` of the chart with the operator's image (never pulled: it was imported into
+/// every node) and short Leases; once per process.
+async fn release() -> &'static LocalCluster {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let cluster = cluster().await;
+    INSTALLED
+        .get_or_init(|| async {
+            let operator = image(OPERATOR_IMAGE_PREFIX);
+            let (repository, tag) = operator.rsplit_once(':').expect("a tagged reference");
+            let chart = repo_path("deploy/helm/multigres-operator");
+            let repository = format!("image.repository={repository}");
+            let tag = format!("image.tag={tag}");
+            let args = [
+                "install",
+                RELEASE,
+                chart.to_str().unwrap(),
+                "--namespace",
+                NAMESPACE,
+                "--create-namespace",
+                "--wait",
+                "--timeout",
+                "5m",
+                "--set",
+                &repository,
+                "--set",
+                &tag,
+                "--set",
+                "image.pullPolicy=Never",
+                "--set",
+                "leaderElection.leaseDuration=4s",
+                "--set",
+                "leaderElection.renewDeadline=3s",
+                "--set",
+                "leaderElection.retryPeriod=500ms",
+            ];
+            let out = harness::helm(&args, Some(cluster.kubeconfig())).await;
+            assert!(out.contains("STATUS: deployed"), "{out}");
+        })
+        .await;
+    cluster
+}
+
+fn handler_of(pod: &Pod) -> String {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("app.kubernetes.io/component"))
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn operator_pods(client: &Client) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .expect("listing the operator's pods")
+        .items
+}
+
+/// The pod holding a controller's Lease (its holder identity starts with the pod name).
+async fn leader(client: &Client, handler: &str) -> Option<String> {
+    let lease = Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+        .get_opt(&format!("multigres-operator-{handler}"))
+        .await
+        .ok()??;
+    let holder = lease.spec?.holder_identity?;
+    operator_pods(client)
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .find(|name| holder.starts_with(name.as_str()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handlers_run_as_real_pods_from_the_operator_image() {
+    let _serial = SERIAL.lock().await;
+    let cluster = release().await;
+    let client = cluster.client().unwrap();
+    let operator = image(OPERATOR_IMAGE_PREFIX);
+    let real: Vec<String> = cluster.real_nodes().into_iter().map(|n| n.name).collect();
+    assert_eq!(real.len(), 3, "three real nodes");
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    for name in &real {
+        let node = nodes.get(name).await.unwrap();
+        let info = node.status.and_then(|s| s.node_info).expect("node info");
+        assert!(
+            info.container_runtime_version.starts_with("containerd://"),
+            "{name} runs {}",
+            info.container_runtime_version
+        );
+        assert!(
+            info.kubelet_version.starts_with("v1.36"),
+            "{}",
+            info.kubelet_version
+        );
+        let zone = node
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("topology.kubernetes.io/zone")
+            .cloned();
+        assert_eq!(zone.as_deref(), Some(name.trim_start_matches("node-")));
+    }
+
+    let pods = eventually("two Ready pods per handler", WAIT, || async {
+        let pods = operator_pods(&client).await;
+        let mut ready = std::collections::BTreeMap::<String, usize>::new();
+        for pod in pods.iter().filter(|p| is_ready(p)) {
+            *ready.entry(handler_of(pod)).or_default() += 1;
+        }
+        if HANDLERS.iter().all(|h| ready.get(*h) == Some(&2)) {
+            Ok(pods)
+        } else {
+            Err(format!("Ready pods per handler: {ready:?}"))
+        }
+    })
+    .await;
+    for pod in &pods {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let spec = pod.spec.as_ref().unwrap();
+        let node = spec.node_name.clone().unwrap_or_default();
+        assert!(
+            real.contains(&node),
+            "{name} runs on {node}, not a real node"
+        );
+        assert_eq!(spec.containers[0].image.as_deref(), Some(operator.as_str()));
+        let status = pod.status.as_ref().unwrap();
+        let container = &status.container_statuses.as_ref().unwrap()[0];
+        assert!(
+            container
+                .container_id
+                .as_deref()
+                .is_some_and(|id| id.starts_with("containerd://")),
+            "{name}: {:?}",
+            container.container_id
+        );
+        assert!(
+            status
+                .pod_ip
+                .as_deref()
+                .is_some_and(|ip| ip.starts_with("10.244.")),
+            "{name} has pod IP {:?}",
+            status.pod_ip
+        );
+        let account = spec.service_account_name.clone().unwrap_or_default();
+        assert!(
+            account.contains(&handler_of(pod)),
+            "{name} runs as {account}"
+        );
+    }
+    let wide = cluster
+        .kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "wide"])
+        .await
+        .unwrap();
+    println!("{wide}");
+
+    // The API server reaches the kubelet for logs.
+    let webhook = pods
+        .iter()
+        .find(|p| handler_of(p) == harness::WEBHOOK)
+        .and_then(|p| p.metadata.name.clone())
+        .unwrap();
+    let logs = cluster
+        .kubectl(&["logs", "-n", NAMESPACE, &webhook])
+        .await
+        .unwrap();
+    assert!(
+        logs.contains(harness::ADMISSION_MESSAGE),
+        "webhook-server logs:\n{logs}"
+    );
+
+    for handler in CONTROLLERS {
+        let holder = eventually(&format!("{handler} has a leader pod"), WAIT, || async {
+            leader(&client, handler)
+                .await
+                .ok_or_else(|| "no holder yet".to_owned())
+        })
+        .await;
+        println!("{handler} leader: {holder}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_refuses_bad_input_through_its_service() {
+    let _serial = SERIAL.lock().await;
+    let cluster = release().await;
+    let client = cluster.client().unwrap();
+    let configs = cluster
+        .kubectl(&["get", "validatingwebhookconfigurations", "-o", "json"])
+        .await
+        .unwrap();
+    assert!(
+        configs.contains("\"service\"") && !configs.contains("\"url\""),
+        "the chart registers the webhook by Service:\n{configs}"
+    );
+    let namespace = fresh_namespace(cluster, "real-webhook").await;
+    let fixture = repo_path("e2e/fixtures/invalid/etcd-replicas-even.yaml");
+    let error = eventually("the webhook answers through its Service", WAIT, || async {
+        let mut last = String::new();
+        for doc in manifest::read_documents(&fixture).unwrap() {
+            match manifest::apply(&client, &doc, Some(&namespace), Mode::Apply).await {
+                Ok(_) => {}
+                Err(e) => last = e.to_string(),
+            }
+        }
+        if last.contains("failed calling webhook") || last.is_empty() {
+            Err(format!("not refused by the webhook yet: {last:?}"))
+        } else {
+            Ok(last)
+        }
+    })
+    .await;
+    assert!(
+        error.contains("replicas") && error.contains("odd"),
+        "the refusal names the field and what is allowed: {error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_leader_handover() {
+    let _serial = SERIAL.lock().await;
+    let cluster = release().await;
+    let client = cluster.client().unwrap();
+    let namespace = fresh_namespace(cluster, "real-topo").await;
+    let etcd = image(ETCD_IMAGE_PREFIX);
+
+    // The unchanged minimal sample, with the locally built etcd that is never pulled.
+    let path = repo_path("deploy/samples/minimal.yaml");
+    for mut doc in manifest::read_documents(&path).unwrap() {
+        if doc
+            .types
+            .as_ref()
+            .is_some_and(|t| t.kind == "MultigresCluster")
+        {
+            doc.data["spec"]["globalTopoServer"] =
+                serde_json::json!({"etcd": {"image": etcd, "replicas": 3}});
+            doc.data["spec"]["images"] = serde_json::json!({"imagePullPolicy": "Never"});
+        }
+        manifest::apply(&client, &doc, Some(&namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+    }
+    let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
+    let registered = |cells: Api<Cell>| async move {
+        let list = cells
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let states: Vec<String> = list
+            .items
+            .iter()
+            .map(|cell| {
+                let condition = cell.status.as_ref().and_then(|s| {
+                    s.conditions
+                        .iter()
+                        .find(|c| c.type_ == "TopologyRegistered")
+                });
+                format!(
+                    "{}: {:?}",
+                    cell.metadata.name.clone().unwrap_or_default(),
+                    condition.map(|c| (&c.status, &c.message))
+                )
+            })
+            .collect();
+        let all = !list.items.is_empty()
+            && list.items.iter().all(|cell| {
+                cell.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "TopologyRegistered" && c.status == "True")
+                })
+            });
+        if all { Ok(()) } else { Err(states.join("; ")) }
+    };
+    eventually(
+        "the cell is registered in the managed etcd (data-handler pod -> cluster DNS -> etcd pods)",
+        WAIT * 2,
+        || registered(cells.clone()),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let etcd_pods: Vec<Pod> = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=toposerver"))
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        etcd_pods.iter().filter(|p| is_ready(p)).count() >= 3,
+        "three Ready etcd members"
+    );
+
+    // Hand over: delete the cluster-handler's leader pod; another takes the Lease, and
+    // reconciling goes on (a scaled gateway is rolled out by the new leaders).
+    let old = leader(&client, "cluster-handler")
+        .await
+        .expect("a cluster-handler leader");
+    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .delete(&old, &DeleteParams::default())
+        .await
+        .unwrap();
+    let new = eventually(
+        "another pod takes the cluster-handler Lease",
+        WAIT,
+        || async {
+            match leader(&client, "cluster-handler").await {
+                Some(holder) if holder != old => Ok(holder),
+                other => Err(format!("holder {other:?}")),
+            }
+        },
+    )
+    .await;
+    println!("cluster-handler leader {old} -> {new}");
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    let mut cluster_obj = clusters.get("minimal").await.unwrap();
+    cluster_obj.metadata.managed_fields = None;
+    let patch = serde_json::json!({"spec": {"cells": [{"name": "zone-a", "zoneId": "zone-a",
+        "spec": {"multigateway": {"replicas": 2}}}]}});
+    clusters
+        .patch(
+            "minimal",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    eventually(
+        "the new leaders roll the edit out (gateway at 2 replicas)",
+        WAIT,
+        || async {
+            let list = deployments
+                .list(&ListParams::default().labels("app.kubernetes.io/component=multigateway"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let replicas: Vec<Option<i32>> = list
+                .items
+                .iter()
+                .map(|d| d.spec.as_ref().and_then(|s| s.replicas))
+                .collect();
+            if replicas == [Some(2)] {
+                Ok(())
+            } else {
+                Err(format!("{replicas:?}"))
+            }
+        },
+    )
+    .await;
+}
