@@ -438,3 +438,22 @@ fn child_kinds_keep_upstream_rules() {
         "at least one of 'zoneId' or 'region' must be specified",
     );
 }
+
+#[test]
+fn templates_without_a_spec_are_accepted() {
+    for kind in ["CoreTemplate", "CellTemplate", "ShardTemplate"] {
+        accepted(&json!({
+            "apiVersion": "multigres.com/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": "empty"},
+        }));
+        let schema = common::schema_of(kind);
+        assert!(
+            !schema["required"]
+                .as_array()
+                .is_some_and(|r| r.contains(&json!("spec"))),
+            "{kind} requires spec"
+        );
+        assert_eq!(schema["properties"]["spec"]["default"], json!({}), "{kind}");
+    }
+}
