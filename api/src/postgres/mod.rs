@@ -5,6 +5,7 @@
 
 pub mod catalog;
 pub mod conf;
+pub mod limits;
 mod render;
 mod validate;
 

@@ -8,6 +8,7 @@ use std::fmt;
 
 use super::catalog::{self, Context, Kind};
 use super::conf::is_valid_name;
+use super::limits::{self, Limit};
 
 /// The parameter the operator appends to every rendered file (see [`super::RELOAD_MARKER`]).
 const MARKER: &str = super::RELOAD_MARKER;
@@ -94,14 +95,17 @@ fn check(name: &str, value: &str) -> Result<(), String> {
                 .to_owned(),
         );
     }
-    if value_fits(setting.kind, value) {
-        Ok(())
-    } else {
-        Err(format!(
+    // The type first, then a known setting's allowed words or range. An enum with known words
+    // is checked against them alone (some have spaces: `repeatable read`).
+    let limit = limits::limit(name);
+    let words = matches!(limit, Some(Limit::Enum { .. }));
+    if !words && !value_fits(setting.kind, value) {
+        return Err(format!(
             "expects {}, got {value:?}",
             setting.kind.describe()
-        ))
+        ));
     }
+    limit.map_or(Ok(()), |limit| limits::check(limit, value))
 }
 
 /// Units PostgreSQL accepts after a number: memory, then time.
@@ -169,7 +173,8 @@ mod tests {
             ("shared_buffers", "256MB"),
             ("work_mem", "4096"),
             ("max_wal_senders", "0x40"),
-            ("temp_buffers", "1.5"),
+            ("temp_buffers", "1.5MB"),
+            ("default_transaction_isolation", "repeatable read"),
             ("max_connections", "200"),
             ("statement_timeout", "30s"),
             ("max_slot_wal_keep_size", "-1"),
@@ -250,7 +255,7 @@ mod tests {
             [
                 "postgresConfig.hot_standby_feedback: expects a boolean (on, off, true, false, \
                  yes, no, 1 or 0), got \"maybe\"",
-                "postgresConfig.log_statement: expects a single word, got \"two words\"",
+                "postgresConfig.log_statement: \"two words\" is not one of none, ddl, mod, all",
                 "postgresConfig.max_connections: expects an integer, optionally with a unit \
                  such as 64MB or 10s, got \"ten\"",
                 "postgresConfig.random_page_cost: expects a number, optionally with a unit, \
@@ -261,6 +266,28 @@ mod tests {
                  64MB or 10s, got \"64XB\"",
             ]
         );
+    }
+
+    #[test]
+    fn enum_words_and_numeric_ranges_are_checked_naming_the_parameter() {
+        assert_eq!(
+            problems(&[
+                ("synchronous_commit", "sometimes"),
+                ("max_connections", "0"),
+                ("shared_buffers", "64kB"),
+                ("statement_timeout", "5MB"),
+            ]),
+            [
+                "postgresConfig.max_connections: \"0\" is out of range: allowed are 1 to 262143",
+                "postgresConfig.shared_buffers: \"64kB\" is out of range: it is 8 in units of \
+                 8kB, and allowed are 16 to 1073741823 (in units of 8kB)",
+                "postgresConfig.statement_timeout: \"5MB\": this setting takes time units us, \
+                 ms, s, min, h, d",
+                "postgresConfig.synchronous_commit: \"sometimes\" is not one of local, \
+                 remote_write, remote_apply, on, off",
+            ]
+        );
+        assert!(problems(&[("wal_compression", "zstd"), ("huge_pages", "try")]).is_empty());
     }
 
     #[test]
