@@ -1,8 +1,13 @@
 //! Compiles every `.proto` under `proto/proto/` (protoc is needed anyway by etcd-client).
-use std::path::PathBuf;
+//!
+//! The Multigres files in `proto/multigres/` are upstream's, verbatim: they import each other
+//! by bare file name (`import "clustermetadata.proto"`), so that directory is their include
+//! root, as `proto/` is in Multigres. The operator's own files are rooted at `proto/`.
+use std::path::{Path, PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from("proto");
+    let multigres = root.join("multigres");
     let mut files = Vec::new();
     collect(&root, &mut files)?;
     files.sort();
@@ -14,11 +19,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("cargo:rerun-if-changed={}", dir.display());
         }
     }
+    let (upstream, own): (Vec<&Path>, Vec<&Path>) = files
+        .iter()
+        .map(PathBuf::as_path)
+        .partition(|f| f.starts_with(&multigres));
+    // The operator serves none of Multigres' services; tests stand in for one RPC of them, and
+    // every other method answers UNIMPLEMENTED, as a server without it does.
+    compile(&upstream, &multigres, true)?;
+    compile(&own, &root, false)?;
+    Ok(())
+}
+
+fn compile(files: &[&Path], include: &Path, default_stubs: bool) -> std::io::Result<()> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_protos(&files, &[root])?;
-    Ok(())
+        .generate_default_stubs(default_stubs)
+        .compile_protos(files, &[include])
 }
 
 fn collect(dir: &PathBuf, out: &mut Vec<PathBuf>) -> std::io::Result<()> {

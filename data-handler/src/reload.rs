@@ -23,7 +23,7 @@ use multigres_api::labels::CELL;
 use multigres_api::postgres::{
     CONFIG_HASH_ANNOTATION, RELOAD_HASH_ANNOTATION, RELOAD_MARKER, conf, split,
 };
-use multigres_proto::multipooler::multipoolermanager::multi_pooler_manager_client::MultiPoolerManagerClient;
+use multigres_proto::multipooler::multipoolermanager::multipooler_manager_client::MultipoolerManagerClient;
 use multigres_proto::multipooler::multipoolermanagerdata::{
     ReloadConfigRequest, ReloadConfigResponse,
 };
@@ -160,31 +160,46 @@ pub fn to_reload<'p>(desired: &Desired, pods: &'p [PodState]) -> Vec<&'p PodStat
 pub enum Verdict {
     /// PostgreSQL reloaded a file carrying every expected setting: stamp the pod.
     Reloaded,
-    /// The named settings are in the file but PostgreSQL applies them only at start: reported,
-    /// not stamped.
+    /// Not reloaded: the named settings are in the file but PostgreSQL applies them only at
+    /// start. A reload never satisfies them; reported, not stamped.
     NeedsRestart(Vec<String>),
+    /// Not reloaded: PostgreSQL rejects the file's entry for these settings (name, its
+    /// `pg_file_settings.error`). A retry alone does not fix them; reported, not stamped.
+    Rejected(Vec<(String, String)>),
     /// No reload yet (the mounted file lags behind, or PostgreSQL is not running): the named
     /// settings do not match yet; try again later.
     NotYet(Vec<String>),
 }
 
-/// Reads a `ReloadConfig` answer. A load time counts only with no mismatch, so a multipooler
-/// that reloads first and compares afterwards cannot confirm a stale file.
+/// Reads a `ReloadConfig` answer as upstream's multipooler means it: it compares the file
+/// with the expected settings before reloading and reloads only when every one is there and
+/// reload-applicable, so a set `config_load_time` (the load time once it advanced past the
+/// reload) is the success signal and comes without mismatches. Otherwise nothing was reloaded
+/// and the mismatches say why: `needs_restart` when some setting is right but postmaster-only,
+/// an `error` when PostgreSQL rejects the file's entry, neither when the file is stale or
+/// PostgreSQL is not running.
 pub fn verdict(response: &ReloadConfigResponse) -> Verdict {
-    let names = || response.mismatches.iter().map(|m| m.name.clone()).collect();
-    if response.needs_restart {
+    let mismatches = &response.mismatches;
+    if response.config_load_time.is_some() {
+        Verdict::Reloaded
+    } else if response.needs_restart {
         Verdict::NeedsRestart(
-            response
-                .mismatches
+            mismatches
                 .iter()
                 .filter(|m| m.requires_restart)
                 .map(|m| m.name.clone())
                 .collect(),
         )
-    } else if response.config_load_time.is_some() && response.mismatches.is_empty() {
-        Verdict::Reloaded
+    } else if mismatches.iter().any(|m| !m.error.is_empty()) {
+        Verdict::Rejected(
+            mismatches
+                .iter()
+                .filter(|m| !m.error.is_empty())
+                .map(|m| (m.name.clone(), m.error.clone()))
+                .collect(),
+        )
     } else {
-        Verdict::NotYet(names())
+        Verdict::NotYet(mismatches.iter().map(|m| m.name.clone()).collect())
     }
 }
 
@@ -222,7 +237,7 @@ pub enum RpcError {
     },
 }
 
-/// Calls `MultiPoolerManager.ReloadConfig` at `address` with `expected`.
+/// Calls `MultipoolerManager.ReloadConfig` at `address` with `expected`.
 pub async fn call(
     address: &str,
     expected: &BTreeMap<String, String>,
@@ -244,7 +259,7 @@ pub async fn call(
     let request = ReloadConfigRequest {
         expected_settings: expected.clone().into_iter().collect(),
     };
-    MultiPoolerManagerClient::new(channel)
+    MultipoolerManagerClient::new(channel)
         .reload_config(request)
         .await
         .map(tonic::Response::into_inner)
@@ -359,41 +374,36 @@ mod tests {
         );
     }
 
-    fn mismatch(name: &str, requires_restart: bool) -> SettingMismatch {
+    fn mismatch(name: &str, error: &str, requires_restart: bool) -> SettingMismatch {
         SettingMismatch {
             name: name.into(),
+            error: error.into(),
             requires_restart,
-            ..Default::default()
         }
     }
 
+    /// The answers upstream's multipooler gives (`rpc_reload_config.go`).
     #[test]
     fn only_a_confirmed_reload_is_stamped() {
-        let at = Some(prost_types::Timestamp {
-            seconds: 1,
-            nanos: 0,
-        });
         let reloaded = ReloadConfigResponse {
-            config_load_time: at,
+            config_load_time: Some(prost_types::Timestamp {
+                seconds: 1,
+                nanos: 0,
+            }),
             ..Default::default()
         };
         assert_eq!(verdict(&reloaded), Verdict::Reloaded);
         let stale = ReloadConfigResponse {
-            mismatches: vec![mismatch("work_mem", false)],
+            mismatches: vec![mismatch("work_mem", "", false)],
             ..Default::default()
         };
         assert_eq!(verdict(&stale), Verdict::NotYet(vec!["work_mem".into()]));
-        let reloaded_then_stale = ReloadConfigResponse {
-            config_load_time: at,
-            mismatches: vec![mismatch("work_mem", false)],
-            ..Default::default()
-        };
-        assert_eq!(
-            verdict(&reloaded_then_stale),
-            Verdict::NotYet(vec!["work_mem".into()])
-        );
+        let could_not_apply = "setting could not be applied";
         let restart = ReloadConfigResponse {
-            mismatches: vec![mismatch("work_mem", false), mismatch("wal_level", true)],
+            mismatches: vec![
+                mismatch("work_mem", "", false),
+                mismatch("wal_level", could_not_apply, true),
+            ],
             needs_restart: true,
             ..Default::default()
         };
@@ -401,11 +411,52 @@ mod tests {
             verdict(&restart),
             Verdict::NeedsRestart(vec!["wal_level".into()])
         );
+        let invalid = "invalid value for parameter \"work_mem\": \"lots\"";
+        let rejected = ReloadConfigResponse {
+            mismatches: vec![
+                mismatch("work_mem", invalid, false),
+                mismatch("maintenance_work_mem", "", false),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            verdict(&rejected),
+            Verdict::Rejected(vec![("work_mem".into(), invalid.into())])
+        );
         assert_eq!(
             verdict(&ReloadConfigResponse::default()),
             Verdict::NotYet(vec![]),
             "PostgreSQL not running"
         );
+    }
+
+    /// Upstream's answer on the wire, a stale `work_mem` and a restart-only `wal_level`, made
+    /// with `protoc --encode=multipoolermanagerdata.ReloadConfigResponse` from upstream's
+    /// `multipoolermanagerdata.proto`:
+    /// `mismatches { name: "work_mem" } mismatches { name: "wal_level" error: "setting could
+    /// not be applied" requires_restart: true } needs_restart: true`.
+    #[test]
+    fn an_upstream_answer_decodes() {
+        use prost::Message;
+        const ANSWER_HEX: &str = "120a0a08776f726b5f6d656d122b0a0977616c5f6c6576656c121c7365\
+                                  7474696e6720636f756c64206e6f74206265206170706c69656418011801";
+        let bytes: Vec<u8> = (0..ANSWER_HEX.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&ANSWER_HEX[i..i + 2], 16).unwrap())
+            .collect();
+        let response = ReloadConfigResponse::decode(bytes.as_slice()).unwrap();
+        assert_eq!(
+            response,
+            ReloadConfigResponse {
+                config_load_time: None,
+                mismatches: vec![
+                    mismatch("work_mem", "", false),
+                    mismatch("wal_level", "setting could not be applied", true),
+                ],
+                needs_restart: true,
+            }
+        );
+        assert_eq!(response.encode_to_vec(), bytes);
     }
 
     #[test]

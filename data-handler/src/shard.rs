@@ -438,6 +438,22 @@ async fn deliver_reloads(
                         ),
                     ),
                 ),
+                Verdict::Rejected(settings) => wait(
+                    &mut out,
+                    Notice::warning(
+                        "ConfigReloadRejected",
+                        format!(
+                            "pod {}: PostgreSQL rejects postgresql.conf's {}, so it was not \
+                             reloaded; correct the values in the postgres config",
+                            pod.name,
+                            settings
+                                .iter()
+                                .map(|(name, error)| format!("{name} ({error})"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ),
+                ),
                 Verdict::NotYet(settings) => {
                     tracing::debug!(pod = %pod.name, ?settings, "mounted postgresql.conf not synced yet");
                     out.retry = true;

@@ -10,19 +10,23 @@ pub mod operator {
 }
 
 /// `clustermetadata`: the Multigres topology records (Cell, Database, Multipooler, ...) as stored
-/// in etcd, byte-compatible with what Multigres components read and write.
+/// in etcd, compiled from upstream's own `clustermetadata.proto` so the bytes are exactly what
+/// Multigres components read and write.
 pub mod topo {
     tonic::include_proto!("clustermetadata");
 }
 
-/// `multipoolermanager` / `multipoolermanagerdata`: the multipooler's management service, trimmed
-/// to `ReloadConfig`, with the upstream packages so the gRPC path and wire format match.
+/// `multipoolermanager` / `multipoolermanagerdata`: the multipooler's management service, compiled
+/// from upstream's own files so the gRPC paths and wire format are the real multipooler's.
 pub mod multipooler {
+    /// The topology records, where the generated code of the manager's messages (which embed
+    /// some: pooler ids, types, routing roles) looks them up.
+    pub use crate::topo as clustermetadata;
     /// Request and response messages.
     pub mod multipoolermanagerdata {
         tonic::include_proto!("multipoolermanagerdata");
     }
-    /// The `MultiPoolerManager` service client and server.
+    /// The `MultipoolerManager` service client and server.
     pub mod multipoolermanager {
         tonic::include_proto!("multipoolermanager");
     }

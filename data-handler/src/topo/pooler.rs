@@ -49,6 +49,10 @@ mod tests {
         };
         assert!(record(routed(RoutingRole::Primary)).is_primary());
         assert!(!record(routed(RoutingRole::Replica)).is_primary());
+        #[expect(
+            deprecated,
+            reason = "upstream deprecated `type`; it is set to show it is ignored"
+        )]
         let legacy_primary = Multipooler {
             r#type: PoolerType::Primary as i32,
             ..Default::default()

@@ -22,8 +22,8 @@ use multigres_e2e::etcd::{EtcdConfig, EtcdProcess};
 use multigres_e2e::harness::{
     HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace, pool_pods,
 };
-use multigres_proto::multipooler::multipoolermanager::multi_pooler_manager_server::{
-    MultiPoolerManager, MultiPoolerManagerServer,
+use multigres_proto::multipooler::multipoolermanager::multipooler_manager_server::{
+    MultipoolerManager, MultipoolerManagerServer,
 };
 use multigres_proto::multipooler::multipoolermanagerdata::{
     ReloadConfigRequest, ReloadConfigResponse,
@@ -338,15 +338,17 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
     .await;
 }
 
-/// A multipooler's management service as far as reloads go: records the expected settings of
-/// every `ReloadConfig` and answers that PostgreSQL reloaded.
+/// A multipooler's management service as far as reloads go, from upstream's own
+/// `multipoolermanagerservice.proto` (same gRPC path and messages): records the expected
+/// settings of every `ReloadConfig` and answers that PostgreSQL reloaded; every other method
+/// answers UNIMPLEMENTED.
 #[derive(Clone, Default)]
 struct Multipoolers {
     received: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
 }
 
 #[tonic::async_trait]
-impl MultiPoolerManager for Multipoolers {
+impl MultipoolerManager for Multipoolers {
     async fn reload_config(
         &self,
         request: tonic::Request<ReloadConfigRequest>,
@@ -375,7 +377,7 @@ async fn a_reload_only_change_is_reloaded_through_each_multipooler_and_stamped_o
     let multipoolers = Multipoolers::default();
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(MultiPoolerManagerServer::new(multipoolers.clone()))
+            .add_service(MultipoolerManagerServer::new(multipoolers.clone()))
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
     );
     let etcd = EtcdProcess::start(EtcdConfig::default()).await.unwrap();
