@@ -1,6 +1,8 @@
 //! Protocol messages shared by the handlers: the `HandlerInfo` gRPC service, in `topo` the
 //! Multigres topology records the data-handler writes to etcd, and in `multipooler` the
-//! multipooler's `ReloadConfig` RPC the data-handler calls to apply reload-class settings.
+//! multipooler's management service, whose `ReloadConfig` the data-handler calls to apply
+//! reload-class settings. The Multigres messages come from upstream's own `.proto` files,
+//! unchanged (`proto/multigres/UPSTREAM` names the commit; a test checks them).
 
 /// `multigres.operator.v1`: the HandlerInfo service.
 pub mod operator {

@@ -9,6 +9,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use multigres_proto::multipooler::multipoolermanager::multipooler_manager_server::SERVICE_NAME;
 use sha2::{Digest, Sha256};
 
 /// Where the snapshot's tarball is looked for when `MULTIGRES_VENDOR_SRC` is unset, relative to
@@ -16,6 +17,11 @@ use sha2::{Digest, Sha256};
 const DEFAULT_VENDOR_SRC: &str = "../shared/vendor-src";
 /// Directory of the protos inside the snapshot tarball (`git archive --prefix=multigres/`).
 const TARBALL_PROTO_DIR: &str = "multigres/proto";
+/// The multipooler's gRPC server code in the snapshot, generated from the same protos.
+const TARBALL_MANAGER_GRPC: &str =
+    "multigres/go/pb/multipoolermanager/multipoolermanagerservice_grpc.pb.go";
+/// The path a `ReloadConfig` call takes.
+const RELOAD_PATH: &str = "/multipoolermanager.MultipoolerManager/ReloadConfig";
 
 struct Manifest {
     commit: String,
@@ -148,7 +154,7 @@ fn upstream_file(tarball: &Path, name: &str) -> Vec<u8> {
     let out = Command::new("tar")
         .arg("-xzOf")
         .arg(tarball)
-        .arg(format!("{TARBALL_PROTO_DIR}/{name}"))
+        .arg(name)
         .output()
         .expect("tar");
     assert!(
@@ -180,9 +186,25 @@ fn the_vendored_protos_equal_the_snapshot() {
     );
     assert_eq!(archived_commit(&tarball), manifest.commit);
     for (name, sum) in &manifest.files {
-        let upstream = upstream_file(&tarball, name);
+        let upstream = upstream_file(&tarball, &format!("{TARBALL_PROTO_DIR}/{name}"));
         assert_eq!(&sha256(&upstream), sum, "UPSTREAM's sha256 of {name}");
         let ours = std::fs::read(dir().join(name)).expect("vendored file");
         assert!(ours == upstream, "{name} differs from the snapshot's");
     }
+}
+
+/// The path the data-handler calls is the one the real multipooler serves (it was not, when the
+/// service was spelled `MultiPoolerManager` here).
+#[test]
+fn reload_config_takes_the_multipoolers_path() {
+    assert_eq!(format!("/{SERVICE_NAME}/ReloadConfig"), RELOAD_PATH);
+    let manifest = manifest();
+    let Some(tarball) = tarball(&manifest.snapshot) else {
+        return;
+    };
+    let server = String::from_utf8(upstream_file(&tarball, TARBALL_MANAGER_GRPC)).unwrap();
+    assert!(
+        server.contains(&format!("\"{RELOAD_PATH}\"")),
+        "{TARBALL_MANAGER_GRPC} serves no {RELOAD_PATH}"
+    );
 }
