@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
 # `just demo`: install the operator with its Helm chart and watch a sample cluster converge.
 #
-# Without KUBECONFIG (or when it points nowhere), everything runs on this machine, on loopback:
-#   1. the real local control plane (kube-apiserver, controller-manager, scheduler, etcd, and kwok
-#      fake nodes, which run pods as fakes);
-#   2. `helm install` of deploy/helm/multigres-operator (CRDs, ServiceAccounts, RBAC, webhooks,
-#      Deployments), with the webhooks registered on 127.0.0.1;
-#   3. the four handlers as local processes, since kwok runs no containers: each with the
-#      arguments of its Deployment and a token of the chart's ServiceAccount, so it works under
-#      exactly the chart's RBAC;
-#   4. a real etcd on loopback as the Multigres topology, and the sample
-#      deploy/samples/external-topo.yaml pointed at it;
+# Without KUBECONFIG (or when it points nowhere), everything runs on this machine, inside the
+# sandbox of e2e/sandbox.sh (private network, mount and PID namespaces):
+#   1. the images, built without Docker or a registry: the operator's (`just image`) and the
+#      data plane's (e2e/images/build.sh: etcd, multigres, pgctld with PostgreSQL 17);
+#   2. the real local control plane with three real nodes (kubelet, containerd, runc, CNI,
+#      kube-proxy, CoreDNS; one per zone), the images imported into every node;
+#   3. `helm install` of deploy/helm/multigres-operator with that image: the four handlers run as
+#      real pods under the chart's ServiceAccounts, the webhook is reached through its Service;
+#   4. deploy/samples/minimal.yaml (a managed 3-member etcd topology and one cell), with
+#      `spec.images` pointing at the local data-plane images;
 #   5. a live view of `kubectl get multigres` until the cluster is Available, then (on a
-#      terminal) until Ctrl-C, with the command to inspect it yourself.
+#      terminal) until Ctrl-C, with the command to enter the sandbox and inspect it yourself.
 # With a reachable KUBECONFIG, the chart is installed into that cluster instead (image from
 # DEMO_IMAGE=<repository>:<tag>, built from the Dockerfile) and deploy/samples/minimal.yaml is
 # applied.
 #
 # In CI (CI=true) or without a terminal it never waits for Ctrl-C: it exits 0 once the cluster
-# is Available and 1 after DEMO_TIMEOUT seconds (default 300).
+# is Available and 1 after DEMO_TIMEOUT seconds (default 600).
 #
 # Environment: DEMO_NAMESPACE (default multigres-demo), DEMO_SAMPLE (another sample file),
 # DEMO_TIMEOUT, DEMO_IMAGE, MULTIGRES_TOOLCHAIN_BIN (the control-plane binaries).
@@ -29,7 +29,7 @@ cd "$repo"
 release=multigres-operator
 system=multigres-system
 namespace=${DEMO_NAMESPACE:-multigres-demo}
-timeout=${DEMO_TIMEOUT:-300}
+timeout=${DEMO_TIMEOUT:-600}
 chart=deploy/helm/multigres-operator
 state=$(mktemp -d /tmp/multigres-demo.XXXXXX)
 bin_dir=${MULTIGRES_TOOLCHAIN_BIN:-$(bash e2e/toolchain/build.sh)}
@@ -55,19 +55,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# A free TCP port on 127.0.0.1.
-free_port() {
-  local port
-  for _ in $(seq 1 100); do
-    port=$((20000 + RANDOM % 30000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "$port"
-      return
-    fi
-  done
-  fail "no free port on 127.0.0.1"
-}
 
 # Waits up to $1 seconds for the command "$@" (after the first argument) to succeed.
 wait_for() {
@@ -112,33 +99,6 @@ watch_convergence() {
   return 1
 }
 
-# Starts one handler the way its Deployment would run it, as its ServiceAccount, on loopback.
-start_handler() {
-  local handler=$1 webhook_port=$2 server=$3 ca=$4 kubeconfig token args=()
-  kubeconfig="$state/$handler.kubeconfig"
-  token=$(kubectl create token "$release-$handler" -n "$system" --duration=24h)
-  kubectl config --kubeconfig "$kubeconfig" set-cluster local --server "$server" \
-    --certificate-authority "$ca" --embed-certs >/dev/null
-  kubectl config --kubeconfig "$kubeconfig" set-credentials "$handler" --token "$token" >/dev/null
-  kubectl config --kubeconfig "$kubeconfig" set-context local --cluster local --user "$handler" >/dev/null
-  kubectl config --kubeconfig "$kubeconfig" use-context local >/dev/null
-  while IFS= read -r arg; do
-    case "$arg" in
-      --grpc-bind-address=:* | --metrics-bind-address=:*) arg="${arg%%=*}=127.0.0.1:${arg##*:}" ;;
-      --webhook-bind-address=*) arg="--webhook-bind-address=127.0.0.1:$webhook_port" ;;
-      --log-format=*) arg="--log-format=text" ;;
-    esac
-    args+=("$arg")
-  done < <(kubectl get deployment "$release-$handler" -n "$system" \
-    -o jsonpath='{range .spec.template.spec.containers[0].args[*]}{@}{"\n"}{end}')
-  POD_NAMESPACE=$system POD_NAME="$handler-local" \
-    "target/debug/$handler" "${args[@]}" --kubeconfig "$kubeconfig" >"$state/$handler.log" 2>&1 &
-  pids+=($!)
-  echo "    $handler (pid $!): ${args[*]}"
-}
-
-say "building the operator"
-cargo build -q -p cluster-handler -p resource-handler -p data-handler -p webhook-server -p multigres-e2e --bins
 
 if [ -n "${KUBECONFIG:-}" ] && kubectl version --request-timeout=5s >/dev/null 2>&1; then
   say "installing the chart into the cluster in KUBECONFIG ($(kubectl config current-context 2>/dev/null || echo '?'))"
@@ -153,58 +113,50 @@ if [ -n "${KUBECONFIG:-}" ] && kubectl version --request-timeout=5s >/dev/null 2
   say "applying $sample to namespace $namespace"
   kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
   kubectl apply -n "$namespace" --server-side -f "$sample"
+elif [ "${MULTIGRES_E2E_SANDBOX:-}" != 1 ]; then
+  say "no reachable cluster in KUBECONFIG: building the images (cached in ~/.cache/multigres-operator)"
+  cargo build -q -p multigres-e2e --bin local-cluster
+  mkdir -p target/images
+  MULTIGRES_TOOLCHAIN_BIN=$bin_dir bash e2e/images/build.sh >target/images/demo-list
+  bash e2e/images/operator.sh | tail -n 1 >>target/images/demo-list
+  say "entering the sandbox (private network, mount and PID namespaces)"
+  trap - EXIT
+  rm -rf "$state"
+  exec env MULTIGRES_IMAGES="$repo/target/images/demo-list" bash e2e/sandbox.sh bash "$0"
 else
-  say "no reachable cluster in KUBECONFIG: starting the local control plane (logs in $state/cluster/logs)"
+  image() { grep -m1 "^$1" "$MULTIGRES_IMAGES" | cut -d' ' -f1; }
+  say "starting the local control plane with three real nodes (logs in $state/cluster/logs)"
   # No CRDs from the harness: `helm install` creates them from the chart's crds/.
   mkdir -p "$state/cluster" "$state/no-crds"
-  target/debug/local-cluster up --state-dir "$state/cluster" --crds "$state/no-crds" >"$state/local-cluster.log" 2>&1 &
+  target/debug/local-cluster up --real-nodes --state-dir "$state/cluster" --crds "$state/no-crds" \
+    >"$state/local-cluster.log" 2>&1 &
   local_cluster=$!
-  wait_for 300 test -f "$state/cluster/kubeconfig" || {
+  wait_for 600 test -f "$state/cluster/kubeconfig" || {
     tail -n 30 "$state/local-cluster.log"
     fail "the local control plane did not start"
   }
   export KUBECONFIG="$state/cluster/kubeconfig"
-  kubectl get nodes
+  kubectl get nodes -o wide
 
-  webhook_port=$(free_port)
-  say "helm install $release (webhooks on https://127.0.0.1:$webhook_port)"
+  operator=$(image localhost/multigres-operator:)
+  say "helm install $release with the image $operator"
   helm install "$release" "$chart" -n "$system" --create-namespace --wait --timeout 5m \
-    --set "webhook.url=https://127.0.0.1:$webhook_port" \
-    --set-json 'webhookServer.extraArgs=["--webhook-extra-sans=127.0.0.1"]' \
+    --set "image.repository=${operator%:*}" --set "image.tag=${operator##*:}" --set image.pullPolicy=Never \
     2> >(grep -v 'found symbolic link' >&2)
-  kubectl get deployments,serviceaccounts -n "$system"
+  kubectl get pods -n "$system" -o wide
 
-  say "starting the four handlers as the chart's ServiceAccounts (logs in $state)"
-  server=$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')
-  ca=$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority}')
-  start_handler webhook-server "$webhook_port" "$server" "$ca"
-  caBundle() {
-    [ -n "$(kubectl get mutatingwebhookconfiguration multigres-operator-mutating-webhook-configuration \
-      -o jsonpath='{.webhooks[0].clientConfig.caBundle}')" ]
-  }
-  wait_for 60 caBundle || { tail -n 20 "$state/webhook-server.log"; fail "the webhook-server did not set its caBundle"; }
-  for handler in cluster-handler resource-handler data-handler; do
-    start_handler "$handler" "$webhook_port" "$server" "$ca"
-  done
-  sleep 2
-  for pid in "${pids[@]}"; do
-    kill -0 "$pid" 2>/dev/null || { tail -n 20 "$state"/*-handler.log "$state/webhook-server.log"; fail "a handler exited"; }
-  done
-
-  topo_port=$(free_port)
-  topo_peer=$(free_port)
-  say "starting the Multigres topology: etcd on 127.0.0.1:$topo_port"
-  etcd --name topo --data-dir "$state/topo" \
-    --listen-client-urls "http://127.0.0.1:$topo_port" --advertise-client-urls "http://127.0.0.1:$topo_port" \
-    --listen-peer-urls "http://127.0.0.1:$topo_peer" --initial-advertise-peer-urls "http://127.0.0.1:$topo_peer" \
-    --initial-cluster "topo=http://127.0.0.1:$topo_peer" --log-level warn >"$state/topo-etcd.log" 2>&1 &
-  pids+=($!)
-  wait_for 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$topo_port" || fail "the topology etcd did not start"
-
-  sample=${DEMO_SAMPLE:-deploy/samples/external-topo.yaml}
-  say "applying $sample to namespace $namespace (topology endpoints -> 127.0.0.1:$topo_port)"
+  sample=${DEMO_SAMPLE:-deploy/samples/minimal.yaml}
+  say "applying $sample to namespace $namespace, with the local data-plane images"
   kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-  sed -E "s#http://[a-z0-9.-]+:2379#http://127.0.0.1:$topo_port#" "$sample" |
+  kubectl create --dry-run=client -o json -f "$sample" |
+    jq --arg etcd "$(image localhost/multigres/etcd:)" --arg multigres "$(image localhost/multigres/multigres:)" \
+      --arg pgctld "$(image localhost/multigres/pgctld:)" '
+      (if .kind == "List" then .items else [.] end)[] |
+      if .kind == "MultigresCluster" then
+        .spec.images = {imagePullPolicy: "Never", multigateway: $multigres, multiorch: $multigres,
+                        multipooler: $multigres, multiadmin: $multigres, postgres: $pgctld}
+        | .spec.globalTopoServer.etcd.image = $etcd
+      else . end' |
     kubectl apply -n "$namespace" --server-side -f -
 fi
 
@@ -219,8 +171,10 @@ echo "  export KUBECONFIG=$KUBECONFIG"
 echo "  kubectl get multigres -n $namespace"
 echo "  kubectl describe multigrescluster -n $namespace"
 if [ -n "$local_cluster" ]; then
-  echo "  curl -s 127.0.0.1:8081/metrics   # cluster-handler (8082 resource, 8083 data, 8084 webhook)"
-  echo "  handler logs: $state/*.log"
+  echo "The local cluster runs in a sandbox; enter it from another terminal (as root) with"
+  echo "  nsenter --target \$(pgrep -o -f 'local-cluster up --real-nodes') --net --mount \\"
+  echo "    env PATH=$bin_dir:\$PATH KUBECONFIG=$KUBECONFIG bash"
+  echo "  kubectl -n $system logs deploy/$release-cluster-handler   # and the other handlers"
 fi
 if $interactive; then
   say "live view until Ctrl-C"

@@ -4,7 +4,7 @@
 # image, as OCI archives in the cache outside the repository. Each archive's name carries the
 # hashes of what went into it (source snapshots, versions, these scripts), so a changed input
 # rebuilds that image and an unchanged one is reused. Prints "<ref> <archive>" per image.
-# Usage: build.sh [pause|multigres|pgctld|etcd ...] (default: all four).
+# Usage: build.sh [pause|coredns|etcd|multigres|pgctld ...] (default: all five).
 #
 # The images follow the upstream Dockerfiles in the Multigres snapshot (paths, users, PATH),
 # with host files instead of Debian base images: glibc and the other shared libraries that ldd
@@ -245,9 +245,33 @@ image_pause() {
   echo "$ref $out"
 }
 
+# Cluster DNS of the real-node tier: the toolchain's static CoreDNS, as nonroot (it serves on
+# an unprivileged port behind the kube-dns Service).
+image_coredns() {
+  local version ref out root bin
+  version=$(sed -n 's/^COREDNS_VERSION=//p' "$here/../toolchain/build.sh")
+  ref=localhost/multigres/coredns:$version
+  out=$images_dir/coredns-$version-$recipe.tar
+  if [ ! -f "$out" ]; then
+    bin=${MULTIGRES_TOOLCHAIN_BIN:-$(bash "$here/../toolchain/build.sh")}
+    root=$work/root-coredns
+    new_root "$root"
+    mkdir -p "$root/usr/local/bin"
+    cp "$bin/coredns" "$root/usr/local/bin/"
+    add_users "$root" nonroot:$NONROOT:$NONROOT:/home/nonroot
+    in_root "$root" $NONROOT:$NONROOT /usr/local/bin/coredns -version >/dev/null
+    timed "coredns: archive" oci_archive "$root" "$(jq -cn --arg path "PATH=$BASE_PATH" \
+      '{User: "65532:65532", Env: [$path], Entrypoint: ["/usr/local/bin/coredns"],
+        ExposedPorts: {"1053/udp": {}, "1053/tcp": {}}}')" "$ref" "$out"
+    rm -rf "$root"
+    prune coredns "$out"
+  fi
+  echo "$ref $out"
+}
+
 # Arguments name the images to build (default: all).
 images=("$@")
-[ ${#images[@]} -gt 0 ] || images=(pause multigres pgctld etcd)
+[ ${#images[@]} -gt 0 ] || images=(pause coredns etcd multigres pgctld)
 for image in "${images[@]}"; do
   timed "image $image" "image_$image"
 done

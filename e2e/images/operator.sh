@@ -17,7 +17,8 @@ source "$here/lib.sh"
 
 ref=${MULTIGRES_OPERATOR_IMAGE:-localhost/multigres-operator:dev}
 dockerfile=$repo/Dockerfile
-out_dir=$repo/target/images
+target=${CARGO_TARGET_DIR:-$repo/target}
+out_dir=$target/images
 out=$out_dir/operator.tar
 BASE=gcr.io/distroless/cc-debian12:nonroot
 # The config that base image carries (distroless: nonroot user and its home, the CA bundle).
@@ -41,7 +42,7 @@ read -r _ from <<<"${lines[final]}"
 build_run=$(printf '%s\n' "${lines[@]:0:final}" | grep -m1 'cargo build' || true)
 [[ $build_run =~ for\ handler\ in\ ([a-z0-9 -]+)\; ]] || fail "no 'for handler in ...;' in the build stage"
 read -ra binaries <<<"${BASH_REMATCH[1]}"
-mapfile -t packages < <(grep -o -- '-p [a-z0-9-]*' <<<"$build_run" | cut -d' ' -f2)
+mapfile -t packages < <(grep -o -- '-p [a-z][a-z0-9-]*' <<<"$build_run" | cut -d' ' -f2)
 [ ${#packages[@]} -gt 0 ] || fail "no 'cargo build -p ...' in the build stage"
 
 # Final stage, instruction by instruction.
@@ -89,7 +90,7 @@ mkdir -p "$out_dir"
 root=$out_dir/root
 new_root "$root"
 mkdir -p "$root$dest"
-for b in "${binaries[@]}"; do install -m 0755 "$repo/target/release/$b" "$root$dest/$b"; done
+for b in "${binaries[@]}"; do install -m 0755 "$target/release/$b" "$root$dest/$b"; done
 copy_libs "$root" "${binaries[@]/#/$root$dest/}"
 copy_host_file "$root" /etc/ssl/certs/ca-certificates.crt
 add_users "$root" nonroot:65532:65532:/home/nonroot

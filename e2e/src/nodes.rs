@@ -514,7 +514,6 @@ state = "{dir}/state"
             "hostnameOverride": first.name,
             "bindAddress": first.ip.to_string(),
             "healthzBindAddress": "",
-            "metricsBindAddress": "127.0.0.1:0",
             "mode": "iptables",
             "clusterCIDR": POD_CIDR,
             "conntrack": {"maxPerCore": 0, "min": 0},
@@ -688,8 +687,9 @@ fn wait_until(what: &str, timeout: Duration, done: impl Fn() -> bool) -> Result<
     Ok(())
 }
 
-/// Mount points of the cgroup v1 hierarchies (`/sys/fs/cgroup/<controller>`).
-fn cgroup_hierarchies() -> Vec<PathBuf> {
+/// Mount points of the cgroup v1 hierarchies (`/sys/fs/cgroup/<controller>`), and with
+/// `unified` the cgroup2 mount beside them too (runc also creates the containers' cgroups there).
+fn cgroup_hierarchies(unified: bool) -> Vec<PathBuf> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
@@ -697,7 +697,8 @@ fn cgroup_hierarchies() -> Vec<PathBuf> {
             let (left, right) = line.split_once(" - ")?;
             let fstype = right.split(' ').next()?;
             let mount_point = left.split(' ').nth(4)?;
-            (fstype == "cgroup").then(|| PathBuf::from(mount_point))
+            (fstype == "cgroup" || (unified && fstype == "cgroup2"))
+                .then(|| PathBuf::from(mount_point))
         })
         .collect()
 }
@@ -705,7 +706,7 @@ fn cgroup_hierarchies() -> Vec<PathBuf> {
 /// Creates `/<root>` in every cgroup v1 hierarchy (cpuset needs its CPUs and memory nodes copied
 /// from the parent before anything can join).
 fn create_cgroup_root(root: &str) -> Result<(), NodesError> {
-    for hierarchy in cgroup_hierarchies() {
+    for hierarchy in cgroup_hierarchies(false) {
         let dir = hierarchy.join(root);
         std::fs::create_dir_all(&dir).map_err(io(format!("creating cgroup {}", dir.display())))?;
         for file in ["cpuset.cpus", "cpuset.mems"] {
@@ -731,7 +732,7 @@ fn cgroup_dirs(root: &str) -> Vec<PathBuf> {
         out.push(dir.to_path_buf());
     }
     let mut out = Vec::new();
-    for hierarchy in cgroup_hierarchies() {
+    for hierarchy in cgroup_hierarchies(true) {
         let dir = hierarchy.join(root);
         if dir.is_dir() {
             walk(&dir, &mut out);

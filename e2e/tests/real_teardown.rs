@@ -12,12 +12,14 @@ use multigres_e2e::cluster::{ClusterOptions, LocalCluster};
 use multigres_e2e::harness::eventually;
 use multigres_e2e::nodes;
 
-/// Names of the interfaces in this network namespace.
+/// Names of the interfaces in this network namespace (`/proc/self/net/dev` follows the reader's
+/// namespace; `/sys/class/net` would show the host's, since the sandbox keeps its sysfs).
 fn interfaces() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+    let mut names: Vec<String> = std::fs::read_to_string("/proc/self/net/dev")
         .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .lines()
+        .skip(2)
+        .filter_map(|line| line.split_once(':').map(|(name, _)| name.trim().to_owned()))
         .collect();
     names.sort();
     names

@@ -3,7 +3,7 @@
 //! hand or from `just demo`.
 //!
 //! ```text
-//! local-cluster up   --state-dir DIR [--crds deploy/crds]   # foreground until SIGINT/SIGTERM
+//! local-cluster up   --state-dir DIR [--crds deploy/crds] [--real-nodes]  # until SIGINT/SIGTERM
 //! local-cluster down --state-dir DIR [--timeout-seconds 60] # stops the `up` running on DIR
 //! ```
 //!
@@ -46,6 +46,10 @@ enum Cmd {
         /// Directory of CRD manifests to install.
         #[arg(long)]
         crds: Option<PathBuf>,
+        /// Real nodes (containerd, kubelet, kube-proxy, CoreDNS) instead of kwok's fakes; only
+        /// inside e2e/sandbox.sh, with $MULTIGRES_IMAGES listing the images to import.
+        #[arg(long)]
+        real_nodes: bool,
     },
     /// Stop the control plane started by `up` on the same state directory.
     Down {
@@ -70,7 +74,11 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Cmd::Up { state_dir, crds } => up(&state_dir, crds).await,
+        Cmd::Up {
+            state_dir,
+            crds,
+            real_nodes,
+        } => up(&state_dir, crds, real_nodes).await,
         Cmd::Down {
             state_dir,
             timeout_seconds,
@@ -78,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn up(dir: &Path, crds: Option<PathBuf>) -> anyhow::Result<()> {
+async fn up(dir: &Path, crds: Option<PathBuf>, real_nodes: bool) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = dir
         .canonicalize()
@@ -99,6 +107,7 @@ async fn up(dir: &Path, crds: Option<PathBuf>) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut opts = ClusterOptions {
         state_dir: Some(dir.clone()),
+        real_nodes,
         ..ClusterOptions::default()
     };
     if let Some(crds) = crds {
