@@ -180,7 +180,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
             listed.wait().await;
             ctx.state.mark_synced(kind);
         }
-        ctx.state.set_serving(true).await;
+        ctx.state.set_ready(true).await;
         tracing::info!("caches synced; serving");
     };
     let readiness = async {

@@ -283,7 +283,7 @@ impl LeaderElector {
             lease: lease.clone(),
             identity: self.config.identity.clone(),
         });
-        state.set_leader_state(LeaderState::Standby);
+        state.set_leader_state(LeaderState::Standby).await;
         tracing::info!(%lease, identity = %self.config.identity, "campaigning for leadership");
 
         let mut last_renewed: Option<Instant> = None;
@@ -295,12 +295,15 @@ impl LeaderElector {
             });
             let attempt = tokio::time::timeout(budget, self.try_acquire_or_renew()).await;
             let now = Instant::now();
+            state
+                .set_lease_reachable(matches!(attempt, Ok(Ok(_))))
+                .await;
             let lost_reason = match attempt {
                 Ok(Ok(Attempt::Held)) => {
                     if last_renewed.is_none() {
                         tracing::info!(%lease, "acquired leadership");
                         state.set_lease_holder(Some(self.config.identity.clone()));
-                        state.set_leader_state(LeaderState::Leader);
+                        state.set_leader_state(LeaderState::Leader).await;
                         leading.send_replace(true);
                     }
                     last_renewed = Some(now);
@@ -326,7 +329,7 @@ impl LeaderElector {
                 }
             };
             if let Some(reason) = lost_reason {
-                state.set_leader_state(LeaderState::Standby);
+                state.set_leader_state(LeaderState::Standby).await;
                 leading.send_replace(false);
                 tracing::error!(%lease, %reason, "lost leadership");
                 return Err(LeaderError::Lost { lease, reason });
@@ -339,7 +342,7 @@ impl LeaderElector {
 
         if last_renewed.is_some() {
             leading.send_replace(false);
-            state.set_leader_state(LeaderState::Standby);
+            state.set_leader_state(LeaderState::Standby).await;
             match tokio::time::timeout(self.config.renew_deadline, self.release()).await {
                 Ok(Ok(())) => {
                     state.set_lease_holder(None);

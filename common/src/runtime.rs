@@ -147,12 +147,13 @@ impl HandlerRuntime {
     /// Runs `work` until it returns, then stops the servers.
     ///
     /// With `leader` given and `--leader-elect` on, the replica first campaigns for the Lease
-    /// (reporting SERVING while it stands by, since a healthy standby is ready), runs `work`
-    /// only once it leads (NOT_SERVING again until `work` reports its caches synced), and returns [`RuntimeError::Leadership`] if it loses the Lease, after
-    /// `work` has stopped. Otherwise `work` starts at once (`LEADER_STATE_NOT_ELECTED`).
+    /// (SERVING while it stands by and can reach the Lease: ready to take over), runs `work`
+    /// only once it leads (NOT_SERVING until `work` reports ready), and returns
+    /// [`RuntimeError::Leadership`] if it loses the Lease, after `work` has stopped. Otherwise
+    /// `work` starts at once (`LEADER_STATE_NOT_ELECTED`). See `HandlerState::is_serving`.
     ///
     /// `work` must return soon after `HandlerContext::shutdown` fires, and report readiness
-    /// itself with `state.set_serving(true)`.
+    /// itself with `state.set_ready(true)` once its caches are synced.
     pub async fn run<F, Fut, E>(
         self,
         leader: Option<&LeaderElectionArgs>,
@@ -171,13 +172,13 @@ impl HandlerRuntime {
         let result = match leader.filter(|args| args.leader_elect) {
             Some(args) => self.run_elected(args, context, work).await,
             None => {
-                self.state.set_leader_state(LeaderState::NotElected);
+                self.state.set_leader_state(LeaderState::NotElected).await;
                 until_stopped(self.shutdown.clone(), work(context))
                     .await
                     .map_err(|e| RuntimeError::Work(e.into()))
             }
         };
-        self.state.set_serving(false).await;
+        self.state.stop().await;
         let stopped = self.servers.stop().await;
         match &result {
             Ok(()) => tracing::info!(handler = self.spec.name, "stopped"),
@@ -220,7 +221,6 @@ impl HandlerRuntime {
             leading_tx,
             elector_stop.clone(),
         ));
-        self.state.set_serving(true).await;
 
         let join = |joined: Result<Result<(), LeaderError>, tokio::task::JoinError>| {
             joined
@@ -236,9 +236,6 @@ impl HandlerRuntime {
             joined = &mut elector => return join(joined),
             Ok(_) = leading.wait_for(|leads| *leads) => {}
         }
-        // A new leader is not ready until `work` has filled its caches: a leader that cannot
-        // (say, its RBAC is missing a rule) must fail its readiness probe, not pass it.
-        self.state.set_serving(false).await;
 
         let work = until_stopped(self.shutdown.clone(), work(context));
         tokio::pin!(work);

@@ -36,7 +36,12 @@ struct Counts {
 
 #[derive(Debug)]
 struct Mutable {
-    serving: bool,
+    /// The work reported that it can do its job (caches synced, certificate loaded).
+    work_ready: bool,
+    /// The last attempt to read or write the Lease succeeded.
+    lease_reachable: bool,
+    /// The handler is shutting down.
+    stopped: bool,
     leader_state: LeaderState,
     lease: Option<LeaseInfo>,
     lease_holder: Option<String>,
@@ -44,11 +49,36 @@ struct Mutable {
     controllers: BTreeMap<String, Counts>,
 }
 
+impl Mutable {
+    /// Whether this replica may reconcile: it acts (leads, or runs without leader election)
+    /// and its work is ready.
+    fn acting_ready(&self) -> bool {
+        !self.stopped && self.work_ready && self.leader_state != LeaderState::Standby
+    }
+
+    /// What grpc.health.v1 reports. Readiness means "can do its job": a leader (or a replica
+    /// without leader election) only once its work is ready, so a leader whose caches never
+    /// fill (say, its RBAC refuses a watch) stays NOT_SERVING. A standby cannot reconcile,
+    /// but its job is to be ready to take over, which it is while it can reach the Lease: a
+    /// NOT_SERVING standby would hold every rolling update of the Deployment
+    /// (`maxUnavailable: 0` waits for the new, standby, pods to become ready) and count
+    /// against the PodDisruptionBudget, for no gain.
+    fn serving(&self) -> bool {
+        match self.leader_state {
+            LeaderState::Standby => !self.stopped && self.lease_reachable,
+            _ => self.acting_ready(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     name: String,
     version: String,
     health: HealthReporter,
+    /// Held while the health status is computed and published, so concurrent updates publish
+    /// in order and the last one reflects the latest state.
+    publishing: tokio::sync::Mutex<()>,
     mutable: Mutex<Mutable>,
 }
 
@@ -72,8 +102,11 @@ impl HandlerState {
                 name: name.into(),
                 version: version.into(),
                 health,
+                publishing: tokio::sync::Mutex::new(()),
                 mutable: Mutex::new(Mutable {
-                    serving: false,
+                    work_ready: false,
+                    lease_reachable: false,
+                    stopped: false,
                     leader_state: LeaderState::Unspecified,
                     lease: None,
                     lease_holder: None,
@@ -104,11 +137,10 @@ impl HandlerState {
         ))
     }
 
-    /// Sets what grpc.health.v1 reports: SERVING once controllers' caches have synced (or,
-    /// for the webhook, once its certificate is loaded).
-    pub async fn set_serving(&self, serving: bool) {
-        self.lock().serving = serving;
-        let status = if serving {
+    /// Publishes the current readiness to grpc.health.v1.
+    async fn publish(&self) {
+        let _publishing = self.inner.publishing.lock().await;
+        let status = if self.is_serving() {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
@@ -116,22 +148,45 @@ impl HandlerState {
         self.inner.health.set_service_status("", status).await;
     }
 
-    /// Whether grpc.health.v1 reports SERVING.
+    /// The work reports whether it can do its job: controllers once every cache has had its
+    /// first complete list, the webhook once its certificate is loaded. What grpc.health.v1
+    /// reports follows from this and the leadership (see [`Self::is_serving`]).
+    pub async fn set_ready(&self, ready: bool) {
+        self.lock().work_ready = ready;
+        self.publish().await;
+    }
+
+    /// The handler is stopping: NOT_SERVING from now on, whatever else changes.
+    pub async fn stop(&self) {
+        self.lock().stopped = true;
+        self.publish().await;
+    }
+
+    /// Whether grpc.health.v1 reports SERVING: a standby while it can reach the Lease (ready
+    /// to take over), a leader or a replica without leader election once its work is ready.
     pub fn is_serving(&self) -> bool {
-        self.lock().serving
+        self.lock().serving()
     }
 
     /// Records this replica's leadership, also published as the `multigres_operator_leader`
     /// gauge (1 when acting: leader or leader election off).
-    pub fn set_leader_state(&self, leader_state: LeaderState) {
+    pub async fn set_leader_state(&self, leader_state: LeaderState) {
         self.lock().leader_state = leader_state;
         let acting = matches!(leader_state, LeaderState::Leader | LeaderState::NotElected);
         crate::metrics::set_leader(self.name(), acting);
+        self.publish().await;
     }
 
     /// This replica's leadership.
     pub fn leader_state(&self) -> LeaderState {
         self.lock().leader_state
+    }
+
+    /// Records whether the last attempt to read or write the Lease succeeded: a standby that
+    /// cannot reach it could not take over, so it is not ready.
+    pub async fn set_lease_reachable(&self, reachable: bool) {
+        self.lock().lease_reachable = reachable;
+        self.publish().await;
     }
 
     /// Records the Lease this replica campaigns for.
@@ -171,8 +226,8 @@ impl HandlerState {
     /// so the next failure is retried after the shortest delay again. Every controller counts
     /// and backs off the same way through this.
     ///
-    /// Until the handler is SERVING (every cache has had its first complete list) nothing is
-    /// reconciled: the reconcile runs again after [`UNSYNCED_RETRY`]. A controller starts as
+    /// Until the handler acts with its work ready (every cache has had its first complete list)
+    /// nothing is reconciled: the reconcile runs again after [`UNSYNCED_RETRY`]. A controller starts as
     /// soon as its own cache is filled, and an object judged before the others are listed
     /// would read what it refers to (a template, a topology server) as missing and be reported
     /// blocked for a moment after every restart, or while a watch is refused.
@@ -187,7 +242,7 @@ impl HandlerState {
     where
         Key: Hash + Eq + Clone,
     {
-        if !self.is_serving() {
+        if !self.lock().acting_ready() {
             return Ok(Action::requeue(UNSYNCED_RETRY));
         }
         let started = Instant::now();
@@ -228,7 +283,7 @@ impl HandlerState {
             lease,
             identity,
             lease_holder: mutable.lease_holder.clone().unwrap_or_default(),
-            serving: mutable.serving,
+            serving: mutable.serving(),
         }
     }
 }
@@ -237,6 +292,7 @@ impl HandlerState {
 mod tests {
     use super::*;
     use crate::backoff::BackoffPolicy;
+    use tonic_health::pb::health_check_response::ServingStatus as Probe;
 
     #[tokio::test]
     async fn info_reflects_updates() {
@@ -259,8 +315,8 @@ mod tests {
             identity: "pod-a_1234".to_owned(),
         });
         state.set_lease_holder(Some("pod-b_5678".to_owned()));
-        state.set_leader_state(LeaderState::Standby);
-        state.set_serving(true).await;
+        state.set_leader_state(LeaderState::Standby).await;
+        state.set_lease_reachable(true).await;
 
         let info = state.info();
         assert_eq!(info.synced_kinds, ["Cell", "Shard"]);
@@ -287,10 +343,92 @@ mod tests {
         assert!(state.is_serving());
     }
 
+    /// What grpc.health.v1 answers for the overall service, asked the way a probe asks.
+    async fn health(state: &HandlerState) -> Probe {
+        use tonic_health::pb::health_server::Health;
+        let service = HealthService::from_health_reporter(state.inner.health.clone());
+        let request = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        });
+        service.check(request).await.unwrap().into_inner().status()
+    }
+
+    #[tokio::test]
+    async fn a_standby_serves_only_while_it_can_reach_the_lease() {
+        let state = HandlerState::new("cluster-handler", "1").await;
+        state.set_leader_state(LeaderState::Standby).await;
+        assert_eq!(health(&state).await, Probe::NotServing, "not read yet");
+        state.set_lease_reachable(true).await;
+        assert_eq!(health(&state).await, Probe::Serving, "ready to take over");
+        assert!(state.info().serving);
+        state.set_lease_reachable(false).await;
+        assert_eq!(
+            health(&state).await,
+            Probe::NotServing,
+            "could not take over"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_leader_serves_only_once_its_caches_are_synced() {
+        let state = HandlerState::new("cluster-handler", "1").await;
+        state.set_leader_state(LeaderState::Standby).await;
+        state.set_lease_reachable(true).await;
+        assert_eq!(health(&state).await, Probe::Serving);
+
+        // Elected, caches not synced (say, RBAC refuses a watch): not ready, however long.
+        state.set_leader_state(LeaderState::Leader).await;
+        assert_eq!(health(&state).await, Probe::NotServing);
+        assert!(!state.info().serving);
+
+        state.set_ready(true).await;
+        assert_eq!(health(&state).await, Probe::Serving);
+        assert!(state.info().serving);
+    }
+
+    #[tokio::test]
+    async fn without_leader_election_the_work_alone_decides() {
+        let state = HandlerState::new("webhook-server", "1").await;
+        state.set_leader_state(LeaderState::NotElected).await;
+        assert_eq!(health(&state).await, Probe::NotServing);
+        state.set_ready(true).await;
+        assert_eq!(health(&state).await, Probe::Serving);
+    }
+
+    #[tokio::test]
+    async fn a_stopping_handler_never_serves_again() {
+        let state = HandlerState::new("cluster-handler", "1").await;
+        state.set_leader_state(LeaderState::Leader).await;
+        state.set_ready(true).await;
+        state.stop().await;
+        assert_eq!(health(&state).await, Probe::NotServing);
+        state.set_leader_state(LeaderState::Standby).await;
+        state.set_lease_reachable(true).await;
+        assert_eq!(health(&state).await, Probe::NotServing);
+    }
+
+    #[tokio::test]
+    async fn a_standby_reconciles_nothing_even_with_its_caches_synced() {
+        let state = HandlerState::new("cluster-handler", "1").await;
+        state.set_ready(true).await;
+        state.set_leader_state(LeaderState::Standby).await;
+        state.set_lease_reachable(true).await;
+        let backoff = ObjectBackoff::new(BackoffPolicy::default());
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let result = state
+            .run_reconcile("cluster", &backoff, &"a", |_: &&str| "kube_api", async {
+                ran.store(true, std::sync::atomic::Ordering::Relaxed);
+                Ok(Action::await_change())
+            })
+            .await;
+        assert_eq!(result, Ok(Action::requeue(UNSYNCED_RETRY)));
+        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed));
+    }
+
     #[tokio::test]
     async fn a_success_ends_the_failure_streak_and_every_run_is_counted() {
         let state = HandlerState::new("data-handler", "1").await;
-        state.set_serving(true).await;
+        state.set_ready(true).await;
         let backoff = ObjectBackoff::new(BackoffPolicy::default());
         let category = |_: &&str| "kube_api";
         backoff.next_delay(&"a");

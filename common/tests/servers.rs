@@ -55,13 +55,14 @@ async fn servers_report_health_info_and_metrics_then_stop() {
     let mut health = HealthClient::new(channel.clone());
     assert_eq!(overall_health(&mut health).await, ServingStatus::NotServing);
 
-    state.set_serving(true).await;
+    state.set_ready(true).await;
     assert_eq!(overall_health(&mut health).await, ServingStatus::Serving);
 
     state.mark_synced("Cell");
     state.record_reconcile("cell", Ok(()), Duration::from_millis(12));
     state.record_reconcile("cell", Err("kube_api"), Duration::from_millis(40));
-    state.set_leader_state(LeaderState::Standby);
+    state.set_leader_state(LeaderState::Standby).await;
+    state.set_lease_reachable(true).await;
     multigres_common::status_metrics::register(|gauges| {
         gauges.set_cluster("db", "main", "Healthy", 1, 1)
     });
@@ -104,7 +105,7 @@ async fn servers_report_health_info_and_metrics_then_stop() {
             .starts_with("HTTP/1.1 404")
     );
 
-    state.set_serving(false).await;
+    state.stop().await;
     assert_eq!(overall_health(&mut health).await, ServingStatus::NotServing);
 
     tokio::time::timeout(Duration::from_secs(10), servers.stop())

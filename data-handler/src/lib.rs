@@ -224,7 +224,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         synced(&ctx, &shards).await;
         synced(&ctx, &pods).await;
         synced(&ctx, &config_maps).await;
-        ctx.state.set_serving(true).await;
+        ctx.state.set_ready(true).await;
         tracing::info!("caches synced; serving");
     };
     let readiness = async {

@@ -127,7 +127,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         for kind in controller::WATCHED_KINDS {
             handler.state.mark_synced(kind);
         }
-        handler.state.set_serving(true).await;
+        handler.state.set_ready(true).await;
         tracing::info!("caches synced; serving");
         let base = Base {
             client: client.clone(),

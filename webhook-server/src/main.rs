@@ -167,7 +167,7 @@ async fn main() -> anyhow::Result<()> {
         .run(None, |ctx| async move {
             if !webhook.webhook_enable {
                 tracing::info!("admission disabled by --webhook-enable=false");
-                ctx.state.set_serving(true).await;
+                ctx.state.set_ready(true).await;
                 ctx.shutdown.wait().await;
                 return Ok(());
             }

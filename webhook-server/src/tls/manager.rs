@@ -140,7 +140,7 @@ pub async fn run(
             }
         };
         if store.is_loaded() && !state.is_serving() {
-            state.set_serving(true).await;
+            state.set_ready(true).await;
         }
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
