@@ -8,6 +8,7 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::DeserializeGuard;
 use kube::{Resource, ResourceExt};
+use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{
     Cell, CellSpec, Phase, Shard, ShardSpec, TableGroup, TableGroupSpec, TopoServer, TopoServerSpec,
 };
@@ -73,10 +74,14 @@ child!(TableGroup, TableGroupSpec);
 child!(Shard, ShardSpec);
 
 /// Whether `observed` already holds everything an apply of `desired` would set: the same
-/// spec, every desired label with its value, and every desired owner reference. Extra labels
-/// or owners added by others do not count (an apply would not remove them either).
+/// spec, every desired label with its value, every desired owner reference, and the same
+/// project reference (the only annotation a child is given; compared both ways so removing it
+/// from the cluster removes it from the children). Extra labels or owners added by others do
+/// not count (an apply would not remove them either).
 pub fn up_to_date<K: Child>(desired: &K, observed: &K) -> bool {
     desired.spec() == observed.spec()
+        && desired.annotations().get(PROJECT_REF_ANNOTATION)
+            == observed.annotations().get(PROJECT_REF_ANNOTATION)
         && desired
             .labels()
             .iter()
@@ -310,8 +315,13 @@ mod tests {
     }
 
     #[test]
-    fn a_changed_spec_label_or_owner_needs_an_apply() {
+    fn a_changed_spec_label_owner_or_project_needs_an_apply() {
         let desired = cell(base());
+        let mut project = base();
+        project["metadata"]["annotations"] = json!({PROJECT_REF_ANNOTATION: "proj"});
+        assert!(!up_to_date(&desired, &cell(project.clone())), "removed");
+        assert!(!up_to_date(&cell(project.clone()), &desired), "added");
+        assert!(up_to_date(&cell(project.clone()), &cell(project)));
         let mut spec = base();
         spec["spec"]["multigateway"]["replicas"] = json!(5);
         let mut label = base();

@@ -4,10 +4,13 @@
 //! its topology placement ([`multigres_api::labels`]), and a controller owner reference to the
 //! cluster, so deleting the cluster garbage-collects it.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::Resource;
+use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, Placement};
 use multigres_api::names;
+use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::resolver::{GlobalTopo, ResolvedCluster};
 use multigres_api::v1alpha1::{Cell, MultigresCluster, TableGroup, TopoServer};
 
@@ -37,6 +40,9 @@ pub struct Owner {
     /// Controller owner reference to the cluster, blocking its foreground deletion until the
     /// child is gone.
     pub reference: OwnerReference,
+    /// The cluster's `multigres.com/project-ref` annotation, copied onto every child: the
+    /// resource-handler reads it from the Cell and the Shard to label their telemetry.
+    pub project_ref: Option<String>,
 }
 
 impl Owner {
@@ -55,10 +61,12 @@ impl Owner {
                 ..r
             })
             .ok_or(Incomplete("uid"))?;
+        let project_ref = cluster.annotations().get(PROJECT_REF_ANNOTATION).cloned();
         Ok(Self {
             name,
             namespace,
             reference,
+            project_ref,
         })
     }
 
@@ -68,9 +76,15 @@ impl Owner {
             namespace: Some(self.namespace.clone()),
             labels: Some(labels::labels(&self.name, component, at)),
             owner_references: Some(vec![self.reference.clone()]),
+            annotations: project_ref_annotation(self.project_ref.as_deref()),
             ..ObjectMeta::default()
         }
     }
+}
+
+/// The annotations carrying a project reference to a child, `None` without one.
+pub fn project_ref_annotation(project_ref: Option<&str>) -> Option<BTreeMap<String, String>> {
+    project_ref.map(|p| BTreeMap::from([(PROJECT_REF_ANNOTATION.to_owned(), p.to_owned())]))
 }
 
 /// The children of the cluster `owner` for its resolved spec.

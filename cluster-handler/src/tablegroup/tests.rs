@@ -211,3 +211,38 @@ fn a_degraded_shard_or_a_refused_apply_degrades_the_table_group() {
             .any(|n| n.reason == "InvalidSpec" && n.message.contains("Too many"))
     );
 }
+
+#[test]
+fn the_project_ref_of_the_cluster_reaches_every_cell_table_group_and_shard() {
+    use multigres_api::observability::PROJECT_REF_ANNOTATION;
+    let fixtures::Sample {
+        mut cluster,
+        templates,
+    } = fixtures::sample("overrides");
+    let resolved = resolver::resolve(&cluster, &templates).unwrap();
+    let plain = cluster_build::children(&cluster_build::Owner::of(&cluster).unwrap(), &resolved);
+    assert!(
+        plain.cells.iter().all(|c| c.annotations().is_empty()),
+        "no project, no annotation"
+    );
+
+    cluster
+        .annotations_mut()
+        .insert(PROJECT_REF_ANNOTATION.to_owned(), "proj-1".to_owned());
+    let children = cluster_build::children(&cluster_build::Owner::of(&cluster).unwrap(), &resolved);
+    let project =
+        |annotations: &BTreeMap<String, String>| annotations.get(PROJECT_REF_ANNOTATION).cloned();
+    for cell in &children.cells {
+        assert_eq!(project(cell.annotations()).as_deref(), Some("proj-1"));
+    }
+    for topo in &children.topo_servers {
+        assert_eq!(project(topo.annotations()).as_deref(), Some("proj-1"));
+    }
+    let tg = stored(children.table_groups[0].clone(), "tg-uid", 1);
+    assert_eq!(project(tg.annotations()).as_deref(), Some("proj-1"));
+    let shards = build::shards(&Owner::of(&tg).unwrap(), &tg.spec);
+    assert!(!shards.is_empty());
+    for shard in &shards {
+        assert_eq!(project(shard.annotations()).as_deref(), Some("proj-1"));
+    }
+}
