@@ -165,6 +165,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
     });
     let shard_ctx = Arc::new(shard::Context {
         clusters: clusters.clone(),
+        cells: cells.clone(),
         pods: pods.clone(),
         config_maps: config_maps.clone(),
         topo_servers: topo_servers.clone(),

@@ -21,7 +21,7 @@ use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, ROLE};
 use multigres_api::names;
 use multigres_api::postgres::RELOAD_HASH_ANNOTATION;
-use multigres_api::v1alpha1::{MultigresCluster, Shard, TopoServer};
+use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
@@ -32,8 +32,8 @@ use crate::Settings;
 use crate::conditions::Notice;
 use crate::reload::{self, Desired, DesiredError, PodState, Verdict};
 use crate::roles::{self, PoolPod, ShardKey};
-use crate::target::{ConnectError, Connections, Target, TargetError};
-use crate::topo::TopoError;
+use crate::target::{CellTopo, ConnectError, Connections, Target, TargetError};
+use crate::topo::{CellTls, TopoError};
 use crate::watch::{Guarded, full_name, valid, valid_in};
 use crate::writes::Writer;
 
@@ -61,6 +61,21 @@ pub enum Error {
         cell: String,
         #[source]
         source: TopoError,
+    },
+    /// A cell's own topology settings cannot be used; the other cells' roles were published,
+    /// and the Shard is read again periodically, since only that cell needs a change.
+    #[error("cell {cell}")]
+    CellTarget {
+        cell: String,
+        #[source]
+        source: TargetError,
+    },
+    /// A cell's own topology connection could not be prepared (its TLS Secrets).
+    #[error("cell {cell}")]
+    CellConnect {
+        cell: String,
+        #[source]
+        source: ConnectError,
     },
     /// Writing `status.podRoles` failed.
     #[error("cannot write the status")]
@@ -91,9 +106,9 @@ impl Error {
         match self {
             Error::Malformed { .. } => "malformed",
             Error::ClusterNotFound { .. } => "cluster_not_found",
-            Error::Target(_) => "invalid_spec",
+            Error::Target(_) | Error::CellTarget { .. } => "invalid_spec",
             Error::Config(_) => "config",
-            Error::Connect(_) => "connect",
+            Error::Connect(_) | Error::CellConnect { .. } => "connect",
             Error::Poolers { .. } => "topo",
             Error::Status(_) | Error::Label { .. } => "kube_api",
         }
@@ -104,6 +119,8 @@ impl Error {
 pub struct Context {
     /// MultigresClusters, for each Shard's connection settings.
     pub clusters: Store<Guarded<MultigresCluster>>,
+    /// Cells, for the settings of a cell's own topology server.
+    pub cells: Store<Guarded<Cell>>,
     /// Pool pods managed by the operator.
     pub pods: Store<Guarded<Pod>>,
     /// The shards' rendered postgresql.conf ConfigMaps.
@@ -145,6 +162,31 @@ pub async fn reconcile(obj: Arc<Guarded<Shard>>, ctx: Arc<Context>) -> Result<Ac
 pub fn error_policy(obj: Arc<Guarded<Shard>>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.backoff
         .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
+}
+
+/// How to reach the topology of `cell` of cluster `cluster`: its own etcd's settings when its
+/// Cell has one, else the global topology's (also while the Cell is not in the cache yet: its
+/// record, where the addresses come from, is written from that Cell).
+async fn cell_tls(
+    ctx: &Context,
+    namespace: &str,
+    cluster: &str,
+    cell: &str,
+) -> Result<CellTls, Error> {
+    let topo = match valid(&ctx.cells, namespace, &names::cell(cluster, cell)) {
+        Some(resource) => CellTopo::of(&resource.spec).map_err(|source| Error::CellTarget {
+            cell: cell.to_owned(),
+            source,
+        })?,
+        None => CellTopo::Global,
+    };
+    ctx.connections
+        .cell_tls(namespace, &topo)
+        .await
+        .map_err(|source| Error::CellConnect {
+            cell: cell.to_owned(),
+            source,
+        })
 }
 
 /// The Shard a pool pod belongs to, from its labels, for mapping pod changes.
@@ -209,7 +251,15 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let mut poolers = BTreeMap::new();
     let mut failure = None;
     for cell in cells {
-        let records = match store.list_poolers(cell).await {
+        let tls = match cell_tls(ctx, &namespace, &cluster_name, cell).await {
+            Ok(tls) => tls,
+            Err(error) => {
+                failure.get_or_insert(error);
+                poolers.insert(cell.to_owned(), None);
+                continue;
+            }
+        };
+        let records = match store.list_poolers(cell, &tls).await {
             Ok(records) => Some(records),
             // No Cell record yet: no pooler can have registered in it either.
             Err(TopoError::CellNotRegistered { .. }) => Some(Vec::new()),

@@ -1,12 +1,11 @@
 //! Where the operator reaches a cluster's global topology, and the connections it keeps open.
 //!
 //! [`Target`] is pure: computed from the cluster and a resolved `GlobalTopoServerRef` (the
-//! cluster's, a Cell's or a Shard's). [`Connections`] reads the TLS Secrets a target names and
-//! keeps one [`TopoStore`] per distinct target, so reconciles reuse connections.
+//! cluster's, a Cell's or a Shard's); so is [`CellTopo`], how a cell's own topology (where its
+//! poolers register) is reached. [`Connections`] reads the TLS Secrets a target names and keeps
+//! one [`TopoStore`] per distinct target, so reconciles reuse connections.
 
 use std::collections::HashMap;
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,9 +13,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use multigres_api::names;
 use multigres_api::resolver::defaults;
-use multigres_api::v1alpha1::{GlobalTopoServerRef, MultigresCluster, TopoServer};
+use multigres_api::v1alpha1::{
+    CellSpec, ExternalTopoServerSpec, GlobalTopoServerRef, MultigresCluster, TopoServer,
+};
 
-use crate::topo::{EtcdConnection, TlsPem, TopoConfig, TopoError, TopoStore};
+use crate::topo::{CellTls, EtcdConnection, TlsPem, TopoConfig, TopoError, TopoStore};
 
 /// Key of the CA certificate in `caSecret` (and accepted in `clientCertSecret`).
 pub const CA_KEY: &str = "ca.crt";
@@ -27,6 +28,9 @@ pub const KEY_KEY: &str = "tls.key";
 
 /// The field naming an external topology server, for messages.
 pub const EXTERNAL_FIELD: &str = "spec.globalTopoServer.external";
+/// The field of a Cell naming its own external topology server, for messages (written as
+/// `localTopoServer.external` in the cluster's cell or its CellTemplate).
+pub const CELL_EXTERNAL_FIELD: &str = "spec.topoServer.external";
 
 /// Which kind of server holds the global topology.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +47,8 @@ pub enum Server {
 /// Secrets holding the TLS material for an external etcd.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TlsSecrets {
+    /// The field naming the server (global or a cell's), for messages.
+    pub field: &'static str,
     /// Secret with `ca.crt`.
     pub ca: String,
     /// Secret with `tls.crt` and `tls.key`, for client-certificate authentication.
@@ -67,19 +73,25 @@ pub struct Target {
 pub enum TargetError {
     /// An https:// endpoint without the CA to verify it.
     #[error(
-        "endpoint {endpoint} uses https:// but {EXTERNAL_FIELD}.caSecret is not set; name a Secret holding the CA certificate as `ca.crt`"
+        "endpoint {endpoint} uses https:// but {field}.caSecret is not set; name a Secret holding the CA certificate as `ca.crt`"
     )]
-    TlsWithoutCa { endpoint: String },
+    TlsWithoutCa {
+        field: &'static str,
+        endpoint: String,
+    },
     /// TLS Secrets named for a plain http:// endpoint.
     #[error(
-        "{EXTERNAL_FIELD}.caSecret or clientCertSecret is set but endpoint {endpoint} is plain http://; use https:// endpoints for TLS"
+        "{field}.caSecret or clientCertSecret is set but endpoint {endpoint} is plain http://; use https:// endpoints for TLS"
     )]
-    TlsOnPlainEndpoint { endpoint: String },
+    TlsOnPlainEndpoint {
+        field: &'static str,
+        endpoint: String,
+    },
     /// A client certificate without the CA to verify the server.
     #[error(
-        "{EXTERNAL_FIELD}.clientCertSecret is set without caSecret; the CA that signed the etcd server certificate is needed too"
+        "{field}.clientCertSecret is set without caSecret; the CA that signed the etcd server certificate is needed too"
     )]
-    ClientCertWithoutCa,
+    ClientCertWithoutCa { field: &'static str },
     /// Nothing to dial.
     #[error("the global topology server has no endpoints")]
     NoEndpoints,
@@ -100,34 +112,8 @@ impl Target {
             .and_then(|g| g.external.as_ref());
         let target = match external {
             Some(external) => {
-                let endpoints: Vec<String> = external
-                    .endpoints
-                    .iter()
-                    .map(|e| e.as_str().trim_end_matches('/').to_owned())
-                    .collect();
-                let ca = external.ca_secret.clone().filter(|s| !s.is_empty());
-                let client_cert = external
-                    .client_cert_secret
-                    .clone()
-                    .filter(|s| !s.is_empty());
-                let tls = match (ca, client_cert) {
-                    (Some(ca), client_cert) => Some(TlsSecrets { ca, client_cert }),
-                    (None, Some(_)) => return Err(TargetError::ClientCertWithoutCa),
-                    (None, None) => None,
-                };
-                for endpoint in &endpoints {
-                    let https = endpoint.starts_with("https://");
-                    if https && tls.is_none() {
-                        return Err(TargetError::TlsWithoutCa {
-                            endpoint: endpoint.clone(),
-                        });
-                    }
-                    if !https && tls.is_some() {
-                        return Err(TargetError::TlsOnPlainEndpoint {
-                            endpoint: endpoint.clone(),
-                        });
-                    }
-                }
+                let endpoints = external_endpoints(external);
+                let tls = external_tls(external, &endpoints, EXTERNAL_FIELD)?;
                 Target {
                     endpoints,
                     root: topo_ref.root_path.clone(),
@@ -155,6 +141,86 @@ impl Target {
     /// "etcd at a, b (root /r)", for messages.
     pub fn describe(&self) -> String {
         format!("etcd at {} (root {})", self.endpoints.join(", "), self.root)
+    }
+}
+
+/// An external server's endpoints as the operator dials them (with their scheme).
+fn external_endpoints(external: &ExternalTopoServerSpec) -> Vec<String> {
+    external
+        .endpoints
+        .iter()
+        .map(|e| e.as_str().trim_end_matches('/').to_owned())
+        .collect()
+}
+
+/// The TLS Secrets of an external server named by `field`, checked against its endpoints:
+/// https:// needs a CA, http:// takes no TLS, a client certificate needs the CA too.
+fn external_tls(
+    external: &ExternalTopoServerSpec,
+    endpoints: &[String],
+    field: &'static str,
+) -> Result<Option<TlsSecrets>, TargetError> {
+    let ca = external.ca_secret.clone().filter(|s| !s.is_empty());
+    let client_cert = external
+        .client_cert_secret
+        .clone()
+        .filter(|s| !s.is_empty());
+    let tls = match (ca, client_cert) {
+        (Some(ca), client_cert) => Some(TlsSecrets {
+            field,
+            ca,
+            client_cert,
+        }),
+        (None, Some(_)) => return Err(TargetError::ClientCertWithoutCa { field }),
+        (None, None) => None,
+    };
+    for endpoint in endpoints {
+        let https = endpoint.starts_with("https://");
+        if https && tls.is_none() {
+            return Err(TargetError::TlsWithoutCa {
+                field,
+                endpoint: endpoint.clone(),
+            });
+        }
+        if !https && tls.is_some() {
+            return Err(TargetError::TlsOnPlainEndpoint {
+                field,
+                endpoint: endpoint.clone(),
+            });
+        }
+    }
+    Ok(tls)
+}
+
+/// How a cell's own topology, where its poolers register, is reached. Its addresses come from
+/// the cell's record in the global topology; the TLS settings from the Cell, since a cell with
+/// its own etcd has its own (a managed one is plaintext, an external one has its own Secrets),
+/// and the global server's would fail its handshake or leak its client certificate there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CellTopo {
+    /// The cell keeps its records on the global topology server.
+    Global,
+    /// The cell has its own etcd: managed (plaintext), or external with these TLS Secrets.
+    Own {
+        /// The external server's TLS Secrets; `None` for plaintext.
+        tls: Option<TlsSecrets>,
+    },
+}
+
+impl CellTopo {
+    /// How the cell of `spec` is reached.
+    pub fn of(spec: &CellSpec) -> Result<Self, TargetError> {
+        let local = spec.topo_server.as_ref();
+        match (
+            local.and_then(|l| l.etcd.as_ref()),
+            local.and_then(|l| l.external.as_ref()),
+        ) {
+            (Some(_), _) => Ok(CellTopo::Own { tls: None }),
+            (None, Some(external)) => Ok(CellTopo::Own {
+                tls: external_tls(external, &external_endpoints(external), CELL_EXTERNAL_FIELD)?,
+            }),
+            (None, None) => Ok(CellTopo::Global),
+        }
     }
 }
 
@@ -304,7 +370,7 @@ impl Connections {
         let key = Key {
             endpoints: target.endpoints.clone(),
             root: target.root.clone(),
-            tls_digest: tls.as_ref().map(digest),
+            tls_digest: tls.as_ref().map(TlsPem::digest),
         };
         if let Some(store) = self.locked().stores.get(&key) {
             return Ok(store.clone());
@@ -325,6 +391,22 @@ impl Connections {
         let link = pool.links.entry(key.link()).or_insert(link).clone();
         let store = Arc::new(TopoStore::over(&link, config));
         Ok(pool.stores.entry(key).or_insert(store).clone())
+    }
+
+    /// How to reach the cell topology `cell`, whose Secrets live in `namespace`: the TLS
+    /// material read from its Secrets.
+    pub async fn cell_tls(
+        &self,
+        namespace: &str,
+        cell: &CellTopo,
+    ) -> Result<CellTls, ConnectError> {
+        Ok(match cell {
+            CellTopo::Global => CellTls::Global,
+            CellTopo::Own { tls: None } => CellTls::Own(None),
+            CellTopo::Own { tls: Some(secrets) } => {
+                CellTls::Own(Some(self.tls_material(namespace, secrets).await?))
+            }
+        })
     }
 
     /// Closes the store of `target` (any TLS material), and its etcd connection once no other
@@ -349,12 +431,12 @@ impl Connections {
         namespace: &str,
         secrets: &TlsSecrets,
     ) -> Result<TlsPem, ConnectError> {
-        let ca_field = format!("{EXTERNAL_FIELD}.caSecret");
+        let ca_field = format!("{}.caSecret", secrets.field);
         let ca_secret = self.secret(namespace, &secrets.ca, &ca_field).await?;
         let ca = secret_key(&ca_secret, namespace, &secrets.ca, &ca_field, CA_KEY)?;
         let (client_cert, client_key) = match &secrets.client_cert {
             Some(name) => {
-                let field = format!("{EXTERNAL_FIELD}.clientCertSecret");
+                let field = format!("{}.clientCertSecret", secrets.field);
                 let secret = self.secret(namespace, name, &field).await?;
                 (
                     Some(secret_key(&secret, namespace, name, &field, CERT_KEY)?),
@@ -415,21 +497,13 @@ fn secret_key(
         })
 }
 
-fn digest(tls: &TlsPem) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    tls.ca.hash(&mut hasher);
-    tls.client_cert.hash(&mut hasher);
-    tls.client_key.hash(&mut hasher);
-    hasher.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use k8s_openapi::jiff::Timestamp;
     use multigres_api::v1alpha1::{
-        EndpointUrl, EtcdSpec, ExternalTopoServerSpec, GlobalTopoServerSpec, TopoServerSpec,
-        TopoServerStatus,
+        EndpointUrl, EtcdSpec, ExternalTopoServerSpec, GlobalTopoServerSpec, LocalTopoServerSpec,
+        TopoServerSpec, TopoServerStatus,
     };
 
     use super::*;
@@ -500,6 +574,7 @@ mod tests {
         assert_eq!(
             target.tls,
             Some(TlsSecrets {
+                field: EXTERNAL_FIELD,
                 ca: "etcd-ca".into(),
                 client_cert: Some("etcd-client".into())
             })
@@ -518,10 +593,15 @@ mod tests {
         assert_eq!(
             err,
             TargetError::TlsWithoutCa {
+                field: EXTERNAL_FIELD,
                 endpoint: "https://a:1".into()
             }
         );
-        assert!(err.to_string().contains("caSecret"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("spec.globalTopoServer.external.caSecret"),
+            "{err}"
+        );
         let err = Target::new(
             &cluster(Some(external(&["http://a:1"], Some("ca"), None))),
             &tref,
@@ -533,10 +613,73 @@ mod tests {
             &tref,
         )
         .unwrap_err();
-        assert_eq!(err, TargetError::ClientCertWithoutCa);
+        assert_eq!(
+            err,
+            TargetError::ClientCertWithoutCa {
+                field: EXTERNAL_FIELD
+            }
+        );
         assert_eq!(
             Target::new(&cluster(None), &topo_ref(" , ", "/r")).unwrap_err(),
             TargetError::NoEndpoints
+        );
+    }
+
+    fn cell(topo_server: Option<LocalTopoServerSpec>) -> CellSpec {
+        CellSpec {
+            topo_server,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_cell_is_reached_with_its_own_topology_settings() {
+        assert_eq!(CellTopo::of(&cell(None)), Ok(CellTopo::Global));
+        let managed = LocalTopoServerSpec {
+            etcd: Some(EtcdSpec::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            CellTopo::of(&cell(Some(managed))),
+            Ok(CellTopo::Own { tls: None }),
+            "a managed etcd is plaintext, whatever the global server uses"
+        );
+        let own = |e: ExternalTopoServerSpec| LocalTopoServerSpec {
+            external: Some(e),
+            ..Default::default()
+        };
+        assert_eq!(
+            CellTopo::of(&cell(Some(own(external(
+                &["https://zone-a-etcd:2379"],
+                Some("zone-a-ca"),
+                Some("zone-a-client"),
+            ))))),
+            Ok(CellTopo::Own {
+                tls: Some(TlsSecrets {
+                    field: CELL_EXTERNAL_FIELD,
+                    ca: "zone-a-ca".into(),
+                    client_cert: Some("zone-a-client".into()),
+                })
+            })
+        );
+        assert_eq!(
+            CellTopo::of(&cell(Some(own(external(
+                &["http://zone-a-etcd:2379"],
+                None,
+                None
+            ))))),
+            Ok(CellTopo::Own { tls: None })
+        );
+        let err = CellTopo::of(&cell(Some(own(external(
+            &["https://zone-a-etcd:2379"],
+            None,
+            None,
+        )))))
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("spec.topoServer.external.caSecret"),
+            "{err}"
         );
     }
 

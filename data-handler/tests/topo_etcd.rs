@@ -6,8 +6,8 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use data_handler::topo::{
-    BackupSpec, CellSpec, DatabaseSpec, DurabilityPolicyName, Expected, Plan, Registration, TlsPem,
-    TopoConfig, TopoError, TopoStore,
+    BackupSpec, CellSpec, CellTls, DatabaseSpec, DurabilityPolicyName, Expected, Plan,
+    Registration, TlsPem, TopoConfig, TopoError, TopoStore,
 };
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use multigres_e2e::etcd::{EtcdConfig, EtcdProcess, EtcdTls};
@@ -418,7 +418,10 @@ async fn poolers_are_listed_from_the_cell_topology() {
         .await
         .unwrap();
 
-    let zone_a = store.list_poolers("zone-a").await.unwrap();
+    let zone_a = store
+        .list_poolers("zone-a", &CellTls::Global)
+        .await
+        .unwrap();
     let ids: Vec<&str> = zone_a.iter().map(|p| p.id.as_str()).collect();
     assert_eq!(ids, ["multipooler-zone-a-p-1", "multipooler-zone-a-p-2"]);
     assert_eq!(
@@ -428,11 +431,17 @@ async fn poolers_are_listed_from_the_cell_topology() {
     assert!(!zone_a[0].is_primary());
     assert!(zone_a[1].is_primary());
 
-    let zone_b = store.list_poolers("zone-b").await.unwrap();
+    let zone_b = store
+        .list_poolers("zone-b", &CellTls::Global)
+        .await
+        .unwrap();
     assert_eq!(zone_b.len(), 1);
     assert_eq!(zone_b[0].pooler.hostname, "q.pods");
 
-    let missing = store.list_poolers("zone-x").await.unwrap_err();
+    let missing = store
+        .list_poolers("zone-x", &CellTls::Global)
+        .await
+        .unwrap_err();
     assert!(
         matches!(missing, TopoError::CellNotRegistered { .. }),
         "{missing}"
@@ -446,7 +455,10 @@ async fn poolers_are_listed_from_the_cell_topology() {
         )
         .await
         .unwrap();
-    let malformed = store.list_poolers("zone-a").await.unwrap_err();
+    let malformed = store
+        .list_poolers("zone-a", &CellTls::Global)
+        .await
+        .unwrap_err();
     assert!(
         matches!(malformed, TopoError::Malformed { .. }),
         "{malformed}"
@@ -526,7 +538,7 @@ async fn connecting_while_etcd_is_down_defers_the_failure_to_requests() {
 async fn tls_with_client_certificates() {
     let dir = tempfile::tempdir().unwrap();
     // A CA-signed serving certificate for 127.0.0.1 and a client certificate from the same CA.
-    let pki = Pki::generate(dir.path(), Ipv4Addr::LOCALHOST).unwrap();
+    let pki = Pki::generate(dir.path(), &[Ipv4Addr::LOCALHOST]).unwrap();
     let etcd = EtcdProcess::start(EtcdConfig {
         tls: Some(EtcdTls {
             cert_file: pki.apiserver_cert.clone(),
@@ -584,4 +596,87 @@ async fn tls_with_client_certificates() {
     .await
     .unwrap_err();
     assert!(matches!(plaintext, TopoError::Config(_)), "{plaintext}");
+}
+
+#[tokio::test]
+async fn a_cell_on_its_own_tls_etcd_is_read_with_its_own_tls_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(dir.path(), &[Ipv4Addr::LOCALHOST]).unwrap();
+    // The global topology is plaintext; zone-b keeps its records on its own etcd, which serves
+    // TLS and requires a client certificate.
+    let global = etcd().await;
+    let local = EtcdProcess::start(EtcdConfig {
+        tls: Some(EtcdTls {
+            cert_file: pki.apiserver_cert.clone(),
+            key_file: pki.apiserver_key.clone(),
+            client_ca_file: Some(pki.ca_cert.clone()),
+        }),
+        ..EtcdConfig::default()
+    })
+    .await
+    .unwrap();
+    let pem = |path: &std::path::Path| std::fs::read(path).unwrap();
+    let cell_tls = TlsPem {
+        ca: pem(&pki.ca_cert),
+        client_cert: Some(pem(&pki.admin_cert)),
+        client_key: Some(pem(&pki.admin_key)),
+        server_name: None,
+    };
+    let store = TopoStore::connect(TopoConfig {
+        request_timeout: Duration::from_secs(3),
+        ..TopoConfig::new(vec![global.client_addr()])
+    })
+    .await
+    .unwrap();
+    store.register_cell(&cell("zone-b", &local)).await.unwrap();
+    let mut raw_local = Client::connect(
+        [local.client_url()],
+        Some(
+            etcd_client::ConnectOptions::new().with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(&cell_tls.ca))
+                    .identity(etcd_client::Identity::from_pem(
+                        cell_tls.client_cert.clone().unwrap(),
+                        cell_tls.client_key.clone().unwrap(),
+                    )),
+            ),
+        ),
+    )
+    .await
+    .unwrap();
+    raw_local
+        .put(
+            "/multigres/zone-b/poolers/multipooler-zone-b-q/Pooler",
+            pooler("zone-b", "q", RoutingRole::Primary).encode_to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
+
+    let own = store
+        .list_poolers("zone-b", &CellTls::Own(Some(cell_tls.clone())))
+        .await
+        .unwrap();
+    assert_eq!(own.len(), 1);
+    assert_eq!(own[0].pooler.hostname, "q.pods");
+
+    let with_global_settings = store.list_poolers("zone-b", &CellTls::Global).await;
+    assert!(
+        with_global_settings.is_err(),
+        "the global (plaintext) settings cannot read a TLS cell etcd"
+    );
+    let anonymous = store
+        .list_poolers(
+            "zone-b",
+            &CellTls::Own(Some(TlsPem {
+                client_cert: None,
+                client_key: None,
+                ..cell_tls
+            })),
+        )
+        .await;
+    assert!(
+        anonymous.is_err(),
+        "the cell's etcd requires its client certificate"
+    );
 }

@@ -39,6 +39,28 @@ impl TopoConfig {
     }
 }
 
+impl TlsPem {
+    /// A digest of the material a connection is made with: connections are reused while it
+    /// is unchanged.
+    pub fn digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.ca.hash(&mut hasher);
+        self.client_cert.hash(&mut hasher);
+        self.client_key.hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
+/// How to reach a cell's own topology, whose addresses its Cell record gives.
+#[derive(Debug, Clone)]
+pub enum CellTls {
+    /// With the global topology's settings (the cell keeps its records there).
+    Global,
+    /// With its own: `None` for plaintext, else this TLS material.
+    Own(Option<TlsPem>),
+}
+
 /// PEM material for TLS to etcd, as found in Kubernetes Secrets (`ca.crt`, `tls.crt`, `tls.key`).
 #[derive(Clone, Default)]
 pub struct TlsPem {

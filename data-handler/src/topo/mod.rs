@@ -13,7 +13,7 @@ pub mod records;
 mod store;
 mod wire;
 
-pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, TlsPem, TopoConfig};
+pub use config::{CellTls, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, TlsPem, TopoConfig};
 pub use error::{RecordError, TopoError};
 pub use paths::{RecordKind, RecordRef};
 pub use pooler::PoolerRecord;

@@ -12,7 +12,7 @@ use etcd_client::{
 use multigres_proto::topo::{Cell, Database, Multipooler};
 use prost::Message;
 
-use super::config::TopoConfig;
+use super::config::{CellTls, TlsPem, TopoConfig};
 use super::error::{RecordError, TopoError};
 use super::paths::{GlobalPaths, RecordKind, RecordRef, pooler_id_of, poolers_prefix};
 use super::pooler::PoolerRecord;
@@ -72,8 +72,9 @@ pub struct TopoStore {
     client: Client,
     config: TopoConfig,
     paths: GlobalPaths,
-    /// Clients for cells whose topology lives on other etcd endpoints, keyed by those endpoints.
-    cell_clients: Mutex<HashMap<Vec<String>, Client>>,
+    /// Clients for cells whose topology lives on other etcd endpoints, keyed by those endpoints
+    /// and the digest of the TLS material (none for plaintext) they were made with.
+    cell_clients: Mutex<HashMap<CellClientKey, Client>>,
 }
 
 impl std::fmt::Debug for TopoStore {
@@ -84,6 +85,9 @@ impl std::fmt::Debug for TopoStore {
             .finish_non_exhaustive()
     }
 }
+
+/// What a cell topology client was made for: normalized endpoints, TLS digest.
+type CellClientKey = (Vec<String>, Option<u64>);
 
 /// A client of one etcd cluster (endpoints, TLS material, timeouts), whatever the root. Clones
 /// share one connection, so the stores of many roots on the same etcd need only one: each
@@ -386,15 +390,20 @@ impl TopoStore {
     }
 
     /// Every Multipooler record of a cell, sorted by key. The cell's root and etcd endpoints come
-    /// from its Cell record; a cell on other endpoints gets its own client (same TLS and timeouts).
-    pub async fn list_poolers(&self, cell: &str) -> Result<Vec<PoolerRecord>, TopoError> {
+    /// from its Cell record, how to secure the connection from `tls` (the cell's own settings
+    /// when it has its own etcd); a cell on other endpoints gets its own client (same timeouts).
+    pub async fn list_poolers(
+        &self,
+        cell: &str,
+        tls: &CellTls,
+    ) -> Result<Vec<PoolerRecord>, TopoError> {
         let record = self
             .get_cell(cell)
             .await?
             .ok_or_else(|| TopoError::CellNotRegistered {
                 cell: cell.to_string(),
             })?;
-        let client = self.client_for(&record.server_addresses).await?;
+        let client = self.client_for(&record.server_addresses, tls).await?;
         let prefix = poolers_prefix(&record.root);
         let mut kv = client.kv_client();
         let response = self
@@ -505,28 +514,38 @@ impl TopoStore {
         })
     }
 
-    /// The client for a cell topology: the global one when the endpoints are the same.
-    async fn client_for(&self, addresses: &[String]) -> Result<Client, TopoError> {
-        let wanted = normalized(addresses);
-        if wanted == normalized(&self.config.endpoints) {
-            return Ok(self.client.clone());
-        }
-        if let Some(client) = self.cached_cell_client(&wanted) {
+    /// The client for a cell topology: the global one when the cell keeps its records on the
+    /// global endpoints, else one made with the cell's own TLS settings (`tls`).
+    async fn client_for(&self, addresses: &[String], tls: &CellTls) -> Result<Client, TopoError> {
+        let endpoints = normalized(addresses);
+        let own_tls = match tls {
+            CellTls::Global if endpoints == normalized(&self.config.endpoints) => {
+                return Ok(self.client.clone());
+            }
+            CellTls::Global => self.config.tls.clone(),
+            CellTls::Own(tls) => tls.clone(),
+        };
+        let key = (endpoints, own_tls.as_ref().map(TlsPem::digest));
+        if let Some(client) = self.cached_cell_client(&key) {
             return Ok(client);
         }
-        let client = connect_client(&self.config, addresses).await?;
+        let config = TopoConfig {
+            tls: own_tls,
+            ..self.config.clone()
+        };
+        let client = connect_client(&config, addresses).await?;
         let mut cache = self
             .cell_clients
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        Ok(cache.entry(wanted).or_insert(client).clone())
+        Ok(cache.entry(key).or_insert(client).clone())
     }
 
-    fn cached_cell_client(&self, endpoints: &[String]) -> Option<Client> {
+    fn cached_cell_client(&self, key: &CellClientKey) -> Option<Client> {
         self.cell_clients
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(endpoints)
+            .get(key)
             .cloned()
     }
 
