@@ -410,6 +410,31 @@ async fn invalid_template_is_refused() {
     );
 }
 
+#[tokio::test]
+async fn templates_without_a_spec_are_allowed_as_empty_templates() {
+    let router = router(unused_client());
+    for (kind, resource) in [
+        ("CoreTemplate", "coretemplate"),
+        ("CellTemplate", "celltemplate"),
+        ("ShardTemplate", "shardtemplate"),
+    ] {
+        let mut review: Value =
+            serde_json::from_str(&fixture("shardtemplate-create-invalid", "ns")).unwrap();
+        let request = &mut review["request"];
+        for field in ["kind", "requestKind"] {
+            request[field]["kind"] = json!(kind);
+        }
+        for field in ["resource", "requestResource"] {
+            request[field]["resource"] = json!(format!("{resource}s"));
+        }
+        request["object"]["kind"] = json!(kind);
+        request["object"].as_object_mut().unwrap().remove("spec");
+        let path = format!("/validate-multigres-com-v1alpha1-{resource}");
+        let response = post(&router, &path, review.to_string()).await;
+        assert_eq!(response["allowed"], true, "{kind}: {response:#}");
+    }
+}
+
 /// Creates a MultigresCluster from a spec (schema and CEL checked by the API server).
 async fn create_cluster(ns: &str, name: &str, spec: Value) {
     let client = control_plane().await.client().unwrap();
