@@ -18,6 +18,12 @@ pub const SHARD: &str = "multigres.com/shard";
 pub const POOL: &str = "multigres.com/pool";
 /// Role of a pool pod (`primary` / `replica`), published by the data-handler from the topology.
 pub const ROLE: &str = "multigres.com/role";
+/// Annotation by which the resource-handler asks for a primary pool pod to hand over before it
+/// removes or restarts the pod on purpose; the value (RFC 3339 time) identifies the request.
+pub const SWITCHOVER_REQUESTED: &str = "multigres.com/switchover-requested";
+/// Annotation by which the data-handler records the request (its value) for which the pod's
+/// multipooler resigned, so each request resigns once.
+pub const SWITCHOVER_RESIGNED: &str = "multigres.com/switchover-resigned";
 
 /// Value of `app.kubernetes.io/name` and `part-of`.
 pub const APP: &str = "multigres";

@@ -22,6 +22,7 @@ pub mod finalizer;
 pub mod reload;
 pub mod roles;
 pub mod shard;
+pub mod switchover;
 pub mod sync;
 pub mod target;
 pub mod topo;
@@ -173,6 +174,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         writer: Writer::new(client.clone(), shard::CONTROLLER, field_manager),
         recorder,
         reload_waits: Default::default(),
+        switchovers: Default::default(),
         state: ctx.state.clone(),
         backoff: settings.backoff(),
         settings,

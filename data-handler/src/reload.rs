@@ -211,7 +211,7 @@ pub fn address(record: &PoolerRecord) -> Option<String> {
     (!host.is_empty()).then(|| format!("http://{host}:{port}"))
 }
 
-/// Why a `ReloadConfig` call failed (the pod is tried again after [`RETRY`]).
+/// Why a call to a multipooler failed (a reload is tried again after [`RETRY`]).
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
     /// The pooler's address is not a URI.
@@ -229,26 +229,28 @@ pub enum RpcError {
         source: tonic::transport::Error,
     },
     /// The call failed.
-    #[error("ReloadConfig at {address} failed")]
+    #[error("{rpc} at {address} failed")]
     Call {
+        rpc: &'static str,
         address: String,
         #[source]
         source: tonic::Status,
     },
 }
 
-/// Calls `MultipoolerManager.ReloadConfig` at `address` with `expected`.
-pub async fn call(
+/// A `MultipoolerManager` client of the multipooler at `address`, whose calls may take up to
+/// `timeout`.
+pub async fn connect(
     address: &str,
-    expected: &BTreeMap<String, String>,
-) -> Result<ReloadConfigResponse, RpcError> {
+    timeout: Duration,
+) -> Result<MultipoolerManagerClient<tonic::transport::Channel>, RpcError> {
     let endpoint = tonic::transport::Endpoint::from_shared(address.to_owned())
         .map_err(|source| RpcError::Address {
             address: address.to_owned(),
             source,
         })?
         .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(CALL_TIMEOUT);
+        .timeout(timeout);
     let channel = endpoint
         .connect()
         .await
@@ -256,14 +258,24 @@ pub async fn call(
             address: address.to_owned(),
             source,
         })?;
+    Ok(MultipoolerManagerClient::new(channel))
+}
+
+/// Calls `MultipoolerManager.ReloadConfig` at `address` with `expected`.
+pub async fn call(
+    address: &str,
+    expected: &BTreeMap<String, String>,
+) -> Result<ReloadConfigResponse, RpcError> {
     let request = ReloadConfigRequest {
         expected_settings: expected.clone().into_iter().collect(),
     };
-    MultipoolerManagerClient::new(channel)
+    connect(address, CALL_TIMEOUT)
+        .await?
         .reload_config(request)
         .await
         .map(tonic::Response::into_inner)
         .map_err(|source| RpcError::Call {
+            rpc: "ReloadConfig",
             address: address.to_owned(),
             source,
         })

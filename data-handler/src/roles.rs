@@ -100,13 +100,15 @@ pub fn pooler_of<'r>(
     newest(&read)
 }
 
-fn of_shard(record: &PoolerRecord, shard: ShardKey<'_>) -> bool {
+/// Whether `record` is a pooler of `shard`.
+pub(crate) fn of_shard(record: &PoolerRecord, shard: ShardKey<'_>) -> bool {
     record.pooler.shard_key.as_ref().is_some_and(|k| {
         k.database == shard.database && k.table_group == shard.table_group && k.shard == shard.shard
     })
 }
 
-fn serves_pod(record: &PoolerRecord, pod: &str) -> bool {
+/// Whether `record` is the pooler of pod `pod` (by service id or hostname).
+pub(crate) fn serves_pod(record: &PoolerRecord, pod: &str) -> bool {
     let pooler = &record.pooler;
     let hostname = pooler.hostname.as_str();
     pooler.id.as_ref().is_some_and(|id| id.name == pod)

@@ -7,6 +7,9 @@
 //! pool pod whose PostgreSQL has not confirmed the rendered file's reload-class settings is
 //! asked, through its multipooler, to reload; a confirmed reload is stamped on the pod.
 //!
+//! It also answers the resource-handler's switchover requests (see [`crate::switchover`]): a
+//! requested primary's multipooler is asked to resign leadership.
+//!
 //! etcd changes make no Kubernetes event, so each Shard is read again every `roles_period`.
 //! Nothing is written when the published roles, labels and stamps already match.
 
@@ -136,6 +139,8 @@ pub struct Context {
     /// Why each pod's reload is waiting, as last reported (`namespace/pod` → note), so a
     /// waiting reload is announced once, not on every retry.
     pub reload_waits: Mutex<HashMap<String, String>>,
+    /// Pending switchover requests' attempts (backoff, events announced).
+    pub switchovers: crate::switchover::Attempts,
     /// Reconcile counts for `HandlerInfo` and metrics.
     pub state: HandlerState,
     /// Retry delays of failing Shards.
@@ -325,6 +330,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
             stamped.push(pod.name_any());
         }
     }
+    let handover = crate::switchover::run(ctx, shard, key, &pods, &poolers).await;
     let reference = shard.object_ref(&());
     let notices = stamped.into_iter().map(|pod| {
         forget_wait(ctx, &namespace, &pod);
@@ -350,12 +356,15 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         });
         ctx.writer.publish(&ctx.recorder, &event, &reference).await;
     }
-    let period = if delivery.retry {
+    let mut period = if delivery.retry {
         ctx.settings.roles_period.min(reload::RETRY)
     } else {
         ctx.settings.roles_period
     };
-    match failure.or(delivery.error) {
+    if handover.pending {
+        period = period.min(crate::switchover::POLL);
+    }
+    match failure.or(delivery.error).or(handover.error) {
         Some(error) => Err(error),
         None => Ok(Action::requeue(period)),
     }

@@ -78,6 +78,33 @@ impl Writer {
         Ok(())
     }
 
+    /// Sets (`Some`) or removes (`None`) annotation `key` of `pod`, by a JSON merge patch that
+    /// applies to this pod only (its UID, which the API server refuses to change); other fields
+    /// are left alone. A pod deleted or replaced meanwhile is not an error.
+    pub async fn annotate_pod(
+        &self,
+        pod: &Pod,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), kube::Error> {
+        let api: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let body = json!({"metadata": {"uid": pod.uid(), "annotations": {key: value}}});
+        count(self.controller, "Pod", "patch");
+        let params = PatchParams {
+            field_manager: Some(self.field_manager.clone()),
+            ..PatchParams::default()
+        };
+        match api
+            .patch(&pod.name_any(), &params, &Patch::Merge(body))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if [404, 409, 422].contains(&status.code) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Server-side applies what this handler marks on a pool pod, together because an apply
     /// drops the manager's fields it leaves out: the `multigres.com/role` label and the
     /// confirmed reload fingerprint annotation (`None` drops either). A pod deleted meanwhile

@@ -646,9 +646,13 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         .unwrap();
 
     // Record the order pods come back with a new uid, and that every other pod was Ready
-    // each time one went away.
+    // each time one went away. Once the replicas are done, the primary is asked to hand over
+    // (the pod annotation the data-handler answers) and is not restarted until pod 0 is the
+    // primary, published here as the data-handler would.
     let mut order: Vec<String> = Vec::new();
     let mut last = before.clone();
+    let mut handed_over = false;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let deadline = Instant::now() + WAIT;
     while order.len() < 3 {
         assert!(
@@ -678,6 +682,44 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         if now.len() == 3 {
             last = now;
         }
+        if order.len() == 2 && !handed_over {
+            let asked = pods.get(&primary).await.unwrap();
+            let requested = asked
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("multigres.com/switchover-requested");
+            let s = shards.get(name).await.unwrap();
+            let conditions = shard_conditions(&s);
+            let waiting = condition(&conditions, "Switchover").is_some_and(|c| {
+                c.reason == "WaitingForSwitchover" && c.message.contains(&primary)
+            }) && condition(&conditions, "RollingUpdate")
+                .is_some_and(|c| c.reason == "WaitingForSwitchover");
+            if requested && waiting {
+                assert_eq!(
+                    asked.metadata.uid,
+                    Some(before[&primary].0.clone()),
+                    "the primary was not restarted before it handed over"
+                );
+                let roles = json!({
+                    format!("{set}-0"): "PRIMARY", format!("{set}-1"): "REPLICA",
+                    format!("{set}-2"): "REPLICA",
+                });
+                shards
+                    .patch_status(
+                        name,
+                        &PatchParams::apply(DATA_HANDLER).force(),
+                        &Patch::Apply(json!({
+                            "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
+                            "metadata": {"name": name},
+                            "status": {"podRoles": roles},
+                        })),
+                    )
+                    .await
+                    .unwrap();
+                handed_over = true;
+            }
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
@@ -699,28 +741,48 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         3,
         "the handler never touches the data-handler's fields"
     );
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for pod in before.keys() {
         let p = pods.get(pod).await.unwrap();
         let image = p.spec.unwrap().containers[0].image.clone();
         assert_eq!(image.as_deref(), Some(new), "{pod}");
     }
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-    let restarts: Vec<String> = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("RestartingPod"))
-        .filter_map(|e| e.note)
-        .collect();
+    let notes = |reason: &'static str| {
+        let events = events.clone();
+        async move {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter_map(|e| e.note)
+                .collect::<Vec<String>>()
+        }
+    };
+    let requested = notes("SwitchoverRequested").await;
+    assert!(
+        requested.iter().any(|n| n.contains(&primary)),
+        "{requested:?}"
+    );
+    let restarts = notes("RestartingPod").await;
     assert!(
         restarts
             .iter()
-            .any(|n| n.contains(&primary) && n.contains("the primary, last")),
-        "{restarts:?}"
+            .any(|n| n.contains(&primary) && n.contains("a replica")),
+        "the old primary restarts as a replica: {restarts:?}"
     );
+    assert!(
+        has_no_switchover_condition(&shards, name).await,
+        "the Switchover condition is gone once nothing waits"
+    );
+}
+
+/// Whether the Shard has no `Switchover` condition.
+async fn has_no_switchover_condition(shards: &Api<Shard>, name: &str) -> bool {
+    let s = shards.get(name).await.unwrap();
+    condition(&shard_conditions(&s), "Switchover").is_none()
 }
 
 /// The image of `container` in a workload's pod template.

@@ -47,6 +47,13 @@ const CIPHER_VOLUME: &str = "pgbackrest-cipher";
 /// Startup budget of the pool processes: pgctld and multipooler listen at once, but PostgreSQL
 /// may replay WAL or restore a backup before it is usable.
 const POOL_STARTUP_SECONDS: i32 = 600;
+/// How long multipooler's graceful shutdown on SIGTERM may take (upstream's default
+/// `--onterm-timeout`, which the pool pods keep): it stops serving, leaves the cohort and stops
+/// PostgreSQL (fast, then immediate).
+pub const MULTIPOOLER_ONTERM_SECONDS: i64 = 30;
+/// Grace period of pool pods: twice multipooler's onterm timeout, so that shutdown is never
+/// cut short by SIGKILL and the pgctld sidecar (stopped after it) still has time.
+pub const POOL_TERMINATION_GRACE_SECONDS: i64 = 2 * MULTIPOOLER_ONTERM_SECONDS;
 /// Startup budget of multiorch: it listens right away.
 const MULTIORCH_STARTUP_SECONDS: i32 = 300;
 
@@ -640,7 +647,7 @@ fn pool_objects(
         affinity: pool.affinity.clone(),
         tolerations: (!pool.tolerations.is_empty()).then(|| pool.tolerations.clone()),
         node_selector: Some(cell_node_selector(spec, cell)).filter(|s| !s.is_empty()),
-        termination_grace_period_seconds: Some(60),
+        termination_grace_period_seconds: Some(POOL_TERMINATION_GRACE_SECONDS),
         ..Default::default()
     };
     if crate::tls::enabled(spec.internal_tls.as_ref()) {

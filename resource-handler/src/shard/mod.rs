@@ -1,11 +1,13 @@
 //! Shard controller: runs a shard's multiorch and PostgreSQL pools, restarts pool pods in a
-//! safe order when their template changes, grows their volumes, and reports readiness and
-//! rollout progress (the data-handler publishes pod roles and backup health next to them).
+//! safe order when their template changes, has the primary hand over before it restarts or is
+//! scaled away, grows their volumes, and reports readiness and rollout progress (the
+//! data-handler publishes pod roles and backup health next to them).
 
 pub mod build;
 pub mod pgconfig;
 pub mod rollout;
 pub mod scale;
+pub mod switchover;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -41,8 +43,8 @@ use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
 use crate::sync::{self, SyncError};
 use crate::toposerver::keep_claim_templates;
 use build::ShardObjects;
-use rollout::Step;
-use scale::HeldScaleUp;
+use rollout::{PodView, Step};
+use scale::{HeldScaleUp, ScaleDown};
 
 /// Controller name in metrics and HandlerInfo.
 pub const NAME: &str = "shard";
@@ -326,10 +328,13 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let observed_conditions = shard.status.as_ref().map(|s| s.conditions.as_slice());
     let tls = crate::tls::reconcile_pgbackrest(ctx, guard, &owner, &shard.spec).await?;
     crate::tls::warn_if_new(ctx, guard, observed_conditions, tls.as_ref()).await;
+    let handover = switchover::possible(shard);
+    let pods = pod_views(ctx, shard, ns);
     let Applied {
         templates_changed,
         held,
-    } = apply_workloads(ctx, &owner, &objects).await?;
+        downs,
+    } = apply_workloads(ctx, &owner, &objects, &pods, handover).await?;
     let observed = Observed::read(ctx, ns, &objects);
     let resize = resize(ctx, guard, &shard.spec, ns, &objects).await?;
     prune(ctx, &owner, &objects).await?;
@@ -337,10 +342,13 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let step = if templates_changed {
         None
     } else {
-        let step = plan_restart(ctx, shard, ns, &objects, &observed);
+        let step = plan_restart(&objects, &observed, &pods, handover);
         restart(ctx, guard, ns, &step).await?;
         Some(step)
     };
+    let asked = switchover::needed(step.as_ref(), &downs);
+    let changes = switchover::changes(&pods, &asked, step.is_some(), Timestamp::now());
+    switchover::request(ctx, guard, ns, &changes).await;
     let (pools, orchs) = observed.counts(&objects);
     let report = Report {
         pools,
@@ -348,6 +356,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         rollout: step.clone(),
         storage: Some(resize.condition()),
         pgbackrest_tls: tls.clone(),
+        switchover: switchover::condition(step.as_ref(), &downs, handover),
         held,
         problem: None,
     };
@@ -387,13 +396,18 @@ struct Applied {
     templates_changed: bool,
     /// Pool scale-ups applied only in part, for volumes still leaving.
     held: Vec<HeldScaleUp>,
+    /// Pool scale-downs that remove the primary.
+    downs: Vec<ScaleDown>,
 }
 
-/// Applies every workload that changed.
+/// Applies every workload that changed. `pods` (the shard's pool pods) and `handover` (whether
+/// a switchover can be asked for) decide whether a scale-down waits for the primary.
 async fn apply_workloads(
     ctx: &Ctx<Guard>,
     owner: &Owner,
     objects: &ShardObjects,
+    pods: &[PodView],
+    handover: bool,
 ) -> Result<Applied, Error> {
     let ns = owner.namespace.as_str();
     let client = &ctx.client;
@@ -436,20 +450,27 @@ async fn apply_workloads(
             .get(&ObjectRef::new(&set.name_any()).within(ns));
         let claim = |name: &str| stores.pvcs.get(&ObjectRef::new(name).within(ns));
         let held = scale::hold(&mut set, current.as_deref(), claim);
+        let down = scale::hold_down(&mut set, current.as_deref(), pods, handover);
         let (_, _, set_written) = futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, p.service.clone()),
             sync::ensure(NAME, &pdbs, &stores.pdbs, p.pdb.clone()),
             sync::ensure_with(NAME, &sets, &stores.statefulsets, set, keep_claim_templates),
         )?;
-        Ok::<_, SyncError>((set_written, held))
+        Ok::<_, SyncError>((set_written, held, down))
     });
     let (_, pools) = futures::try_join!(
         futures::future::try_join_all(multiorch),
         futures::future::try_join_all(pools),
     )?;
+    let templates_changed = pools.iter().any(|(written, _, _)| *written);
+    let (held, downs) = pools
+        .into_iter()
+        .map(|(_, held, down)| (held, down))
+        .unzip::<_, _, Vec<_>, Vec<_>>();
     Ok(Applied {
-        templates_changed: pools.iter().any(|(written, _)| *written),
-        held: pools.into_iter().filter_map(|(_, held)| held).collect(),
+        templates_changed,
+        held: held.into_iter().flatten().collect(),
+        downs: downs.into_iter().flatten().collect(),
     })
 }
 
@@ -543,18 +564,27 @@ async fn prune(ctx: &Ctx<Guard>, owner: &Owner, objects: &ShardObjects) -> Resul
     Ok(())
 }
 
-fn plan_restart(
-    ctx: &Ctx<Guard>,
-    shard: &Shard,
-    ns: &str,
-    objects: &ShardObjects,
-    observed: &Observed,
-) -> Step {
+/// The shard's pool pods, with their roles from the Shard status (else their labels).
+fn pod_views(ctx: &Ctx<Guard>, shard: &Shard, ns: &str) -> Vec<PodView> {
     let roles = shard
         .status
         .as_ref()
         .map(|s| s.pod_roles.clone())
         .unwrap_or_default();
+    ctx.stores
+        .pods
+        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard))
+        .iter()
+        .filter_map(|pod| rollout::pod_view(pod, &roles))
+        .collect()
+}
+
+fn plan_restart(
+    objects: &ShardObjects,
+    observed: &Observed,
+    pods: &[PodView],
+    handover: bool,
+) -> Step {
     let sets: Vec<_> = objects
         .pools
         .iter()
@@ -568,14 +598,7 @@ fn plan_restart(
             },
         })
         .collect();
-    let pods: Vec<_> = ctx
-        .stores
-        .pods
-        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard))
-        .iter()
-        .filter_map(|pod| rollout::pod_view(pod, &roles))
-        .collect();
-    rollout::plan(&sets, &pods)
+    rollout::plan(&sets, pods, handover)
 }
 
 /// Carries out a [`Step::Restart`]: deletes the pod (if it is still the one planned) so its
@@ -612,7 +635,7 @@ async fn restart(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, step: &Step) -> Resu
         }
     }
     let which = if *primary {
-        "the primary, last"
+        "the primary, last, without a switchover"
     } else {
         "a replica"
     };
@@ -653,6 +676,8 @@ pub struct Report<'a> {
     pub storage: Option<Cond>,
     /// The pgBackRest TLS verdict (none without backups).
     pub pgbackrest_tls: Option<Cond>,
+    /// The `Switchover` verdict (none while no primary is about to go).
+    pub switchover: Option<Cond>,
     /// Pool scale-ups waiting for volumes of scaled-away replicas to go.
     pub held: Vec<HeldScaleUp>,
     /// Why the spec cannot be realised.
@@ -684,8 +709,12 @@ fn rolling_condition(step: Option<&Step>) -> Cond {
             TRUE,
             "Restarting",
             format!(
-                "restarting {} {pod}; {} of {total} pods updated",
-                if *primary { "the primary" } else { "replica" },
+                "restarting {}; {} of {total} pods updated",
+                if *primary {
+                    format!("the primary {pod} without a switchover")
+                } else {
+                    format!("replica {pod}")
+                },
                 total - outdated
             ),
         ),
@@ -727,10 +756,12 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
         Cond::new(AVAILABLE, FALSE, "NotReady", message.clone())
     };
     let rolling = rolling_condition(report.rollout.as_ref());
-    let healthy = available.is_true() && !rolling.is_true();
+    let handing_over = report.switchover.as_ref().is_some_and(Cond::is_true);
+    let healthy = available.is_true() && !rolling.is_true() && !handing_over;
     let mut desired = vec![available, rolling];
     desired.extend(report.storage.clone());
     desired.extend(report.pgbackrest_tls.clone());
+    desired.extend(report.switchover.clone());
     let observed = shard
         .status
         .as_ref()
@@ -788,6 +819,7 @@ mod tests {
             rollout: Some(Step::UpToDate { pods: 3 }),
             storage: None,
             pgbackrest_tls: None,
+            switchover: None,
             held: Vec::new(),
             problem: None,
         };
@@ -866,6 +898,30 @@ mod tests {
         }));
         assert_eq!(wait.reason, "WaitingForRoles");
         assert!(wait.message.contains("no pod is known to be the primary"));
+        let primary = rolling_condition(Some(&Step::Restart {
+            pod: "p-0".into(),
+            uid: "u".into(),
+            primary: true,
+            outdated: 1,
+            total: 4,
+        }));
+        assert_eq!(
+            primary.message,
+            "restarting the primary p-0 without a switchover; 3 of 4 pods updated"
+        );
+        let handover = rolling_condition(Some(&Step::Wait {
+            wait: Wait::Switchover("p-0".into()),
+            outdated: 1,
+            total: 4,
+        }));
+        assert_eq!(
+            (handover.reason, handover.message.as_str()),
+            (
+                "WaitingForSwitchover",
+                "waiting for the primary p-0 to hand over to a replica before its restart; 3 \
+                 of 4 pods updated"
+            )
+        );
         let done = rolling_condition(Some(&Step::UpToDate { pods: 4 }));
         assert_eq!((done.status, done.reason), (FALSE, "UpToDate"));
         let rolling = status(
@@ -886,6 +942,48 @@ mod tests {
             rolling.phase,
             Some(Phase::Progressing),
             "a rollout is progress"
+        );
+    }
+
+    #[test]
+    fn a_scale_down_waiting_for_a_switchover_is_progress() {
+        let down = ScaleDown {
+            statefulset: "pool-main-z1".into(),
+            from: 3,
+            replicas: 3,
+            wanted: 2,
+            primary: "pool-main-z1-2".into(),
+            handover: scale::Handover::Requested,
+        };
+        let report = Report {
+            pools: vec![counts(3, 3)],
+            orchs: vec![counts(1, 1)],
+            rollout: Some(Step::UpToDate { pods: 3 }),
+            switchover: switchover::condition(None, &[down], true),
+            ..Report::default()
+        };
+        let st = status(&shard(), &report, Timestamp::from_second(1).unwrap());
+        let c = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == switchover::SWITCHOVER)
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (TRUE, "WaitingForSwitchover")
+        );
+        assert!(c.message.contains("pool-main-z1-2"));
+        assert_eq!(st.phase, Some(Phase::Progressing));
+        let idle = Report {
+            switchover: None,
+            ..report
+        };
+        let st = status(&shard(), &idle, Timestamp::from_second(2).unwrap());
+        assert_eq!(st.phase, Some(Phase::Healthy));
+        assert!(
+            st.conditions
+                .iter()
+                .all(|c| c.type_ != switchover::SWITCHOVER)
         );
     }
 

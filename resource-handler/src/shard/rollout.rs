@@ -2,14 +2,17 @@
 //! pod template change reaches a pod only when the handler deletes it. This module decides,
 //! from what is observed, which pod to restart next: one at a time, each only once every other
 //! pod is Ready again, replicas first and the primary last, and never while it cannot tell
-//! which pod is the primary.
+//! which pod is the primary. The primary is not restarted while a Ready replica could take
+//! over: it is asked to hand over first (see [`super::switchover`]), and restarted once it is
+//! a replica; only when no replica can take over (or a switchover cannot be asked for) is it
+//! restarted as the primary, as a failover.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use multigres_api::labels::ROLE;
+use multigres_api::labels::{ROLE, SWITCHOVER_REQUESTED};
 
 /// The label the StatefulSet controller puts on each pod: the revision it was created from.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -52,6 +55,24 @@ pub struct PodView {
     pub terminating: bool,
     /// Database role.
     pub role: Role,
+    /// Its pending switchover request (the `multigres.com/switchover-requested` value).
+    pub switchover: Option<String>,
+}
+
+impl PodView {
+    /// Its StatefulSet ordinal (the number after the set's name).
+    pub fn ordinal(&self) -> Option<i32> {
+        self.name
+            .strip_prefix(self.set.as_str())?
+            .strip_prefix('-')?
+            .parse()
+            .ok()
+    }
+
+    /// Whether it could take over as the primary now: a Ready replica staying in place.
+    pub fn can_take_over(&self) -> bool {
+        self.role == Role::Replica && self.ready && !self.terminating
+    }
 }
 
 /// What the planner needs to know about one pool StatefulSet.
@@ -82,6 +103,8 @@ pub enum Wait {
     SeveralPrimaries(Vec<String>),
     /// An up-to-date pod is not Ready (yet).
     PodNotReady(String),
+    /// The primary, the last outdated pod, is asked to hand over to a Ready replica first.
+    Switchover(String),
 }
 
 impl Wait {
@@ -103,6 +126,9 @@ impl Wait {
                 pods.join(", ")
             ),
             Wait::PodNotReady(pod) => format!("waiting for pod {pod} to be Ready"),
+            Wait::Switchover(pod) => format!(
+                "waiting for the primary {pod} to hand over to a replica before its restart"
+            ),
         }
     }
 
@@ -110,6 +136,7 @@ impl Wait {
     pub fn reason(&self) -> &'static str {
         match self {
             Wait::RolesUnknown | Wait::SeveralPrimaries(_) => "WaitingForRoles",
+            Wait::Switchover(_) => "WaitingForSwitchover",
             Wait::SetNotObserved(_)
             | Wait::PodTerminating(_)
             | Wait::PodMissing { .. }
@@ -123,7 +150,8 @@ impl Wait {
 pub enum Step {
     /// Every pod runs the current template.
     UpToDate { pods: usize },
-    /// Delete this pod so its StatefulSet recreates it from the current template.
+    /// Delete this pod so its StatefulSet recreates it from the current template (`primary`:
+    /// the primary itself, with no replica to hand over to or no way to ask for it).
     Restart {
         pod: String,
         uid: String,
@@ -162,6 +190,7 @@ pub fn pod_view(pod: &Pod, roles: &BTreeMap<String, String>) -> Option<PodView> 
         uid: pod.uid().unwrap_or_default(),
         revision: pod.labels().get(REVISION_LABEL).cloned(),
         terminating: pod.metadata.deletion_timestamp.is_some(),
+        switchover: pod.annotations().get(SWITCHOVER_REQUESTED).cloned(),
         set,
         name,
         ready,
@@ -184,8 +213,9 @@ pub fn set_view(sts: &StatefulSet) -> SetView {
 }
 
 /// Decides the next restart across all pools of one shard (the shard has one primary across
-/// all of them).
-pub fn plan(sets: &[SetView], pods: &[PodView]) -> Step {
+/// all of them). `switchover`: whether the primary can be asked to hand over (else it is
+/// restarted as the primary, and multiorch fails over).
+pub fn plan(sets: &[SetView], pods: &[PodView], switchover: bool) -> Step {
     let by_set: BTreeMap<&str, &SetView> = sets.iter().map(|s| (s.name.as_str(), s)).collect();
     let mut pods: Vec<&PodView> = pods
         .iter()
@@ -262,6 +292,9 @@ pub fn plan(sets: &[SetView], pods: &[PodView]) -> Step {
         return restart(p);
     }
     match primaries.first() {
+        Some(primary) if switchover && pods.iter().any(|p| p.can_take_over()) => {
+            wait(Wait::Switchover(primary.name.clone()))
+        }
         Some(primary) => restart(primary),
         None => Step::UpToDate { pods: pods.len() },
     }
@@ -289,6 +322,7 @@ mod tests {
             ready: true,
             terminating: false,
             role,
+            switchover: None,
         }
     }
 
@@ -300,17 +334,27 @@ mod tests {
     }
 
     /// Applies the planner until everything is up to date, recreating each restarted pod at
-    /// the new revision (Ready again), and returns the restart order.
+    /// the new revision (Ready again) and handing a primary's role to the first replica that
+    /// can take over when asked to, and returns the restart order.
     fn run_to_completion(sets: &[SetView], mut pods: Vec<PodView>) -> Vec<String> {
         let mut order = Vec::new();
         for _ in 0..20 {
-            match plan(sets, &pods) {
+            match plan(sets, &pods, true) {
                 Step::UpToDate { .. } => return order,
                 Step::Restart { pod: name, .. } => {
                     let p = pods.iter_mut().find(|p| p.name == name).unwrap();
                     let set = sets.iter().find(|s| s.name == p.set).unwrap();
                     p.revision = set.update_revision.clone();
                     order.push(name);
+                }
+                Step::Wait {
+                    wait: Wait::Switchover(name),
+                    ..
+                } => {
+                    let heir = pods.iter().position(|p| p.can_take_over()).unwrap();
+                    pods[heir].role = Role::Primary;
+                    let old = pods.iter_mut().find(|p| p.name == name).unwrap();
+                    old.role = Role::Replica;
                 }
                 Step::Wait { wait, .. } => panic!("unexpected wait: {wait:?}"),
             }
@@ -335,14 +379,70 @@ mod tests {
     }
 
     #[test]
-    fn restart_reports_progress_and_the_primary() {
+    fn the_primary_hands_over_to_a_ready_replica_before_its_restart() {
         let sets = [set("pool-a", "v2", 2)];
+        let mut pods = [
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v2", Role::Replica),
+        ];
+        let step = plan(&sets, &pods, true);
+        assert_eq!(
+            step,
+            Step::Wait {
+                wait: Wait::Switchover("pool-a-0".into()),
+                outdated: 1,
+                total: 2,
+            }
+        );
+        let Step::Wait { wait, .. } = step else {
+            unreachable!()
+        };
+        assert_eq!(wait.reason(), "WaitingForSwitchover");
+        assert!(wait.message().contains("primary pool-a-0 to hand over"));
+        // Handed over: the old primary is an outdated replica now, restarted as such.
+        pods[0].role = Role::Replica;
+        pods[1].role = Role::Primary;
+        assert_eq!(
+            plan(&sets, &pods, true),
+            Step::Restart {
+                pod: "pool-a-0".into(),
+                uid: "uid-pool-a-0".into(),
+                primary: false,
+                outdated: 1,
+                total: 2,
+            }
+        );
+    }
+
+    #[test]
+    fn the_primary_restarts_as_such_when_no_replica_can_take_over() {
+        let sets = [set("pool-a", "v2", 1)];
+        let alone = [pod("pool-a-0", "v1", Role::Primary)];
+        assert_eq!(
+            plan(&sets, &alone, true),
+            Step::Restart {
+                pod: "pool-a-0".into(),
+                uid: "uid-pool-a-0".into(),
+                primary: true,
+                outdated: 1,
+                total: 1,
+            },
+            "a one-pod pool has nobody to hand over to"
+        );
+        // A replica without a known role cannot take over; nor can anyone when a switchover
+        // cannot be asked for.
+        let sets = [set("pool-a", "v2", 2)];
+        let unknown = [
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v2", Role::Unknown),
+        ];
+        assert_eq!(restarted(&plan(&sets, &unknown, true)), "pool-a-0");
         let pods = [
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v2", Role::Replica),
         ];
         assert_eq!(
-            plan(&sets, &pods),
+            plan(&sets, &pods, false),
             Step::Restart {
                 pod: "pool-a-0".into(),
                 uid: "uid-pool-a-0".into(),
@@ -360,7 +460,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v1", Role::Unknown),
         ];
-        assert_eq!(plan(&sets, &pods), Step::UpToDate { pods: 2 });
+        assert_eq!(plan(&sets, &pods, true), Step::UpToDate { pods: 2 });
     }
 
     #[test]
@@ -370,7 +470,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Unknown),
             pod("pool-a-1", "v1", Role::Replica),
         ];
-        let step = plan(&sets, &pods);
+        let step = plan(&sets, &pods, true);
         assert!(
             matches!(
                 &step,
@@ -386,7 +486,7 @@ mod tests {
         for p in &mut pods {
             p.ready = false;
         }
-        assert_eq!(restarted(&plan(&sets, &pods)), "pool-a-0");
+        assert_eq!(restarted(&plan(&sets, &pods, true)), "pool-a-0");
     }
 
     #[test]
@@ -399,7 +499,7 @@ mod tests {
         ];
         pods[1].ready = false;
         assert_eq!(
-            plan(&sets, &pods),
+            plan(&sets, &pods, true),
             Step::Wait {
                 wait: Wait::PodNotReady("pool-a-1".into()),
                 outdated: 2,
@@ -408,7 +508,7 @@ mod tests {
         );
         pods[1].terminating = true;
         assert!(matches!(
-            plan(&sets, &pods),
+            plan(&sets, &pods, true),
             Step::Wait {
                 wait: Wait::PodTerminating(_),
                 ..
@@ -416,7 +516,7 @@ mod tests {
         ));
         let missing = [pods[0].clone(), pods[2].clone()];
         assert!(matches!(
-            plan(&sets, &missing),
+            plan(&sets, &missing, true),
             Step::Wait {
                 wait: Wait::PodMissing {
                     have: 2,
@@ -437,7 +537,7 @@ mod tests {
             pod("pool-a-2", "v1", Role::Replica),
         ];
         pods[2].ready = false;
-        assert_eq!(restarted(&plan(&sets, &pods)), "pool-a-2");
+        assert_eq!(restarted(&plan(&sets, &pods, true)), "pool-a-2");
     }
 
     #[test]
@@ -449,13 +549,13 @@ mod tests {
             pod("pool-a-1", "v1", Role::Primary),
         ];
         assert!(matches!(
-            plan(&[stale], &pods),
+            plan(&[stale], &pods, true),
             Step::Wait {
                 wait: Wait::SetNotObserved(_),
                 ..
             }
         ));
-        let step = plan(&[set("pool-a", "v2", 2)], &pods);
+        let step = plan(&[set("pool-a", "v2", 2)], &pods, true);
         assert!(
             matches!(&step, Step::Wait { wait: Wait::SeveralPrimaries(p), .. } if p.len() == 2),
             "{step:?}"
@@ -476,6 +576,7 @@ mod tests {
         }))
         .unwrap();
         let view = pod_view(&pod, &BTreeMap::new()).unwrap();
+        assert_eq!((view.ordinal(), view.switchover), (Some(0), None));
         assert_eq!(
             (
                 view.set.as_str(),

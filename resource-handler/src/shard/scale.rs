@@ -1,4 +1,5 @@
-//! Scale-ups that wait for the volumes of scaled-away replicas to go.
+//! Scale-ups that wait for the volumes of scaled-away replicas to go, and scale-downs that wait
+//! for the primary to hand over.
 //!
 //! Under `whenScaled: Delete` the StatefulSet controller makes a scaled-away replica's pod the
 //! owner of its claims, and the garbage collector deletes them once the pod is gone. A scale-up
@@ -7,12 +8,20 @@
 //! finally goes, and the pool stays short of replicas until something else touches it. This
 //! handler does watch claims, so it holds the StatefulSet below the first such ordinal and
 //! raises it once the claim is gone.
+//!
+//! A scale-down removes the highest ordinals, whichever pod is the primary. When one of them is
+//! the primary and a pod that stays could take over, the StatefulSet is held just above the
+//! primary's ordinal (replicas above it go) until it has handed over (see
+//! [`super::switchover`]); then the scale-down continues. Pods whose role is unknown are not
+//! protected, as in a rollout where nothing serves.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
+
+use super::rollout::{PodView, Role};
 
 /// A pool StatefulSet applied with fewer replicas than wanted, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +89,94 @@ pub fn hold(
         replicas: ordinal,
         wanted,
         claim,
+    })
+}
+
+/// How a scale-down that removes the primary goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// A Ready replica that stays can take over: held, and the primary is asked to hand over.
+    Requested,
+    /// Pods stay, but none is a Ready replica: held, until one can take over.
+    NoReadyReplica,
+    /// No pod stays (or a switchover cannot be asked for): not held; the primary goes, and
+    /// multiorch fails over if any pooler is left.
+    Unavailable,
+}
+
+/// A pool scale-down that removes the primary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScaleDown {
+    /// The pool StatefulSet.
+    pub statefulset: String,
+    /// Replicas it has now.
+    pub from: i32,
+    /// Replicas applied for now.
+    pub replicas: i32,
+    /// Replicas the spec asks for.
+    pub wanted: i32,
+    /// The primary among the pods the scale-down removes.
+    pub primary: String,
+    /// What happens to it.
+    pub handover: Handover,
+}
+
+impl ScaleDown {
+    /// Why the primary hands over, for conditions and events.
+    pub fn purpose(&self) -> String {
+        format!(
+            "{} scales down from {} to {} replicas",
+            self.statefulset, self.from, self.wanted
+        )
+    }
+}
+
+/// Holds a scale-down of `desired` above the primary's ordinal while it has not handed over.
+///
+/// `current` is the StatefulSet as it is now; `pods` are all pool pods of the shard (any of
+/// them may take over); `switchover`: whether the primary can be asked to hand over.
+pub fn hold_down(
+    desired: &mut StatefulSet,
+    current: Option<&StatefulSet>,
+    pods: &[PodView],
+    switchover: bool,
+) -> Option<ScaleDown> {
+    let replicas = |set: &StatefulSet| set.spec.as_ref().and_then(|s| s.replicas);
+    let wanted = replicas(desired)?;
+    let from = current.and_then(replicas)?;
+    if wanted >= from {
+        return None;
+    }
+    let statefulset = desired.name_any();
+    let leaving = |p: &PodView| p.set == statefulset && p.ordinal().is_some_and(|o| o >= wanted);
+    let (ordinal, primary) = pods
+        .iter()
+        .filter(|p| p.role == Role::Primary && !p.terminating && leaving(p))
+        .filter_map(|p| Some((p.ordinal()?, p)))
+        .min_by_key(|(ordinal, _)| *ordinal)?;
+    let staying: Vec<&PodView> = pods
+        .iter()
+        .filter(|p| !leaving(p) && !p.terminating)
+        .collect();
+    let handover = if !switchover || staying.is_empty() {
+        Handover::Unavailable
+    } else if staying.iter().any(|p| p.can_take_over()) {
+        Handover::Requested
+    } else {
+        Handover::NoReadyReplica
+    };
+    let applied = match handover {
+        Handover::Unavailable => wanted,
+        Handover::Requested | Handover::NoReadyReplica => (ordinal + 1).min(from),
+    };
+    desired.spec.as_mut()?.replicas = Some(applied);
+    Some(ScaleDown {
+        statefulset: statefulset.clone(),
+        from,
+        replicas: applied,
+        wanted,
+        primary: primary.name.clone(),
+        handover,
     })
 }
 
@@ -164,5 +261,123 @@ mod tests {
         let mut desired = set(3);
         let held = hold(&mut desired, None, among(&[claim(TERMINATING)]));
         assert_eq!(held.map(|h| h.replicas), Some(1));
+    }
+
+    fn member(name: &str, role: Role) -> PodView {
+        PodView {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            set: name.rsplit_once('-').unwrap().0.into(),
+            revision: None,
+            ready: true,
+            terminating: false,
+            role,
+            switchover: None,
+        }
+    }
+
+    #[test]
+    fn a_scale_down_is_held_above_the_primary_until_it_hands_over() {
+        let mut pods = vec![
+            member("pool-0", Role::Replica),
+            member("pool-1", Role::Primary),
+            member("pool-2", Role::Replica),
+        ];
+        let mut desired = set(1);
+        let down = hold_down(&mut desired, Some(&set(3)), &pods, true).unwrap();
+        assert_eq!(
+            down,
+            ScaleDown {
+                statefulset: "pool".into(),
+                from: 3,
+                replicas: 2,
+                wanted: 1,
+                primary: "pool-1".into(),
+                handover: Handover::Requested,
+            },
+            "pool-2 goes; pool-1 stays until pool-0 is the primary"
+        );
+        assert_eq!(desired.spec.unwrap().replicas, Some(2));
+        assert_eq!(down.purpose(), "pool scales down from 3 to 1 replicas");
+
+        // pool-0 not Ready: nobody can take over yet, still held, nothing requested.
+        pods[0].ready = false;
+        let mut desired = set(1);
+        let down = hold_down(&mut desired, Some(&set(2)), &pods, true).unwrap();
+        assert_eq!(
+            (down.replicas, down.handover),
+            (2, Handover::NoReadyReplica)
+        );
+
+        // Handed over: the scale-down goes on.
+        pods[0].ready = true;
+        pods[0].role = Role::Primary;
+        pods[1].role = Role::Replica;
+        let mut desired = set(1);
+        assert_eq!(hold_down(&mut desired, Some(&set(2)), &pods, true), None);
+        assert_eq!(desired.spec.unwrap().replicas, Some(1));
+    }
+
+    #[test]
+    fn a_pod_of_another_pool_can_take_over() {
+        let pods = [
+            member("pool-0", Role::Primary),
+            member("other-0", Role::Replica),
+        ];
+        let mut desired = set(0);
+        let down = hold_down(&mut desired, Some(&set(1)), &pods, true).unwrap();
+        assert_eq!((down.replicas, down.handover), (1, Handover::Requested));
+    }
+
+    #[test]
+    fn without_anyone_to_take_over_the_scale_down_goes_on() {
+        let pods = [member("pool-0", Role::Primary)];
+        let mut desired = set(0);
+        let down = hold_down(&mut desired, Some(&set(1)), &pods, true).unwrap();
+        assert_eq!((down.replicas, down.handover), (0, Handover::Unavailable));
+        assert_eq!(desired.spec.unwrap().replicas, Some(0));
+
+        let pods = [
+            member("pool-0", Role::Replica),
+            member("pool-1", Role::Primary),
+        ];
+        let mut desired = set(1);
+        let down = hold_down(&mut desired, Some(&set(2)), &pods, false).unwrap();
+        assert_eq!(
+            (down.replicas, down.handover),
+            (1, Handover::Unavailable),
+            "no switchover can be asked for"
+        );
+    }
+
+    #[test]
+    fn scale_downs_of_replicas_or_of_unknown_roles_are_not_held() {
+        let pods = [
+            member("pool-0", Role::Primary),
+            member("pool-1", Role::Replica),
+        ];
+        let mut desired = set(1);
+        assert_eq!(hold_down(&mut desired, Some(&set(2)), &pods, true), None);
+        let unknown = [
+            member("pool-0", Role::Unknown),
+            member("pool-1", Role::Unknown),
+        ];
+        assert_eq!(hold_down(&mut desired, Some(&set(2)), &unknown, true), None);
+        assert_eq!(desired.spec.unwrap().replicas, Some(1));
+        let mut terminating = member("pool-1", Role::Primary);
+        terminating.terminating = true;
+        let pods = [member("pool-0", Role::Replica), terminating];
+        let mut desired = set(1);
+        assert_eq!(
+            hold_down(&mut desired, Some(&set(2)), &pods, true),
+            None,
+            "already going"
+        );
+        let mut desired = set(3);
+        assert_eq!(
+            hold_down(&mut desired, Some(&set(2)), &pods, true),
+            None,
+            "scale-up"
+        );
     }
 }

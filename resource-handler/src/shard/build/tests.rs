@@ -256,6 +256,31 @@ fn both_processes_share_the_data_volume_and_secrets() {
 }
 
 #[test]
+fn pool_pods_outlast_the_graceful_shutdown_of_multipooler() {
+    let o = objects(&fixture());
+    let p = pool(&o, "zone-a");
+    let grace = pod(p).termination_grace_period_seconds.unwrap();
+    assert_eq!(grace, 60);
+    assert!(
+        grace >= MULTIPOOLER_ONTERM_SECONDS + 15,
+        "{grace} s leaves too little beyond multipooler's {MULTIPOOLER_ONTERM_SECONDS} s"
+    );
+    let pooler = pod(p)
+        .containers
+        .iter()
+        .find(|c| c.name == "multipooler")
+        .unwrap();
+    assert!(
+        pooler
+            .args
+            .iter()
+            .flatten()
+            .all(|a| !a.starts_with("--onterm-timeout")),
+        "multipooler keeps upstream's default onterm timeout"
+    );
+}
+
+#[test]
 fn pool_pods_are_hardened_placed_and_pull_with_secrets() {
     let o = objects(&fixture());
     let pod = pod(pool(&o, "zone-b"));

@@ -1,0 +1,412 @@
+//! Switchover requests: before the handler removes (scale-down) or restarts (rollout) the
+//! primary pool pod on purpose, it asks for the primary to hand over to a replica, and waits.
+//!
+//! The handlers coordinate only through the Kubernetes API: the request is the pod annotation
+//! `multigres.com/switchover-requested` (an RFC 3339 time that identifies it). The data-handler,
+//! seeing it on a pod the topology says is the primary, has the pod's multipooler
+//! `ResignLeadership` (writes drained, PostgreSQL restarted as a standby); multiorch then
+//! promotes another pooler, and the role labels follow the topology. Once the pod is no longer
+//! the primary, the rollout restarts it as a replica and the scale-down removes it. A request
+//! still unanswered after [`RENEW`] is renewed (a new time), so the data-handler tries again;
+//! a request no longer needed is withdrawn.
+//!
+//! Deciding is pure ([`needed`], [`changes`], [`condition`]); [`request`] writes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use multigres_api::labels::SWITCHOVER_REQUESTED;
+use multigres_api::v1alpha1::Shard;
+use multigres_common::telemetry::ErrorChain;
+use serde_json::json;
+
+use super::rollout::{PodView, Step, Wait};
+use super::scale::{Handover, ScaleDown};
+use super::{Guard, NAME};
+use crate::conditions::{Cond, FALSE, TRUE};
+use crate::controller::Ctx;
+
+/// Condition type reporting a primary that must hand over before it goes.
+pub const SWITCHOVER: &str = "Switchover";
+/// How long a request may go unanswered before it is renewed.
+pub const RENEW: Duration = Duration::from_secs(300);
+
+/// The pods to ask to hand over, with why (for events): the primary a rollout waits for, and
+/// the primaries held scale-downs wait for when a replica can take over.
+pub fn needed(step: Option<&Step>, downs: &[ScaleDown]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if let Some(Step::Wait {
+        wait: Wait::Switchover(pod),
+        ..
+    }) = step
+    {
+        out.insert(
+            pod.clone(),
+            "its restart for the new pod template".to_owned(),
+        );
+    }
+    for down in downs.iter().filter(|d| d.handover == Handover::Requested) {
+        out.insert(down.primary.clone(), down.purpose());
+    }
+    out
+}
+
+/// A write of a pod's request annotation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// Pod name.
+    pub pod: String,
+    /// Its UID (the write applies to this pod only).
+    pub uid: String,
+    /// The new request (`None`: withdrawn).
+    pub value: Option<String>,
+    /// Why it is asked for (`None` when withdrawn).
+    pub purpose: Option<String>,
+    /// A request renewed after [`RENEW`].
+    pub renewed: bool,
+}
+
+/// The annotation writes that make `pods`' requests match `needed`: a new request where none
+/// is, a renewed one where it is older than [`RENEW`] (or unreadable), a withdrawal where one
+/// is no longer needed. `settled`: whether `needed` is complete (a rollout step is known);
+/// otherwise nothing is withdrawn.
+pub fn changes(
+    pods: &[PodView],
+    needed: &BTreeMap<String, String>,
+    settled: bool,
+    now: Timestamp,
+) -> Vec<Change> {
+    pods.iter()
+        .filter(|p| !p.terminating)
+        .filter_map(|p| {
+            let purpose = needed.get(&p.name);
+            let change = |value: Option<String>, renewed| Change {
+                pod: p.name.clone(),
+                uid: p.uid.clone(),
+                value,
+                purpose: purpose.cloned(),
+                renewed,
+            };
+            match (purpose, p.switchover.as_deref()) {
+                (Some(_), None) => Some(change(Some(now.to_string()), false)),
+                (Some(_), Some(at)) => {
+                    let stale = at
+                        .parse::<Timestamp>()
+                        .map_or(true, |at| now.duration_since(at).unsigned_abs() >= RENEW);
+                    stale.then(|| change(Some(now.to_string()), true))
+                }
+                (None, Some(_)) if settled => Some(change(None, false)),
+                (None, _) => None,
+            }
+        })
+        .collect()
+}
+
+/// The `Switchover` condition: True while a primary must hand over before it goes, False when
+/// one goes without (nobody can take over, or a switchover cannot be asked for), absent when no
+/// primary is about to go. `possible`: whether a switchover can be asked for.
+pub fn condition(step: Option<&Step>, downs: &[ScaleDown], possible: bool) -> Option<Cond> {
+    let process = "the data-handler has its multipooler resign leadership (annotation \
+                   multigres.com/switchover-requested) and multiorch promotes a replica";
+    let mut requested = Vec::new();
+    let mut no_replica = Vec::new();
+    let mut without = Vec::new();
+    if let Some(step) = step {
+        match step {
+            Step::Wait {
+                wait: Wait::Switchover(pod),
+                ..
+            } => requested.push(format!(
+                "the primary {pod} hands over before its restart for the new pod template"
+            )),
+            Step::Restart {
+                pod, primary: true, ..
+            } => without.push(format!("the primary {pod} restarts")),
+            _ => {}
+        }
+    }
+    for down in downs {
+        let (primary, purpose) = (&down.primary, down.purpose());
+        match down.handover {
+            Handover::Requested => requested.push(format!(
+                "the primary {primary} hands over before {purpose} (held at {})",
+                down.replicas
+            )),
+            Handover::NoReadyReplica => no_replica.push(format!(
+                "the primary {primary} must hand over before {purpose} (held at {}), but no \
+                 replica that stays is Ready to take over",
+                down.replicas
+            )),
+            Handover::Unavailable => {
+                without.push(format!("the primary {primary} is removed ({purpose})"))
+            }
+        }
+    }
+    if !requested.is_empty() || !no_replica.is_empty() {
+        let reason = if requested.is_empty() {
+            "WaitingForReplica"
+        } else {
+            "WaitingForSwitchover"
+        };
+        let mut parts = requested;
+        if !parts.is_empty() {
+            parts.push(process.to_owned());
+        }
+        parts.extend(no_replica);
+        return Some(Cond::new(SWITCHOVER, TRUE, reason, parts.join("; ")));
+    }
+    if without.is_empty() {
+        return None;
+    }
+    let why = if possible {
+        "no other pool pod is a Ready replica to take over"
+    } else {
+        "internalTLS is enabled and the data-handler has no client certificate for the \
+         multipooler to ask it to resign"
+    };
+    let message = format!(
+        "{} without a switchover: {why}; multiorch fails over",
+        without.join("; ")
+    );
+    Some(Cond::new(SWITCHOVER, FALSE, "WithoutSwitchover", message))
+}
+
+/// Writes `changes` (a JSON merge patch of the one annotation, carrying the planned pod's UID,
+/// which the API server refuses to change, so a replaced pod is not written), with
+/// a Normal event for each new or renewed request. A pod gone or replaced meanwhile is
+/// skipped; a failed write is logged and tried again on the next reconcile.
+pub async fn request(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, changes: &[Change]) {
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    for change in changes {
+        let patch = json!({"metadata": {
+            "uid": change.uid,
+            "annotations": {SWITCHOVER_REQUESTED: change.value},
+        }});
+        crate::sync::count(NAME, "Pod", "patch");
+        match pods
+            .patch(&change.pod, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if [404, 409, 422].contains(&e.code) => continue,
+            Err(error) => {
+                tracing::warn!(pod = %change.pod, error = %ErrorChain(&error), "cannot write the switchover request");
+                continue;
+            }
+        }
+        let (Some(at), Some(purpose)) = (&change.value, &change.purpose) else {
+            tracing::info!(pod = %change.pod, "switchover request withdrawn");
+            continue;
+        };
+        tracing::info!(pod = %change.pod, %at, renewed = change.renewed, "switchover requested");
+        let (reason, note) = if change.renewed {
+            (
+                "SwitchoverRenewed",
+                format!(
+                    "the primary {} has not handed over within {} s; asked again before {purpose}",
+                    change.pod,
+                    RENEW.as_secs()
+                ),
+            )
+        } else {
+            (
+                "SwitchoverRequested",
+                format!(
+                    "asked the primary {} to hand over to a replica before {purpose}; the \
+                     data-handler has its multipooler resign leadership and multiorch promotes \
+                     a replica",
+                    change.pod
+                ),
+            )
+        };
+        let related = ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            name: Some(change.pod.clone()),
+            namespace: Some(ns.to_owned()),
+            uid: Some(change.uid.clone()),
+            ..Default::default()
+        };
+        ctx.event_about(guard, Some(related), EventType::Normal, reason, note)
+            .await;
+    }
+}
+
+/// Whether the primary of `shard` can be asked to hand over: the data-handler holds no client
+/// certificate for multipoolers that serve internal mutual TLS.
+pub fn possible(shard: &Shard) -> bool {
+    !crate::tls::enabled(shard.spec.internal_tls.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::rollout::Role;
+
+    fn pod(name: &str, request: Option<&str>) -> PodView {
+        PodView {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            set: "pool".into(),
+            revision: None,
+            ready: true,
+            terminating: false,
+            role: Role::Primary,
+            switchover: request.map(Into::into),
+        }
+    }
+
+    fn at(second: i64) -> Timestamp {
+        Timestamp::from_second(second).unwrap()
+    }
+
+    fn down(handover: Handover) -> ScaleDown {
+        ScaleDown {
+            statefulset: "pool".into(),
+            from: 3,
+            replicas: 2,
+            wanted: 1,
+            primary: "pool-1".into(),
+            handover,
+        }
+    }
+
+    fn rollout_wait(pod: &str) -> Step {
+        Step::Wait {
+            wait: Wait::Switchover(pod.into()),
+            outdated: 1,
+            total: 3,
+        }
+    }
+
+    #[test]
+    fn rollouts_and_held_scale_downs_ask_their_primary() {
+        let step = rollout_wait("pool-0");
+        let downs = [down(Handover::Requested), down(Handover::NoReadyReplica)];
+        let asked = needed(Some(&step), &downs[..1]);
+        assert_eq!(
+            asked,
+            BTreeMap::from([
+                (
+                    "pool-0".to_owned(),
+                    "its restart for the new pod template".to_owned()
+                ),
+                (
+                    "pool-1".to_owned(),
+                    "pool scales down from 3 to 1 replicas".to_owned()
+                ),
+            ])
+        );
+        assert!(
+            needed(None, &downs[1..]).is_empty(),
+            "nobody to hand over to: nothing asked"
+        );
+    }
+
+    #[test]
+    fn a_request_is_written_once_renewed_when_stale_and_withdrawn_when_done() {
+        let now = at(1_000);
+        let asked = BTreeMap::from([("p-0".to_owned(), "why".to_owned())]);
+        let fresh = (now - RENEW / 2).to_string();
+        let stale = (now - RENEW).to_string();
+        let pods = [pod("p-0", None), pod("p-1", None)];
+        assert_eq!(
+            changes(&pods, &asked, true, now),
+            [Change {
+                pod: "p-0".into(),
+                uid: "uid-p-0".into(),
+                value: Some(now.to_string()),
+                purpose: Some("why".into()),
+                renewed: false,
+            }]
+        );
+        assert!(
+            changes(&[pod("p-0", Some(&fresh))], &asked, true, now).is_empty(),
+            "already asked: no write"
+        );
+        let renewed = changes(&[pod("p-0", Some(&stale))], &asked, true, now);
+        assert_eq!(
+            (renewed[0].value.clone(), renewed[0].renewed),
+            (Some(now.to_string()), true)
+        );
+        let garbled = changes(&[pod("p-0", Some("soon"))], &asked, true, now);
+        assert!(garbled[0].renewed, "an unreadable request is renewed");
+
+        let done = [pod("p-0", Some(&fresh))];
+        let withdrawn = changes(&done, &BTreeMap::new(), true, now);
+        assert_eq!(
+            (withdrawn[0].value.clone(), withdrawn[0].purpose.clone()),
+            (None, None)
+        );
+        assert!(
+            changes(&done, &BTreeMap::new(), false, now).is_empty(),
+            "kept while the rollout step is not known"
+        );
+        let mut going = pod("p-0", Some(&fresh));
+        going.terminating = true;
+        assert!(changes(&[going], &BTreeMap::new(), true, now).is_empty());
+    }
+
+    #[test]
+    fn the_condition_names_the_pod_and_what_it_waits_for() {
+        let step = rollout_wait("pool-0");
+        let c = condition(Some(&step), &[], true).unwrap();
+        assert_eq!((c.status, c.reason), (TRUE, "WaitingForSwitchover"));
+        assert_eq!(
+            c.message,
+            "the primary pool-0 hands over before its restart for the new pod template; the \
+             data-handler has its multipooler resign leadership (annotation \
+             multigres.com/switchover-requested) and multiorch promotes a replica"
+        );
+
+        let c = condition(None, &[down(Handover::Requested)], true).unwrap();
+        assert!(
+            c.message
+                .starts_with("the primary pool-1 hands over before pool scales down from 3 to 1 replicas (held at 2)"),
+            "{}",
+            c.message
+        );
+        let c = condition(None, &[down(Handover::NoReadyReplica)], true).unwrap();
+        assert_eq!((c.status, c.reason), (TRUE, "WaitingForReplica"));
+        assert!(c.message.contains("no replica that stays is Ready"));
+    }
+
+    #[test]
+    fn a_primary_going_without_a_switchover_is_said_so() {
+        let restart = Step::Restart {
+            pod: "pool-0".into(),
+            uid: "u".into(),
+            primary: true,
+            outdated: 1,
+            total: 1,
+        };
+        let c = condition(Some(&restart), &[], true).unwrap();
+        assert_eq!((c.status, c.reason), (FALSE, "WithoutSwitchover"));
+        assert_eq!(
+            c.message,
+            "the primary pool-0 restarts without a switchover: no other pool pod is a Ready \
+             replica to take over; multiorch fails over"
+        );
+        let c = condition(None, &[down(Handover::Unavailable)], false).unwrap();
+        assert!(c.message.contains("the primary pool-1 is removed"));
+        assert!(c.message.contains("internalTLS is enabled"));
+
+        let replica = Step::Restart {
+            pod: "pool-0".into(),
+            uid: "u".into(),
+            primary: false,
+            outdated: 1,
+            total: 2,
+        };
+        assert_eq!(condition(Some(&replica), &[], true), None);
+        assert_eq!(
+            condition(Some(&Step::UpToDate { pods: 2 }), &[], true),
+            None
+        );
+    }
+}
