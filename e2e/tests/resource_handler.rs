@@ -364,6 +364,7 @@ async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() 
             "--http-port=15100".to_owned(),
             "--grpc-port=15170".to_owned(),
             "--pg-port=5432".to_owned(),
+            "--pg-replica-port=5433".to_owned(),
             format!("--topo-global-server-addresses=prod-global-topo.{ns}.svc:2379"),
             "--topo-global-root=/multigres/global".to_owned(),
             "--cell=zone-a".to_owned(),

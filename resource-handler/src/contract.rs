@@ -33,6 +33,10 @@ pub const PGCTLD_HTTP: i32 = 15400;
 pub const PGCTLD_GRPC: i32 = 15470;
 /// PostgreSQL, in the pool pods and on the gateway.
 pub const POSTGRES_PORT: i32 = 5432;
+/// multigateway's second PostgreSQL listener (`--pg-replica-port`): connections there are
+/// routed to replicas, for reads that may lag the primary. Served by the
+/// `<cluster>-multigateway-replica` Service, as the upstream operator does.
+pub const POSTGRES_REPLICA_PORT: i32 = 5433;
 /// pgBackRest TLS server of pgctld (and what multipooler dials by default).
 pub const PGBACKREST_PORT: i32 = 8432;
 /// etcd client, peer and metrics (health) ports.

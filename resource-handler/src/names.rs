@@ -55,6 +55,11 @@ pub fn cluster_multigateway(cluster: &str) -> String {
     join(&[cluster, "multigateway"], MAX_DNS_LABEL)
 }
 
+/// The cluster-wide Service in front of every cell's gateways' replica-reads port.
+pub fn cluster_multigateway_replica(cluster: &str) -> String {
+    join(&[cluster, "multigateway-replica"], MAX_DNS_LABEL)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +84,10 @@ mod tests {
         );
         assert_eq!(multiadmin_web("prod"), "prod-multiadmin-web");
         assert_eq!(cluster_multigateway("prod"), "prod-multigateway");
+        assert_eq!(
+            cluster_multigateway_replica("prod"),
+            "prod-multigateway-replica"
+        );
     }
 
     #[test]

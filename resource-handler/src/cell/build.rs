@@ -10,8 +10,8 @@ use multigres_api::resolver::{REGION_NODE_LABEL, ZONE_ID_NODE_LABEL};
 use multigres_api::v1alpha1::CellSpec;
 
 use crate::contract::{
-    MULTIGATEWAY_GRPC, MULTIGATEWAY_HTTP, POSTGRES_PORT, flag, log_level_flag, multigres_bin,
-    topo_flags,
+    MULTIGATEWAY_GRPC, MULTIGATEWAY_HTTP, POSTGRES_PORT, POSTGRES_REPLICA_PORT, flag,
+    log_level_flag, multigres_bin, topo_flags,
 };
 use crate::owner::Owner;
 use crate::podspec::{Probes, PullSettings, container_port, service_port};
@@ -20,6 +20,9 @@ use crate::stateless::{self, Process, Workload};
 /// Startup budget of multigateway: it registers in the topology (10 s timeout) before it
 /// listens, and retries from scratch if the cell record is not there yet.
 const STARTUP_BUDGET_SECONDS: i32 = 300;
+
+/// Name of multigateway's replica-reads port, which the cluster's replica Service targets.
+pub const REPLICA_PORT_NAME: &str = "pg-replica";
 
 /// The objects realising one Cell.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,6 +40,7 @@ pub fn multigateway_args(spec: &CellSpec) -> Vec<String> {
         flag("http-port", MULTIGATEWAY_HTTP),
         flag("grpc-port", MULTIGATEWAY_GRPC),
         flag("pg-port", POSTGRES_PORT),
+        flag("pg-replica-port", POSTGRES_REPLICA_PORT),
     ];
     args.extend(topo_flags(&spec.global_topo_server));
     args.extend([
@@ -117,6 +121,7 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
                 container_port("http", MULTIGATEWAY_HTTP),
                 container_port("grpc", MULTIGATEWAY_GRPC),
                 container_port("postgres", POSTGRES_PORT),
+                container_port(REPLICA_PORT_NAME, POSTGRES_REPLICA_PORT),
             ],
             probes: Probes::multigres(MULTIGATEWAY_HTTP, STARTUP_BUDGET_SECONDS),
         },

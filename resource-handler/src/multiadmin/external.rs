@@ -28,7 +28,7 @@ use multigres_api::v1alpha1::{
 use crate::conditions::{
     ADMIN_WEB_EXTERNAL_READY, Cond, FALSE, GATEWAY_EXTERNAL_READY, TRUE, merge,
 };
-use crate::contract::POSTGRES_PORT;
+use crate::contract::{POSTGRES_PORT, POSTGRES_REPLICA_PORT};
 use crate::owner::Owner;
 use crate::podspec::service_port;
 use crate::stateless;
@@ -136,6 +136,25 @@ pub fn gateway_service(owner: &Owner) -> Service {
         &labels,
         &selector,
         vec![service_port("postgres", POSTGRES_PORT)],
+    )
+}
+
+/// The cluster-wide Service of the gateways' replica-reads port (5433), selecting the gateway
+/// pods of every cell. Never exposed outside the cluster (`externalGateway` covers the
+/// read-write port only, as upstream).
+pub fn gateway_replica_service(owner: &Owner) -> Service {
+    let at = Placement::default();
+    let labels = labels::labels(&owner.cluster, Component::Multigateway, &at);
+    let selector = labels::selector(&owner.cluster, Component::Multigateway, &at);
+    stateless::service(
+        &crate::names::cluster_multigateway_replica(&owner.cluster),
+        owner,
+        &labels,
+        &selector,
+        vec![service_port(
+            crate::cell::build::REPLICA_PORT_NAME,
+            POSTGRES_REPLICA_PORT,
+        )],
     )
 }
 

@@ -249,6 +249,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     external::expose(&mut web_service, Exposed::AdminWeb.enabled(cluster));
     let mut gateway_service = external::gateway_service(&owner);
     external::expose(&mut gateway_service, Exposed::Gateway.enabled(cluster));
+    let gateway_replica_service = external::gateway_replica_service(&owner);
 
     let names = Names::of(&owner.cluster);
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
@@ -256,8 +257,13 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     // Independent objects are applied together: under load each write (a Service's above
     // all, which allocates a cluster IP) takes a round trip and a watch event to settle, and
     // one after another they would add up.
-    let applied_services = [admin.service, web_service, gateway_service]
-        .map(|service| sync::ensure(NAME, &services, &ctx.stores.services, service));
+    let applied_services = [
+        admin.service,
+        web_service,
+        gateway_service,
+        gateway_replica_service,
+    ]
+    .map(|service| sync::ensure(NAME, &services, &ctx.stores.services, service));
     let applied_deployments = [admin.deployment, web.deployment]
         .map(|deployment| sync::ensure(NAME, &deployments, &ctx.stores.deployments, deployment));
     futures::try_join!(
@@ -269,6 +275,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         names.multiadmin.clone(),
         names.web.clone(),
         names.gateway.clone(),
+        names.gateway_replica.clone(),
     ]);
     sync::prune(
         NAME,
@@ -325,6 +332,7 @@ struct Names {
     multiadmin: String,
     web: String,
     gateway: String,
+    gateway_replica: String,
 }
 
 impl Names {
@@ -333,6 +341,7 @@ impl Names {
             multiadmin: crate::names::multiadmin(cluster),
             web: crate::names::multiadmin_web(cluster),
             gateway: crate::names::cluster_multigateway(cluster),
+            gateway_replica: crate::names::cluster_multigateway_replica(cluster),
         }
     }
 }

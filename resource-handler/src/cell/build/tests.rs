@@ -38,6 +38,7 @@ fn multigateway_runs_with_the_exact_flags() {
             "--http-port=15100",
             "--grpc-port=15170",
             "--pg-port=5432",
+            "--pg-replica-port=5433",
             "--topo-global-server-addresses=prod-global-topo.db.svc:2379",
             "--topo-global-root=/multigres/global",
             "--cell=zone-a",
@@ -59,7 +60,12 @@ fn multigateway_runs_with_the_exact_flags() {
         .collect();
     assert_eq!(
         ports,
-        [("http", 15100), ("grpc", 15170), ("postgres", 5432)]
+        [
+            ("http", 15100),
+            ("grpc", 15170),
+            ("postgres", 5432),
+            ("pg-replica", 5433)
+        ]
     );
     let probe = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
         let get = p.as_ref().unwrap().http_get.clone().unwrap();

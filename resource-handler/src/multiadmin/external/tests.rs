@@ -73,6 +73,34 @@ fn cluster_gateway_service_selects_every_cells_gateways() {
 }
 
 #[test]
+fn the_replica_service_reaches_every_cells_replica_port_and_is_never_exposed() {
+    let s = gateway_replica_service(&owner(&cluster(ENABLED)));
+    assert_eq!(
+        s.metadata.name.as_deref(),
+        Some("prod-multigateway-replica")
+    );
+    let spec = s.spec.unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(spec.external_ips, None);
+    let selector = spec.selector.unwrap();
+    assert_eq!(selector["app.kubernetes.io/component"], "multigateway");
+    assert_eq!(selector["multigres.com/cluster"], "prod");
+    assert!(!selector.contains_key("multigres.com/cell"));
+    let ports = spec.ports.unwrap();
+    assert_eq!(
+        ports
+            .iter()
+            .map(|p| (p.name.as_deref(), p.port, p.target_port.clone()))
+            .collect::<Vec<_>>(),
+        [(
+            Some("pg-replica"),
+            5433,
+            Some(IntOrString::String("pg-replica".into()))
+        )]
+    );
+}
+
+#[test]
 fn enabled_exposure_is_a_load_balancer_with_ips_and_annotations() {
     let s = exposed_gateway(&cluster(ENABLED));
     let spec = s.spec.as_ref().unwrap();
