@@ -107,6 +107,19 @@ async fn patch_config(shards: &Api<Shard>, config: serde_json::Value) {
         .unwrap();
 }
 
+/// Stamps the reload fingerprint `hash` on every pool pod, as the data-handler does once a
+/// pod's PostgreSQL confirmed it reloaded the file (no data-handler runs in this test): until
+/// then the config counts as in progress.
+async fn confirm_reloads(client: &kube::Client, ns: &str, hash: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for pod in pool_pods(client, ns, "pgc").await.keys() {
+        let stamp = json!({"metadata": {"annotations": {RELOAD_HASH: hash}}});
+        pods.patch(pod, &PatchParams::default(), &Patch::Merge(stamp))
+            .await
+            .unwrap();
+    }
+}
+
 /// The ConfigMap once it holds a file whose lines include `line`.
 async fn config_with(config_maps: &Api<ConfigMap>, line: &str) -> ConfigMap {
     eventually(&format!("the config holds {line:?}"), WAIT, || async {
@@ -238,6 +251,14 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
         }
     })
     .await;
+    let reload_hash = cm.annotations()[RELOAD_HASH].clone();
+    let unconfirmed = shards.get(NAME).await.unwrap().status.unwrap();
+    assert_eq!(
+        unconfirmed.postgres_config.and_then(|pc| pc.in_progress),
+        Some(true),
+        "in progress until every pod confirmed the reload-class settings"
+    );
+    confirm_reloads(&client, &ns, &reload_hash).await;
     let settled = eventually("the config settles", WAIT, || async {
         let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
         let pc = s
@@ -271,10 +292,10 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
         .unwrap();
 
     // A reload-class change: the file changes, the pod template and the pods do not.
-    let reload_before = cm.annotations()[RELOAD_HASH].clone();
     patch_config(&shards, json!({"work_mem": "16MB"})).await;
     let cm = config_with(&config_maps, "work_mem = '16MB'").await;
-    assert_ne!(cm.annotations()[RELOAD_HASH], reload_before);
+    let new_reload_hash = cm.annotations()[RELOAD_HASH].clone();
+    assert_ne!(new_reload_hash, reload_hash);
     assert_eq!(cm.annotations()[CONFIG_HASH], restart_hash);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
@@ -286,14 +307,24 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
         before,
         "a reload-only change restarted a pod"
     );
-    let pc = shards
-        .get(NAME)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .postgres_config;
-    assert_eq!(pc, Some(settled.clone()), "nothing to roll out");
+    eventually("a pending reload is in progress", WAIT, || async {
+        let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
+        let pc = s.status.and_then(|st| st.postgres_config).unwrap_or_default();
+        (pc.in_progress == Some(true))
+            .then_some(())
+            .ok_or_else(|| format!("{pc:?}"))
+    })
+    .await;
+    confirm_reloads(&client, &ns, &new_reload_hash).await;
+    let settled = eventually("the reload settles", WAIT, || async {
+        let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
+        let pc = s.status.and_then(|st| st.postgres_config).unwrap_or_default();
+        match (pc.in_progress, &pc.last_applied_at) {
+            (Some(false), Some(at)) if Some(at) != settled.last_applied_at.as_ref() => Ok(pc),
+            _ => Err(format!("{pc:?}")),
+        }
+    })
+    .await;
 
     // A restart-class change: replicas restart first, the primary last, one at a time.
     patch_config(&shards, json!({"shared_buffers": "256MB"})).await;
@@ -325,6 +356,8 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
         assert_eq!(p.annotations().get(CONFIG_HASH), Some(&new_hash), "{pod}");
     }
     eventually("the new config settles", WAIT, || async {
+        // The restarted pods confirm the (unchanged) reload-class settings anew.
+        confirm_reloads(&client, &ns, &new_reload_hash).await;
         let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
         let pc = s
             .status

@@ -184,8 +184,10 @@ pub fn mount_into(objects: &mut ShardObjects, config_map: &str, rendered: &Rende
 }
 
 /// Rollout state of the config: in progress until every pool pod `objects` wants runs (live)
-/// from a template with the current restart fingerprint; `lastAppliedAt` is stamped when it
-/// settles. A reload-only change is not tracked here: no pod changes for it.
+/// from a template with the current restart fingerprint and has confirmed the current
+/// reload-class settings (the data-handler stamps the reload fingerprint on a pod once its
+/// PostgreSQL reloaded them, so a pending reload counts, as upstream); `lastAppliedAt` is
+/// stamped when it settles.
 pub fn progress<'a>(
     previous: Option<&PostgresConfigStatus>,
     rendered: &Rendered,
@@ -202,6 +204,7 @@ pub fn progress<'a>(
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| p.annotations().get(CONFIG_HASH) == Some(&rendered.split.restart_hash))
+        .filter(|p| p.annotations().get(RELOAD_HASH) == Some(&rendered.split.reload_hash))
         .count();
     let in_progress = i32::try_from(current).unwrap_or(i32::MAX) < desired;
     let was_settled = previous.is_some_and(|p| p.in_progress == Some(false) && p.error.is_none());

@@ -196,10 +196,16 @@ fn the_referenced_content_or_which_configmap_or_key_is_missing() {
     assert_eq!(found.unwrap(), "work_mem = 1MB");
 }
 
-fn pod(hash: &str, terminating: bool) -> Pod {
+/// A pool pod running restart fingerprint `hash` that confirmed the reload fingerprint
+/// `reloaded` (stamped by the data-handler), if any.
+fn stamped_pod(hash: &str, reloaded: Option<&str>, terminating: bool) -> Pod {
     let mut pod = Pod::default();
     pod.annotations_mut()
         .insert(CONFIG_HASH.to_owned(), hash.to_owned());
+    if let Some(reloaded) = reloaded {
+        pod.annotations_mut()
+            .insert(RELOAD_HASH.to_owned(), reloaded.to_owned());
+    }
     if terminating {
         pod.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(1).unwrap()));
     }
@@ -209,6 +215,8 @@ fn pod(hash: &str, terminating: bool) -> Pod {
 #[test]
 fn progress_is_reported_until_every_wanted_pod_runs_the_current_restart_fingerprint() {
     let (objects, rendered) = mounted(&fixture());
+    let reloaded = rendered.split.reload_hash.clone();
+    let pod = |hash: &str, terminating| stamped_pod(hash, Some(&reloaded), terminating);
     // Two cells, two pods each.
     let current = &rendered.split.restart_hash;
     let t = |s| Timestamp::from_second(s).unwrap();
@@ -259,6 +267,36 @@ fn progress_is_reported_until_every_wanted_pod_runs_the_current_restart_fingerpr
     );
     let resettled = progress(Some(&again), &rendered, &objects, &done, t(50));
     assert_eq!(resettled.last_applied_at, Some(Time(t(50))));
+}
+
+#[test]
+fn a_reload_not_yet_confirmed_by_every_pod_is_in_progress() {
+    let (objects, rendered) = mounted(&fixture());
+    let (restart, reload) = (&rendered.split.restart_hash, &rendered.split.reload_hash);
+    let t = |s| Timestamp::from_second(s).unwrap();
+    let confirmed = || stamped_pod(restart, Some(reload), false);
+    let settled = progress(
+        None,
+        &rendered,
+        &objects,
+        &[confirmed(), confirmed(), confirmed(), confirmed()],
+        t(10),
+    );
+    assert_eq!(settled.in_progress, Some(false));
+    for pending in [
+        stamped_pod(restart, Some("previous"), false),
+        stamped_pod(restart, None, false),
+    ] {
+        let s = progress(
+            Some(&settled),
+            &rendered,
+            &objects,
+            &[confirmed(), confirmed(), confirmed(), pending],
+            t(20),
+        );
+        assert_eq!(s.in_progress, Some(true), "a pod has not reloaded yet");
+        assert_eq!(s.last_applied_at, settled.last_applied_at);
+    }
 }
 
 #[test]
