@@ -309,7 +309,10 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
     );
     eventually("a pending reload is in progress", WAIT, || async {
         let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
-        let pc = s.status.and_then(|st| st.postgres_config).unwrap_or_default();
+        let pc = s
+            .status
+            .and_then(|st| st.postgres_config)
+            .unwrap_or_default();
         (pc.in_progress == Some(true))
             .then_some(())
             .ok_or_else(|| format!("{pc:?}"))
@@ -318,7 +321,10 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
     confirm_reloads(&client, &ns, &new_reload_hash).await;
     let settled = eventually("the reload settles", WAIT, || async {
         let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
-        let pc = s.status.and_then(|st| st.postgres_config).unwrap_or_default();
+        let pc = s
+            .status
+            .and_then(|st| st.postgres_config)
+            .unwrap_or_default();
         match (pc.in_progress, &pc.last_applied_at) {
             (Some(false), Some(at)) if Some(at) != settled.last_applied_at.as_ref() => Ok(pc),
             _ => Err(format!("{pc:?}")),
