@@ -336,7 +336,7 @@ async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_le
     .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let etcd_pods: Vec<Pod> = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/component=toposerver"))
+        .list(&ListParams::default().labels("app.kubernetes.io/component=global-topo"))
         .await
         .unwrap()
         .items;
