@@ -133,7 +133,12 @@ oci_archive() {
         platform: {architecture: "amd64", os: "linux"},
         annotations: {"org.opencontainers.image.ref.name": $ref, "io.containerd.image.name": $ref}}]}' \
     >"$layout/index.json"
-  reproducible_tar --owner=0 --group=0 -C "$layout" -cf "$out.tmp" oci-layout index.json blobs
-  mv "$out.tmp" "$out"
+  # Written beside OUT under a name of its own, then renamed: readers never see half an
+  # archive, and concurrent builders do not write into one file.
+  local tmp_out
+  tmp_out=$(mktemp "$out.XXXXXX")
+  reproducible_tar --owner=0 --group=0 -C "$layout" -cf "$tmp_out" oci-layout index.json blobs
+  chmod 0644 "$tmp_out"
+  mv "$tmp_out" "$out"
   rm -rf "$layout"
 }

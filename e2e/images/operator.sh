@@ -87,7 +87,9 @@ log "operator: cargo build --release: $((SECONDS - start)) s"
 
 start=$SECONDS
 mkdir -p "$out_dir"
-root=$out_dir/root
+# A staging root of this run's own: other runs (tests, the demo) may build at the same time.
+root=$(mktemp -d "$out_dir/.root.XXXXXX")
+trap 'rm -rf "$root"' EXIT
 new_root "$root"
 mkdir -p "$root$dest"
 for b in "${binaries[@]}"; do install -m 0755 "$target/release/$b" "$root$dest/$b"; done
@@ -100,6 +102,5 @@ for b in "${binaries[@]}"; do
   chroot --userspec="$user" "$root" "$dest/$b" --help >/dev/null || fail "$dest/$b --help failed in the image"
 done
 oci_archive "$root" "$config" "$ref" "$out"
-rm -rf "$root"
 log "operator: image: $((SECONDS - start)) s"
 echo "$ref $out"
