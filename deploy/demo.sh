@@ -148,7 +148,7 @@ else
   sample=${DEMO_SAMPLE:-deploy/samples/minimal.yaml}
   say "applying $sample to namespace $namespace, with the local data-plane images"
   kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-  kubectl create --dry-run=client -o json -f "$sample" |
+  kubectl create --dry-run=client -o json -n "$namespace" -f "$sample" |
     jq --arg etcd "$(image localhost/multigres/etcd:)" --arg multigres "$(image localhost/multigres/multigres:)" \
       --arg pgctld "$(image localhost/multigres/pgctld:)" '
       (if .kind == "List" then .items else [.] end)[] |

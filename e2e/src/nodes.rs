@@ -470,7 +470,8 @@ state = "{dir}/state"
         std::fs::write(&config_path, config.to_string())
             .map_err(io(format!("writing {}", config_path.display())))?;
         let labels = format!(
-            "topology.kubernetes.io/zone={zone},topology.kubernetes.io/region={region},type=real",
+            "topology.kubernetes.io/zone={zone},topology.k8s.aws/zone-id={zone},\
+             topology.kubernetes.io/region={region},type=real",
             zone = node.zone,
             region = crate::cluster::REGION,
         );
@@ -921,7 +922,7 @@ async fn provision(
     let pv: PersistentVolume = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": pv_name, "labels": {"e2e.multigres.com/claim": format!("{namespace}.{name}")}},
+        "metadata": {"name": pv_name, "annotations": {"e2e.multigres.com/claim": format!("{namespace}/{name}")}},
         "spec": {
             "capacity": {"storage": storage},
             "accessModes": spec.access_modes.unwrap_or_else(|| vec!["ReadWriteOnce".into()]),

@@ -101,7 +101,7 @@ async fn wait_converged(
         let status = c.status.clone().unwrap_or_default();
         let observed = status.observed_generation == c.metadata.generation;
         let healthy = status.phase == Some(Phase::Healthy)
-            && state(&c, "Available") == pair("True", "AllCellsReady");
+            && state(&c, "Available") == pair("True", "AllCellsAndShardsReady");
         let registered = !topology || state(&c, "TopologyRegistered").0 == "True";
         if observed && healthy && registered {
             Ok(c)

@@ -19,7 +19,9 @@ use super::build::Children;
 use crate::children::{aggregate, healths};
 use crate::notice::Notice;
 
-/// Condition: every cell's gateways are ready.
+/// Condition: queries are served: every cell's gateways are ready, and so is every shard of
+/// every database (a gateway answers at once, but without a ready shard it has nothing to route
+/// to).
 pub const AVAILABLE: &str = "Available";
 /// Condition: the children are converging towards the spec.
 pub const PROGRESSING: &str = "Progressing";
@@ -97,15 +99,12 @@ pub fn compute(
     let (phase, message, degraded) = phase(outcome, observed);
 
     let ready_cells = cells.values().filter(|c| c.ready).count();
-    let available = if !cells.is_empty() && ready_cells == cells.len() {
-        (
-            TRUE,
-            "AllCellsReady",
-            format!("All {} cells are ready", cells.len()),
-        )
-    } else if cells.is_empty() {
+    let (ready_shards, total_shards) = databases.values().fold((0, 0), |(ready, total), db| {
+        (ready + db.ready_shards, total + db.total_shards)
+    });
+    let available = if cells.is_empty() {
         (FALSE, "NoCells", "The cluster has no cells".to_owned())
-    } else {
+    } else if ready_cells < cells.len() {
         let waiting: Vec<&str> = cells
             .iter()
             .filter(|(_, c)| !c.ready)
@@ -118,6 +117,30 @@ pub fn compute(
                 "{ready_cells}/{} cells ready; not ready: {}",
                 cells.len(),
                 crate::notice::list(&waiting, 5)
+            ),
+        )
+    } else if total_shards == 0 || ready_shards < total_shards {
+        let waiting: Vec<String> = databases
+            .iter()
+            .filter(|(_, db)| db.ready_shards < db.total_shards)
+            .map(|(name, db)| format!("{name} ({}/{})", db.ready_shards, db.total_shards))
+            .collect();
+        (
+            FALSE,
+            "ShardsNotReady",
+            format!(
+                "The gateways are ready, but {ready_shards}/{total_shards} shards are: queries \
+                 are not served until every shard is; waiting for: {}",
+                crate::notice::list(&waiting.iter().map(String::as_str).collect::<Vec<_>>(), 5)
+            ),
+        )
+    } else {
+        (
+            TRUE,
+            "AllCellsAndShardsReady",
+            format!(
+                "All {} cells and {total_shards} shards are ready",
+                cells.len()
             ),
         )
     };

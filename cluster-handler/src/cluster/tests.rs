@@ -785,3 +785,43 @@ fn cells_and_table_groups_without_status_are_not_ready() {
             .contains("has not reported status")
     );
 }
+
+#[test]
+fn ready_gateways_without_ready_shards_are_not_available() {
+    let (cluster, children) = children_of("external-topo");
+    let mut observed = observed(&children, "Healthy");
+    for table_group in observed.table_groups.values_mut() {
+        let status = table_group.status.as_mut().unwrap();
+        status.ready_shards = Some(0);
+    }
+    let computed = status::compute(
+        &cluster,
+        &Outcome::Applied(&children),
+        &observed,
+        referenced(&cluster),
+        at(100),
+    );
+    let available = find_condition(&computed.status.conditions, "Available").unwrap();
+    assert_eq!(
+        (available.status.as_str(), available.reason.as_str()),
+        (FALSE, "ShardsNotReady")
+    );
+    assert_eq!(
+        available.message,
+        "The gateways are ready, but 0/1 shards are: queries are not served until every shard \
+         is; waiting for: postgres (0/1)"
+    );
+
+    let ready = status::compute(
+        &cluster,
+        &Outcome::Applied(&children),
+        &self::observed(&children, "Healthy"),
+        referenced(&cluster),
+        at(100),
+    );
+    let available = find_condition(&ready.status.conditions, "Available").unwrap();
+    assert_eq!(
+        (available.status.as_str(), available.reason.as_str()),
+        (TRUE, "AllCellsAndShardsReady")
+    );
+}
