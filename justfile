@@ -23,7 +23,7 @@ lint:
 image:
     bash e2e/images/operator.sh
 
-# Build (once per machine, cached outside the repo) the real control-plane binaries; prints their directory.
+# Build (once per machine, cached outside the repo) the control-plane and node binaries; prints their directory.
 toolchain:
     bash e2e/toolchain/build.sh
 
@@ -31,7 +31,7 @@ toolchain:
 unit:
     MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" cargo test --workspace --exclude multigres-e2e
 
-# End-to-end tests against a real local control plane (kube-apiserver, controllers, kwok, etcd).
+# End-to-end tests against a real local control plane: kwok fake nodes, and real nodes running the images.
 e2e:
     MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/run-e2e.sh
 

@@ -76,6 +76,21 @@ available() {
     [[ "$statuses" == *True* ]]
 }
 
+# Answers `$1` (SQL) through the first cluster's multigateway Service with psql, as a client in
+# the cluster's network would (the sandbox routes Service IPs): prints the result.
+query() {
+  local cluster svc ip secret key password
+  cluster=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].metadata.name}')
+  svc=$(kubectl get services -n "$namespace" -l "app.kubernetes.io/component=multigateway,multigres.com/cluster=$cluster" \
+    -o jsonpath='{.items[0].metadata.name}')
+  ip=$(kubectl get service -n "$namespace" "$svc" -o jsonpath='{.spec.clusterIP}')
+  secret=$(kubectl get multigrescluster -n "$namespace" "$cluster" -o jsonpath='{.spec.postgresPasswordSecretRef.name}')
+  key=$(kubectl get multigrescluster -n "$namespace" "$cluster" -o jsonpath='{.spec.postgresPasswordSecretRef.key}')
+  password=$(kubectl get secret -n "$namespace" "$secret" -o jsonpath="{.data.${key:-password}}" | base64 -d)
+  PGPASSWORD=$password PGCONNECT_TIMEOUT=5 psql -X -A -t \
+    "host=$ip port=5432 user=postgres dbname=postgres sslmode=disable" -c "$1"
+}
+
 # The live view: the multigres tree and its workloads.
 show() {
   echo "MultigresClusters and their children in $namespace ($(date +%T)):"
@@ -166,6 +181,11 @@ if ! watch_convergence; then
   fail "not Available after ${timeout}s"
 fi
 say "converged: every MultigresCluster in $namespace is Available"
+if [ -n "$local_cluster" ]; then
+  say "SQL through the multigateway Service"
+  wait_for 120 query 'select 1' || { query 'select 1' || true; fail "the multigateway did not answer SQL"; }
+  query "select 'answered by ' || version()"
+fi
 echo "Inspect it yourself:"
 echo "  export KUBECONFIG=$KUBECONFIG"
 echo "  kubectl get multigres -n $namespace"

@@ -51,8 +51,16 @@ if [ $# -gt 0 ]; then
   phase "tests done (exit $status)"
   exit "$status"
 fi
-# All of them, one test file at a time, each timed (and each in a fresh sandbox).
+# All of them, one test file at a time, each timed (and each in a fresh sandbox); first the
+# images themselves, run in a throwaway containerd (e2e/images/test.sh).
 failed=()
+phase "start image checks"
+if bash e2e/sandbox.sh bash e2e/images/test.sh; then
+  phase "passed image checks"
+else
+  phase "FAILED image checks"
+  failed+=(image-checks)
+fi
 for target in --lib --bins $(for f in e2e/tests/*.rs; do echo "--test=$(basename "$f" .rs)"; done); do
   phase "start $target"
   if run_tests "$target"; then

@@ -15,7 +15,14 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=e2e/images/lib.sh
 source "$here/lib.sh"
 
-vendor=${MULTIGRES_VENDOR_SRC:-$(cd "$here/../../.." && pwd)/shared/vendor-src}
+# The snapshots: $MULTIGRES_VENDOR_SRC, else ../shared/vendor-src beside the clone, else the
+# workplace's /work/shared/vendor-src (a clone made elsewhere, as CI's may be).
+vendor=${MULTIGRES_VENDOR_SRC:-}
+if [ -z "$vendor" ]; then
+  for candidate in "$(cd "$here/../../.." && pwd)/shared/vendor-src" /work/shared/vendor-src; do
+    if [ -d "$candidate" ]; then vendor=$candidate; break; fi
+  done
+fi
 MULTIGRES_COMMIT=6bd80b9b251e69be19330837318b037d959e2df7
 MULTIGRES_TARBALL=$vendor/multigres-${MULTIGRES_COMMIT:0:8}.tar.gz
 PGBACKREST_VERSION=2.59.1
@@ -180,9 +187,12 @@ image_pgctld() {
     cp /usr/bin/locale "$root/usr/bin/locale"
     copy_libs "$root" "$root$pgdir"/bin/* "$root$pgdir"/lib/*.so* "$root"/usr/bin/{pgbackrest,dash,locale}
     copy_host_file "$root" /usr/lib/ssl/cert.pem
-    # C.UTF-8 (glibc's, 400 KB) so initdb creates UTF8 databases; there are no other locales.
+    # C.UTF-8 (glibc's, 400 KB), and en_US.UTF-8 compiled from glibc's definitions as the
+    # postgres image has it: the operator renders lc_messages, lc_monetary, lc_numeric and
+    # lc_time = 'en_US.UTF-8' as upstream does, and PostgreSQL refuses to start without it.
     mkdir -p "$root/usr/lib/locale" "$root/usr/share"
     cp -a /usr/lib/locale/C.utf8 "$root/usr/lib/locale/"
+    localedef -i en_US -f UTF-8 "$root/usr/lib/locale/en_US.utf8"
     # This PostgreSQL build reads the system's time zone data (--with-system-tzdata).
     cp -a /usr/share/zoneinfo "$root/usr/share/"
     add_users "$root" postgres:$POSTGRES:$POSTGRES:/var/lib/postgresql
@@ -196,7 +206,7 @@ image_pgctld() {
     in_root "$root" $POSTGRES:$POSTGRES /usr/local/bin/pgctld --help >/dev/null
     in_root "$root" $POSTGRES:$POSTGRES /bin/sh -c 'exit 0'
     timed "pgctld: archive" oci_archive "$root" "$(jq -cn --argjson labels "$LABELS" --arg path "PATH=$pgdir/bin:$BASE_PATH" \
-      '{User: "999:999", Env: [$path, "PGDATA=/var/lib/postgresql/data", "LANG=C.UTF-8"],
+      '{User: "999:999", Env: [$path, "PGDATA=/var/lib/postgresql/data", "LANG=en_US.utf8"],
         ExposedPorts: {"5432/tcp": {}}, Labels: $labels}')" "$ref" "$out"
     rm -rf "$root"
     prune pgctld "$out"

@@ -10,7 +10,7 @@ wanted=(
   protobuf-compiler libprotobuf-dev
   iproute2 util-linux mount
   containerd runc containernetworking-plugins iptables conntrack
-  jq unzip dash gcc libc6-dev
+  jq unzip dash gcc libc6-dev postgresql-client locales
   meson ninja-build pkg-config libssl-dev libxml2-dev liblz4-dev libzstd-dev libbz2-dev
   libyaml-dev zlib1g-dev libpq-dev
 )
