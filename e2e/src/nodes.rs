@@ -81,6 +81,8 @@ pub enum NodesError {
     #[error(transparent)]
     Pki(#[from] PkiError),
     #[error(transparent)]
+    Toolchain(#[from] crate::toolchain::ToolchainError),
+    #[error(transparent)]
     Process(#[from] ProcessError),
     #[error("timed out after {waited:?} waiting for {what}")]
     Timeout { what: String, waited: Duration },
@@ -477,10 +479,7 @@ state = "{dir}/state"
         );
         let process = Supervised::spawn(
             &format!("kubelet-{}", node.name),
-            &crate::toolchain::binary("kubelet").map_err(|e| NodesError::Io {
-                what: "finding the kubelet".into(),
-                source: std::io::Error::other(e.to_string()),
-            })?,
+            &crate::toolchain::binary("kubelet")?,
             &[
                 format!("--config={}", config_path.display()),
                 format!("--kubeconfig={}", kubeconfig.display()),
@@ -524,10 +523,7 @@ state = "{dir}/state"
             .map_err(io(format!("writing {}", config_path.display())))?;
         let process = Supervised::spawn(
             "kube-proxy",
-            &crate::toolchain::binary("kube-proxy").map_err(|e| NodesError::Io {
-                what: "finding kube-proxy".into(),
-                source: std::io::Error::other(e.to_string()),
-            })?,
+            &crate::toolchain::binary("kube-proxy")?,
             &[format!("--config={}", config_path.display())],
             &[],
             &logs.join("kube-proxy.log"),
