@@ -29,7 +29,7 @@ phase "toolchain ready"
 images=$repo/target/images/list
 mkdir -p "$(dirname "$images")"
 MULTIGRES_TOOLCHAIN_BIN=$MULTIGRES_TOOLCHAIN_BIN bash e2e/images/build.sh >"$images.tmp"
-bash e2e/images/operator.sh | tail -n 1 >>"$images.tmp"
+MULTIGRES_OPERATOR_PROFILE=dev bash e2e/images/operator.sh | tail -n 1 >>"$images.tmp"
 mv "$images.tmp" "$images"
 export MULTIGRES_IMAGES=$images
 phase "images ready: $(cut -d' ' -f1 "$images" | tr '\n' ' ')"
@@ -51,25 +51,27 @@ if [ $# -gt 0 ]; then
   phase "tests done (exit $status)"
   exit "$status"
 fi
-# All of them, one test file at a time, each timed (and each in a fresh sandbox); first the
-# images themselves, run in a throwaway containerd (e2e/images/test.sh).
+# All of them: first the images themselves, run in a throwaway containerd (e2e/images/test.sh),
+# then every test file in one `cargo test` (one invocation, so the handler builds the tests make
+# share the test build's artifacts), each file's time summarised at the end.
 failed=()
 phase "start image checks"
-if bash e2e/sandbox.sh bash e2e/images/test.sh; then
+if MULTIGRES_OPERATOR_PROFILE=dev bash e2e/sandbox.sh bash e2e/images/test.sh; then
   phase "passed image checks"
 else
   phase "FAILED image checks"
   failed+=(image-checks)
 fi
-for target in --lib --bins $(for f in e2e/tests/*.rs; do echo "--test=$(basename "$f" .rs)"; done); do
-  phase "start $target"
-  if run_tests "$target"; then
-    phase "passed $target"
-  else
-    phase "FAILED $target"
-    failed+=("$target")
-  fi
-done
+log=$(mktemp)
+phase "start the end-to-end tests"
+if run_tests 2>&1 | tee "$log"; then
+  phase "passed the end-to-end tests"
+else
+  phase "FAILED the end-to-end tests"
+  failed+=(tests)
+fi
+awk '/^ *Running /{ file = $2 } /^test result:/{ printf "[e2e] %-28s %s %s\n", file, $3, $NF }' "$log" >&2
+rm -f "$log"
 if [ ${#failed[@]} -gt 0 ]; then
   phase "failed: ${failed[*]}"
   exit 1

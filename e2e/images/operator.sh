@@ -82,8 +82,14 @@ done
 [ -n "$dest" ] || fail "the final stage copies no binaries"
 
 start=$SECONDS
-(cd "$repo" && cargo build --release --locked "${packages[@]/#/--package=}")
-log "operator: cargo build --release: $((SECONDS - start)) s"
+# The Dockerfile's release build; MULTIGRES_OPERATOR_PROFILE=dev packs the test profile's
+# binaries instead (the e2e run, which builds them anyway: a release build would double its
+# compile time).
+profile=${MULTIGRES_OPERATOR_PROFILE:-release}
+profile_dir=$profile
+[ "$profile" = dev ] && profile_dir=debug
+(cd "$repo" && cargo build --profile "$profile" --locked "${packages[@]/#/--package=}")
+log "operator: cargo build --profile $profile: $((SECONDS - start)) s"
 
 start=$SECONDS
 mkdir -p "$out_dir"
@@ -92,7 +98,7 @@ root=$(mktemp -d "$out_dir/.root.XXXXXX")
 trap 'rm -rf "$root"' EXIT
 new_root "$root"
 mkdir -p "$root$dest"
-for b in "${binaries[@]}"; do install -m 0755 "$target/release/$b" "$root$dest/$b"; done
+for b in "${binaries[@]}"; do install -m 0755 "$target/$profile_dir/$b" "$root$dest/$b"; done
 copy_libs "$root" "${binaries[@]/#/$root$dest/}"
 copy_host_file "$root" /etc/ssl/certs/ca-certificates.crt
 add_users "$root" nonroot:65532:65532:/home/nonroot
