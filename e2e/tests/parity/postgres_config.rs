@@ -337,7 +337,10 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
     let cm = config_with(&config_maps, "shared_buffers = '256MB'").await;
     let new_hash = cm.annotations()[CONFIG_HASH].clone();
     assert_ne!(new_hash, restart_hash);
+    // Once the replicas are done, the primary is asked to hand over before its restart; the
+    // switchover is played here as the data-handler and multiorch would: pod 0 becomes primary.
     let mut order: Vec<String> = Vec::new();
+    let mut handed_over = false;
     let deadline = Instant::now() + WAIT * 2;
     while order.len() < 3 {
         assert!(
@@ -348,6 +351,42 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
         for (pod, (uid, _)) in &now {
             if before.get(pod).map(|(u, _)| u) != Some(uid) && !order.contains(pod) {
                 order.push(pod.clone());
+            }
+        }
+        if order.len() == 2 && !handed_over {
+            let requested = pod_api
+                .get(&primary)
+                .await
+                .unwrap()
+                .annotations()
+                .contains_key("multigres.com/switchover-requested");
+            if requested {
+                let roles: BTreeMap<&String, &str> = before
+                    .keys()
+                    .map(|p| {
+                        (
+                            p,
+                            if *p == format!("{SET}-0") {
+                                "PRIMARY"
+                            } else {
+                                "REPLICA"
+                            },
+                        )
+                    })
+                    .collect();
+                shards
+                    .patch_status(
+                        NAME,
+                        &PatchParams::apply("e2e-data-handler").force(),
+                        &Patch::Apply(json!({
+                            "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
+                            "metadata": {"name": NAME},
+                            "status": {"podRoles": roles},
+                        })),
+                    )
+                    .await
+                    .unwrap();
+                handed_over = true;
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
