@@ -121,6 +121,29 @@ async fn confirm_reloads(client: &kube::Client, ns: &str, hash: &str) {
 }
 
 /// The ConfigMap once it holds a file whose lines include `line`.
+/// Publishes the pods' roles as the data-handler does, `primary` the one primary.
+async fn publish_primary<'a>(
+    shards: &Api<Shard>,
+    pods: impl Iterator<Item = &'a String>,
+    primary: &str,
+) {
+    let roles: BTreeMap<&String, &str> = pods
+        .map(|p| (p, if p == primary { "PRIMARY" } else { "REPLICA" }))
+        .collect();
+    shards
+        .patch_status(
+            NAME,
+            &PatchParams::apply("e2e-data-handler").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
+                "metadata": {"name": NAME},
+                "status": {"podRoles": roles},
+            })),
+        )
+        .await
+        .unwrap();
+}
+
 async fn config_with(config_maps: &Api<ConfigMap>, line: &str) -> ConfigMap {
     eventually(&format!("the config holds {line:?}"), WAIT, || async {
         let cm = config_maps
@@ -274,22 +297,7 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
 
     // Roles, as the data-handler publishes them: pod 1 is the primary.
     let primary = format!("{SET}-1");
-    let roles: BTreeMap<&String, &str> = before
-        .keys()
-        .map(|p| (p, if *p == primary { "PRIMARY" } else { "REPLICA" }))
-        .collect();
-    shards
-        .patch_status(
-            NAME,
-            &PatchParams::apply("e2e-data-handler").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
-                "metadata": {"name": NAME},
-                "status": {"podRoles": roles},
-            })),
-        )
-        .await
-        .unwrap();
+    publish_primary(&shards, before.keys(), &primary).await;
 
     // A reload-class change: the file changes, the pod template and the pods do not.
     patch_config(&shards, json!({"work_mem": "16MB"})).await;
@@ -361,31 +369,7 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
                 .annotations()
                 .contains_key("multigres.com/switchover-requested");
             if requested {
-                let roles: BTreeMap<&String, &str> = before
-                    .keys()
-                    .map(|p| {
-                        (
-                            p,
-                            if *p == format!("{SET}-0") {
-                                "PRIMARY"
-                            } else {
-                                "REPLICA"
-                            },
-                        )
-                    })
-                    .collect();
-                shards
-                    .patch_status(
-                        NAME,
-                        &PatchParams::apply("e2e-data-handler").force(),
-                        &Patch::Apply(json!({
-                            "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
-                            "metadata": {"name": NAME},
-                            "status": {"podRoles": roles},
-                        })),
-                    )
-                    .await
-                    .unwrap();
+                publish_primary(&shards, before.keys(), &format!("{SET}-0")).await;
                 handed_over = true;
             }
         }
