@@ -40,6 +40,12 @@ pub const CONFIG_HASH: &str = multigres_api::postgres::CONFIG_HASH_ANNOTATION;
 /// ConfigMap annotation: fingerprint of the reload-class settings, also written into the file
 /// as `multigres.config_reload_marker`. Never on the pod template.
 pub const RELOAD_HASH: &str = multigres_api::postgres::RELOAD_HASH_ANNOTATION;
+/// Key of the pg_hba.conf template in the ConfigMap. pgctld's built-in template admits
+/// replication from loopback only, so a replica in another pod could never stream from the
+/// primary (`no pg_hba.conf entry for replication connection`) and no primary was ever elected.
+pub const HBA_TEMPLATE_KEY: &str = "pg_hba_template.conf";
+/// The pg_hba.conf template: SCRAM for every connection, replication from any pod address.
+pub const HBA_TEMPLATE: &str = include_str!("pg_hba_template.conf");
 /// pgctld's variable naming the extra configuration file PostgreSQL includes.
 const EXTRA_CONF_ENV: &str = "POSTGRES_INITDB_EXTRA_CONF";
 const VOLUME: &str = "postgres-config";
@@ -133,16 +139,17 @@ pub fn config_map(owner: &Owner, shard: &Shard, rendered: &Rendered) -> ConfigMa
             owner_references: Some(vec![owner.reference.clone()]),
             ..Default::default()
         },
-        data: Some(BTreeMap::from([(
-            CONFIG_KEY.to_owned(),
-            rendered.text.clone(),
-        )])),
+        data: Some(BTreeMap::from([
+            (CONFIG_KEY.to_owned(), rendered.text.clone()),
+            (HBA_TEMPLATE_KEY.to_owned(), HBA_TEMPLATE.to_owned()),
+        ])),
         ..Default::default()
     }
 }
 
-/// Mounts the ConfigMap into pgctld of every pool pod, points pgctld at the file, and stamps
-/// the restart fingerprint on the pod template.
+/// Mounts the ConfigMap into pgctld of every pool pod, points pgctld at its files (the extra
+/// postgresql.conf and the pg_hba.conf template), and stamps the restart fingerprint on the pod
+/// template.
 pub fn mount_into(objects: &mut ShardObjects, config_map: &str, rendered: &Rendered) {
     for pool in &mut objects.pools {
         let Some(template) = pool.statefulset.spec.as_mut().map(|s| &mut s.template) else {
@@ -179,6 +186,10 @@ pub fn mount_into(objects: &mut ShardObjects, config_map: &str, rendered: &Rende
                 .env
                 .get_or_insert_default()
                 .push(env(EXTRA_CONF_ENV, format!("{CONFIG_DIR}/{CONFIG_KEY}")));
+            pgctld
+                .args
+                .get_or_insert_default()
+                .push(format!("--pg-hba-template={CONFIG_DIR}/{HBA_TEMPLATE_KEY}"));
         }
     }
 }

@@ -67,6 +67,30 @@ fn the_config_map_holds_the_rendered_file_and_both_fingerprints_and_is_owned_by_
         "restart fingerprint"
     );
     assert_eq!(cm.annotations()[RELOAD_HASH], rendered.split.reload_hash);
+    let hba = &cm.data.as_ref().unwrap()[HBA_TEMPLATE_KEY];
+    let rules: Vec<Vec<&str>> = hba
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(
+        rules.contains(&vec![
+            "host",
+            "replication",
+            "all",
+            "0.0.0.0/0",
+            "scram-sha-256"
+        ]),
+        "replicas in other pods may stream from the primary: {rules:?}"
+    );
+    assert!(
+        rules.iter().all(|r| r.last() == Some(&"scram-sha-256")),
+        "every rule asks for a password: {rules:?}"
+    );
+    assert!(
+        !hba.contains("{{"),
+        "no template action: pgctld renders it as a Go template"
+    );
     let owners = cm.owner_references();
     assert_eq!(owners.len(), 1);
     assert_eq!(
@@ -128,6 +152,15 @@ fn pgctld_mounts_the_file_and_every_pod_template_carries_only_the_restart_finger
             .find(|e| e.name == "POSTGRES_INITDB_ARGS")
             .unwrap();
         assert_eq!(initdb.value.as_deref(), Some("--data-checksums"));
+        assert!(
+            pgctld
+                .args
+                .iter()
+                .flatten()
+                .any(|a| a == "--pg-hba-template=/etc/pgctld/postgres-config/pg_hba_template.conf"),
+            "pgctld writes pg_hba.conf from the mounted template: {:?}",
+            pgctld.args
+        );
         let pooler = container(pod, "multipooler");
         assert!(
             pooler
