@@ -23,6 +23,7 @@ use multigres_api::labels::CELL;
 use multigres_api::postgres::{
     CONFIG_HASH_ANNOTATION, RELOAD_HASH_ANNOTATION, RELOAD_MARKER, conf, split,
 };
+use multigres_api::v1alpha1::Shard;
 use multigres_proto::multipooler::multipoolermanager::multipooler_manager_client::MultipoolerManagerClient;
 use multigres_proto::multipooler::multipoolermanagerdata::{
     ReloadConfigRequest, ReloadConfigResponse,
@@ -236,6 +237,30 @@ pub enum RpcError {
         #[source]
         source: tonic::Status,
     },
+}
+
+impl RpcError {
+    /// Whether waiting does not help: the address is not a URI, or the multipooler does not
+    /// implement the call (an older version). A refused connection, a timeout or any other
+    /// answer may pass.
+    pub fn is_invalid(&self) -> bool {
+        match self {
+            RpcError::Address { .. } => true,
+            RpcError::Connect { .. } => false,
+            RpcError::Call { source, .. } => source.code() == tonic::Code::Unimplemented,
+        }
+    }
+}
+
+/// Whether `shard`'s multipoolers serve mutual TLS (`internalTLS`): the data-handler holds no
+/// client certificate of the cluster's internal CA, so it cannot call them.
+pub fn internal_tls(shard: &Shard) -> bool {
+    shard
+        .spec
+        .internal_tls
+        .as_ref()
+        .and_then(|t| t.enabled)
+        .unwrap_or(false)
 }
 
 /// A `MultipoolerManager` client of the multipooler at `address`, whose calls may take up to
@@ -469,6 +494,42 @@ mod tests {
             }
         );
         assert_eq!(response.encode_to_vec(), bytes);
+    }
+
+    #[test]
+    fn only_a_bad_address_or_a_missing_method_is_invalid() {
+        let call = |code| RpcError::Call {
+            rpc: "GetBackups",
+            address: "http://p-0:15270".into(),
+            source: tonic::Status::new(code, "x"),
+        };
+        assert!(call(tonic::Code::Unimplemented).is_invalid());
+        for transient in [
+            tonic::Code::Unavailable,
+            tonic::Code::DeadlineExceeded,
+            tonic::Code::FailedPrecondition,
+            tonic::Code::Internal,
+        ] {
+            assert!(!call(transient).is_invalid(), "{transient:?}");
+        }
+        let address = tonic::transport::Endpoint::from_shared("not a uri".to_owned()).unwrap_err();
+        assert!(
+            RpcError::Address {
+                address: "not a uri".into(),
+                source: address,
+            }
+            .is_invalid()
+        );
+    }
+
+    #[test]
+    fn internal_tls_is_off_unless_enabled() {
+        let mut shard = Shard::new("s", Default::default());
+        assert!(!internal_tls(&shard));
+        shard.spec.internal_tls = Some(Default::default());
+        assert!(!internal_tls(&shard));
+        shard.spec.internal_tls.as_mut().unwrap().enabled = Some(true);
+        assert!(internal_tls(&shard));
     }
 
     #[test]

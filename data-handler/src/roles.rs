@@ -100,6 +100,21 @@ pub fn pooler_of<'r>(
     newest(&read)
 }
 
+/// The shard's primary among `pods`: the first whose pooler record (see [`pooler_of`]) routes
+/// as primary, with that record. Any pooler of a shard would do for what the shard shares (its
+/// backup repository); the primary is the one asked, as upstream does.
+pub fn primary<'p, 'r>(
+    shard: ShardKey<'_>,
+    pods: &'p [PoolPod],
+    poolers: &'r BTreeMap<String, Option<Vec<PoolerRecord>>>,
+) -> Option<(&'p PoolPod, &'r PoolerRecord)> {
+    pods.iter().find_map(|pod| {
+        pooler_of(shard, pod, poolers)
+            .filter(|r| r.is_primary())
+            .map(|r| (pod, r))
+    })
+}
+
 /// Whether `record` is a pooler of `shard`.
 pub(crate) fn of_shard(record: &PoolerRecord, shard: ShardKey<'_>) -> bool {
     record.pooler.shard_key.as_ref().is_some_and(|k| {
@@ -291,6 +306,25 @@ mod tests {
             ]),
             "zone-b was not read: b-0 keeps PRIMARY; a-1 has no record yet"
         );
+    }
+
+    #[test]
+    fn the_primary_is_the_pod_whose_record_routes_as_primary() {
+        let pods = [pod("p-0", "zone-a"), pod("p-1", "zone-a")];
+        let poolers = read(vec![
+            record("p-0", "", RoutingRole::Replica),
+            record("p-1", "", RoutingRole::Primary),
+            // A record of a pod that is gone is nobody's primary.
+            record("p-9", "", RoutingRole::Primary),
+        ]);
+        let (pod, record) = primary(SHARD, &pods, &poolers).unwrap();
+        assert_eq!(
+            (pod.name.as_str(), record.id.as_str()),
+            ("p-1", "multipooler-zone-a-p-1")
+        );
+        assert_eq!(primary(SHARD, &pods[..1], &poolers), None);
+        let unread = BTreeMap::from([("zone-a".to_owned(), None)]);
+        assert_eq!(primary(SHARD, &pods, &unread), None);
     }
 
     #[test]

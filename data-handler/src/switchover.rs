@@ -242,12 +242,7 @@ pub async fn run(
             .get(&ObjectRef::new(pod).within(&namespace))
             .is_some()
     });
-    let tls = shard
-        .spec
-        .internal_tls
-        .as_ref()
-        .and_then(|t| t.enabled)
-        .unwrap_or(false);
+    let tls = reload::internal_tls(shard);
     let reference = shard.object_ref(&());
     for pod in pods {
         let state = PodRequest::of(pod);
