@@ -6,13 +6,15 @@
 //!   delete, and reports `TopoServerReachable` / `TopologyRegistered` on the cluster;
 //! - [`cell`]: reports the same conditions on each Cell from its record, and deregisters a cell
 //!   that left its cluster;
-//! - [`shard`]: publishes pool pod roles (primary / replica) read from the pooler records, and
+//! - [`shard`]: publishes pool pod roles (primary / replica) read from the pooler records,
 //!   delivers reload-class PostgreSQL configuration changes through the multipoolers
-//!   ([`reload`]).
+//!   ([`reload`]), answers switchover requests ([`switchover`]) and publishes how old the
+//!   newest backup is ([`backup_health`]).
 //!
 //! The etcd side is in [`topo`] (records, store) and [`sync`] (ownership, register, prune); the
 //! pure decisions in [`desired`], [`target`], [`conditions`], [`deletion`] and [`roles`].
 
+pub mod backup_health;
 pub mod cell;
 pub mod cluster;
 pub mod conditions;
@@ -175,6 +177,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         recorder,
         reload_waits: Default::default(),
         switchovers: Default::default(),
+        backup_checks: Default::default(),
         state: ctx.state.clone(),
         backoff: settings.backoff(),
         settings,

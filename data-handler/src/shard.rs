@@ -10,6 +10,14 @@
 //! It also answers the resource-handler's switchover requests (see [`crate::switchover`]): a
 //! requested primary's multipooler is asked to resign leadership.
 //!
+//! It also publishes the shard's backup health (see [`crate::backup_health`]):
+//! `status.lastBackupTime`, `status.lastBackupType` and the condition `BackupHealthy`, from the
+//! primary's multipooler, at most once a minute.
+//!
+//! Its status fields (`podRoles` and the backup ones) are written together, by a server-side
+//! apply with the data-handler's field manager: an apply drops the manager's fields it leaves
+//! out.
+//!
 //! etcd changes make no Kubernetes event, so each Shard is read again every `roles_period`.
 //! Nothing is written when the published roles, labels and stamps already match.
 
@@ -32,6 +40,7 @@ use multigres_common::telemetry::ErrorChain;
 use serde_json::json;
 
 use crate::Settings;
+use crate::backup_health::{self, Published};
 use crate::conditions::Notice;
 use crate::reload::{self, Desired, DesiredError, PodState, Verdict};
 use crate::roles::{self, PoolPod, ShardKey};
@@ -141,6 +150,8 @@ pub struct Context {
     pub reload_waits: Mutex<HashMap<String, String>>,
     /// Pending switchover requests' attempts (backoff, events announced).
     pub switchovers: crate::switchover::Attempts,
+    /// When each shard's backups were last checked.
+    pub backup_checks: backup_health::Checks,
     /// Reconcile counts for `HandlerInfo` and metrics.
     pub state: HandlerState,
     /// Retry delays of failing Shards.
@@ -300,9 +311,10 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         shard: shard.spec.shard_name.as_str(),
     };
     let published = roles::roles(key, &pool_pods, &poolers, &previous);
+    let backups = Published::of(shard.status.as_ref());
     if published != previous {
         ctx.writer
-            .apply_status(shard, &json!({ "podRoles": published }))
+            .apply_status(shard, &status_body(&published, &backups))
             .await
             .map_err(Error::Status)?;
     }
@@ -332,6 +344,30 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     }
     let handover = crate::switchover::run(ctx, shard, key, &pods, &poolers).await;
     let reference = shard.object_ref(&());
+    let mut backup_error = None;
+    if let Some(checked) = backup_health::run(ctx, shard, key, &pool_pods, &poolers).await {
+        let written = if checked.next == backups {
+            Ok(())
+        } else {
+            ctx.writer
+                .apply_status(shard, &status_body(&published, &checked.next))
+                .await
+        };
+        match written {
+            Ok(()) => {
+                if let Some(notice) = checked.notice {
+                    let event = notice.event("BackupHealth");
+                    ctx.writer.publish(&ctx.recorder, &event, &reference).await;
+                }
+            }
+            Err(source) => {
+                // Checked again at the next reconcile rather than in a minute.
+                ctx.backup_checks
+                    .forget(&format!("{namespace}/{}", shard.name_any()));
+                backup_error = Some(Error::Status(source));
+            }
+        }
+    }
     let notices = stamped.into_iter().map(|pod| {
         forget_wait(ctx, &namespace, &pod);
         let notice = Notice::normal(
@@ -364,10 +400,25 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     if handover.pending {
         period = period.min(crate::switchover::POLL);
     }
-    match failure.or(delivery.error).or(handover.error) {
+    if shard.spec.backup.is_some() {
+        period = period.min(backup_health::PACE);
+    }
+    match failure
+        .or(delivery.error)
+        .or(handover.error)
+        .or(backup_error)
+    {
         Some(error) => Err(error),
         None => Ok(Action::requeue(period)),
     }
+}
+
+/// The status fields this handler owns on a Shard, for one server-side apply: `podRoles` and
+/// the backup health ones.
+fn status_body(pod_roles: &BTreeMap<String, String>, backups: &Published) -> serde_json::Value {
+    let mut body = backups.fields();
+    body.insert("podRoles".to_owned(), json!(pod_roles));
+    serde_json::Value::Object(body)
 }
 
 /// What one pass of reload delivery found.
@@ -418,12 +469,7 @@ async fn deliver_reloads(
         }
     };
     let states: Vec<PodState> = pods.iter().map(PodState::of).collect();
-    let tls = shard
-        .spec
-        .internal_tls
-        .as_ref()
-        .and_then(|t| t.enabled)
-        .unwrap_or(false);
+    let tls = reload::internal_tls(shard);
     for pod in reload::to_reload(&desired, &states) {
         let pool_pod = PoolPod {
             name: pod.name.clone(),
@@ -594,6 +640,22 @@ mod tests {
         assert_eq!(r.name, "prod-postgres-default-0-inf");
         assert_eq!(r.namespace.as_deref(), Some("team-a"));
         assert!(shard_of(&pod(&[(labels::CLUSTER, "prod")])).is_none());
+    }
+
+    #[test]
+    fn the_status_body_carries_every_field_of_this_handler() {
+        let roles = BTreeMap::from([("p-0".to_owned(), roles::PRIMARY.to_owned())]);
+        let body = status_body(&roles, &Published::default());
+        assert_eq!(body, json!({ "podRoles": { "p-0": "PRIMARY" } }));
+        let backups = Published {
+            kind: Some(multigres_api::v1alpha1::BackupKind::Full),
+            ..Default::default()
+        };
+        assert_eq!(
+            status_body(&BTreeMap::new(), &backups),
+            json!({ "podRoles": {}, "lastBackupType": "full" }),
+            "the roles go along with a backup change, or the apply would drop them"
+        );
     }
 
     #[test]
