@@ -40,6 +40,10 @@ bench *ARGS:
     cargo build --release -p cluster-handler -p resource-handler -p data-handler -p webhook-server -p multigres-e2e --bins
     MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" NO_PROXY=127.0.0.1,localhost target/release/bench {{ARGS}}
 
+# The real data plane's figures (apply -> first SELECT 1, failover, rolling restart) on real nodes: runs e2e/tests/data_plane.rs and prints its `[figure]` lines.
+data-plane-figures:
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/run-e2e.sh --test data_plane -- --nocapture 2>&1 | tee target/data-plane.log | grep -E '^\[figure\]|^test result'
+
 # Everything: lint, unit + component, end to end.
 test: lint unit e2e
 

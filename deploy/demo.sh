@@ -11,8 +11,9 @@
 #      real pods under the chart's ServiceAccounts, the webhook is reached through its Service;
 #   4. deploy/samples/minimal.yaml (a managed 3-member etcd topology and one cell), with
 #      `spec.images` pointing at the local data-plane images;
-#   5. a live view of `kubectl get multigres` until the cluster is Available, then (on a
-#      terminal) until Ctrl-C, with the command to enter the sandbox and inspect it yourself.
+#   5. a live view of `kubectl get multigres` until the cluster is Available, then a SQL query
+#      answered through multigateway and how to connect; on a terminal the view stays until
+#      Ctrl-C, with the command to enter the sandbox and inspect it yourself.
 # With a reachable KUBECONFIG, the chart is installed into that cluster instead (image from
 # DEMO_IMAGE=<repository>:<tag>, built from the Dockerfile) and deploy/samples/minimal.yaml is
 # applied.
@@ -81,8 +82,7 @@ available() {
 query() {
   local cluster svc ip secret key password
   cluster=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].metadata.name}')
-  svc=$(kubectl get services -n "$namespace" -l "app.kubernetes.io/component=multigateway,multigres.com/cluster=$cluster" \
-    -o jsonpath='{.items[0].metadata.name}')
+  svc=$cluster-multigateway
   ip=$(kubectl get service -n "$namespace" "$svc" -o jsonpath='{.spec.clusterIP}')
   secret=$(kubectl get multigrescluster -n "$namespace" "$cluster" -o jsonpath='{.spec.postgresPasswordSecretRef.name}')
   key=$(kubectl get multigrescluster -n "$namespace" "$cluster" -o jsonpath='{.spec.postgresPasswordSecretRef.key}')
@@ -182,16 +182,20 @@ if ! watch_convergence; then
 fi
 say "converged: every MultigresCluster in $namespace is Available"
 if [ -n "$local_cluster" ]; then
-  say "SQL through the multigateway Service (psql to its ClusterIP, up to 180 s)"
-  if wait_for 180 query 'select 1'; then
-    query "select 'answered by ' || version()"
-  else
-    # Not yet: on these nodes Multigres' leader appointment does not complete (the pools run,
-    # PostgreSQL starts, the first backup is taken, but no primary is elected). The gateway's
-    # own answer says so; the cluster itself converged.
-    echo "SQL is not answered yet: $(query 'select 1' 2>&1 | head -n 1)"
+  say "SQL through the multigateway Service (psql to its ClusterIP)"
+  if ! wait_for 180 query 'select 1'; then
+    fail "the cluster is Available but the gateway does not answer SQL: $(query 'select 1' 2>&1 | head -n 1)"
   fi
+  query "select 'answered by ' || version()"
 fi
+cluster=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)
+gateway=$cluster-multigateway
+secret=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].spec.postgresPasswordSecretRef.name}' 2>/dev/null || true)
+echo "Connect with psql (user postgres, the password in Secret $secret):"
+echo "  from a pod in the cluster:  psql -h $gateway.$namespace.svc -p 5432 -U postgres postgres"
+echo "  from this machine:          kubectl -n $namespace port-forward svc/$gateway 15432:5432 &"
+echo "                              PGPASSWORD=\$(kubectl -n $namespace get secret $secret -o jsonpath='{.data.password}' | base64 -d) \\"
+echo "                                psql -h 127.0.0.1 -p 15432 -U postgres postgres"
 echo "Inspect it yourself:"
 echo "  export KUBECONFIG=$KUBECONFIG"
 echo "  kubectl get multigres -n $namespace"

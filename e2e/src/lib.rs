@@ -9,4 +9,5 @@ pub mod manifest;
 pub mod nodes;
 pub mod pki;
 pub mod process;
+pub mod real;
 pub mod toolchain;

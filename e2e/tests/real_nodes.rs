@@ -14,79 +14,17 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, MultigresCluster};
-use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{self, HANDLERS, eventually, fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
-use multigres_e2e::nodes;
+use multigres_e2e::real::{
+    ETCD_IMAGE_PREFIX, OPERATOR_IMAGE_PREFIX, OPERATOR_NAMESPACE, image, is_ready, operator_installed,
+};
 
-const RELEASE: &str = "multigres-operator";
-const NAMESPACE: &str = "multigres-system";
 const CONTROLLERS: [&str; 3] = ["cluster-handler", "resource-handler", "data-handler"];
 /// Real pods start in seconds, but images unpack and probes pass on 2 shared cores.
 const WAIT: Duration = Duration::from_secs(180);
-/// The operator's image as `just image` names it.
-const OPERATOR_IMAGE_PREFIX: &str = "localhost/multigres-operator:";
-/// etcd for the managed topology, built from the toolchain's etcd.
-const ETCD_IMAGE_PREFIX: &str = "localhost/multigres/etcd:";
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn cluster() -> &'static LocalCluster {
-    LocalCluster::shared_real_nodes()
-        .await
-        .unwrap_or_else(|e| panic!("starting the control plane with real nodes: {e}"))
-}
-
-/// The reference of the listed image whose name starts with `prefix`.
-fn image(prefix: &str) -> String {
-    nodes::image_list()
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_keys()
-        .find(|reference| reference.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix}* image in ${}", nodes::IMAGES_ENV))
-}
-
-/// `helm install` of the chart with the operator's image (never pulled: it was imported into
-/// every node) and short Leases; once per process.
-async fn release() -> &'static LocalCluster {
-    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    let cluster = cluster().await;
-    INSTALLED
-        .get_or_init(|| async {
-            let operator = image(OPERATOR_IMAGE_PREFIX);
-            let (repository, tag) = operator.rsplit_once(':').expect("a tagged reference");
-            let chart = repo_path("deploy/helm/multigres-operator");
-            let repository = format!("image.repository={repository}");
-            let tag = format!("image.tag={tag}");
-            let args = [
-                "install",
-                RELEASE,
-                chart.to_str().unwrap(),
-                "--namespace",
-                NAMESPACE,
-                "--create-namespace",
-                "--wait",
-                "--timeout",
-                "5m",
-                "--set",
-                &repository,
-                "--set",
-                &tag,
-                "--set",
-                "image.pullPolicy=Never",
-                "--set",
-                "leaderElection.leaseDuration=4s",
-                "--set",
-                "leaderElection.renewDeadline=3s",
-                "--set",
-                "leaderElection.retryPeriod=500ms",
-            ];
-            let out = harness::helm(&args, Some(cluster.kubeconfig())).await;
-            assert!(out.contains("STATUS: deployed"), "{out}");
-        })
-        .await;
-    cluster
-}
 
 fn handler_of(pod: &Pod) -> String {
     pod.metadata
@@ -97,15 +35,8 @@ fn handler_of(pod: &Pod) -> String {
         .unwrap_or_default()
 }
 
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 async fn operator_pods(client: &Client) -> Vec<Pod> {
-    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+    Api::<Pod>::namespaced(client.clone(), OPERATOR_NAMESPACE)
         .list(&ListParams::default())
         .await
         .expect("listing the operator's pods")
@@ -114,7 +45,7 @@ async fn operator_pods(client: &Client) -> Vec<Pod> {
 
 /// The pod holding a controller's Lease (its holder identity starts with the pod name).
 async fn leader(client: &Client, handler: &str) -> Option<String> {
-    let lease = Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+    let lease = Api::<Lease>::namespaced(client.clone(), OPERATOR_NAMESPACE)
         .get_opt(&format!("multigres-operator-{handler}"))
         .await
         .ok()??;
@@ -129,7 +60,7 @@ async fn leader(client: &Client, handler: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_handlers_run_as_real_pods_from_the_operator_image() {
     let _serial = SERIAL.lock().await;
-    let cluster = release().await;
+    let cluster = operator_installed().await;
     let client = cluster.client().unwrap();
     let operator = image(OPERATOR_IMAGE_PREFIX);
     let real: Vec<String> = cluster.real_nodes().into_iter().map(|n| n.name).collect();
@@ -205,7 +136,7 @@ async fn the_handlers_run_as_real_pods_from_the_operator_image() {
         );
     }
     let wide = cluster
-        .kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "wide"])
+        .kubectl(&["get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide"])
         .await
         .unwrap();
     println!("{wide}");
@@ -217,7 +148,7 @@ async fn the_handlers_run_as_real_pods_from_the_operator_image() {
         .and_then(|p| p.metadata.name.clone())
         .unwrap();
     let logs = cluster
-        .kubectl(&["logs", "-n", NAMESPACE, &webhook])
+        .kubectl(&["logs", "-n", OPERATOR_NAMESPACE, &webhook])
         .await
         .unwrap();
     assert!(
@@ -239,7 +170,7 @@ async fn the_handlers_run_as_real_pods_from_the_operator_image() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_refuses_bad_input_through_its_service() {
     let _serial = SERIAL.lock().await;
-    let cluster = release().await;
+    let cluster = operator_installed().await;
     let client = cluster.client().unwrap();
     let configs = cluster
         .kubectl(&["get", "validatingwebhookconfigurations", "-o", "json"])
@@ -275,7 +206,7 @@ async fn the_webhook_refuses_bad_input_through_its_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_leader_handover() {
     let _serial = SERIAL.lock().await;
-    let cluster = release().await;
+    let cluster = operator_installed().await;
     let client = cluster.client().unwrap();
     let namespace = fresh_namespace(cluster, "real-topo").await;
     let etcd = image(ETCD_IMAGE_PREFIX);
@@ -350,7 +281,7 @@ async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_le
     let old = leader(&client, "cluster-handler")
         .await
         .expect("a cluster-handler leader");
-    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+    Api::<Pod>::namespaced(client.clone(), OPERATOR_NAMESPACE)
         .delete(&old, &DeleteParams::default())
         .await
         .unwrap();

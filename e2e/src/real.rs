@@ -1,0 +1,261 @@
+//! Shared steps of the real-node tier: the operator installed by `helm install` from the image
+//! `just image` builds, the locally built data-plane images put into a MultigresCluster, and SQL
+//! through multigateway with a real PostgreSQL client.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio_postgres::{NoTls, SimpleQueryMessage};
+
+use crate::cluster::LocalCluster;
+use crate::harness::{self, repo_path};
+use crate::nodes;
+
+/// The chart's release name in the tests.
+pub const RELEASE: &str = "multigres-operator";
+/// Where the chart runs the handlers.
+pub const OPERATOR_NAMESPACE: &str = "multigres-system";
+/// The operator's image as `just image` names it.
+pub const OPERATOR_IMAGE_PREFIX: &str = "localhost/multigres-operator:";
+/// etcd for a managed topology, built from the toolchain's etcd.
+pub const ETCD_IMAGE_PREFIX: &str = "localhost/multigres/etcd:";
+/// multigateway, multiorch, multipooler and multiadmin, built from the Multigres snapshot.
+pub const MULTIGRES_IMAGE_PREFIX: &str = "localhost/multigres/multigres:";
+/// pgctld with PostgreSQL 17 and pgBackRest.
+pub const PGCTLD_IMAGE_PREFIX: &str = "localhost/multigres/pgctld:";
+
+/// The control plane with three real nodes shared by the tests of this process.
+pub async fn real_cluster() -> &'static LocalCluster {
+    LocalCluster::shared_real_nodes()
+        .await
+        .unwrap_or_else(|e| panic!("starting the control plane with real nodes: {e}"))
+}
+
+/// The reference of the listed image whose name starts with `prefix`.
+pub fn image(prefix: &str) -> String {
+    nodes::image_list()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_keys()
+        .find(|reference| reference.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix}* image in ${}", nodes::IMAGES_ENV))
+}
+
+/// Whether the pod's Ready condition is True.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// `helm install` of the chart with the operator's image (never pulled: it was imported into
+/// every node) and short Leases, once per process; the shared real-node control plane.
+pub async fn operator_installed() -> &'static LocalCluster {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let cluster = real_cluster().await;
+    INSTALLED
+        .get_or_init(|| async {
+            let operator = image(OPERATOR_IMAGE_PREFIX);
+            let (repository, tag) = operator.rsplit_once(':').expect("a tagged reference");
+            let chart = repo_path("deploy/helm/multigres-operator");
+            let repository = format!("image.repository={repository}");
+            let tag = format!("image.tag={tag}");
+            let args = [
+                "install",
+                RELEASE,
+                chart.to_str().unwrap(),
+                "--namespace",
+                OPERATOR_NAMESPACE,
+                "--create-namespace",
+                "--wait",
+                "--timeout",
+                "5m",
+                "--set",
+                &repository,
+                "--set",
+                &tag,
+                "--set",
+                "image.pullPolicy=Never",
+                "--set",
+                "leaderElection.leaseDuration=4s",
+                "--set",
+                "leaderElection.renewDeadline=3s",
+                "--set",
+                "leaderElection.retryPeriod=500ms",
+            ];
+            let out = harness::helm(&args, Some(cluster.kubeconfig())).await;
+            assert!(out.contains("STATUS: deployed"), "{out}");
+        })
+        .await;
+    cluster
+}
+
+/// Points a MultigresCluster manifest (JSON) at the locally built images, never pulled.
+pub fn use_local_images(cluster: &mut Value) {
+    let multigres = image(MULTIGRES_IMAGE_PREFIX);
+    cluster["spec"]["images"] = json!({
+        "imagePullPolicy": "Never",
+        "multigateway": multigres,
+        "multiorch": multigres,
+        "multipooler": multigres,
+        "multiadmin": multigres,
+        "postgres": image(PGCTLD_IMAGE_PREFIX),
+    });
+    cluster["spec"]["globalTopoServer"]["etcd"]["image"] = json!(image(ETCD_IMAGE_PREFIX));
+}
+
+/// How to reach PostgreSQL as the superuser: through a multigateway Service or one pod.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// IP address (a ClusterIP or a pod IP).
+    pub host: String,
+    /// Port (5432 for the gateway and PostgreSQL).
+    pub port: u16,
+    /// The superuser password from the cluster's Secret.
+    pub password: String,
+}
+
+impl Endpoint {
+    /// The cluster's read-write multigateway Service `<cluster>-multigateway` (port 5432), with
+    /// the password of `spec.postgresPasswordSecretRef`; an error until both exist.
+    pub async fn gateway(
+        client: &Client,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<Endpoint, String> {
+        let name = format!("{cluster}-multigateway");
+        let service = Api::<Service>::namespaced(client.clone(), namespace)
+            .get(&name)
+            .await
+            .map_err(|e| format!("reading Service {name}: {e}"))?;
+        let host = service
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .filter(|ip| ip != "None")
+            .ok_or_else(|| format!("Service {name} has no ClusterIP"))?;
+        Ok(Endpoint {
+            host,
+            port: 5432,
+            password: superuser_password(client, namespace, cluster).await?,
+        })
+    }
+
+    /// PostgreSQL of one pool pod, straight to its pod IP (pg_hba admits any address with
+    /// SCRAM), to see what that instance holds.
+    pub fn pod(pod: &Pod, password: &str) -> Option<Endpoint> {
+        Some(Endpoint {
+            host: pod.status.as_ref()?.pod_ip.clone()?,
+            port: 5432,
+            password: password.to_owned(),
+        })
+    }
+
+    /// One connection; the error as text.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client, String> {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&self.host)
+            .port(self.port)
+            .user("postgres")
+            .password(&self.password)
+            .dbname("postgres")
+            .connect_timeout(Duration::from_secs(5));
+        let (client, connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+
+    /// Runs `sql` (simple protocol) on a fresh connection: the rows, each a list of values.
+    pub async fn query(&self, sql: &str) -> Result<Rows, String> {
+        let client = self.connect().await?;
+        run(&client, sql).await
+    }
+}
+
+/// Rows of a simple query, each a list of text values (None for NULL).
+pub type Rows = Vec<Vec<Option<String>>>;
+
+/// Runs `sql` on `client`; bounded to 10 s so a stalled statement fails rather than hangs.
+pub async fn run(client: &tokio_postgres::Client, sql: &str) -> Result<Rows, String> {
+    let messages = tokio::time::timeout(Duration::from_secs(10), client.simple_query(sql))
+        .await
+        .map_err(|_| format!("{sql:?}: no answer within 10 s"))?
+        .map_err(|e| format!("{sql:?}: {}", error_text(&e)))?;
+    Ok(messages
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(
+                (0..row.len())
+                    .map(|i| row.get(i).map(str::to_owned))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The server's message when there is one (`FATAL: ...`), else the client's.
+fn error_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+/// A connection kept across statements and made again after an error: a client's view of a
+/// steady stream of queries.
+pub struct Session {
+    endpoint: Endpoint,
+    client: Option<tokio_postgres::Client>,
+}
+
+impl Session {
+    /// Connects on first use.
+    pub fn new(endpoint: Endpoint) -> Session {
+        Session {
+            endpoint,
+            client: None,
+        }
+    }
+
+    /// Runs `sql`; after any error the next call connects again.
+    pub async fn run(&mut self, sql: &str) -> Result<Rows, String> {
+        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            self.client = Some(self.endpoint.connect().await?);
+        }
+        let client = self.client.as_ref().expect("connected above");
+        let result = run(client, sql).await;
+        if result.is_err() {
+            self.client = None;
+        }
+        result
+    }
+}
+
+/// The password of the cluster's `spec.postgresPasswordSecretRef`.
+async fn superuser_password(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+) -> Result<String, String> {
+    let clusters: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &harness::multigres_clusters());
+    let object = clusters
+        .get(cluster)
+        .await
+        .map_err(|e| format!("reading MultigresCluster {cluster}: {e}"))?;
+    let reference = &object.data["spec"]["postgresPasswordSecretRef"];
+    let name = reference["name"]
+        .as_str()
+        .ok_or("no spec.postgresPasswordSecretRef.name")?;
+    let key = reference["key"].as_str().unwrap_or("password");
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .map_err(|e| format!("reading Secret {name}: {e}"))?;
+    let value = secret.data.as_ref().and_then(|d| d.get(key));
+    let value = value.ok_or_else(|| format!("Secret {name} has no key {key}"))?;
+    String::from_utf8(value.0.clone()).map_err(|_| format!("Secret {name}: {key} is not UTF-8"))
+}
