@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use multigres_proto::topo::PoolerLifecycleStatus;
 
+use crate::conditions::Notice;
 use crate::topo::PoolerRecord;
 
 /// Role of the primary, as published on `Shard.status.podRoles`.
@@ -153,6 +154,41 @@ fn newest<'r>(records: &[&'r PoolerRecord]) -> Option<&'r PoolerRecord> {
                 .map(|t| (t.seconds, t.nanos));
             (updated, r.is_primary())
         })
+}
+
+/// The event for a change of primary between the published roles `previous` and `next`: a
+/// first primary, a new one (failover or switchover, both by multiorch), or none left (writes
+/// fail until multiorch elects one). `None` when the primary stayed.
+pub fn primary_change(
+    previous: &BTreeMap<String, String>,
+    next: &BTreeMap<String, String>,
+) -> Option<Notice> {
+    let primary = |roles: &BTreeMap<String, String>| {
+        roles
+            .iter()
+            .find(|(_, role)| role.as_str() == PRIMARY)
+            .map(|(pod, _)| pod.clone())
+    };
+    match (primary(previous), primary(next)) {
+        (None, Some(new)) => Some(Notice::normal(
+            "PrimaryElected",
+            format!("pod {new} is the primary (read from the topology)"),
+        )),
+        (Some(old), Some(new)) if old != new => Some(Notice::normal(
+            "PrimaryChanged",
+            format!(
+                "the primary moved from pod {old} to pod {new} (multiorch; read from the topology)"
+            ),
+        )),
+        (Some(old), None) => Some(Notice::warning(
+            "NoPrimary",
+            format!(
+                "pod {old} is no longer the primary and no pod is: writes fail until multiorch \
+                 elects one (see the multiorch and multipooler logs)"
+            ),
+        )),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -344,5 +380,32 @@ mod tests {
             roles(SHARD, &pods, &poolers, &BTreeMap::new())["x-0"],
             PRIMARY
         );
+    }
+
+    #[test]
+    fn a_change_of_primary_is_told_once_with_both_pods() {
+        let roles = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(p, r)| ((*p).to_owned(), (*r).to_owned()))
+                .collect()
+        };
+        let none = roles(&[("p-0", REPLICA), ("p-1", REPLICA)]);
+        let first = roles(&[("p-0", PRIMARY), ("p-1", REPLICA)]);
+        let moved = roles(&[("p-0", REPLICA), ("p-1", PRIMARY)]);
+        let elected = primary_change(&none, &first).unwrap();
+        assert_eq!(elected.reason, "PrimaryElected");
+        assert!(elected.message.contains("p-0"));
+        let changed = primary_change(&first, &moved).unwrap();
+        assert_eq!(changed.reason, "PrimaryChanged");
+        assert!(changed.message.contains("from pod p-0 to pod p-1"));
+        let lost = primary_change(&moved, &none).unwrap();
+        assert_eq!(
+            (lost.type_, lost.reason.as_str()),
+            (kube::runtime::events::EventType::Warning, "NoPrimary")
+        );
+        assert!(primary_change(&first, &first).is_none());
+        assert!(primary_change(&none, &none).is_none());
+        assert!(primary_change(&BTreeMap::new(), &none).is_none());
     }
 }

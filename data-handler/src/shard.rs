@@ -317,6 +317,12 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
             .apply_status(shard, &status_body(&published, &backups))
             .await
             .map_err(Error::Status)?;
+        if let Some(notice) = roles::primary_change(&previous, &published) {
+            let event = notice.event("Roles");
+            ctx.writer
+                .publish(&ctx.recorder, &event, &shard.object_ref(&()))
+                .await;
+        }
     }
     let delivery = deliver_reloads(shard, key, &pods, &poolers, ctx).await;
     let mut stamped = Vec::new();
