@@ -550,9 +550,24 @@ impl LocalCluster {
         self.spawn("kwok", &args, &[("KWOK_WORKDIR", &workdir)])
     }
 
+    /// kube-controller-manager as in a real cluster: its own identity
+    /// (`system:kube-controller-manager`) and one service account per controller, so the
+    /// garbage collector deletes as `system:serviceaccount:kube-system:generic-garbage-collector`
+    /// (which the operator's webhook lets delete its child objects), not as the admin.
     fn start_controller_manager(&mut self) -> Result<(), ClusterError> {
+        let (cert, key) =
+            self.pki
+                .client("controller-manager", "system:kube-controller-manager", None)?;
+        let kubeconfig = self.dir.join("controller-manager.kubeconfig");
+        write_kubeconfig(
+            &kubeconfig,
+            &self.server,
+            &self.pki.ca_cert,
+            json!({"client-certificate": cert, "client-key": key}),
+        )?;
         let args = vec![
-            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--use-service-account-credentials=true".into(),
             format!("--bind-address={LOOPBACK}"),
             "--secure-port=0".into(),
             "--leader-elect=false".into(),
