@@ -156,13 +156,14 @@ fn newest<'r>(records: &[&'r PoolerRecord]) -> Option<&'r PoolerRecord> {
         })
 }
 
-/// The event for a change of primary between the published roles `previous` and `next`: a
-/// first primary, a new one (failover or switchover, both by multiorch), or none left (writes
-/// fail until multiorch elects one). `None` when the primary stayed.
+/// The event for a change of primary between the published roles `previous` and `next`, with
+/// the pod it is about: a first (or, after a failover, a new) primary, a primary that moved
+/// (switchover), or none left (writes fail until multiorch elects one). `None` when the
+/// primary stayed.
 pub fn primary_change(
     previous: &BTreeMap<String, String>,
     next: &BTreeMap<String, String>,
-) -> Option<Notice> {
+) -> Option<(String, Notice)> {
     let primary = |roles: &BTreeMap<String, String>| {
         roles
             .iter()
@@ -170,23 +171,33 @@ pub fn primary_change(
             .map(|(pod, _)| pod.clone())
     };
     match (primary(previous), primary(next)) {
-        (None, Some(new)) => Some(Notice::normal(
-            "PrimaryElected",
-            format!("pod {new} is the primary (read from the topology)"),
-        )),
-        (Some(old), Some(new)) if old != new => Some(Notice::normal(
-            "PrimaryChanged",
-            format!(
-                "the primary moved from pod {old} to pod {new} (multiorch; read from the topology)"
-            ),
-        )),
-        (Some(old), None) => Some(Notice::warning(
-            "NoPrimary",
-            format!(
-                "pod {old} is no longer the primary and no pod is: writes fail until multiorch \
-                 elects one (see the multiorch and multipooler logs)"
-            ),
-        )),
+        (None, Some(new)) => {
+            let notice = Notice::normal(
+                "PrimaryElected",
+                format!("pod {new} is the primary (read from the topology)"),
+            );
+            Some((new, notice))
+        }
+        (Some(old), Some(new)) if old != new => {
+            let notice = Notice::normal(
+                "PrimaryChanged",
+                format!(
+                    "the primary moved from pod {old} to pod {new} (multiorch; read from the \
+                     topology)"
+                ),
+            );
+            Some((new, notice))
+        }
+        (Some(old), None) => {
+            let notice = Notice::warning(
+                "NoPrimary",
+                format!(
+                    "pod {old} is no longer the primary and no pod is: writes fail until \
+                     multiorch elects one (see the multiorch and multipooler logs)"
+                ),
+            );
+            Some((old, notice))
+        }
         _ => None,
     }
 }
@@ -393,13 +404,20 @@ mod tests {
         let none = roles(&[("p-0", REPLICA), ("p-1", REPLICA)]);
         let first = roles(&[("p-0", PRIMARY), ("p-1", REPLICA)]);
         let moved = roles(&[("p-0", REPLICA), ("p-1", PRIMARY)]);
-        let elected = primary_change(&none, &first).unwrap();
-        assert_eq!(elected.reason, "PrimaryElected");
+        let (pod, elected) = primary_change(&none, &first).unwrap();
+        assert_eq!(
+            (pod.as_str(), elected.reason.as_str()),
+            ("p-0", "PrimaryElected")
+        );
         assert!(elected.message.contains("p-0"));
-        let changed = primary_change(&first, &moved).unwrap();
-        assert_eq!(changed.reason, "PrimaryChanged");
+        let (pod, changed) = primary_change(&first, &moved).unwrap();
+        assert_eq!(
+            (pod.as_str(), changed.reason.as_str()),
+            ("p-1", "PrimaryChanged")
+        );
         assert!(changed.message.contains("from pod p-0 to pod p-1"));
-        let lost = primary_change(&moved, &none).unwrap();
+        let (pod, lost) = primary_change(&moved, &none).unwrap();
+        assert_eq!(pod, "p-1");
         assert_eq!(
             (lost.type_, lost.reason.as_str()),
             (kube::runtime::events::EventType::Warning, "NoPrimary")

@@ -317,8 +317,11 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
             .apply_status(shard, &status_body(&published, &backups))
             .await
             .map_err(Error::Status)?;
-        if let Some(notice) = roles::primary_change(&previous, &published) {
-            let event = notice.event("Roles");
+        if let Some((pod, notice)) = roles::primary_change(&previous, &published) {
+            // The pod as the related object: events about different pods form their own
+            // series, so a repeated reason never shows an earlier pod's message.
+            let mut event = notice.event("Roles");
+            event.secondary = Some(pod_reference(&namespace, pod));
             ctx.writer
                 .publish(&ctx.recorder, &event, &shard.object_ref(&()))
                 .await;
@@ -389,13 +392,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     {
         // The pod as the related object: each pod's events form their own series.
         let mut event = notice.event("Reload");
-        event.secondary = Some(ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Pod".to_owned()),
-            name: Some(pod),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        });
+        event.secondary = Some(pod_reference(&namespace, pod));
         ctx.writer.publish(&ctx.recorder, &event, &reference).await;
     }
     let mut period = if delivery.retry {
@@ -416,6 +413,17 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     {
         Some(error) => Err(error),
         None => Ok(Action::requeue(period)),
+    }
+}
+
+/// A reference to pod `name`, the related object of an event about it.
+fn pod_reference(namespace: &str, name: String) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: Some(name),
+        namespace: Some(namespace.to_owned()),
+        ..Default::default()
     }
 }
 
