@@ -21,7 +21,8 @@ use crate::notice::Notice;
 
 /// Condition: queries are served: every cell's gateways are ready, and so is every shard of
 /// every database (a gateway answers at once, but without a ready shard it has nothing to route
-/// to).
+/// to). A shard is ready once it has a primary: until multiorch elects one, the gateway answers
+/// `no writable primary is currently available`.
 pub const AVAILABLE: &str = "Available";
 /// Condition: the children are converging towards the spec.
 pub const PROGRESSING: &str = "Progressing";

@@ -1,7 +1,8 @@
 //! The status of a TableGroup, aggregated from its Shards: pure, no client.
 //!
 //! A Shard counts as ready when the resource-handler reports it Healthy at its current
-//! generation; the TableGroup is Available when all of its shards are.
+//! generation (its pods Ready and a primary known, so it serves SQL); the TableGroup is
+//! Available when all of its shards are.
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,8 @@
 //! Shard controller: runs a shard's multiorch and PostgreSQL pools, restarts pool pods in a
 //! safe order when their template changes, has the primary hand over before it restarts or is
 //! scaled away, grows their volumes, and reports readiness and rollout progress (the
-//! data-handler publishes pod roles and backup health next to them).
+//! data-handler publishes pod roles and backup health next to them). A shard is `Available`
+//! once it serves SQL: its pods are Ready and the roles name a primary among them.
 
 pub mod build;
 pub mod pgconfig;
@@ -147,6 +148,13 @@ fn shards_of<K: ResourceExt>(shards: &Store<Guard>, object: &K) -> Vec<ObjectRef
 }
 
 /// The controller, ready to be polled until shutdown.
+///
+/// Every change of a Shard wakes it, status-only changes included: the Shard stream is not
+/// filtered by generation (no `predicate_filter`). That matters for `status.podRoles`, which
+/// the data-handler writes when multiorch elects or changes the primary: the shard turns
+/// Available (or stops being Available) on that write alone, with no spec change and no pod
+/// event. The data-handler's role labels on the pool pods wake it too, through the pod watch.
+/// Its own status writes also come back as changes; they find nothing to do and write nothing.
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
     shards: Shared<Guard>,
@@ -353,6 +361,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let report = Report {
         pools,
         orchs,
+        pool_pods: current_pool_pods(&objects, &pods),
         rollout: step.clone(),
         storage: Some(resize.condition()),
         pgbackrest_tls: tls.clone(),
@@ -579,6 +588,20 @@ fn pod_views(ctx: &Ctx<Guard>, shard: &Shard, ns: &str) -> Vec<PodView> {
         .collect()
 }
 
+/// Names of the shard's current pool pods: those of the pool StatefulSets it wants, not being
+/// deleted.
+fn current_pool_pods(objects: &ShardObjects, pods: &[PodView]) -> BTreeSet<String> {
+    let sets: BTreeSet<String> = objects
+        .pools
+        .iter()
+        .map(|p| p.statefulset.name_any())
+        .collect();
+    pods.iter()
+        .filter(|p| !p.terminating && sets.contains(&p.set))
+        .map(|p| p.name.clone())
+        .collect()
+}
+
 fn plan_restart(
     objects: &ShardObjects,
     observed: &Observed,
@@ -670,6 +693,9 @@ pub struct Report<'a> {
     pub pools: Vec<Counts>,
     /// Counts of each multiorch Deployment.
     pub orchs: Vec<Counts>,
+    /// Names of the shard's current pool pods (see [`current_pool_pods`]): the primary named in
+    /// `status.podRoles` must be one of them for the shard to be Available.
+    pub pool_pods: BTreeSet<String>,
     /// The ordered restart's step (`None` while a new template is being applied).
     pub rollout: Option<Step>,
     /// The `StorageSynced` verdict.
@@ -735,19 +761,62 @@ fn rolling_condition(step: Option<&Step>) -> Cond {
     }
 }
 
+/// The current pool pod (one of `pods`) that `status.podRoles` names as the primary, or why
+/// none is known. The roles are the data-handler's, read from the pooler records multipoolers
+/// write to the topology: the only sign that multiorch has elected a primary, without which
+/// the gateways answer no query (`no writable primary is currently available`).
+fn known_primary<'s>(shard: &'s Shard, pods: &BTreeSet<String>) -> Result<&'s str, String> {
+    let named: Vec<&str> = shard
+        .status
+        .iter()
+        .flat_map(|s| &s.pod_roles)
+        .filter(|(_, role)| rollout::Role::parse(role) == rollout::Role::Primary)
+        .map(|(pod, _)| pod.as_str())
+        .collect();
+    if let Some(pod) = named.iter().find(|pod| pods.contains(**pod)) {
+        return Ok(pod);
+    }
+    Err(if named.is_empty() {
+        "no primary yet: multiorch elects one once PostgreSQL runs in the pool pods; roles \
+         come from the topology (data-handler)"
+            .to_owned()
+    } else {
+        format!(
+            "no primary among the pool pods: the roles name {} as primary, not a current pool \
+             pod; multiorch elects a new one, and the data-handler publishes it from the \
+             topology",
+            named.join(", ")
+        )
+    })
+}
+
 /// The status fields and conditions this handler owns on a Shard.
+///
+/// `Available` means the shard serves SQL: every pool pod and every cell's multiorch is
+/// Ready, and a current pool pod is the primary (see [`known_primary`]). With everything
+/// Ready but no primary known, `Available` is False with reason `NoPrimary` and the phase
+/// stays Progressing: multiorch elects one within seconds of PostgreSQL running.
 pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus {
     let pool_ready: i32 = report.pools.iter().map(|c| c.ready).sum();
     let pool_desired: i32 = report.pools.iter().map(|c| c.desired).sum();
     let pools_ready = !report.pools.is_empty() && report.pools.iter().all(Counts::all_ready);
     let orchs_ready = report.orchs.iter().filter(|c| c.all_ready()).count();
     let orch_ready = !report.orchs.is_empty() && orchs_ready == report.orchs.len();
-    let message = format!(
+    let mut message = format!(
         "pool pods {pool_ready}/{pool_desired} ready; multiorch ready in {orchs_ready}/{} cells",
         report.orchs.len()
     );
     let available = if pools_ready && orch_ready {
-        Cond::new(AVAILABLE, TRUE, "AllReady", message.clone())
+        match known_primary(shard, &report.pool_pods) {
+            Ok(primary) => {
+                message = format!("{message}; primary {primary}");
+                Cond::new(AVAILABLE, TRUE, "AllReady", message.clone())
+            }
+            Err(none) => {
+                message = format!("{message}; {none}");
+                Cond::new(AVAILABLE, FALSE, "NoPrimary", message.clone())
+            }
+        }
     } else if !report.held.is_empty() {
         let held: Vec<String> = report.held.iter().map(HeldScaleUp::message).collect();
         let message = format!("{message}; {}", held.join("; "));
@@ -792,6 +861,7 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use multigres_api::v1alpha1::Phase;
 
     use super::*;
@@ -809,13 +879,40 @@ mod tests {
         }
     }
 
+    /// Pool pods `<set>-0` .. `<set>-<n-1>` of pool `main` in zone-a.
+    fn pods(n: usize) -> BTreeSet<String> {
+        (0..n)
+            .map(|i| format!("prod-postgres-default-0-inf-pool-main-zone-a-{i}"))
+            .collect()
+    }
+
+    /// `shard` with `status.podRoles` as the data-handler writes them.
+    fn with_roles(mut shard: Shard, roles: &[(&str, &str)]) -> Shard {
+        let status = shard.status.get_or_insert_with(ShardStatus::default);
+        status.pod_roles = roles
+            .iter()
+            .map(|(pod, role)| {
+                (
+                    format!("prod-postgres-default-0-inf-pool-main-{pod}"),
+                    (*role).to_owned(),
+                )
+            })
+            .collect();
+        shard
+    }
+
+    fn available_of(st: &ShardStatus) -> &Condition {
+        st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap()
+    }
+
     #[test]
-    fn status_climbs_to_available_once_pools_and_multiorch_are_ready() {
+    fn status_climbs_to_available_once_pools_and_multiorch_are_ready_and_a_primary_is_known() {
         let now = Timestamp::from_second(9).unwrap();
         let s = shard();
         let mut report = Report {
             pools: vec![counts(2, 2), counts(2, 1)],
             orchs: vec![counts(1, 1), counts(1, 0)],
+            pool_pods: pods(3),
             rollout: Some(Step::UpToDate { pods: 3 }),
             storage: None,
             pgbackrest_tls: None,
@@ -836,16 +933,74 @@ mod tests {
         assert_eq!(st.cells.len(), 2);
         assert_eq!(st.observed_generation, Some(3));
 
+        // Everything Ready, but multiorch has not elected a primary yet.
         report.pools = vec![counts(2, 2), counts(2, 2)];
         report.orchs = vec![counts(1, 1), counts(1, 1)];
+        report.pool_pods = pods(2);
         let st = status(&s, &report, now);
-        assert!(
-            st.conditions
-                .iter()
-                .any(|c| c.type_ == AVAILABLE && c.status == TRUE)
+        let c = available_of(&st);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                FALSE,
+                "NoPrimary",
+                "pool pods 4/4 ready; multiorch ready in 2/2 cells; no primary yet: multiorch \
+                 elects one once PostgreSQL runs in the pool pods; roles come from the topology \
+                 (data-handler)"
+            )
+        );
+        assert_eq!((st.pools_ready, st.orch_ready), (Some(true), Some(true)));
+        assert_eq!(st.phase, Some(Phase::Progressing), "waiting, not degraded");
+        assert_eq!(st.message.as_deref(), Some(c.message.as_str()));
+
+        // Replicas alone are no primary either.
+        let replicas = with_roles(
+            s.clone(),
+            &[("zone-a-0", "REPLICA"), ("zone-a-1", "REPLICA")],
+        );
+        assert_eq!(
+            available_of(&status(&replicas, &report, now)).reason,
+            "NoPrimary"
+        );
+
+        // The data-handler publishes the primary it read from the topology.
+        let elected = with_roles(
+            s.clone(),
+            &[("zone-a-0", "REPLICA"), ("zone-a-1", "PRIMARY")],
+        );
+        let st = status(&elected, &report, now);
+        let c = available_of(&st);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                TRUE,
+                "AllReady",
+                "pool pods 4/4 ready; multiorch ready in 2/2 cells; primary \
+                 prod-postgres-default-0-inf-pool-main-zone-a-1"
+            )
         );
         assert_eq!(st.phase, Some(Phase::Healthy));
-        assert!(st.pod_roles.is_empty(), "roles belong to the data-handler");
+        let written = serde_json::to_value(&st).unwrap();
+        assert!(
+            written.get("podRoles").is_none(),
+            "roles belong to the data-handler: this handler's apply must not claim them: \
+             {written}"
+        );
+
+        // A primary that is no current pool pod (scaled away, or its pool removed) is none.
+        report.pool_pods = pods(1);
+        let st = status(&elected, &report, now);
+        let c = available_of(&st);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), (FALSE, "NoPrimary"));
+        assert!(
+            c.message.contains(
+                "the roles name prod-postgres-default-0-inf-pool-main-zone-a-1 as primary, not a \
+                 current pool pod"
+            ),
+            "{}",
+            c.message
+        );
+        assert_eq!(st.phase, Some(Phase::Progressing));
     }
 
     #[test]
@@ -958,11 +1113,13 @@ mod tests {
         let report = Report {
             pools: vec![counts(3, 3)],
             orchs: vec![counts(1, 1)],
+            pool_pods: pods(3),
             rollout: Some(Step::UpToDate { pods: 3 }),
             switchover: switchover::condition(None, &[down], true),
             ..Report::default()
         };
-        let st = status(&shard(), &report, Timestamp::from_second(1).unwrap());
+        let s = with_roles(shard(), &[("zone-a-2", "PRIMARY")]);
+        let st = status(&s, &report, Timestamp::from_second(1).unwrap());
         let c = st
             .conditions
             .iter()
@@ -978,7 +1135,7 @@ mod tests {
             switchover: None,
             ..report
         };
-        let st = status(&shard(), &idle, Timestamp::from_second(2).unwrap());
+        let st = status(&s, &idle, Timestamp::from_second(2).unwrap());
         assert_eq!(st.phase, Some(Phase::Healthy));
         assert!(
             st.conditions
