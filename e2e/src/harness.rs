@@ -5,7 +5,7 @@
 //! Handlers are started with `--watch-namespace` so tests sharing one control plane do not see
 //! each other's objects.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,8 +14,10 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
-use kube::{Api, Client};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use multigres_api::v1alpha1::Shard;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -379,7 +381,7 @@ pub async fn pool_pods(
     namespace: &str,
     cluster: &str,
 ) -> BTreeMap<String, (String, bool)> {
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     pods.list(&ListParams::default().labels(&format!(
         "app.kubernetes.io/component=shard-pool,multigres.com/cluster={cluster}"
     )))
@@ -398,6 +400,93 @@ pub async fn pool_pods(
         (name, (p.metadata.uid.unwrap_or_default(), ready))
     })
     .collect()
+}
+
+/// The field manager tests write `Shard.status.podRoles` with, standing in for the
+/// data-handler where none runs.
+pub const DATA_HANDLER_STAND_IN: &str = "e2e-data-handler";
+
+/// Publishes the roles of Shard `shard`'s pool pods `pods` on its status as the data-handler
+/// does (a server-side apply of `status.podRoles`, with field manager [`DATA_HANDLER_STAND_IN`]):
+/// `primary` is `PRIMARY`, every other pod `REPLICA`. For tests in which no data-handler runs:
+/// a Shard is `Available` only once its roles name a primary among its pool pods.
+pub async fn publish_roles<I, S>(shards: &Api<Shard>, shard: &str, pods: I, primary: &str)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let roles: BTreeMap<String, &str> = pods
+        .into_iter()
+        .map(|p| {
+            let pod = p.as_ref().to_owned();
+            let role = if pod == primary { "PRIMARY" } else { "REPLICA" };
+            (pod, role)
+        })
+        .collect();
+    shards
+        .patch_status(
+            shard,
+            &PatchParams::apply(DATA_HANDLER_STAND_IN).force(),
+            &Patch::Apply(json!({
+                "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
+                "metadata": {"name": shard},
+                "status": {"podRoles": roles},
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("publishing the roles of {shard}: {e}"));
+}
+
+/// Stands in for multiorch and the data-handler where neither runs (fake nodes, no
+/// data-handler): every Shard in `namespace` whose `status.podRoles` names no primary among its
+/// existing pool pods gets roles for them with [`publish_roles`], ordinal 0 of its first pool
+/// StatefulSet (by name) as the primary. Call it while waiting for Shards, or the clusters they
+/// belong to, to become Available; a Shard that has its primary is left alone.
+pub async fn elect_primaries(client: &Client, namespace: &str) -> Result<(), String> {
+    let shards: Api<Shard> = Api::namespaced(client.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pool = ListParams::default().labels("app.kubernetes.io/component=shard-pool");
+    let pods = pods.list(&pool).await.map_err(|e| e.to_string())?.items;
+    for shard in shards
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        let mine: BTreeSet<String> = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && is_pool_pod_of(p, &shard))
+            .map(ResourceExt::name_any)
+            .collect();
+        let roles = shard.status.as_ref().map(|s| &s.pod_roles);
+        let has_primary = roles
+            .into_iter()
+            .flatten()
+            .any(|(pod, role)| role == "PRIMARY" && mine.contains(pod));
+        let first = mine.iter().find(|p| p.rsplit('-').next() == Some("0"));
+        if let (false, Some(primary)) = (has_primary, first) {
+            publish_roles(&shards, &shard.name_any(), &mine, primary).await;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `pod` is a pool pod of `shard` (by the labels the resource-handler gives it).
+fn is_pool_pod_of(pod: &Pod, shard: &Shard) -> bool {
+    let labels = pod.labels();
+    let is = |key: &str, value: &str| labels.get(key).map(String::as_str) == Some(value);
+    shard
+        .labels()
+        .get(multigres_api::labels::CLUSTER)
+        .is_some_and(|c| is(multigres_api::labels::CLUSTER, c))
+        && is(
+            multigres_api::labels::DATABASE,
+            shard.spec.database_name.as_str(),
+        )
+        && is(
+            multigres_api::labels::TABLE_GROUP,
+            shard.spec.table_group_name.as_str(),
+        )
+        && is(multigres_api::labels::SHARD, shard.spec.shard_name.as_str())
 }
 
 /// `multigres.com/v1alpha1` MultigresCluster, for dynamic clients.

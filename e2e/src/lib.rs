@@ -8,6 +8,7 @@ pub mod harness;
 pub mod manifest;
 pub mod nodes;
 pub mod pki;
+pub mod poolers;
 pub mod process;
 pub mod real;
 pub mod toolchain;

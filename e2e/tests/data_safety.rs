@@ -8,7 +8,8 @@
 //!   scaled-away volume that is still terminating waits, says so, and completes once it is gone.
 //!
 //! Each test has its own namespace; the clusters' topology is an external endpoint nobody
-//! dials (no data-handler runs), which the volume lifecycle does not depend on.
+//! dials (no data-handler runs), which the volume lifecycle does not depend on. The test
+//! publishes the pods' roles in its place, so that the clusters become Available.
 
 use std::collections::BTreeMap;
 
@@ -62,9 +63,13 @@ async fn apply(clusters: &Api<MultigresCluster>, body: &Value) {
         .unwrap_or_else(|e| panic!("applying {name}: {e}"));
 }
 
-/// Waits until the cluster is Healthy at its current generation.
-async fn wait_healthy(clusters: &Api<MultigresCluster>, name: &str) {
+/// Waits until the cluster is Healthy at its current generation. No data-handler runs and no
+/// multiorch elects a primary on fake nodes: the roles are published here meanwhile, ordinal 0
+/// the primary ([`harness::elect_primaries`]).
+async fn wait_healthy(client: &Client, clusters: &Api<MultigresCluster>, name: &str) {
     eventually(&format!("{name} is Healthy"), 3 * WAIT, || async {
+        let namespace = clusters.namespace().unwrap_or_default();
+        harness::elect_primaries(client, namespace).await?;
         let c = clusters.get(name).await.map_err(|e| e.to_string())?;
         let status = c.status.clone().unwrap_or_default();
         if status.observed_generation == c.metadata.generation
@@ -173,7 +178,7 @@ async fn with_retain_a_recreated_cluster_binds_the_same_volumes() {
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     let spec = cluster("kept", "Retain", 2);
     apply(&clusters, &spec).await;
-    wait_healthy(&clusters, "kept").await;
+    wait_healthy(&client, &clusters, "kept").await;
     let before = wait_pool_volumes(&client, &namespace, 2).await;
 
     delete_cluster(&client, &clusters, "kept").await;
@@ -184,7 +189,7 @@ async fn with_retain_a_recreated_cluster_binds_the_same_volumes() {
     );
 
     apply(&clusters, &spec).await;
-    wait_healthy(&clusters, "kept").await;
+    wait_healthy(&client, &clusters, "kept").await;
     assert_eq!(
         volumes(&client, &namespace).await,
         before,
@@ -224,7 +229,7 @@ async fn with_delete_nothing_of_a_deleted_cluster_is_left() {
     let client = admin(plane);
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     apply(&clusters, &cluster("dropped", "Delete", 2)).await;
-    wait_healthy(&clusters, "dropped").await;
+    wait_healthy(&client, &clusters, "dropped").await;
     let before = wait_pool_volumes(&client, &namespace, 2).await;
 
     delete_cluster(&client, &clusters, "dropped").await;
@@ -285,7 +290,7 @@ async fn scaling_down_and_up_follows_when_scaled() {
     let client = admin(plane);
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     apply(&clusters, &cluster("scaled", "Retain", 3)).await;
-    wait_healthy(&clusters, "scaled").await;
+    wait_healthy(&client, &clusters, "scaled").await;
     let three = wait_pool_volumes(&client, &namespace, 3).await;
     // The last drop volume stays terminating after the scale-down, as a slow garbage collector
     // or storage driver would leave it. A StatefulSet scaled up over it would wait for it to go
@@ -297,7 +302,7 @@ async fn scaling_down_and_up_follows_when_scaled() {
     hold_volume(&client, &namespace, &held, true).await;
 
     apply(&clusters, &cluster("scaled", "Retain", 1)).await;
-    wait_healthy(&clusters, "scaled").await;
+    wait_healthy(&client, &clusters, "scaled").await;
     let one = eventually("the drop pool's scaled-away volumes go", WAIT, || async {
         let all = volumes(&client, &namespace).await;
         if of_pool(&all, "drop").len() == 1 {
@@ -348,7 +353,7 @@ async fn scaling_down_and_up_follows_when_scaled() {
     )
     .await;
     hold_volume(&client, &namespace, &held, false).await;
-    wait_healthy(&clusters, "scaled").await;
+    wait_healthy(&client, &clusters, "scaled").await;
     let again = wait_pool_volumes(&client, &namespace, 3).await;
     assert_eq!(
         of_pool(&again, "keep"),

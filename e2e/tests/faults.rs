@@ -39,6 +39,7 @@ use multigres_e2e::harness::{
     fresh_namespace, grant_webhook_rbac, only_namespace, repo_path, webhook_registrations,
 };
 use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::poolers::StandInPoolers;
 use multigres_proto::topo::{Cell as CellRecord, Database};
 use prost::Message;
 use serde_json::{Value, json};
@@ -90,13 +91,20 @@ fn pair(status: &str, reason: &str) -> (String, String) {
 }
 
 /// Waits until the cluster is Healthy (Available) at its current generation and, when
-/// `topology` is set, registered in the topology.
+/// `topology` is set (a data-handler runs), registered in the topology. Without a data-handler
+/// the pods' roles are published here in its place ([`harness::elect_primaries`]); with one,
+/// it derives them from the records of the test's [`StandInPoolers`].
 async fn wait_converged(
     clusters: &Api<MultigresCluster>,
     name: &str,
     topology: bool,
 ) -> MultigresCluster {
     eventually(&format!("{name} converges"), 3 * WAIT, || async {
+        if !topology {
+            let client = clusters.clone().into_client();
+            let namespace = clusters.namespace().unwrap_or_default();
+            harness::elect_primaries(&client, namespace).await?;
+        }
         let c = clusters.get(name).await.map_err(|e| e.to_string())?;
         let status = c.status.clone().unwrap_or_default();
         let observed = status.observed_generation == c.metadata.generation;
@@ -283,6 +291,7 @@ async fn run_sample(plane: &LocalCluster, victim: Option<&str>) -> BTreeMap<Stri
         .expect("topology etcd");
     let mut stack = Stack::start(plane, &namespace, Some(&DATA_HANDLER_FLAGS[..])).await;
     let client = admin(plane);
+    let _poolers = StandInPoolers::start(client.clone(), &namespace);
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     let applied = Instant::now();
     apply_yaml(plane, &namespace, &sample(&etcd)).await;
@@ -395,6 +404,7 @@ async fn a_topology_etcd_outage_is_reported_and_registration_completes_after_it(
         .expect("topology etcd");
     let stack = Stack::start(plane, &namespace, Some(&DATA_HANDLER_FLAGS[..])).await;
     let client = admin(plane);
+    let _poolers = StandInPoolers::start(client.clone(), &namespace);
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     apply_yaml(plane, &namespace, &sample(&etcd)).await;
     wait_converged(&clusters, SAMPLE, true).await;

@@ -18,6 +18,7 @@ use multigres_e2e::etcd::{EtcdConfig, EtcdProcess};
 use multigres_e2e::harness::{
     Stack, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace, repo_path,
 };
+use multigres_e2e::poolers::StandInPoolers;
 use multigres_proto::topo::Cell as CellRecord;
 use prost::Message;
 use serde_json::json;
@@ -33,7 +34,8 @@ const SAMPLE: &str = "external-topo";
 const ROOT: &str = "/multigres/external-topo";
 
 /// Waits until the cluster is Healthy at its current generation with `cells` cells and
-/// registered in the topology.
+/// registered in the topology (its shards' primary comes from the test's
+/// [`StandInPoolers`]).
 async fn wait_converged(clusters: &Api<MultigresCluster>, cells: usize) {
     eventually("the cluster converges", 3 * WAIT, || async {
         let c = clusters.get(SAMPLE).await.map_err(|e| e.to_string())?;
@@ -64,6 +66,8 @@ async fn after_an_api_server_restart_the_same_handlers_still_follow_spec_changes
         .expect("topology etcd");
     let stack = Stack::start(plane, &namespace, Some(&DATA_HANDLER_FLAGS[..])).await;
     let client = admin(plane);
+    // No multipooler runs on fake nodes: this one's records give the shards their primary.
+    let _poolers = StandInPoolers::start(client.clone(), &namespace);
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     let sample = std::fs::read_to_string(repo_path(&format!("deploy/samples/{SAMPLE}.yaml")))
         .expect("sample")

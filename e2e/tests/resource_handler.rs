@@ -24,14 +24,14 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::{Cell, Shard, TopoServer};
 use multigres_e2e::cluster::LocalCluster;
-use multigres_e2e::harness::{HandlerProcess, WAIT, eventually, fresh_namespace, pool_pods};
+use multigres_e2e::harness::{
+    HandlerProcess, WAIT, eventually, fresh_namespace, pool_pods, publish_roles,
+};
 use multigres_e2e::manifest::{self, Mode};
 use serde_json::json;
 
 /// The node label a cell's `zoneId` pins pods to (what the resolver writes).
 const ZONE_ID_LABEL: &str = "topology.k8s.aws/zone-id";
-/// A test field manager standing in for the data-handler.
-const DATA_HANDLER: &str = "e2e-data-handler";
 
 async fn cluster() -> &'static LocalCluster {
     let cluster = multigres_e2e::harness::control_plane().await;
@@ -545,12 +545,32 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
     apply_yaml(&client, &ns, &shard("roll", &ns, 3, old, retain, "1Gi")).await;
     let name = "roll-postgres-default-0-inf";
     let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
-    let s = wait_condition(&shards, name, "Available", "True", None, shard_conditions).await;
+    // Every pod Ready, but no primary known (nothing publishes roles yet): not Available, and
+    // the condition says what it waits for.
+    let s = wait_condition(
+        &shards,
+        name,
+        "Available",
+        "False",
+        Some("NoPrimary"),
+        shard_conditions,
+    )
+    .await;
     let status = s.status.clone().unwrap();
     assert_eq!(status.ready_replicas, Some(3));
     assert_eq!(
         (status.pools_ready, status.orch_ready),
         (Some(true), Some(true))
+    );
+    let available = condition(&status.conditions, "Available").unwrap();
+    assert!(
+        available.message.contains("no primary yet"),
+        "{}",
+        available.message
+    );
+    assert_eq!(
+        status.phase,
+        Some(multigres_api::v1alpha1::Phase::Progressing)
     );
     assert_eq!(
         condition(&status.conditions, "RollingUpdate").map(|c| c.reason.as_str()),
@@ -620,31 +640,7 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
     );
 
     // Roles published as the data-handler does: pod 1 is the primary.
-    let roles: BTreeMap<String, &str> = before
-        .keys()
-        .map(|pod| {
-            (
-                pod.clone(),
-                if *pod == primary {
-                    "PRIMARY"
-                } else {
-                    "REPLICA"
-                },
-            )
-        })
-        .collect();
-    shards
-        .patch_status(
-            name,
-            &PatchParams::apply(DATA_HANDLER).force(),
-            &Patch::Apply(json!({
-                "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
-                "metadata": {"name": name},
-                "status": {"podRoles": roles},
-            })),
-        )
-        .await
-        .unwrap();
+    publish_roles(&shards, name, before.keys(), &primary).await;
 
     // Record the order pods come back with a new uid, and that every other pod was Ready
     // each time one went away. Once the replicas are done, the primary is asked to hand over
@@ -702,22 +698,7 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
                     Some(before[&primary].0.clone()),
                     "the primary was not restarted before it handed over"
                 );
-                let roles = json!({
-                    format!("{set}-0"): "PRIMARY", format!("{set}-1"): "REPLICA",
-                    format!("{set}-2"): "REPLICA",
-                });
-                shards
-                    .patch_status(
-                        name,
-                        &PatchParams::apply(DATA_HANDLER).force(),
-                        &Patch::Apply(json!({
-                            "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
-                            "metadata": {"name": name},
-                            "status": {"podRoles": roles},
-                        })),
-                    )
-                    .await
-                    .unwrap();
+                publish_roles(&shards, name, before.keys(), &format!("{set}-0")).await;
                 handed_over = true;
             }
         }
@@ -741,6 +722,24 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         s.status.unwrap().pod_roles.len(),
         3,
         "the handler never touches the data-handler's fields"
+    );
+    // The new primary is a current pool pod: the shard serves again.
+    let s = wait_condition(
+        &shards,
+        name,
+        "Available",
+        "True",
+        Some("AllReady"),
+        shard_conditions,
+    )
+    .await;
+    let available = condition(&shard_conditions(&s), "Available")
+        .unwrap()
+        .clone();
+    assert!(
+        available.message.ends_with(&format!("primary {set}-0")),
+        "{}",
+        available.message
     );
     for pod in before.keys() {
         let p = pods.get(pod).await.unwrap();
@@ -827,10 +826,12 @@ async fn edited_pod_templates_are_reverted_with_one_write_also_after_a_restart()
     apply_yaml(&client, &ns, &shard("drift", &ns, 1, image, retain, "1Gi")).await;
     let name = "drift-postgres-default-0-inf";
     let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let set = format!("{name}-pool-main-zone-a");
+    let primary = format!("{set}-0");
+    publish_roles(&shards, name, [&primary], &primary).await;
     wait_condition(&shards, name, "Available", "True", None, shard_conditions).await;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let set = format!("{name}-pool-main-zone-a");
     let orch = format!("{name}-multiorch-zone-a");
     let converged = handler.settled(Duration::from_secs(3)).await;
 
@@ -905,7 +906,13 @@ async fn pool_volumes_are_kept_or_removed_as_the_policy_says_and_grow_but_never_
     apply_yaml(&client, &ns, &shard("keep", &ns, 3, image, keep, "1Gi")).await;
     apply_yaml(&client, &ns, &shard("drop", &ns, 2, image, drop_all, "1Gi")).await;
     let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
-    for name in ["keep-postgres-default-0-inf", "drop-postgres-default-0-inf"] {
+    for (name, replicas) in [
+        ("keep-postgres-default-0-inf", 3),
+        ("drop-postgres-default-0-inf", 2),
+    ] {
+        let set = format!("{name}-pool-main-zone-a");
+        let pods: Vec<String> = (0..replicas).map(|i| format!("{set}-{i}")).collect();
+        publish_roles(&shards, name, &pods, &pods[0]).await;
         wait_condition(&shards, name, "Available", "True", None, shard_conditions).await;
     }
     let keep_sel = "app.kubernetes.io/component=shard-pool,multigres.com/cluster=keep";

@@ -8,7 +8,12 @@
 //! - applies N MultigresClusters (two cells, one shard pool, external topology in a loopback
 //!   etcd, so the data-handler registers them for real) into a fresh namespace and times, from
 //!   the first apply: every child (Cell, TableGroup, Shard) created, every workload (StatefulSet,
-//!   Deployment, Service, PodDisruptionBudget) created, every cluster `Available`;
+//!   Deployment, Service, PodDisruptionBudget) created, every cluster `Available`. A shard is
+//!   Available only once it has a primary; on the fake nodes no multipooler runs, so the
+//!   harness writes the pool pods' pooler records into the topology in its place
+//!   ([`StandInPoolers`]: ordinal 0 the primary, as soon as a pod is Ready) and the
+//!   data-handler publishes the roles from them as it does from real ones (within its
+//!   `--roles-poll-period`, or at the Shard's next change);
 //! - counts the API requests of each handler during convergence (from the API server's audit
 //!   log, level Metadata), and the distinct objects each wrote;
 //! - then server-side applies as many objects as the handlers wrote, with `--write-concurrency`
@@ -59,6 +64,7 @@ use multigres_e2e::harness::{
     webhook_registrations,
 };
 use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::poolers::StandInPoolers;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -998,6 +1004,7 @@ async fn converge(
         .map(|h| (h.name().to_owned(), h.memory().map(|m| m.0).unwrap_or(0)))
         .collect();
 
+    let poolers = StandInPoolers::start(admin.clone(), &namespace);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let synced = Arc::new(AtomicUsize::new(0));
     let watches = watch_namespace(admin, &namespace, &seen, &synced);
@@ -1141,6 +1148,7 @@ async fn converge(
         None
     };
 
+    drop(poolers);
     let cleanup = Instant::now();
     delete_namespace(admin, &namespace).await?;
     progress!(

@@ -21,6 +21,7 @@ use multigres_api::v1alpha1::Shard;
 use multigres_e2e::etcd::{EtcdConfig, EtcdProcess};
 use multigres_e2e::harness::{
     HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace, pool_pods,
+    publish_roles,
 };
 use multigres_proto::multipooler::multipoolermanager::multipooler_manager_server::{
     MultipoolerManager, MultipoolerManagerServer,
@@ -121,29 +122,6 @@ async fn confirm_reloads(client: &kube::Client, ns: &str, hash: &str) {
 }
 
 /// The ConfigMap once it holds a file whose lines include `line`.
-/// Publishes the pods' roles as the data-handler does, `primary` the one primary.
-async fn publish_primary<'a>(
-    shards: &Api<Shard>,
-    pods: impl Iterator<Item = &'a String>,
-    primary: &str,
-) {
-    let roles: BTreeMap<&String, &str> = pods
-        .map(|p| (p, if p == primary { "PRIMARY" } else { "REPLICA" }))
-        .collect();
-    shards
-        .patch_status(
-            NAME,
-            &PatchParams::apply("e2e-data-handler").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
-                "metadata": {"name": NAME},
-                "status": {"podRoles": roles},
-            })),
-        )
-        .await
-        .unwrap();
-}
-
 async fn config_with(config_maps: &Api<ConfigMap>, line: &str) -> ConfigMap {
     eventually(&format!("the config holds {line:?}"), WAIT, || async {
         let cm = config_maps
@@ -297,7 +275,7 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
 
     // Roles, as the data-handler publishes them: pod 1 is the primary.
     let primary = format!("{SET}-1");
-    publish_primary(&shards, before.keys(), &primary).await;
+    publish_roles(&shards, NAME, before.keys(), &primary).await;
 
     // A reload-class change: the file changes, the pod template and the pods do not.
     patch_config(&shards, json!({"work_mem": "16MB"})).await;
@@ -369,7 +347,7 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
                 .annotations()
                 .contains_key("multigres.com/switchover-requested");
             if requested {
-                publish_primary(&shards, before.keys(), &format!("{SET}-0")).await;
+                publish_roles(&shards, NAME, before.keys(), &format!("{SET}-0")).await;
                 handed_over = true;
             }
         }
