@@ -162,7 +162,7 @@ impl Endpoint {
             .password(&self.password)
             .dbname("postgres")
             .connect_timeout(Duration::from_secs(5));
-        let (client, connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
+        let (client, connection) = config.connect(NoTls).await.map_err(|e| error_text(&e))?;
         tokio::spawn(connection);
         Ok(client)
     }
@@ -196,12 +196,18 @@ pub async fn run(client: &tokio_postgres::Client, sql: &str) -> Result<Rows, Str
         .collect())
 }
 
-/// The server's message when there is one (`FATAL: ...`), else the client's.
+/// The server's message when there is one (`FATAL: ...`), else the client's with its causes.
 fn error_text(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{}: {}", db.severity(), db.message()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
     }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
 }
 
 /// A connection kept across statements and made again after an error: a client's view of a

@@ -1,0 +1,669 @@
+//! The real Multigres data plane under the operator, on real nodes: the unchanged minimal sample
+//! (a managed 3-member etcd, multiadmin, multigateway, multiorch, a pool of PostgreSQL 17 pods
+//! with pgctld and multipooler, filesystem backups) pointed at images built from the Multigres
+//! and pgBackRest snapshots, and what a user of it sees: SQL through multigateway, roles from the
+//! topology, a failover that loses no acknowledged row, restart- and reload-class settings,
+//! scaling, a backup in status, and data that survives deleting and recreating the cluster.
+//!
+//! One cluster, one story: each step starts from the state the previous one left, as a user's
+//! cluster would, and 2 cores hold one such cluster comfortably, not several. The figures
+//! (`[figure] …` lines) are printed, not asserted: `just data-plane-figures` shows them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use multigres_api::v1alpha1::{MultigresCluster, Shard};
+use multigres_e2e::harness::{eventually, fresh_namespace, repo_path};
+use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::real::{Endpoint, Session, is_ready, operator_installed, use_local_images};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+/// The sample's cluster name.
+const NAME: &str = "minimal";
+/// The pool pods' selector.
+const POOL_PODS: &str = "app.kubernetes.io/component=shard-pool,multigres.com/cluster=minimal";
+/// Real images unpack, PostgreSQL initializes, the first backup is taken and restored, and a
+/// leader is appointed, on 2 shared cores.
+const WAIT: Duration = Duration::from_secs(420);
+
+fn figure(what: &str, value: impl std::fmt::Display) {
+    println!("[figure] {what}: {value}");
+}
+
+/// Applies the minimal sample with the local images; the time it was sent.
+async fn apply_sample(client: &Client, namespace: &str) -> Instant {
+    let path = repo_path("deploy/samples/minimal.yaml");
+    let sent = Instant::now();
+    for mut doc in manifest::read_documents(&path).unwrap() {
+        if doc
+            .types
+            .as_ref()
+            .is_some_and(|t| t.kind == "MultigresCluster")
+        {
+            use_local_images(&mut doc.data);
+        }
+        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+    }
+    sent
+}
+
+fn available(cluster: &MultigresCluster) -> Option<(String, String)> {
+    let c = cluster
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Available")?;
+    Some((c.status.clone(), c.message.clone()))
+}
+
+/// Polls until the cluster is Available and `SELECT 1` is answered through the gateway;
+/// returns (time to Available, time to the first answer) since `sent`, and checks that once
+/// Available is True the gateway answers within a few seconds (Available means SQL is served).
+async fn wait_serving(client: &Client, namespace: &str, sent: Instant) -> (Duration, Duration) {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let deadline = sent + WAIT;
+    let (mut to_available, mut to_sql) = (None, None);
+    let mut last = String::new();
+    while to_available.is_none() || to_sql.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "not serving within {WAIT:?}: Available {to_available:?}, SQL {to_sql:?}; last: {last}"
+        );
+        if to_available.is_none()
+            && let Ok(c) = clusters.get(NAME).await
+        {
+            match available(&c) {
+                Some((status, _)) if status == "True" => to_available = Some(sent.elapsed()),
+                other => last = format!("Available: {other:?}"),
+            }
+        }
+        if to_sql.is_none() {
+            let answer = match Endpoint::gateway(client, namespace, NAME).await {
+                Ok(gateway) => gateway.query("SELECT 1").await,
+                Err(e) => Err(e),
+            };
+            match answer {
+                Ok(rows) if rows == [[Some("1".to_owned())]] => to_sql = Some(sent.elapsed()),
+                Ok(rows) => last = format!("SELECT 1 answered {rows:?}"),
+                Err(e) => last = format!("SELECT 1: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (to_available, to_sql) = (to_available.unwrap(), to_sql.unwrap());
+    assert!(
+        to_sql <= to_available + Duration::from_secs(5),
+        "Available at {to_available:?} but SQL only at {to_sql:?}: Available must mean served"
+    );
+    (to_available, to_sql)
+}
+
+async fn shard(client: &Client, namespace: &str) -> Shard {
+    let shards: Api<Shard> = Api::namespaced(client.clone(), namespace);
+    let list = shards.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(list.len(), 1, "the sample has one shard");
+    list.into_iter().next().unwrap()
+}
+
+async fn pool_pods(client: &Client, namespace: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods.list(&ListParams::default().labels(POOL_PODS))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+/// The roles the data-handler published, once every pool pod is Ready and has one, exactly one
+/// PRIMARY among them, `expected` pods in all; each checked against the pod's own PostgreSQL
+/// (`pg_is_in_recovery`) and the pod's role label. Returns (primary, roles).
+async fn settled_roles(
+    client: &Client,
+    namespace: &str,
+    password: &str,
+    expected: usize,
+) -> (String, BTreeMap<String, String>) {
+    eventually(
+        &format!("{expected} Ready pool pods, one PRIMARY, roles matching PostgreSQL"),
+        WAIT,
+        || async {
+            let pods = pool_pods(client, namespace).await;
+            let roles = shard(client, namespace)
+                .await
+                .status
+                .map(|s| s.pod_roles)
+                .unwrap_or_default();
+            if pods.len() != expected || !pods.iter().all(is_ready) {
+                return Err(format!("{} pods, roles {roles:?}", pods.len()));
+            }
+            let primaries: Vec<&String> = roles
+                .iter()
+                .filter(|(_, r)| r.as_str() == "PRIMARY")
+                .map(|(p, _)| p)
+                .collect();
+            if primaries.len() != 1 || roles.len() != expected {
+                return Err(format!("roles {roles:?}"));
+            }
+            for pod in &pods {
+                let name = pod.name_any();
+                let role = roles.get(&name).ok_or(format!("{name} has no role"))?;
+                let label = pod.labels().get("multigres.com/role").cloned();
+                if label.as_deref() != Some(role.to_ascii_lowercase().as_str()) {
+                    return Err(format!("{name}: role {role}, label {label:?}"));
+                }
+                let endpoint = Endpoint::pod(pod, password).ok_or("no pod IP")?;
+                let recovery = endpoint
+                    .query("SELECT pg_is_in_recovery()")
+                    .await
+                    .map_err(|e| format!("{name}: {e}"))?;
+                let standby = recovery == [[Some("t".to_owned())]];
+                if standby != (role != "PRIMARY") {
+                    return Err(format!(
+                        "{name} is {role} but pg_is_in_recovery = {recovery:?}"
+                    ));
+                }
+            }
+            Ok((primaries[0].clone(), roles.clone()))
+        },
+    )
+    .await
+}
+
+/// Moves the primary to `target` by failovers: deleting the primary's pod, as a user or a node
+/// failure would, until multiorch happens to appoint `target` (it chooses among the replicas).
+async fn make_primary(client: &Client, namespace: &str, password: &str, target: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    for attempt in 0..8 {
+        let (primary, _) = settled_roles(client, namespace, password, 3).await;
+        if primary == target {
+            println!("{target} is the primary after {attempt} failovers");
+            return;
+        }
+        pods.delete(&primary, &DeleteParams::default())
+            .await
+            .unwrap();
+        eventually(
+            &format!("a pod other than {primary} is primary"),
+            WAIT,
+            || async {
+                let roles = shard(client, namespace)
+                    .await
+                    .status
+                    .map(|s| s.pod_roles)
+                    .unwrap_or_default();
+                match roles.iter().find(|(_, r)| r.as_str() == "PRIMARY") {
+                    Some((pod, _)) if *pod != primary => Ok(()),
+                    other => Err(format!("primary {other:?}")),
+                }
+            },
+        )
+        .await;
+    }
+    panic!("{target} did not become the primary after 8 failovers");
+}
+
+/// Sets the shard's pool size and PostgreSQL parameters in the cluster spec.
+async fn set_shard(
+    client: &Client,
+    namespace: &str,
+    replicas: i32,
+    postgres_config: &BTreeMap<&str, &str>,
+) {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({"spec": {"databases": [{"name": "postgres", "default": true,
+        "tablegroups": [{"name": "default", "default": true, "shards": [{"name": "0-inf",
+            "spec": {"pools": {"default": {"replicasPerCell": replicas}},
+                     "postgresConfig": postgres_config}}]}]}]}});
+    clusters
+        .patch(NAME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("editing the shard: {e}"));
+}
+
+/// A steady client: one statement every 50 ms through the gateway until stopped, reconnecting
+/// after errors. Counts successes and failures; keeps the ids of acknowledged inserts.
+struct Load {
+    stop: Arc<AtomicBool>,
+    task: JoinHandle<LoadReport>,
+}
+
+#[derive(Debug, Default)]
+struct LoadReport {
+    ok: usize,
+    failed: usize,
+    /// Ids whose INSERT was acknowledged.
+    acknowledged: Vec<i64>,
+    /// When each success happened, to find the first after an event.
+    successes: Vec<Instant>,
+    /// The first few errors, for the log.
+    errors: Vec<String>,
+}
+
+impl LoadReport {
+    /// The longest time between two successful statements: how long clients saw no service
+    /// (failed statements are retried every 50 ms, so their count depends on that pace).
+    fn longest_gap(&self) -> Duration {
+        self.successes
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]))
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+impl Load {
+    /// Alternates `INSERT INTO ledger (id) VALUES (<n>)` (ids from `first_id`) and a read.
+    fn start(gateway: Endpoint, first_id: i64) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut session = Session::new(gateway);
+            let mut report = LoadReport::default();
+            let mut id = first_id;
+            while !flag.load(Ordering::Relaxed) {
+                let write = id % 2 == 0;
+                let sql = if write {
+                    format!("INSERT INTO ledger (id) VALUES ({id})")
+                } else {
+                    "SELECT count(*) FROM ledger".to_owned()
+                };
+                match session.run(&sql).await {
+                    Ok(_) => {
+                        report.ok += 1;
+                        report.successes.push(Instant::now());
+                        if write {
+                            report.acknowledged.push(id);
+                        }
+                    }
+                    Err(e) => {
+                        report.failed += 1;
+                        if report.errors.len() < 5 {
+                            report.errors.push(e);
+                        }
+                    }
+                }
+                id += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            report
+        });
+        Load { stop, task }
+    }
+
+    async fn finish(self) -> LoadReport {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Every acknowledged id is in the table (read through the gateway).
+async fn assert_kept(gateway: &Endpoint, acknowledged: &[i64]) -> usize {
+    let rows = eventually("the ledger reads back", WAIT, || async {
+        gateway.query("SELECT id FROM ledger").await
+    })
+    .await;
+    let stored: BTreeSet<i64> = rows
+        .iter()
+        .filter_map(|r| r[0].as_deref()?.parse().ok())
+        .collect();
+    let lost: Vec<&i64> = acknowledged
+        .iter()
+        .filter(|id| !stored.contains(id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged rows lost: {lost:?}",
+        lost.len()
+    );
+    stored.len()
+}
+
+async fn uids(client: &Client, namespace: &str) -> BTreeMap<String, String> {
+    pool_pods(client, namespace)
+        .await
+        .into_iter()
+        .map(|p| (p.name_any(), p.metadata.uid.unwrap_or_default()))
+        .collect()
+}
+
+async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    events
+        .list(&ListParams::default().fields("involvedObject.kind=Shard"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| {
+            format!(
+                "{} {}: {}",
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() {
+    let cluster = operator_installed().await;
+    let client = cluster.client().unwrap();
+    let namespace = fresh_namespace(cluster, "data-plane").await;
+
+    // 1. Apply → Available → SQL.
+    let sent = apply_sample(&client, &namespace).await;
+    let (to_available, to_sql) = wait_serving(&client, &namespace, sent).await;
+    figure(
+        "apply -> Available (s)",
+        format!("{:.1}", to_available.as_secs_f64()),
+    );
+    figure(
+        "apply -> first SELECT 1 answered (s)",
+        format!("{:.1}", to_sql.as_secs_f64()),
+    );
+    let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
+    let password = gateway.password.clone();
+    gateway
+        .query("CREATE TABLE ledger (id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
+        .await
+        .unwrap();
+    gateway
+        .query("INSERT INTO ledger (id) SELECT -g FROM generate_series(1, 100) g")
+        .await
+        .unwrap();
+    let count = gateway.query("SELECT count(*) FROM ledger").await.unwrap();
+    assert_eq!(count, [[Some("100".to_owned())]]);
+    let mut acknowledged: Vec<i64> = (1..=100).map(|g| -g).collect();
+
+    // 2. Roles from the topology match each PostgreSQL.
+    let (_, roles) = settled_roles(&client, &namespace, &password, 2).await;
+    println!("roles: {roles:?}");
+
+    // 4. A reload-class setting: applied by the real multipooler's ReloadConfig, no restart.
+    let before = uids(&client, &namespace).await;
+    let mut config = BTreeMap::from([("work_mem", "12MB")]);
+    set_shard(&client, &namespace, 2, &config).await;
+    for pod in pool_pods(&client, &namespace).await {
+        let endpoint = Endpoint::pod(&pod, &password).unwrap();
+        eventually(
+            &format!("{} reloads work_mem", pod.name_any()),
+            WAIT,
+            || async {
+                match endpoint.query("SHOW work_mem").await? {
+                    rows if rows == [[Some("12MB".to_owned())]] => Ok(()),
+                    rows => Err(format!("work_mem {rows:?}")),
+                }
+            },
+        )
+        .await;
+    }
+    assert_eq!(uids(&client, &namespace).await, before, "no pod restarted");
+    for pod in pool_pods(&client, &namespace).await {
+        let restarts: i32 = pod
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .map(|c| c.restart_count)
+            .sum();
+        assert_eq!(restarts, 0, "{} restarted a container", pod.name_any());
+    }
+
+    // 5. Scale 2 -> 3: the new replica joins and catches up.
+    set_shard(&client, &namespace, 3, &config).await;
+    let (_, roles) = settled_roles(&client, &namespace, &password, 3).await;
+    let newcomer = pool_pods(&client, &namespace)
+        .await
+        .into_iter()
+        .find(|p| p.name_any().ends_with("-2"))
+        .expect("pod -2");
+    assert_eq!(roles[&newcomer.name_any()], "REPLICA");
+    let endpoint = Endpoint::pod(&newcomer, &password).unwrap();
+    eventually("the new replica holds the rows", WAIT, || async {
+        match endpoint.query("SELECT count(*) FROM ledger").await? {
+            rows if rows == [[Some("100".to_owned())]] => Ok(()),
+            rows => Err(format!("count {rows:?}")),
+        }
+    })
+    .await;
+
+    // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
+    // acknowledged row is lost.
+    let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
+    let load = Load::start(gateway.clone(), 1);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let deleted_at = Instant::now();
+    pods.delete(&primary, &DeleteParams::default())
+        .await
+        .unwrap();
+    let promoted = eventually("another pod becomes PRIMARY", WAIT, || async {
+        let roles = shard(&client, &namespace)
+            .await
+            .status
+            .map(|s| s.pod_roles)
+            .unwrap_or_default();
+        match roles.iter().find(|(_, r)| r.as_str() == "PRIMARY") {
+            Some((pod, _)) if *pod != primary => Ok(pod.clone()),
+            other => Err(format!("primary {other:?}")),
+        }
+    })
+    .await;
+    let to_promoted = deleted_at.elapsed();
+    eventually("writes resume through the gateway", WAIT, || async {
+        gateway
+            .query("INSERT INTO ledger (id) VALUES (-1000)")
+            .await
+            .map(|_| ())
+    })
+    .await;
+    acknowledged.push(-1000);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = load.finish().await;
+    let first_after = report
+        .successes
+        .iter()
+        .find(|t| **t > deleted_at + Duration::from_millis(500))
+        .map(|t| t.duration_since(deleted_at));
+    println!(
+        "failover {primary} -> {promoted}: {} ok, {} failed, first errors {:?}",
+        report.ok, report.failed, report.errors
+    );
+    figure(
+        "primary deleted -> new primary in Shard status (s)",
+        format!("{:.1}", to_promoted.as_secs_f64()),
+    );
+    figure(
+        "primary deleted -> first statement accepted again (s)",
+        first_after.map_or("none".to_owned(), |d| format!("{:.1}", d.as_secs_f64())),
+    );
+    figure("failed statements during the failover", report.failed);
+    figure(
+        "longest gap between successful statements during the failover (s)",
+        format!("{:.1}", report.longest_gap().as_secs_f64()),
+    );
+    acknowledged.extend(&report.acknowledged);
+    assert_kept(&gateway, &acknowledged).await;
+    settled_roles(&client, &namespace, &password, 3).await;
+    // A failover passes through "no primary" (the deleted pod's record goes first), then a
+    // new one is elected; a switchover moves it directly.
+    let gone = format!("NoPrimary: pod {primary} is no longer the primary");
+    let elected = format!("PrimaryElected: pod {promoted} is the primary");
+    let moved = format!("PrimaryChanged: the primary moved from pod {primary} to pod {promoted}");
+    let events = eventually("events tell of the new primary", WAIT, || async {
+        let events = shard_events(&client, &namespace).await;
+        let told = |text: &str| events.iter().any(|e| e.contains(text));
+        if told(&moved) || (told(&gone) && told(&elected)) {
+            Ok(events)
+        } else {
+            Err(events.join("\n  "))
+        }
+    })
+    .await;
+    println!("Shard events:\n  {}", events.join("\n  "));
+
+    // 7. A restart-class setting: replicas restart first, the primary last, under load.
+    let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
+    let before = uids(&client, &namespace).await;
+    let load = Load::start(gateway.clone(), 1_000_001);
+    let started = Instant::now();
+    config.insert("max_connections", "80");
+    set_shard(&client, &namespace, 3, &config).await;
+    let mut restarted: Vec<String> = Vec::new();
+    let deadline = Instant::now() + WAIT * 2;
+    while restarted.len() < before.len() {
+        assert!(
+            Instant::now() < deadline,
+            "rollout incomplete: restarted {restarted:?} of {before:?}"
+        );
+        for (pod, uid) in uids(&client, &namespace).await {
+            if before.get(&pod) != Some(&uid) && !restarted.contains(&pod) {
+                restarted.push(pod);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (_, roles) = settled_roles(&client, &namespace, &password, 3).await;
+    let rollout = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = load.finish().await;
+    println!(
+        "restart order {restarted:?} (primary before: {primary}; roles after: {roles:?}); \
+         {} ok, {} failed, first errors {:?}",
+        report.ok, report.failed, report.errors
+    );
+    assert_eq!(
+        restarted.last(),
+        Some(&primary),
+        "the primary restarts last"
+    );
+    figure(
+        "restart-class rollout of 3 pods (s)",
+        format!("{:.1}", rollout.as_secs_f64()),
+    );
+    figure(
+        "failed statements during the rolling restart",
+        format!("{} of {}", report.failed, report.ok + report.failed),
+    );
+    figure(
+        "longest gap between successful statements during the rolling restart (s)",
+        format!("{:.1}", report.longest_gap().as_secs_f64()),
+    );
+    for pod in pool_pods(&client, &namespace).await {
+        let endpoint = Endpoint::pod(&pod, &password).unwrap();
+        let rows = endpoint.query("SHOW max_connections").await.unwrap();
+        assert_eq!(rows, [[Some("80".to_owned())]], "{}", pod.name_any());
+    }
+    acknowledged.extend(&report.acknowledged);
+    assert_kept(&gateway, &acknowledged).await;
+
+    // 8. Scale 3 -> 2 with the primary on the pod to remove (moved there by failovers): the
+    // operator hands the primary over before removing it; the volume stays (whenScaled:
+    // Retain).
+    let doomed = format!(
+        "{}-2",
+        primary
+            .trim_end_matches(char::is_numeric)
+            .trim_end_matches('-')
+    );
+    make_primary(&client, &namespace, &password, &doomed).await;
+    set_shard(&client, &namespace, 2, &config).await;
+    let (primary, roles) = settled_roles(&client, &namespace, &password, 2).await;
+    assert!(
+        !primary.ends_with("-2"),
+        "the primary is not the removed pod: {roles:?}"
+    );
+    let asked = format!("SwitchoverRequested: asked the primary {doomed} to hand over");
+    let events = shard_events(&client, &namespace).await;
+    assert!(
+        events.iter().any(|e| e.contains(&asked)),
+        "the scale-down asked {doomed} to hand over first: {events:#?}"
+    );
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
+    let names: Vec<String> = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert!(
+        names.iter().any(|n| n.ends_with("-zone-a-2")),
+        "the scaled-down pod's volume is kept: {names:?}"
+    );
+    gateway
+        .query("INSERT INTO ledger (id) VALUES (-2000)")
+        .await
+        .unwrap();
+    acknowledged.push(-2000);
+    let stored = assert_kept(&gateway, &acknowledged).await;
+
+    // 8b. The first backup (taken at bootstrap) shows in the Shard status.
+    let backup = eventually("a backup in the Shard status", WAIT, || async {
+        let status = shard(&client, &namespace).await.status.unwrap_or_default();
+        match (&status.last_backup_time, &status.last_backup_type) {
+            (Some(at), Some(kind)) => Ok(format!("{kind:?} at {}", at.0)),
+            _ => Err(format!("conditions {:?}", status.conditions)),
+        }
+    })
+    .await;
+    println!("last backup: {backup}");
+
+    // 9. Delete the cluster (Retain), recreate it: the same volumes, the same rows.
+    let volumes_before: BTreeSet<String> = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|c| c.spec.as_ref()?.volume_name.clone())
+        .collect();
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    clusters
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the cluster and its pods are gone", WAIT, || async {
+        let left = pool_pods(&client, &namespace).await.len();
+        let cluster = clusters.get_opt(NAME).await.map_err(|e| e.to_string())?;
+        if left == 0 && cluster.is_none() {
+            Ok(())
+        } else {
+            Err(format!("{left} pool pods, cluster {}", cluster.is_some()))
+        }
+    })
+    .await;
+    let sent = apply_sample(&client, &namespace).await;
+    set_shard(&client, &namespace, 2, &config).await;
+    let (_, to_sql) = wait_serving(&client, &namespace, sent).await;
+    figure(
+        "recreate -> first SELECT 1 answered (s)",
+        format!("{:.1}", to_sql.as_secs_f64()),
+    );
+    let volumes_after: BTreeSet<String> = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|c| c.spec.as_ref()?.volume_name.clone())
+        .collect();
+    assert!(
+        volumes_before.is_subset(&volumes_after),
+        "the same volumes are bound again: before {volumes_before:?}, after {volumes_after:?}"
+    );
+    let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
+    assert_eq!(assert_kept(&gateway, &acknowledged).await, stored);
+}
