@@ -198,7 +198,7 @@ pub fn mount_into(objects: &mut ShardObjects, config_map: &str, rendered: &Rende
 /// from a template with the current restart fingerprint and has confirmed the current
 /// reload-class settings (the data-handler stamps the reload fingerprint on a pod once its
 /// PostgreSQL reloaded them, so a pending reload counts, as upstream); `lastAppliedAt` is
-/// stamped when it settles.
+/// stamped when it settles (see [`settled_at`]) and kept until it settles again.
 pub fn progress<'a>(
     previous: Option<&PostgresConfigStatus>,
     rendered: &Rendered,
@@ -222,13 +222,24 @@ pub fn progress<'a>(
     let last_applied_at = match previous.and_then(|p| p.last_applied_at.clone()) {
         Some(at) if in_progress || was_settled => Some(at),
         _ if in_progress => None,
-        _ => Some(Time(now)),
+        last => Some(settled_at(now, last.as_ref())),
     };
     PostgresConfigStatus {
         in_progress: Some(in_progress),
         last_applied_at,
         error: None,
     }
+}
+
+/// The `lastAppliedAt` of a config that settled at `now`, `last` the stamp of the one before:
+/// `now` in whole seconds (all a stored `Time` keeps), or the second after `last` when that is
+/// not later. A rollout on fast nodes settles within the second of the previous change, and
+/// would otherwise be stored with the very same stamp, so nothing would tell that the new
+/// config settled; with it every settling reads later than the one before.
+fn settled_at(now: Timestamp, last: Option<&Time>) -> Time {
+    let after_last = last.map_or(i64::MIN, |at| at.0.as_second().saturating_add(1));
+    let second = now.as_second().max(after_last);
+    Time(Timestamp::from_second(second).unwrap_or(now))
 }
 
 /// What an event says about a rewritten file, by what changed since `previous`; `None` when

@@ -332,6 +332,64 @@ fn a_reload_not_yet_confirmed_by_every_pod_is_in_progress() {
     }
 }
 
+/// `status` as the API server stores it and hands it back (a `Time` keeps whole seconds).
+fn stored(status: &PostgresConfigStatus) -> PostgresConfigStatus {
+    serde_json::from_value(serde_json::to_value(status).unwrap()).unwrap()
+}
+
+#[test]
+fn a_config_settling_again_within_the_second_of_the_last_one_is_stamped_later() {
+    // A reload-class change settles, then a restart-class change rolls out and settles on
+    // every pod within the same second (pods restart in well under a second on fast nodes).
+    let (objects, before) = mounted(&fixture());
+    let (_, after) = mounted(&with_config(&[("shared_buffers", "1GB")]));
+    assert_ne!(before.split.restart_hash, after.split.restart_hash);
+    let at = |s, ms| Timestamp::new(s, ms * 1_000_000).unwrap();
+    let pods = |r: &Rendered| {
+        let (restart, reload) = (&r.split.restart_hash, &r.split.reload_hash);
+        vec![stamped_pod(restart, Some(reload), false); 4]
+    };
+    let settled = stored(&progress(
+        None,
+        &before,
+        &objects,
+        &pods(&before),
+        at(10, 200),
+    ));
+    assert_eq!(settled.in_progress, Some(false));
+    let rolling = progress(
+        Some(&settled),
+        &after,
+        &objects,
+        &pods(&before),
+        at(10, 400),
+    );
+    assert_eq!(rolling.in_progress, Some(true));
+    assert_eq!(rolling.last_applied_at, settled.last_applied_at);
+    let rolling = stored(&rolling);
+    let done = stored(&progress(
+        Some(&rolling),
+        &after,
+        &objects,
+        &pods(&after),
+        at(10, 900),
+    ));
+    assert_eq!(done.in_progress, Some(false));
+    let (new, old) = (
+        done.last_applied_at.clone(),
+        settled.last_applied_at.clone(),
+    );
+    assert!(
+        new.as_ref().map(|t| t.0) > old.as_ref().map(|t| t.0),
+        "stamped anew: {new:?} after {old:?}"
+    );
+    // Later reconciles change nothing: no status write.
+    for later in [at(10, 950), at(11, 500), at(60, 0)] {
+        let again = progress(Some(&done), &after, &objects, &pods(&after), later);
+        assert_eq!(again, done, "idempotent at {later}");
+    }
+}
+
 #[test]
 fn a_failure_keeps_the_progress_and_reports_the_error() {
     let previous = PostgresConfigStatus {
