@@ -17,7 +17,8 @@ use multigres_api::v1alpha1::{Cell, MultigresCluster};
 use multigres_e2e::harness::{self, HANDLERS, eventually, fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::real::{
-    ETCD_IMAGE_PREFIX, OPERATOR_IMAGE_PREFIX, OPERATOR_NAMESPACE, image, is_ready, operator_installed,
+    ETCD_IMAGE_PREFIX, OPERATOR_IMAGE_PREFIX, OPERATOR_NAMESPACE, image, is_ready,
+    operator_installed,
 };
 
 const CONTROLLERS: [&str; 3] = ["cluster-handler", "resource-handler", "data-handler"];
