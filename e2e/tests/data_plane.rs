@@ -193,24 +193,41 @@ async fn make_primary(client: &Client, namespace: &str, password: &str, target: 
         pods.delete(&primary, &DeleteParams::default())
             .await
             .unwrap();
-        eventually(
-            &format!("a pod other than {primary} is primary"),
-            WAIT,
-            || async {
-                let roles = shard(client, namespace)
-                    .await
-                    .status
-                    .map(|s| s.pod_roles)
-                    .unwrap_or_default();
-                match roles.iter().find(|(_, r)| r.as_str() == "PRIMARY") {
-                    Some((pod, _)) if *pod != primary => Ok(()),
-                    other => Err(format!("primary {other:?}")),
-                }
-            },
-        )
-        .await;
+        new_primary(client, namespace, &primary).await;
     }
     panic!("{target} did not become the primary after 8 failovers");
+}
+
+/// The primary the data-handler publishes once it is a pod other than `old`.
+async fn new_primary(client: &Client, namespace: &str, old: &str) -> String {
+    eventually(
+        &format!("a pod other than {old} is primary"),
+        WAIT,
+        || async {
+            let roles = shard(client, namespace)
+                .await
+                .status
+                .map(|s| s.pod_roles)
+                .unwrap_or_default();
+            match roles.iter().find(|(_, r)| r.as_str() == "PRIMARY") {
+                Some((pod, _)) if pod != old => Ok(pod.clone()),
+                other => Err(format!("primary {other:?}")),
+            }
+        },
+    )
+    .await
+}
+
+/// The PersistentVolumes bound to the namespace's claims.
+async fn bound_volumes(claims: &Api<PersistentVolumeClaim>) -> BTreeSet<String> {
+    claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|c| c.spec.as_ref()?.volume_name.clone())
+        .collect()
 }
 
 /// Sets the shard's pool size and PostgreSQL parameters in the cluster spec.
@@ -448,18 +465,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     pods.delete(&primary, &DeleteParams::default())
         .await
         .unwrap();
-    let promoted = eventually("another pod becomes PRIMARY", WAIT, || async {
-        let roles = shard(&client, &namespace)
-            .await
-            .status
-            .map(|s| s.pod_roles)
-            .unwrap_or_default();
-        match roles.iter().find(|(_, r)| r.as_str() == "PRIMARY") {
-            Some((pod, _)) if *pod != primary => Ok(pod.clone()),
-            other => Err(format!("primary {other:?}")),
-        }
-    })
-    .await;
+    let promoted = new_primary(&client, &namespace, &primary).await;
     let to_promoted = deleted_at.elapsed();
     eventually("writes resume through the gateway", WAIT, || async {
         gateway
@@ -622,14 +628,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     println!("last backup: {backup}");
 
     // 9. Delete the cluster (Retain), recreate it: the same volumes, the same rows.
-    let volumes_before: BTreeSet<String> = claims
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter_map(|c| c.spec.as_ref()?.volume_name.clone())
-        .collect();
+    let volumes_before: BTreeSet<String> = bound_volumes(&claims).await;
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     clusters
         .delete(NAME, &DeleteParams::default())
@@ -652,14 +651,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         "recreate -> first SELECT 1 answered (s)",
         format!("{:.1}", to_sql.as_secs_f64()),
     );
-    let volumes_after: BTreeSet<String> = claims
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter_map(|c| c.spec.as_ref()?.volume_name.clone())
-        .collect();
+    let volumes_after: BTreeSet<String> = bound_volumes(&claims).await;
     assert!(
         volumes_before.is_subset(&volumes_after),
         "the same volumes are bound again: before {volumes_before:?}, after {volumes_after:?}"
