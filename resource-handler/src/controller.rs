@@ -18,7 +18,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use multigres_api::labels::{COMPONENT, Component, MANAGED_SELECTOR};
@@ -36,8 +36,7 @@ use crate::workload_cache::WorkloadStore;
 /// Name under which events are reported.
 pub const REPORTER: &str = "multigres.com/resource-handler";
 
-/// How many changed objects a shared watch buffers for a slow subscriber (one that falls
-/// further behind is handed every cached object again, see [`Handle`]).
+/// How many watch events a shared reflector buffers for a slow subscriber.
 const SHARED_BUFFER: usize = 1024;
 
 /// Whether an error needs a spec change (wait for one) or may pass (retry with backoff).
@@ -55,8 +54,9 @@ where
 {
     /// The cache.
     pub store: Store<K>,
-    /// Changed objects for the first subscriber; clone it for each further one.
-    pub handle: Handle<K>,
+    /// Changed objects for the first subscriber; clone it for each further one. Every handle
+    /// must be polled (a controller does), or the watch stalls once the buffer is full.
+    pub handle: ReflectHandle<K>,
     /// Deleted objects, which kube's shared streams do not pass on.
     pub deletions: Deletions<K>,
 }
@@ -65,94 +65,13 @@ where
 #[derive(Clone)]
 pub struct Deletions<K>(broadcast::Sender<Arc<K>>);
 
-/// The changed objects of one shared watch, for one controller: each object the watch applied,
-/// passed on once the cache holds it (every cached object after each full list). A clone is a
-/// new subscriber, which starts with every object already cached.
-///
-/// kube's own shared stream (`ReflectHandle`) is not used: it passes on references and looks
-/// each one up in the cache when its subscriber gets to it, and when the object is gone by then
-/// (a pod deleted right after a change, before the StatefulSet recreated it) it returns
-/// `Pending` without arranging to be woken, so that controller saw no further change of the
-/// kind until some other wake-up, possibly never. Here the objects themselves are passed on.
-/// A subscriber that falls more than the buffer behind is handed every cached object instead
-/// of what it missed, so no change is lost, and the watch never waits for a slow one.
-pub struct Handle<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
-    changed: broadcast::Sender<Arc<K>>,
-    store: Store<K>,
-    stream: BoxStream<'static, Arc<K>>,
-}
-
-impl<K> Handle<K>
-where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
-{
-    fn subscribe(changed: broadcast::Sender<Arc<K>>, store: Store<K>) -> Self {
-        let receiver = changed.subscribe();
-        let cached = futures::stream::iter(store.state());
-        let changes = futures::stream::unfold(
-            (receiver, store.clone()),
-            |(mut receiver, store)| async move {
-                let objects = match receiver.recv().await {
-                    Ok(object) => vec![object],
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        tracing::warn!(
-                            kind = %K::kind(&K::DynamicType::default()),
-                            missed,
-                            "a slow controller missed changes; handing it every cached object"
-                        );
-                        store.state()
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                };
-                Some((futures::stream::iter(objects), (receiver, store)))
-            },
-        )
-        .flatten();
-        Self {
-            stream: cached.chain(changes).boxed(),
-            changed,
-            store,
-        }
-    }
-}
-
-impl<K> Clone for Handle<K>
-where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
-{
-    fn clone(&self) -> Self {
-        Self::subscribe(self.changed.clone(), self.store.clone())
-    }
-}
-
-impl<K> Stream for Handle<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
-    type Item = Arc<K>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Arc<K>>> {
-        self.stream.poll_next_unpin(cx)
-    }
-}
-
 /// What wakes a controller for an owned kind: changes and deletions of its objects.
 pub type Trigger<K> = BoxStream<'static, Arc<K>>;
 
 /// `handle`'s changes merged with `deletions`, so a child someone deletes is recreated at once
 /// instead of at the owner's next change. Deletions are rare; if a subscriber falls more than
 /// the buffer behind, the missed ones are logged and the owners catch up on their next event.
-pub fn triggers<K>(handle: Handle<K>, deletions: &Deletions<K>) -> Trigger<K>
+pub fn triggers<K>(handle: ReflectHandle<K>, deletions: &Deletions<K>) -> Trigger<K>
 where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
@@ -243,54 +162,33 @@ where
         + Sync
         + 'static,
 {
+    let (store, writer) = reflector::store_shared(SHARED_BUFFER);
+    let handle = writer
+        .subscribe()
+        .expect("a shared store always accepts subscribers");
+    let (deleted, _) = broadcast::channel(SHARED_BUFFER);
+    let deletions = Deletions(deleted.clone());
     let events = multigres_common::watch::watcher(scope.api::<K>(client), config)
         .default_backoff()
         .modify(move |obj: &mut K| {
             obj.managed_fields_mut().clear();
             trim(obj);
-        });
-    let (shared, events) = fan_out(events);
-    (shared, drive(K::kind(&()).into_owned(), events))
-}
-
-/// Caches the objects of `events` and passes each change on to the subscribers of the returned
-/// [`Shared`] once the cache holds it (deletions once the cache dropped the object, so a
-/// controller woken by either reads a cache that already shows it). The returned stream must be
-/// polled for anything to happen.
-fn fan_out<K, S>(events: S) -> (Shared<K>, impl Stream<Item = S::Item> + Send + 'static)
-where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-{
-    let (store, writer) = reflector::store();
-    let (changed, _) = broadcast::channel(SHARED_BUFFER);
-    let (deleted, _) = broadcast::channel(SHARED_BUFFER);
-    let shared = Shared {
-        handle: Handle::subscribe(changed.clone(), store.clone()),
-        deletions: Deletions(deleted.clone()),
-        store: store.clone(),
-    };
-    // No subscriber (a kind no controller owns) is not an error: sends are not checked.
-    let events = events.reflect(writer).inspect(move |event| match event {
-        Ok(watcher::Event::Apply(object)) => {
-            // The cached copy, not another one.
-            let cached = store.get(&ObjectRef::from_obj(object));
-            let _ = changed.send(cached.unwrap_or_else(|| Arc::new(object.clone())));
-        }
-        Ok(watcher::Event::Delete(object)) => {
-            let _ = deleted.send(Arc::new(object.clone()));
-        }
-        // A full list (the first, or after the watch had to start over) may have changed
-        // anything: every cached object counts as changed, as kube's shared stream has it.
-        Ok(watcher::Event::InitDone) => {
-            for object in store.state() {
-                let _ = changed.send(object);
+        })
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(object)) = event {
+                // No subscriber (a kind no controller owns) is not an error.
+                let _ = deleted.send(Arc::new(object.clone()));
             }
-        }
-        _ => {}
-    });
-    (shared, events)
+        })
+        .reflect_shared(writer);
+    (
+        Shared {
+            store,
+            handle,
+            deletions,
+        },
+        drive(K::kind(&()).into_owned(), events),
+    )
 }
 
 /// Objects this operator manages (every child carries the label).
@@ -571,87 +469,10 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeMap;
 
     use super::*;
     use crate::shard::rollout::pod_view;
-
-    fn pod(name: &str, version: &str) -> Pod {
-        let mut pod = Pod::default();
-        pod.metadata.name = Some(name.to_owned());
-        pod.metadata.namespace = Some("ns".to_owned());
-        pod.metadata.resource_version = Some(version.to_owned());
-        pod
-    }
-
-    /// The (name, resourceVersion) of the next `n` objects of `stream`.
-    async fn next_n(stream: &mut Trigger<Pod>, n: usize) -> BTreeSet<(String, String)> {
-        let mut seen = BTreeSet::new();
-        for _ in 0..n {
-            let next = tokio::time::timeout(Duration::from_secs(5), stream.next()).await;
-            let object = next.expect("the stream stalled").expect("the stream ended");
-            let version = object.resource_version().unwrap_or_default();
-            seen.insert((object.name_any(), version));
-        }
-        seen
-    }
-
-    fn named(pairs: &[(&str, &str)]) -> BTreeSet<(String, String)> {
-        pairs
-            .iter()
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn a_change_of_an_object_deleted_before_the_controller_reads_it_stalls_nothing() {
-        // Pod b changes and is deleted before the controller gets to the change (a restarted
-        // pool pod before its StatefulSet recreated it); later changes must still arrive.
-        let events = futures::stream::iter([
-            Ok(watcher::Event::Init),
-            Ok(watcher::Event::InitApply(pod("a", "1"))),
-            Ok(watcher::Event::InitDone),
-            Ok(watcher::Event::Apply(pod("b", "2"))),
-            Ok(watcher::Event::Delete(pod("b", "3"))),
-            Ok(watcher::Event::Apply(pod("c", "4"))),
-            Ok(watcher::Event::Apply(pod("a", "5"))),
-        ]);
-        let (shared, events) = fan_out(events);
-        let mut trigger = triggers(shared.handle.clone(), &shared.deletions);
-        events.for_each(|_| std::future::ready(())).await;
-        let all = [("a", "1"), ("b", "2"), ("b", "3"), ("c", "4"), ("a", "5")];
-        assert_eq!(next_n(&mut trigger, 5).await, named(&all));
-        assert_eq!(
-            shared.store.state().len(),
-            2,
-            "the cache holds a and c, not b"
-        );
-
-        // A controller subscribing later starts with what is cached.
-        let mut late: Trigger<Pod> = shared.handle.clone().boxed();
-        assert_eq!(next_n(&mut late, 2).await, named(&[("a", "5"), ("c", "4")]));
-    }
-
-    #[tokio::test]
-    async fn a_controller_that_falls_behind_gets_every_cached_object_instead() {
-        let count = SHARED_BUFFER + 100;
-        let changes = (0..count).map(|i| Ok(watcher::Event::Apply(pod(&format!("p{i}"), "1"))));
-        let events = futures::stream::iter(
-            [Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)]
-                .into_iter()
-                .chain(changes),
-        );
-        let (shared, events) = fan_out(events);
-        let mut trigger = triggers(shared.handle.clone(), &shared.deletions);
-        events.for_each(|_| std::future::ready(())).await;
-        let mut names = BTreeSet::new();
-        while names.len() < count {
-            let next = tokio::time::timeout(Duration::from_secs(5), trigger.next()).await;
-            let object = next.expect("the stream stalled").expect("the stream ended");
-            names.insert(object.name_any());
-        }
-        assert_eq!(names.len(), count, "no change was lost");
-    }
 
     #[test]
     fn a_slimmed_pool_pod_reads_the_same_and_keeps_no_spec() {

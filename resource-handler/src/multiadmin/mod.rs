@@ -20,7 +20,7 @@ use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_api::labels::{CLUSTER, COMPONENT, Component};
 use multigres_api::observability::{PROJECT_REF_ANNOTATION, Process};
@@ -30,9 +30,7 @@ use multigres_common::apply::apply_status;
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::Cond;
-use crate::controller::{
-    Classify, Ctx, Handle, Stores, Trigger, drain, error_policy, observe, owned,
-};
+use crate::controller::{Classify, Ctx, Stores, Trigger, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::sync::{self, FIELD_MANAGER, SyncError};
 use external::{Exposed, InvalidExposure};
@@ -86,7 +84,7 @@ impl Classify for Error {
 /// The change streams the multiadmin controller is triggered by.
 pub struct Triggers {
     /// The clusters themselves.
-    pub clusters: Handle<Guard>,
+    pub clusters: ReflectHandle<Guard>,
     /// Owned multiadmin and multiadmin-web Deployments, and every cell's multigateway
     /// Deployment (their readiness is the external gateway's).
     pub deployments: Trigger<Deployment>,
@@ -95,11 +93,11 @@ pub struct Triggers {
     /// Owned TLS Secrets (a deleted one is issued again).
     pub secrets: Trigger<Secret>,
     /// Template changes re-resolve the clusters of their namespace.
-    pub core_templates: Handle<DeserializeGuard<CoreTemplate>>,
+    pub core_templates: ReflectHandle<DeserializeGuard<CoreTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.
-    pub cell_templates: Handle<DeserializeGuard<CellTemplate>>,
+    pub cell_templates: ReflectHandle<DeserializeGuard<CellTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.
-    pub shard_templates: Handle<DeserializeGuard<ShardTemplate>>,
+    pub shard_templates: ReflectHandle<DeserializeGuard<ShardTemplate>>,
 }
 
 /// Every cluster in the namespace of `obj` (a template change may change their resolution).

@@ -16,7 +16,7 @@ use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::{Api, ResourceExt};
 use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
@@ -25,9 +25,7 @@ use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{
-    Classify, Ctx, Handle, Shared, Trigger, drain, error_policy, observe, owned,
-};
+use crate::controller::{Classify, Ctx, Shared, Trigger, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
@@ -83,7 +81,7 @@ pub fn run(
     statefulsets: Trigger<StatefulSet>,
     services: Trigger<Service>,
     pdbs: Trigger<PodDisruptionBudget>,
-    clusters: Handle<DeserializeGuard<MultigresCluster>>,
+    clusters: ReflectHandle<DeserializeGuard<MultigresCluster>>,
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
     let store = topo_servers.store.clone();
