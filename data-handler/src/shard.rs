@@ -312,20 +312,34 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     };
     let published = roles::roles(key, &pool_pods, &poolers, &previous);
     let backups = Published::of(shard.status.as_ref());
-    if published != previous {
-        ctx.writer
-            .apply_status(shard, &status_body(&published, &backups))
-            .await
-            .map_err(Error::Status)?;
-        if let Some((pod, notice)) = roles::primary_change(&previous, &published) {
-            // The pod as the related object: events about different pods form their own
-            // series, so a repeated reason never shows an earlier pod's message.
-            let mut event = notice.event("Roles");
-            event.secondary = Some(pod_reference(&namespace, pod));
-            ctx.writer
-                .publish(&ctx.recorder, &event, &shard.object_ref(&()))
-                .await;
+    // Roles and backup health go out in one apply: a new primary also triggers a backup check.
+    let checked = backup_health::run(ctx, shard, key, &pool_pods, &poolers).await;
+    let next_backups = checked.as_ref().map_or(&backups, |c| &c.next);
+    if published != previous || *next_backups != backups {
+        let written = ctx
+            .writer
+            .apply_status(shard, &status_body(&published, next_backups))
+            .await;
+        if let Err(source) = written {
+            if checked.is_some() {
+                // Checked again at the next reconcile rather than in a minute.
+                ctx.backup_checks
+                    .forget(&format!("{namespace}/{}", shard.name_any()));
+            }
+            return Err(Error::Status(source));
         }
+    }
+    let reference = shard.object_ref(&());
+    if let Some((pod, notice)) = roles::primary_change(&previous, &published) {
+        // The pod as the related object: events about different pods form their own series,
+        // so a repeated reason never shows an earlier pod's message.
+        let mut event = notice.event("Roles");
+        event.secondary = Some(pod_reference(&namespace, pod));
+        ctx.writer.publish(&ctx.recorder, &event, &reference).await;
+    }
+    if let Some(notice) = checked.and_then(|c| c.notice) {
+        let event = notice.event("BackupHealth");
+        ctx.writer.publish(&ctx.recorder, &event, &reference).await;
     }
     let delivery = deliver_reloads(shard, key, &pods, &poolers, ctx).await;
     let mut stamped = Vec::new();
@@ -352,31 +366,6 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         }
     }
     let handover = crate::switchover::run(ctx, shard, key, &pods, &poolers).await;
-    let reference = shard.object_ref(&());
-    let mut backup_error = None;
-    if let Some(checked) = backup_health::run(ctx, shard, key, &pool_pods, &poolers).await {
-        let written = if checked.next == backups {
-            Ok(())
-        } else {
-            ctx.writer
-                .apply_status(shard, &status_body(&published, &checked.next))
-                .await
-        };
-        match written {
-            Ok(()) => {
-                if let Some(notice) = checked.notice {
-                    let event = notice.event("BackupHealth");
-                    ctx.writer.publish(&ctx.recorder, &event, &reference).await;
-                }
-            }
-            Err(source) => {
-                // Checked again at the next reconcile rather than in a minute.
-                ctx.backup_checks
-                    .forget(&format!("{namespace}/{}", shard.name_any()));
-                backup_error = Some(Error::Status(source));
-            }
-        }
-    }
     let notices = stamped.into_iter().map(|pod| {
         forget_wait(ctx, &namespace, &pod);
         let notice = Notice::normal(
@@ -406,11 +395,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     if shard.spec.backup.is_some() {
         period = period.min(backup_health::PACE);
     }
-    match failure
-        .or(delivery.error)
-        .or(handover.error)
-        .or(backup_error)
-    {
+    match failure.or(delivery.error).or(handover.error) {
         Some(error) => Err(error),
         None => Ok(Action::requeue(period)),
     }

@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
+use multigres_api::labels;
 use multigres_api::v1alpha1::{MultigresCluster, Shard};
-use multigres_e2e::harness::{eventually, fresh_namespace, repo_path};
+use multigres_e2e::harness::{self, eventually, fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::real::{Endpoint, Session, is_ready, operator_installed, use_local_images};
 use serde_json::json;
@@ -158,7 +159,7 @@ async fn settled_roles(
             for pod in &pods {
                 let name = pod.name_any();
                 let role = roles.get(&name).ok_or(format!("{name} has no role"))?;
-                let label = pod.labels().get("multigres.com/role").cloned();
+                let label = pod.labels().get(labels::ROLE).cloned();
                 if label.as_deref() != Some(role.to_ascii_lowercase().as_str()) {
                     return Err(format!("{name}: role {role}, label {label:?}"));
                 }
@@ -346,11 +347,12 @@ async fn assert_kept(gateway: &Endpoint, acknowledged: &[i64]) -> usize {
     stored.len()
 }
 
+/// The pool pods' UIDs by name: a changed UID is a restarted pod.
 async fn uids(client: &Client, namespace: &str) -> BTreeMap<String, String> {
-    pool_pods(client, namespace)
+    harness::pool_pods(client, namespace, NAME)
         .await
         .into_iter()
-        .map(|p| (p.name_any(), p.metadata.uid.unwrap_or_default()))
+        .map(|(pod, (uid, _))| (pod, uid))
         .collect()
 }
 
@@ -439,7 +441,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
 
     // 5. Scale 2 -> 3: the new replica joins and catches up.
     set_shard(&client, &namespace, 3, &config).await;
-    let (_, roles) = settled_roles(&client, &namespace, &password, 3).await;
+    let (primary, roles) = settled_roles(&client, &namespace, &password, 3).await;
     let newcomer = pool_pods(&client, &namespace)
         .await
         .into_iter()
@@ -457,7 +459,6 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
 
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
     // acknowledged row is lost.
-    let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
     let load = Load::start(gateway.clone(), 1);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
