@@ -53,7 +53,8 @@ if [ $# -gt 0 ]; then
 fi
 # All of them: first the images themselves, run in a throwaway containerd (e2e/images/test.sh),
 # then every test file in one `cargo test` (one invocation, so the handler builds the tests make
-# share the test build's artifacts), each file's time summarised at the end.
+# share the test build's artifacts; `--no-fail-fast`, so one failing file does not hide the
+# others' results), each file's time summarised at the end.
 failed=()
 phase "start image checks"
 if MULTIGRES_OPERATOR_PROFILE=dev bash e2e/sandbox.sh bash e2e/images/test.sh; then
@@ -64,7 +65,7 @@ else
 fi
 log=$(mktemp)
 phase "start the end-to-end tests"
-if run_tests 2>&1 | tee "$log"; then
+if run_tests --no-fail-fast 2>&1 | tee "$log"; then
   phase "passed the end-to-end tests"
 else
   phase "FAILED the end-to-end tests"
