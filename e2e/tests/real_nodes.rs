@@ -90,10 +90,16 @@ async fn the_handlers_run_as_real_pods_from_the_operator_image() {
         assert_eq!(zone.as_deref(), Some(name.trim_start_matches("node-")));
     }
 
+    // Only the Ready pods that stay are checked: another test of this file deletes a leader
+    // pod, and its replacement may not have a container yet.
     let pods = eventually("two Ready pods per handler", WAIT, || async {
-        let pods = operator_pods(&client).await;
+        let pods: Vec<_> = operator_pods(&client)
+            .await
+            .into_iter()
+            .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+            .collect();
         let mut ready = std::collections::BTreeMap::<String, usize>::new();
-        for pod in pods.iter().filter(|p| is_ready(p)) {
+        for pod in &pods {
             *ready.entry(handler_of(pod)).or_default() += 1;
         }
         if HANDLERS.iter().all(|h| ready.get(*h) == Some(&2)) {
