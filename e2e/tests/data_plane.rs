@@ -88,9 +88,8 @@ async fn wait_serving(client: &Client, namespace: &str, sent: Instant) -> (Durat
             }
         }
         if to_sql.is_none() {
-            // Each attempt is cut at 2 s and timed from its start: an attempt stuck in a connect
-            // or a query timeout must not push the first answer later than it was.
-            let attempt = sent.elapsed();
+            // Each attempt is cut at 2 s: one stuck in a connect or query timeout must not
+            // delay the next attempt (and so the first answer) by up to 15 s.
             let answer = tokio::time::timeout(Duration::from_secs(2), async {
                 let gateway = Endpoint::gateway(client, namespace, NAME).await?;
                 gateway.query("SELECT 1").await
@@ -98,7 +97,7 @@ async fn wait_serving(client: &Client, namespace: &str, sent: Instant) -> (Durat
             .await
             .unwrap_or_else(|_| Err("SELECT 1: no answer within 2 s".to_owned()));
             match answer {
-                Ok(rows) if rows == [[Some("1".to_owned())]] => to_sql = Some(attempt),
+                Ok(rows) if rows == [[Some("1".to_owned())]] => to_sql = Some(sent.elapsed()),
                 Ok(rows) => last = format!("SELECT 1 answered {rows:?}"),
                 Err(e) => last = format!("SELECT 1: {e}"),
             }
@@ -363,8 +362,8 @@ async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
         .collect()
 }
 
-/// Waits until the primary's synchronous standbys (Multigres's cohort, which multiorch keeps in
-/// `synchronous_standby_names`) name every other pool pod; returns how long it took.
+/// Waits until the primary's synchronous standbys (`synchronous_standby_names`, which multiorch
+/// sets from the shard's cohort) name every other pool pod; returns how long it took.
 ///
 /// A restarted pod rejoins the cohort only when multiorch re-adds it, which can be after it is
 /// Ready and has its role. Removing the one cohort standby before that blocks every write (each
