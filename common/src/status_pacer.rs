@@ -13,7 +13,9 @@
 //!   has settled or is [`AVAILABLE`] (`True`); a first status of an object still converging and
 //!   not yet available waits until [`MIN_INTERVAL`] after the handler first saw it, so an object
 //!   that converges quickly gets one status write, not a `Progressing` one and then a `Healthy`
-//!   one a moment later, while `kubectl wait --for=condition=Available` is not held up;
+//!   one a moment later, while `kubectl wait --for=condition=Available` is not held up (it then
+//!   draws on the budget below, but is written at the latest
+//!   [`FIRST_STATUS_DEADLINE_INTERVALS`] intervals after first sight, token or not);
 //! - a change of `observedGeneration` (the user changed the spec);
 //! - for an object with a phase, any change unless it is converging (an intermediate phase,
 //!   `Initializing` or `Progressing`, both before and after): reaching `Healthy`, becoming
@@ -64,6 +66,13 @@ use tokio::time::Instant;
 /// person watching `kubectl get` sees counts move, long enough that a pool of pods becoming
 /// ready one by one costs one or two writes instead of one per pod.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How many intervals after first seeing an object its first status is written at the latest,
+/// budget or not. Without it a new object competes for tokens with every converging object
+/// that already shows a status, and lost for minutes when many converged at once (seen in the
+/// fuzz test of e2e/tests/faults.rs: `kubectl get` showed a cluster without any status 3 min
+/// after it was applied). Once per object, so the writes it adds are bounded by the objects.
+pub const FIRST_STATUS_DEADLINE_INTERVALS: u32 = 3;
 
 /// How many intervals after its last write the pacer forgets an object: a reconcile that runs
 /// late, on a busy machine, still finds when the object was last written.
@@ -224,11 +233,20 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
         {
             return Pace::Defer(due - now);
         }
+        // A first status past its deadline is written whatever the budget; before it, a
+        // deferral for want of a token wakes no later than the deadline.
+        let first_deadline = (change == Change::FirstWhileConverging)
+            .then(|| since.map(|seen| seen + self.interval * FIRST_STATUS_DEADLINE_INTERVALS))
+            .flatten();
+        if first_deadline.is_some_and(|deadline| deadline <= now) {
+            return Pace::Write;
+        }
         match state.budget.take(self.budget, now) {
             Ok(()) => Pace::Write,
             Err(until_token) => {
                 state.budget.deferrals += 1;
-                Pace::Defer(until_token + self.spread(key, state.budget.deferrals))
+                let delay = until_token + self.spread(key, state.budget.deferrals);
+                Pace::Defer(first_deadline.map_or(delay, |deadline| delay.min(deadline - now)))
             }
         }
     }
@@ -689,6 +707,41 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_first_status_is_written_by_its_deadline_however_spent_the_budget() {
+        let scarce = Budget {
+            token_period: Duration::from_secs(60),
+            burst: 1,
+        };
+        let pacer = StatusPacer::with_budget(MIN_INTERVAL, scarce);
+        assert_eq!(progress_write(&pacer, "spender"), Pace::Write);
+        let key = "new".to_owned();
+        let waiting = status("Initializing", 0, "False");
+        assert_eq!(pacer.pace(&key, None, &waiting), Pace::Defer(MIN_INTERVAL));
+        tokio::time::advance(MIN_INTERVAL).await;
+        let deadline = MIN_INTERVAL * FIRST_STATUS_DEADLINE_INTERVALS;
+        assert_eq!(
+            pacer.pace(&key, None, &waiting),
+            Pace::Defer(deadline - MIN_INTERVAL),
+            "no token for a minute: it wakes at its deadline instead"
+        );
+        tokio::time::advance(deadline - MIN_INTERVAL).await;
+        assert_eq!(pacer.pace(&key, None, &waiting), Pace::Write);
+        pacer.wrote(&key);
+        assert!(
+            matches!(progress_write(&pacer, "other"), Pace::Defer(_)),
+            "the budget is still spent: the late first status did not refill it"
+        );
+        tokio::time::advance(MIN_INTERVAL).await;
+        assert!(
+            matches!(
+                pacer.pace(&key, Some(&waiting), &status("Initializing", 1, "False")),
+                Pace::Defer(_)
+            ),
+            "its later progress draws on the budget again"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn objects_deferred_together_wake_spread_out() {
         let pacer = StatusPacer::new(MIN_INTERVAL);
         spend_the_burst(&pacer);
@@ -743,7 +796,14 @@ mod tests {
         let converged_at = |n: usize| 60 + n % 10;
         let mut stored: Vec<Option<Value>> = vec![None; objects];
         let (mut progress_writes, mut news_writes) = (0, 0);
+        let first_deadline = (MIN_INTERVAL * FIRST_STATUS_DEADLINE_INTERVALS).as_secs() as usize;
         for second in 0..70 {
+            if second == first_deadline + 1 {
+                assert!(
+                    stored.iter().all(Option::is_some),
+                    "every object shows a status by its deadline"
+                );
+            }
             for (n, stored) in stored.iter_mut().enumerate() {
                 let desired = if second >= converged_at(n) {
                     status("Healthy", 3, "True")
@@ -772,8 +832,9 @@ mod tests {
         assert_eq!(news_writes, objects, "each object's Healthy status");
         let budget = PROGRESS_BURST as usize + 70 * PROGRESS_WRITES_PER_SECOND as usize;
         assert!(
-            progress_writes <= budget,
-            "{progress_writes} progress writes"
+            progress_writes <= budget + objects,
+            "{progress_writes} progress writes: the budget, and at most one first status each \
+             beyond it"
         );
         assert!(
             progress_writes >= budget - 20,

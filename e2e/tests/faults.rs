@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client as Etcd, GetOptions};
+use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -1012,7 +1013,7 @@ fn names_a_field(message: &str) -> bool {
 #[tokio::test]
 async fn a_thousand_random_and_malformed_clusters_are_refused_with_a_field_or_observed() {
     const SPECS: usize = 1000;
-    const BATCH: usize = 25;
+    const BATCH: usize = 100;
     let plane = control_plane().await;
     let namespace = fresh_namespace(plane, "fuzz").await;
     let stack = Stack::start(plane, &namespace, None).await;
@@ -1027,24 +1028,48 @@ async fn a_thousand_random_and_malformed_clusters_are_refused_with_a_field_or_ob
     let mut refused = 0;
     let mut unexplained = Vec::new();
     let mut converged = 0;
+    let mut superseded = 0;
     let mut invalid = BTreeMap::<String, usize>::new();
     let started = Instant::now();
     for batch in 0..SPECS / BATCH {
-        let mut accepted = Vec::new();
-        for i in batch * BATCH..(batch + 1) * BATCH {
-            let mut cluster = valid_cluster(&format!("fz-{i}"));
-            let mutations: Vec<String> = (0..1 + rng.below(3))
-                .map(|_| mutate(&mut rng, &mut cluster))
-                .collect();
-            let name = cluster["metadata"]["name"]
-                .as_str()
-                .unwrap_or("fz-unnamed")
-                .to_owned();
-            match clusters
-                .patch(&name, &strict, &Patch::Apply(&cluster))
-                .await
-            {
-                Ok(stored) => accepted.push((stored.name_any(), mutations)),
+        // By name: a mutation may give two specs of a batch the same name, and the later one
+        // then replaces the earlier cluster.
+        let mut accepted = BTreeMap::new();
+        let specs: Vec<_> = (batch * BATCH..(batch + 1) * BATCH)
+            .map(|i| {
+                let mut cluster = valid_cluster(&format!("fz-{i}"));
+                let mutations: Vec<String> = (0..1 + rng.below(3))
+                    .map(|_| mutate(&mut rng, &mut cluster))
+                    .collect();
+                (i, cluster, mutations)
+            })
+            .collect();
+        // A few at once, as several users would: the webhook and the API server answer each.
+        let answers: Vec<_> = futures::stream::iter(specs)
+            .map(|(i, cluster, mutations)| {
+                let clusters = clusters.clone();
+                let strict = strict.clone();
+                async move {
+                    let name = cluster["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or("fz-unnamed")
+                        .to_owned();
+                    let answer = clusters
+                        .patch(&name, &strict, &Patch::Apply(&cluster))
+                        .await;
+                    (i, mutations, answer)
+                }
+            })
+            .buffered(8)
+            .collect()
+            .await;
+        for (i, mutations, answer) in answers {
+            match answer {
+                Ok(stored) => {
+                    if accepted.insert(stored.name_any(), mutations).is_some() {
+                        superseded += 1;
+                    }
+                }
                 Err(kube::Error::Api(status)) if names_a_field(&status.message) => refused += 1,
                 Err(e) => unexplained.push(format!("#{i} {mutations:?}: {e}")),
             }
@@ -1088,7 +1113,7 @@ async fn a_thousand_random_and_malformed_clusters_are_refused_with_a_field_or_ob
             }
         }
         // Gone before the next batch, which may reuse a name a mutation produced.
-        for (name, _) in &accepted {
+        for name in accepted.keys() {
             clusters
                 .delete(name, &DeleteParams::background())
                 .await
@@ -1112,7 +1137,8 @@ async fn a_thousand_random_and_malformed_clusters_are_refused_with_a_field_or_ob
     }
     println!(
         "{SPECS} specs in {:.0}s: {refused} refused naming a field, {converged} accepted and \
-         reconciled, {} accepted and reported invalid {invalid:?}, {} refused without naming a \
+         reconciled, {} accepted and reported invalid {invalid:?}, {superseded} accepted and \
+         replaced by a later spec of the same name, {} refused without naming a \
          field",
         started.elapsed().as_secs_f64(),
         invalid.values().sum::<usize>(),
@@ -1120,7 +1146,7 @@ async fn a_thousand_random_and_malformed_clusters_are_refused_with_a_field_or_ob
     );
     assert!(unexplained.is_empty(), "{unexplained:#?}");
     assert_eq!(
-        refused + converged + invalid.values().sum::<usize>(),
+        refused + converged + invalid.values().sum::<usize>() + superseded,
         SPECS,
         "every spec classified"
     );
