@@ -6,7 +6,7 @@
 //! Every process is supervised by [`crate::process`], so none survives the harness. Logs go to
 //! `<dir>/logs/<component>.log`; startup errors carry the tail of the relevant logs.
 
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1138,18 +1138,12 @@ fn kwok_stage_files(stages: &Path) -> Result<Vec<PathBuf>, ClusterError> {
     Ok(files)
 }
 
-/// Distinct free TCP ports on loopback (all bound at once, then released for the components).
+/// Distinct free TCP ports on loopback ([`crate::ports`]).
 fn free_ports<const N: usize>() -> Result<[u16; N], ClusterError> {
-    let mut listeners = Vec::with_capacity(N);
     let mut ports = [0; N];
     for port in &mut ports {
-        let listener =
-            TcpListener::bind((LOOPBACK, 0)).map_err(ClusterError::io("finding a free port"))?;
-        *port = listener
-            .local_addr()
-            .map_err(ClusterError::io("finding a free port"))?
-            .port();
-        listeners.push(listener);
+        *port =
+            crate::ports::free_loopback_port().map_err(ClusterError::io("finding a free port"))?;
     }
     Ok(ports)
 }

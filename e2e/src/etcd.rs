@@ -6,7 +6,7 @@
 //! The process can be stopped and restarted on the same ports and data directory, which is how
 //! tests simulate an etcd outage, and it is killed when the handle is dropped.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -298,7 +298,8 @@ impl Drop for EtcdProcess {
 fn reserve(port: u16) -> Option<TcpSocket> {
     let socket = TcpSocket::new_v4().ok()?;
     // Connections etcd closed leave TIME_WAIT entries on its ports; they must not stop the
-    // reservation. Ports picked by the kernel are never shared with a bound socket.
+    // reservation. Nothing else binds these ports: they lie outside the ephemeral range
+    // (`crate::ports`).
     socket.set_reuseaddr(true).ok()?;
     socket
         .bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
@@ -311,8 +312,7 @@ fn free_port() -> Result<u16, EtcdError> {
         context: "picking a free loopback port".into(),
         source,
     };
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io)?;
-    Ok(listener.local_addr().map_err(io)?.port())
+    crate::ports::free_loopback_port().map_err(io)
 }
 
 /// One plain HTTP/1.1 `GET /health`; true when etcd answers `"health":"true"`.

@@ -301,9 +301,10 @@ impl WebhookServer {
             .prefix("multigres-webhook-certs-")
             .tempdir()
             .expect("certificate directory");
-        let address = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port");
+        let address = std::net::SocketAddr::from((
+            std::net::Ipv4Addr::LOCALHOST,
+            crate::ports::free_loopback_port().expect("a free loopback port"),
+        ));
         let mut flags = vec![
             format!("--webhook-bind-address={address}"),
             format!("--webhook-service-namespace={system}"),

@@ -9,6 +9,7 @@ pub mod manifest;
 pub mod nodes;
 pub mod pki;
 pub mod poolers;
+pub mod ports;
 pub mod process;
 pub mod real;
 pub mod toolchain;

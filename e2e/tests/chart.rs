@@ -583,10 +583,7 @@ async fn release() -> &'static Release {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    multigres_e2e::ports::free_loopback_port().expect("a free loopback port")
 }
 
 /// Removes the CRDs the harness installed, so `helm install` creates them from the chart.

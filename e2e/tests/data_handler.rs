@@ -605,11 +605,7 @@ async fn deleting_without_etcd_completes_after_the_timeout_with_a_warning() {
 
     // A cluster whose server never answered gets no finalizer: it registered nothing, so its
     // deletion does not wait for the timeout.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = multigres_e2e::ports::free_loopback_port().unwrap();
     let spec = cluster_spec(
         "never",
         &format!("http://127.0.0.1:{port}"),
