@@ -52,13 +52,9 @@ if [ $# -gt 0 ]; then
   exit "$status"
 fi
 # All of them: first the images themselves, run in a throwaway containerd (e2e/images/test.sh),
-# then the test files in two lanes at once, each its own `cargo test` in its own sandbox: the
-# real-node tier (the files starting real nodes: their time goes to pods starting, PostgreSQL
-# and failovers) with the chart tests (helm), beside the rest of the kwok tier (their time goes
-# to the API server and the handlers). Both mostly wait, so together they take about as long as
-# the longer one instead of the sum; the chart tests go with the real tier to even the lanes
-# out (about 12 and 11 minutes alone). `--no-fail-fast`, so one failing file does not hide the
-# others' results; each file's time is summarised at the end.
+# then every test file in one `cargo test` (one invocation, so the handler builds the tests make
+# share the test build's artifacts; `--no-fail-fast`, so one failing file does not hide the
+# others' results), each file's time summarised at the end.
 failed=()
 phase "start image checks"
 if MULTIGRES_OPERATOR_PROFILE=dev bash e2e/sandbox.sh bash e2e/images/test.sh; then
@@ -67,38 +63,16 @@ else
   phase "FAILED image checks"
   failed+=(image-checks)
 fi
-mapfile -t real_lane < <( (grep -lE 'multigres_e2e::real|real_nodes: true' e2e/tests/*.rs; echo chart) | xargs -n1 basename | sed 's/\.rs$//')
-mapfile -t kwok_lane < <(ls e2e/tests/*.rs | xargs -n1 basename | sed 's/\.rs$//' | grep -vxF -f <(printf '%s\n' "${real_lane[@]}"))
-logs=$(mktemp -d)
-run_lane() {
-  local lane=$1 args=() status=0
-  shift
-  for t in "$@"; do args+=(--test "$t"); done
-  phase "lane $lane started: $*"
-  run_tests --no-fail-fast "${args[@]}" >"$logs/$lane.log" 2>&1 || status=$?
-  phase "lane $lane ended (exit $status)"
-  return "$status"
-}
-declare -A lanes
-run_lane real "${real_lane[@]}" &
-lanes[real]=$!
-run_lane kwok "${kwok_lane[@]}" &
-lanes[kwok]=$!
-for lane in real kwok; do
-  if wait "${lanes[$lane]}"; then
-    phase "passed the $lane lane"
-  else
-    phase "FAILED the $lane lane"
-    failed+=("$lane-lane")
-  fi
-done
-# Each lane's whole output, one after the other (each `test result:` line is counted by .ci/run).
-for lane in real kwok; do
-  echo "===== $lane lane"
-  cat "$logs/$lane.log"
-done
-cat "$logs"/*.log | awk '/^ *Running /{ file = $2 } /^test result:/{ printf "[e2e] %-28s %s %s\n", file, $3, $NF }' >&2
-rm -rf "$logs"
+log=$(mktemp)
+phase "start the end-to-end tests"
+if run_tests --no-fail-fast 2>&1 | tee "$log"; then
+  phase "passed the end-to-end tests"
+else
+  phase "FAILED the end-to-end tests"
+  failed+=(tests)
+fi
+awk '/^ *Running /{ file = $2 } /^test result:/{ printf "[e2e] %-28s %s %s\n", file, $3, $NF }' "$log" >&2
+rm -f "$log"
 if [ ${#failed[@]} -gt 0 ]; then
   phase "failed: ${failed[*]}"
   exit 1
