@@ -272,16 +272,24 @@ async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_le
         || registered(cells.clone()),
     )
     .await;
+    // A quorum (two members) is enough to register; the third may still be starting.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let etcd_pods: Vec<Pod> = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/component=global-topo"))
-        .await
-        .unwrap()
-        .items;
-    assert!(
-        etcd_pods.iter().filter(|p| is_ready(p)).count() >= 3,
-        "three Ready etcd members"
-    );
+    eventually("three Ready etcd members", WAIT, || async {
+        let ready = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/component=global-topo"))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .iter()
+            .filter(|p| is_ready(p))
+            .count();
+        if ready >= 3 {
+            Ok(())
+        } else {
+            Err(format!("{ready} Ready"))
+        }
+    })
+    .await;
 
     // Hand over: delete the cluster-handler's leader pod; another takes the Lease, and
     // reconciling goes on (a scaled gateway is rolled out by the new leaders).
