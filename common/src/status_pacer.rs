@@ -235,9 +235,9 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
         }
         // A first status past its deadline is written whatever the budget; before it, a
         // deferral for want of a token wakes no later than the deadline.
-        let first_deadline = (change == Change::FirstWhileConverging)
-            .then(|| since.map(|seen| seen + self.interval * FIRST_STATUS_DEADLINE_INTERVALS))
-            .flatten();
+        let first_deadline = since
+            .filter(|_| change == Change::FirstWhileConverging)
+            .map(|seen| seen + self.interval * FIRST_STATUS_DEADLINE_INTERVALS);
         if first_deadline.is_some_and(|deadline| deadline <= now) {
             return Pace::Write;
         }
@@ -727,9 +727,15 @@ mod tests {
         tokio::time::advance(deadline - MIN_INTERVAL).await;
         assert_eq!(pacer.pace(&key, None, &waiting), Pace::Write);
         pacer.wrote(&key);
+        // The one token is spent until 60 s; had the late first status taken another, the next
+        // would come at 120 s.
+        let Pace::Defer(delay) = progress_write(&pacer, "other") else {
+            panic!("the budget is still spent");
+        };
+        let until_token = Duration::from_secs(60) - deadline;
         assert!(
-            matches!(progress_write(&pacer, "other"), Pace::Defer(_)),
-            "the budget is still spent: the late first status did not refill it"
+            delay >= until_token && delay < until_token + MIN_INTERVAL,
+            "the late first status took no token: {delay:?}"
         );
         tokio::time::advance(MIN_INTERVAL).await;
         assert!(

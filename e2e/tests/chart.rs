@@ -582,10 +582,6 @@ async fn release() -> &'static Release {
     RELEASE_ONCE.get_or_init(install).await
 }
 
-fn free_port() -> u16 {
-    multigres_e2e::ports::free_loopback_port().expect("a free loopback port")
-}
-
 /// Removes the CRDs the harness installed, so `helm install` creates them from the chart.
 async fn remove_crds(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -628,7 +624,7 @@ async fn install() -> Release {
         .await
         .unwrap_or_else(|e| panic!("starting the local control plane: {e}"));
     remove_crds(&cluster.client().unwrap()).await;
-    let webhook_port = free_port();
+    let webhook_port = multigres_e2e::ports::free_loopback_port().expect("a free loopback port");
     let url = format!("webhook.url=https://127.0.0.1:{webhook_port}");
     let chart = chart_dir();
     let mut args = vec![

@@ -1032,8 +1032,8 @@ async fn a_thousand_random_and_malformed_clusters_are_refused_with_a_field_or_ob
     let mut invalid = BTreeMap::<String, usize>::new();
     let started = Instant::now();
     for batch in 0..SPECS / BATCH {
-        // By name: a mutation may give two specs of a batch the same name, and the later one
-        // then replaces the earlier cluster.
+        // By name: a mutation may give two specs of a batch the same name, and then one
+        // cluster stands for both (whichever patch came last).
         let mut accepted = BTreeMap::new();
         let specs: Vec<_> = (batch * BATCH..(batch + 1) * BATCH)
             .map(|i| {
@@ -1047,16 +1047,13 @@ async fn a_thousand_random_and_malformed_clusters_are_refused_with_a_field_or_ob
         // A few at once, as several users would: the webhook and the API server answer each.
         let answers: Vec<_> = futures::stream::iter(specs)
             .map(|(i, cluster, mutations)| {
-                let clusters = clusters.clone();
-                let strict = strict.clone();
+                let (clusters, strict) = (&clusters, &strict);
                 async move {
                     let name = cluster["metadata"]["name"]
                         .as_str()
                         .unwrap_or("fz-unnamed")
                         .to_owned();
-                    let answer = clusters
-                        .patch(&name, &strict, &Patch::Apply(&cluster))
-                        .await;
+                    let answer = clusters.patch(&name, strict, &Patch::Apply(&cluster)).await;
                     (i, mutations, answer)
                 }
             })

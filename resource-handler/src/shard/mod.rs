@@ -354,7 +354,6 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         restart(ctx, guard, ns, &step).await?;
         Some(step)
     };
-    let holding = !held.is_empty();
     let asked = switchover::needed(step.as_ref(), &downs);
     let changes = switchover::changes(&pods, &asked, step.is_some(), Timestamp::now());
     switchover::request(ctx, guard, ns, &changes).await;
@@ -394,7 +393,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         // A scale-up held for a leaving volume: its deletion is watched, but the shared watch
         // looks each changed claim up in the cache, and a claim deleted by then is not passed
         // on (seen in data_safety: the scale-up waited for good). Look again soon.
-        Some(Step::UpToDate { .. }) if holding => Some(POLL),
+        Some(Step::UpToDate { .. }) if !report.held.is_empty() => Some(POLL),
         Some(Step::UpToDate { .. }) => None,
         // A restart is under way (or about to be decided once the StatefulSet controller has
         // caught up): look again soon even if no watched object changes.
