@@ -1135,7 +1135,7 @@ async fn a_thousand_random_and_malformed_clusters_are_refused_with_a_field_or_ob
     println!(
         "{SPECS} specs in {:.0}s: {refused} refused naming a field, {converged} accepted and \
          reconciled, {} accepted and reported invalid {invalid:?}, {superseded} accepted and \
-         replaced by a later spec of the same name, {} refused without naming a \
+         standing for another spec of the same name, {} refused without naming a \
          field",
         started.elapsed().as_secs_f64(),
         invalid.values().sum::<usize>(),
