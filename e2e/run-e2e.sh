@@ -72,6 +72,9 @@ else
   failed+=(tests)
 fi
 awk '/^ *Running /{ file = $2 } /^test result:/{ printf "[e2e] %-28s %s %s\n", file, $3, $NF }' "$log" >&2
+# A long run's log is cut before it reaches CI's summary; repeat each panic (with the lines
+# after it, where the message continues) at the very end so a failure's cause is never lost.
+grep -A6 -- "panicked at" "$log" | sed 's/^/[e2e] /' >&2 || true
 rm -f "$log"
 if [ ${#failed[@]} -gt 0 ]; then
   phase "failed: ${failed[*]}"

@@ -1111,8 +1111,11 @@ fn stages_dir() -> Result<PathBuf, ClusterError> {
 
 /// Node initialisation, lease heartbeats, pod readiness/completion/deletion and fake volume
 /// provisioning: kwokctl's defaults plus `volume/fast` (whose StorageClass is applied to the API
-/// server instead, since kwok skips kinds it does not know).
+/// server instead, since kwok skips kinds it does not know), with its claim provisioning
+/// replaced by `e2e/kwok/pvc-provision.yaml`, which leaves binding to kube-controller-manager
+/// (the file says why).
 fn kwok_stage_files(stages: &Path) -> Result<Vec<PathBuf>, ClusterError> {
+    let ours = Path::new(env!("CARGO_MANIFEST_DIR")).join("kwok");
     let mut files = Vec::new();
     for sub in [
         "node/fast",
@@ -1124,7 +1127,9 @@ fn kwok_stage_files(stages: &Path) -> Result<Vec<PathBuf>, ClusterError> {
             .into_iter()
             .filter(|f| {
                 let name = f.file_name().unwrap_or_default();
-                name != "kustomization.yaml" && name != "storage-class.yaml"
+                name != "kustomization.yaml"
+                    && name != "storage-class.yaml"
+                    && !ours.join(name).exists()
             })
             .collect::<Vec<_>>();
         if found.is_empty() {
@@ -1135,6 +1140,7 @@ fn kwok_stage_files(stages: &Path) -> Result<Vec<PathBuf>, ClusterError> {
         }
         files.extend(found);
     }
+    files.extend(manifest::yaml_files(&ours)?);
     Ok(files)
 }
 
