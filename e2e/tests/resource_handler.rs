@@ -884,6 +884,49 @@ async fn edited_pod_templates_are_reverted_with_one_write_also_after_a_restart()
     assert_eq!(shard_applies(&restarted, "StatefulSet"), 0, "{restarted:?}");
 }
 
+/// A pool pod that cannot run is named on the Shard with the scheduler's reason: here its
+/// volume asks for a StorageClass that does not exist, so the claim never binds.
+#[tokio::test]
+async fn a_pool_pod_that_cannot_schedule_is_named_on_the_shard_with_why() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-unready").await;
+    let handler = start_handler(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    let image = "ghcr.io/multigres/multigres:sha-66d2310";
+    let policy = "{whenDeleted: Delete, whenScaled: Delete}";
+    let storage = "1Gi, class: no-such-class";
+    apply_yaml(
+        &client,
+        &ns,
+        &shard("stuck", &ns, 1, image, policy, storage),
+    )
+    .await;
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let name = "stuck-postgres-default-0-inf";
+    let pod = format!("{name}-pool-main-zone-a-0");
+    let message = eventually("the Shard names its unschedulable pod", WAIT, || async {
+        let shard = shards.get(name).await.map_err(|e| e.to_string())?;
+        let conds = shard_conditions(&shard);
+        let available = condition(&conds, "Available").ok_or("no Available condition")?;
+        let named = format!("not ready: {pod}: unschedulable: ");
+        if available.status == "False"
+            && available.reason == "NotReady"
+            && available.message.contains(&named)
+        {
+            Ok(available.message.clone())
+        } else {
+            Err(format!("{available:?}"))
+        }
+    })
+    .await;
+    println!("Available=False NotReady: {message}");
+    assert!(
+        message.contains("PersistentVolumeClaim") || message.contains("no-such-class"),
+        "the scheduler's reason is quoted: {message}"
+    );
+    assert!(handler.exit_status().is_none(), "the handler exited");
+}
+
 #[tokio::test]
 async fn pool_volumes_are_kept_or_removed_as_the_policy_says_and_grow_but_never_shrink() {
     let cluster = cluster().await;

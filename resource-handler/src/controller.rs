@@ -12,7 +12,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, PodStatus, Secret, Service,
+    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
@@ -280,15 +280,13 @@ pub fn pool_pods() -> watcher::Config {
     ))
 }
 
-/// Keeps of a pool pod what the reconcilers read (its metadata and status conditions): the
-/// spec and the container statuses are most of a pod's size, and every pool pod is cached.
+/// Keeps of a pool pod what the reconcilers read (its metadata, status conditions and any
+/// container stuck waiting, see [`crate::unready`]): the spec and the container statuses are
+/// most of a pod's size, and every pool pod is cached.
 pub fn slim_pod(pod: &mut Pod) {
     pod.spec = None;
     if let Some(status) = pod.status.as_mut() {
-        *status = PodStatus {
-            conditions: status.conditions.take(),
-            ..PodStatus::default()
-        };
+        crate::unready::slim_status(status);
     }
 }
 

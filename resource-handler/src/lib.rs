@@ -22,6 +22,7 @@ pub mod storage;
 pub mod sync;
 pub mod tls;
 pub mod toposerver;
+pub mod unready;
 pub mod workload_cache;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};

@@ -43,6 +43,7 @@ use crate::readiness::{self, Counts};
 use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
 use crate::sync::{self, SyncError};
 use crate::toposerver::keep_claim_templates;
+use crate::unready;
 use build::ShardObjects;
 use rollout::{PodView, Step};
 use scale::{HeldScaleUp, ScaleDown};
@@ -367,6 +368,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         pgbackrest_tls: tls.clone(),
         switchover: switchover::condition(step.as_ref(), &downs, handover),
         held,
+        unready: unready_pool_pods(ctx, shard, ns),
         problem: None,
     };
     let now = Timestamp::now();
@@ -592,6 +594,19 @@ fn pod_views(ctx: &Ctx<Guard>, shard: &Shard, ns: &str) -> Vec<PodView> {
         .collect()
 }
 
+/// The shard's pool pods that are not Ready, each with why (see [`crate::unready`]).
+fn unready_pool_pods(ctx: &Ctx<Guard>, shard: &Shard, ns: &str) -> Vec<String> {
+    let mut unready: Vec<String> = ctx
+        .stores
+        .pods
+        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard))
+        .iter()
+        .filter_map(|pod| Some(format!("{}: {}", pod.name_any(), unready::reason(pod)?)))
+        .collect();
+    unready.sort();
+    unready
+}
+
 /// Names of the shard's current pool pods: those of the pool StatefulSets it wants, not being
 /// deleted.
 fn current_pool_pods(objects: &ShardObjects, pods: &[PodView]) -> BTreeSet<String> {
@@ -710,8 +725,23 @@ pub struct Report<'a> {
     pub switchover: Option<Cond>,
     /// Pool scale-ups waiting for volumes of scaled-away replicas to go.
     pub held: Vec<HeldScaleUp>,
+    /// Pool pods that are not Ready, each with why (`<pod>: <reason>`, by name).
+    pub unready: Vec<String>,
     /// Why the spec cannot be realised.
     pub problem: Option<&'a str>,
+}
+
+/// Pods listed by name in a condition message, at most; the rest are counted.
+const UNREADY_LISTED: usize = 3;
+
+/// `unready`, the first [`UNREADY_LISTED`] of them spelled out (`None` when empty).
+fn unready_summary(unready: &[String]) -> Option<String> {
+    let (listed, rest) = unready.split_at(unready.len().min(UNREADY_LISTED));
+    let mut summary = listed.join("; ");
+    if !rest.is_empty() {
+        summary = format!("{summary}; and {} more", rest.len());
+    }
+    (!listed.is_empty()).then_some(summary)
 }
 
 fn rolling_condition(step: Option<&Step>) -> Cond {
@@ -826,7 +856,11 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
         let message = format!("{message}; {}", held.join("; "));
         Cond::new(AVAILABLE, FALSE, "WaitingForVolumeDeletion", message)
     } else {
-        Cond::new(AVAILABLE, FALSE, "NotReady", message.clone())
+        let mut message = message.clone();
+        if let Some(listed) = unready_summary(&report.unready) {
+            message = format!("{message}; not ready: {listed}");
+        }
+        Cond::new(AVAILABLE, FALSE, "NotReady", message)
     };
     let rolling = rolling_condition(report.rollout.as_ref());
     let handing_over = report.switchover.as_ref().is_some_and(Cond::is_true);
@@ -910,6 +944,39 @@ mod tests {
     }
 
     #[test]
+    fn pods_holding_the_shard_back_are_named_with_why() {
+        let unready: Vec<String> = (0..5)
+            .map(|i| format!("pool-main-z1-{i}: unschedulable: 0/3 nodes are available"))
+            .collect();
+        let report = Report {
+            pools: vec![counts(5, 0)],
+            orchs: vec![counts(1, 1)],
+            unready: unready[..1].to_vec(),
+            ..Report::default()
+        };
+        let st = status(&shard(), &report, Timestamp::from_second(1).unwrap());
+        let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();
+        assert_eq!(
+            (available.reason.as_str(), available.message.as_str()),
+            (
+                "NotReady",
+                "pool pods 0/5 ready; multiorch ready in 1/1 cells; not ready: pool-main-z1-0: \
+                 unschedulable: 0/3 nodes are available"
+            )
+        );
+        let many = Report { unready, ..report };
+        let st = status(&shard(), &many, Timestamp::from_second(1).unwrap());
+        let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();
+        assert!(available.message.contains("pool-main-z1-2: unschedulable"));
+        assert!(!available.message.contains("pool-main-z1-3"));
+        assert!(
+            available.message.ends_with("; and 2 more"),
+            "{}",
+            available.message
+        );
+    }
+
+    #[test]
     fn status_climbs_to_available_once_pools_and_multiorch_are_ready_and_a_primary_is_known() {
         let now = Timestamp::from_second(9).unwrap();
         let s = shard();
@@ -922,6 +989,7 @@ mod tests {
             pgbackrest_tls: None,
             switchover: None,
             held: Vec::new(),
+            unready: Vec::new(),
             problem: None,
         };
         let st = status(&s, &report, now);
