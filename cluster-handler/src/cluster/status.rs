@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use multigres_api::labels::CLUSTER;
 use multigres_api::names;
 use multigres_api::v1alpha1::{
     Cell, CellStatusSummary, DatabaseName, DatabaseStatusSummary, MultigresCluster,
@@ -131,8 +132,11 @@ pub fn compute(
             "ShardsNotReady",
             format!(
                 "The gateways are ready, but {ready_shards}/{total_shards} shards are: queries \
-                 are not served until every shard is; waiting for: {}",
-                crate::notice::list(&waiting.iter().map(String::as_str).collect::<Vec<_>>(), 5)
+                 are not served until every shard is; waiting for: {}; each Shard's Available \
+                 condition names the pods holding it back (kubectl describe shards -n {} -l \
+                 {CLUSTER}={name})",
+                crate::notice::list(&waiting.iter().map(String::as_str).collect::<Vec<_>>(), 5),
+                cluster.namespace().unwrap_or_default(),
             ),
         )
     } else {

@@ -809,7 +809,8 @@ fn ready_gateways_without_ready_shards_are_not_available() {
     assert_eq!(
         available.message,
         "The gateways are ready, but 0/1 shards are: queries are not served until every shard \
-         is; waiting for: postgres (0/1)"
+         is; waiting for: postgres (0/1); each Shard's Available condition names the pods \
+         holding it back (kubectl describe shards -n ns -l multigres.com/cluster=external-topo)"
     );
 
     let ready = status::compute(
