@@ -10,7 +10,7 @@ use kube::runtime::events::{Event, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_common::apply::{self, ApplyError};
-use multigres_common::status_pacer::{Pace, StatusPacer};
+use multigres_common::status_pacer::{FirstStatus, Pace, StatusPacer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -167,8 +167,9 @@ impl Writer {
 
     /// Applies `status` (which differs from `stored`, the object's stored status) like
     /// [`Writer::apply_status`], unless it only carries progress and `pacer` wrote `obj` less
-    /// than its interval ago or spent its progress budget ([`multigres_common::status_pacer`]).
-    /// Returns how long the write was deferred, if it was: the reconcile looks again then.
+    /// than its interval ago or spent its progress budget ([`multigres_common::status_pacer`]);
+    /// `first` says whether a first status has a deadline. Returns how long the write was
+    /// deferred, if it was: the reconcile looks again then.
     pub async fn apply_status_paced<K, S>(
         &self,
         store: &Store<Guarded<K>>,
@@ -176,6 +177,7 @@ impl Writer {
         obj: &K,
         stored: Option<&S>,
         status: &S,
+        first: FirstStatus,
     ) -> Result<Option<Duration>, ApplyError>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -192,7 +194,7 @@ impl Writer {
             obj.namespace().unwrap_or_default(),
             obj.name_any()
         );
-        if let Pace::Defer(delay) = pacer.pace_typed(&key, stored, status) {
+        if let Pace::Defer(delay) = pacer.pace_typed(&key, stored, status, first) {
             tracing::debug!(?delay, "progress-only status write deferred");
             return Ok(Some(delay));
         }

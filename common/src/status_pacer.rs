@@ -15,7 +15,8 @@
 //!   that converges quickly gets one status write, not a `Progressing` one and then a `Healthy`
 //!   one a moment later, while `kubectl wait --for=condition=Available` is not held up (it then
 //!   draws on the budget below, but is written at the latest
-//!   [`FIRST_STATUS_DEADLINE_INTERVALS`] intervals after first sight, token or not);
+//!   [`FIRST_STATUS_DEADLINE_INTERVALS`] intervals after first sight, token or not, unless the
+//!   caller says the object needs no deadline: [`FirstStatus`]);
 //! - a change of `observedGeneration` (the user changed the spec);
 //! - for an object with a phase, any change unless it is converging (an intermediate phase,
 //!   `Initializing` or `Progressing`, both before and after): reaching `Healthy`, becoming
@@ -115,6 +116,19 @@ const TRANSIENT_PHASES: [&str; 2] = ["Initializing", "Progressing"];
 /// The condition pipelines wait for: a first status in which it is `True` is news even while
 /// the phase still converges (a cluster serves once its gateways are up, before its last pool).
 pub const AVAILABLE: &str = "Available";
+
+/// Whether a converging object's first status has a deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstStatus {
+    /// Written at the latest [`FIRST_STATUS_DEADLINE_INTERVALS`] intervals after first sight,
+    /// token or not: objects people apply and watch, which must not look ignored.
+    Deadline,
+    /// Waits for a token like any progress: objects whose status only sums up others for a
+    /// parent that already shows the progress (a TableGroup under its MultigresCluster). When
+    /// many converge at once, this keeps their first status from costing a write each on top
+    /// of their final one.
+    WhenBudgetAllows,
+}
 
 /// What to do with a status that differs from the stored one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,6 +230,17 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
     /// this answers [`Pace::Write`]: a progress-only write has then taken its token from the
     /// budget. Call [`StatusPacer::wrote`] after a write.
     pub fn pace(&self, key: &K, stored: Option<&Value>, desired: &Value) -> Pace {
+        self.pace_with(key, stored, desired, FirstStatus::Deadline)
+    }
+
+    /// [`StatusPacer::pace`], with `first` saying whether a first status has a deadline.
+    pub fn pace_with(
+        &self,
+        key: &K,
+        stored: Option<&Value>,
+        desired: &Value,
+        first: FirstStatus,
+    ) -> Pace {
         let now = Instant::now();
         let change = classify(stored, desired);
         if change == Change::News {
@@ -236,7 +261,7 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
         // A first status past its deadline is written whatever the budget; before it, a
         // deferral for want of a token wakes no later than the deadline.
         let first_deadline = since
-            .filter(|_| change == Change::FirstWhileConverging)
+            .filter(|_| change == Change::FirstWhileConverging && first == FirstStatus::Deadline)
             .map(|seen| seen + self.interval * FIRST_STATUS_DEADLINE_INTERVALS);
         if first_deadline.is_some_and(|deadline| deadline <= now) {
             return Pace::Write;
@@ -253,9 +278,15 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
 
     /// [`StatusPacer::pace`] for typed statuses. A status that cannot be turned into JSON is
     /// not paced: its write reports the error.
-    pub fn pace_typed<S: Serialize>(&self, key: &K, stored: Option<&S>, desired: &S) -> Pace {
+    pub fn pace_typed<S: Serialize>(
+        &self,
+        key: &K,
+        stored: Option<&S>,
+        desired: &S,
+        first: FirstStatus,
+    ) -> Pace {
         match (serde_json::to_value(stored), serde_json::to_value(desired)) {
-            (Ok(stored), Ok(desired)) => self.pace(key, Some(&stored), &desired),
+            (Ok(stored), Ok(desired)) => self.pace_with(key, Some(&stored), &desired, first),
             _ => Pace::Write,
         }
     }
@@ -745,6 +776,33 @@ mod tests {
             ),
             "its later progress draws on the budget again"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_status_without_a_deadline_waits_for_a_token() {
+        let scarce = Budget {
+            token_period: Duration::from_secs(30),
+            burst: 1,
+        };
+        let pacer = StatusPacer::with_budget(MIN_INTERVAL, scarce);
+        assert_eq!(progress_write(&pacer, "spender"), Pace::Write);
+        let key = "summary".to_owned();
+        let waiting = status("Initializing", 0, "False");
+        let pace = |pacer: &StatusPacer<String>| {
+            pacer.pace_with(&key, None, &waiting, FirstStatus::WhenBudgetAllows)
+        };
+        assert_eq!(pace(&pacer), Pace::Defer(MIN_INTERVAL));
+        tokio::time::advance(MIN_INTERVAL * FIRST_STATUS_DEADLINE_INTERVALS).await;
+        let Pace::Defer(delay) = pace(&pacer) else {
+            panic!("past the deadline, but it has none: it waits for the token");
+        };
+        let until_token = Duration::from_secs(30) - MIN_INTERVAL * FIRST_STATUS_DEADLINE_INTERVALS;
+        assert!(
+            delay >= until_token && delay < until_token + MIN_INTERVAL,
+            "it wakes when the token is expected: {delay:?}"
+        );
+        tokio::time::advance(delay).await;
+        assert_eq!(pace(&pacer), Pace::Write);
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,7 +16,7 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_common::apply::{ApplyError, apply, apply_status};
-use multigres_common::status_pacer::{Pace, StatusPacer};
+use multigres_common::status_pacer::{FirstStatus, Pace, StatusPacer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -351,7 +351,7 @@ where
         return Ok(None);
     }
     let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-    if let Pace::Defer(delay) = pacer.pace_typed(&key, observed, desired) {
+    if let Pace::Defer(delay) = pacer.pace_typed(&key, observed, desired, FirstStatus::Deadline) {
         return Ok(Some(delay));
     }
     count(controller, &K::kind(&()), "apply-status");

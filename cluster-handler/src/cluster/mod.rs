@@ -24,7 +24,7 @@ use multigres_api::v1alpha1::{
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
-use multigres_common::status_pacer::{self, StatusPacer};
+use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
 use crate::children::{Child, Slot, owned_by, slot};
 use crate::notice::Notice;
@@ -310,6 +310,7 @@ async fn reconcile_cluster(
                 cluster,
                 cluster.status.as_ref(),
                 &computed.status,
+                FirstStatus::Deadline,
             )
             .await
             .map_err(Error::Status)?;

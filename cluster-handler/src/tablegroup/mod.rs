@@ -17,7 +17,7 @@ use multigres_api::v1alpha1::{Shard, TableGroup};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::state::HandlerState;
-use multigres_common::status_pacer::{self, StatusPacer};
+use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
 use crate::children::{Slot, owned_by, slot};
 use crate::notice::Notice;
@@ -222,6 +222,8 @@ async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Resu
                 tg,
                 tg.status.as_ref(),
                 &computed.status,
+                // Users watch the MultigresCluster, which already shows this progress.
+                FirstStatus::WhenBudgetAllows,
             )
             .await
             .map_err(Error::Status)?;
