@@ -639,6 +639,17 @@ mod tests {
         }
     }
 
+    /// A pacer whose budget is one token per `token_period`, that token just spent.
+    fn pacer_with_its_one_token_spent(token_period: Duration) -> StatusPacer<String> {
+        let scarce = Budget {
+            token_period,
+            burst: 1,
+        };
+        let pacer = StatusPacer::with_budget(MIN_INTERVAL, scarce);
+        assert_eq!(progress_write(&pacer, "spender"), Pace::Write);
+        pacer
+    }
+
     #[test]
     fn the_burst_is_what_the_rate_refills_in_one_interval() {
         assert_eq!(token_period() * PROGRESS_BURST, MIN_INTERVAL);
@@ -739,12 +750,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_first_status_is_written_by_its_deadline_however_spent_the_budget() {
-        let scarce = Budget {
-            token_period: Duration::from_secs(60),
-            burst: 1,
-        };
-        let pacer = StatusPacer::with_budget(MIN_INTERVAL, scarce);
-        assert_eq!(progress_write(&pacer, "spender"), Pace::Write);
+        let pacer = pacer_with_its_one_token_spent(Duration::from_secs(60));
         let key = "new".to_owned();
         let waiting = status("Initializing", 0, "False");
         assert_eq!(pacer.pace(&key, None, &waiting), Pace::Defer(MIN_INTERVAL));
@@ -780,12 +786,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_first_status_without_a_deadline_waits_for_a_token() {
-        let scarce = Budget {
-            token_period: Duration::from_secs(30),
-            burst: 1,
-        };
-        let pacer = StatusPacer::with_budget(MIN_INTERVAL, scarce);
-        assert_eq!(progress_write(&pacer, "spender"), Pace::Write);
+        let pacer = pacer_with_its_one_token_spent(Duration::from_secs(30));
         let key = "summary".to_owned();
         let waiting = status("Initializing", 0, "False");
         let pace = |pacer: &StatusPacer<String>| {

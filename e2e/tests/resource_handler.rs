@@ -921,7 +921,7 @@ async fn a_pool_pod_that_cannot_schedule_is_named_on_the_shard_with_why() {
     .await;
     println!("Available=False NotReady: {message}");
     assert!(
-        message.contains("PersistentVolumeClaim") || message.contains("no-such-class"),
+        message.contains("pod has unbound immediate PersistentVolumeClaims"),
         "the scheduler's reason is quoted: {message}"
     );
     assert!(handler.exit_status().is_none(), "the handler exited");

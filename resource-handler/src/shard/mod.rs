@@ -359,6 +359,12 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let changes = switchover::changes(&pods, &asked, step.is_some(), Timestamp::now());
     switchover::request(ctx, guard, ns, &changes).await;
     let (pools, orchs) = observed.counts(&objects);
+    // The pool pods as this reconcile's writes and restarts left them, read once for the
+    // status.
+    let cached = ctx
+        .stores
+        .pods
+        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard));
     let report = Report {
         pools,
         orchs,
@@ -368,21 +374,16 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         pgbackrest_tls: tls.clone(),
         switchover: switchover::condition(step.as_ref(), &downs, handover),
         held,
-        unready: unready_pool_pods(ctx, shard, ns),
+        unready: unready_pool_pods(&cached),
         problem: None,
     };
     let now = Timestamp::now();
     let mut desired = status(shard, &report, now);
-    let pods = ctx
-        .stores
-        .pods
-        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard));
-    let pods = pods.iter().map(|p| &**p);
     desired.postgres_config = Some(pgconfig::progress(
         pg_status,
         &pg_config.1,
         &objects,
-        pods,
+        cached.iter().map(|p| &**p),
         now,
     ));
     let stored = shard.status.as_ref();
@@ -594,12 +595,9 @@ fn pod_views(ctx: &Ctx<Guard>, shard: &Shard, ns: &str) -> Vec<PodView> {
         .collect()
 }
 
-/// The shard's pool pods that are not Ready, each with why (see [`crate::unready`]).
-fn unready_pool_pods(ctx: &Ctx<Guard>, shard: &Shard, ns: &str) -> Vec<String> {
-    let mut unready: Vec<String> = ctx
-        .stores
-        .pods
-        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard))
+/// The pool pods among `pods` that are not Ready, each with why (see [`crate::unready`]).
+fn unready_pool_pods(pods: &[Arc<Pod>]) -> Vec<String> {
+    let mut unready: Vec<String> = pods
         .iter()
         .filter_map(|pod| Some(format!("{}: {}", pod.name_any(), unready::reason(pod)?)))
         .collect();
@@ -856,10 +854,10 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
         let message = format!("{message}; {}", held.join("; "));
         Cond::new(AVAILABLE, FALSE, "WaitingForVolumeDeletion", message)
     } else {
-        let mut message = message.clone();
-        if let Some(listed) = unready_summary(&report.unready) {
-            message = format!("{message}; not ready: {listed}");
-        }
+        let message = match unready_summary(&report.unready) {
+            Some(listed) => format!("{message}; not ready: {listed}"),
+            None => message.clone(),
+        };
         Cond::new(AVAILABLE, FALSE, "NotReady", message)
     };
     let rolling = rolling_condition(report.rollout.as_ref());
@@ -955,7 +953,7 @@ mod tests {
             ..Report::default()
         };
         let st = status(&shard(), &report, Timestamp::from_second(1).unwrap());
-        let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();
+        let available = available_of(&st);
         assert_eq!(
             (available.reason.as_str(), available.message.as_str()),
             (
@@ -966,7 +964,7 @@ mod tests {
         );
         let many = Report { unready, ..report };
         let st = status(&shard(), &many, Timestamp::from_second(1).unwrap());
-        let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();
+        let available = available_of(&st);
         assert!(available.message.contains("pool-main-z1-2: unschedulable"));
         assert!(!available.message.contains("pool-main-z1-3"));
         assert!(
