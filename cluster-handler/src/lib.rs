@@ -24,7 +24,7 @@ use kube::Resource;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use multigres_api::labels::MANAGED_SELECTOR;
 use multigres_api::resolver::TemplateKind;
 use multigres_api::v1alpha1::{
@@ -33,10 +33,12 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::HandlerContext;
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
+use multigres_common::shared_watch::Watches;
 use multigres_common::status_pacer::{self, Budget, StatusPacer};
 use multigres_common::telemetry::ErrorChain;
+use multigres_common::watch::Scope;
 
-use crate::watch::{Guarded, Scope, reflect};
+use crate::watch::Guarded;
 use crate::writes::Writer;
 
 /// The binary's name, also its field manager suffix.
@@ -71,32 +73,20 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
     let everything = watcher::Config::default;
     let managed = || watcher::Config::default().labels(MANAGED_SELECTOR);
 
-    let clusters = reflect::<MultigresCluster>(&client, &scope, everything());
-    let core_templates = reflect::<CoreTemplate>(&client, &scope, everything());
-    let cell_templates = reflect::<CellTemplate>(&client, &scope, everything());
-    let shard_templates = reflect::<ShardTemplate>(&client, &scope, everything());
-    let topo_servers = reflect::<TopoServer>(&client, &scope, managed());
-    let cells = reflect::<Cell>(&client, &scope, managed());
-    // The cluster controller's TableGroups (children) and the TableGroup controller's own:
-    // two watches, since a shared reflector would not pass deletions to the owner.
-    let owned_table_groups = reflect::<TableGroup>(&client, &scope, managed());
-    let table_groups = reflect::<TableGroup>(&client, &scope, managed());
-    let shards = reflect::<Shard>(&client, &scope, managed());
-    let synced = [
-        (MultigresCluster::kind(&()), clusters.synced.clone()),
-        (CoreTemplate::kind(&()), core_templates.synced.clone()),
-        (CellTemplate::kind(&()), cell_templates.synced.clone()),
-        (ShardTemplate::kind(&()), shard_templates.synced.clone()),
-        (TopoServer::kind(&()), topo_servers.synced.clone()),
-        (Cell::kind(&()), cells.synced.clone()),
-        (TableGroup::kind(&()), owned_table_groups.synced.clone()),
-        (TableGroup::kind(&()), table_groups.synced.clone()),
-        (Shard::kind(&()), shards.synced.clone()),
-    ];
+    let mut watches = Watches::new(client.clone(), scope, ctx.state.clone());
+    let clusters = watches.share::<Guarded<MultigresCluster>>(everything());
+    let core_templates = watches.share::<Guarded<CoreTemplate>>(everything());
+    let cell_templates = watches.share::<Guarded<CellTemplate>>(everything());
+    let shard_templates = watches.share::<Guarded<ShardTemplate>>(everything());
+    let topo_servers = watches.share::<Guarded<TopoServer>>(managed());
+    let cells = watches.share::<Guarded<Cell>>(managed());
+    let table_groups = watches.share::<Guarded<TableGroup>>(managed());
+    let shards = watches.share::<Guarded<Shard>>(managed());
+    let mut running = watches.start();
     let caches = gauges::Caches {
-        clusters: clusters.store.clone(),
-        cells: cells.store.clone(),
-        shards: shards.store.clone(),
+        clusters: clusters.store(),
+        cells: cells.store(),
+        shards: shards.store(),
     };
     multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
 
@@ -114,13 +104,13 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
     ));
     let cluster_ctx = Arc::new(cluster::Context {
         stores: cluster::Stores {
-            clusters: clusters.store.clone(),
-            core_templates: core_templates.store,
-            cell_templates: cell_templates.store,
-            shard_templates: shard_templates.store,
-            topo_servers: topo_servers.store,
-            cells: cells.store,
-            table_groups: owned_table_groups.store,
+            clusters: clusters.store(),
+            core_templates: core_templates.store(),
+            cell_templates: cell_templates.store(),
+            shard_templates: shard_templates.store(),
+            topo_servers: topo_servers.store(),
+            cells: cells.store(),
+            table_groups: table_groups.store(),
         },
         writer: Writer::new(client.clone(), cluster::CONTROLLER, field_manager.clone()),
         recorder: recorder.clone(),
@@ -130,8 +120,8 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
         images,
     });
     let table_group_ctx = Arc::new(tablegroup::Context {
-        table_groups: table_groups.store.clone(),
-        shards: shards.store,
+        table_groups: table_groups.store(),
+        shards: shards.store(),
         writer: Writer::new(client.clone(), tablegroup::CONTROLLER, field_manager),
         recorder,
         state: ctx.state.clone(),
@@ -142,30 +132,29 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
     let config = controller::Config::default()
         .concurrency(CONCURRENCY)
         .debounce(DEBOUNCE);
-    let cluster_controller =
-        Controller::for_stream(clusters.events.applied_objects(), clusters.store.clone())
-            .owns_stream(topo_servers.events.touched_objects())
-            .owns_stream(cells.events.touched_objects())
-            .owns_stream(owned_table_groups.events.touched_objects())
-            .watches_stream(
-                core_templates.events.touched_objects(),
-                users::<CoreTemplate>(&clusters.store, TemplateKind::Core),
-            )
-            .watches_stream(
-                cell_templates.events.touched_objects(),
-                users::<CellTemplate>(&clusters.store, TemplateKind::Cell),
-            )
-            .watches_stream(
-                shard_templates.events.touched_objects(),
-                users::<ShardTemplate>(&clusters.store, TemplateKind::Shard),
-            )
-            .with_config(config.clone())
-            .graceful_shutdown_on(ctx.shutdown.wait())
-            .run(cluster::reconcile, cluster::error_policy, cluster_ctx)
-            .for_each(|result| async move { log(cluster::CONTROLLER, result) });
+    let cluster_controller = Controller::for_shared_stream(clusters.changes(), clusters.store())
+        .owns_shared_stream(topo_servers.changes_and_deletions())
+        .owns_shared_stream(cells.changes_and_deletions())
+        .owns_shared_stream(table_groups.changes_and_deletions())
+        .watches_shared_stream(
+            core_templates.changes_and_deletions(),
+            users::<CoreTemplate>(&clusters.store(), TemplateKind::Core),
+        )
+        .watches_shared_stream(
+            cell_templates.changes_and_deletions(),
+            users::<CellTemplate>(&clusters.store(), TemplateKind::Cell),
+        )
+        .watches_shared_stream(
+            shard_templates.changes_and_deletions(),
+            users::<ShardTemplate>(&clusters.store(), TemplateKind::Shard),
+        )
+        .with_config(config.clone())
+        .graceful_shutdown_on(ctx.shutdown.wait())
+        .run(cluster::reconcile, cluster::error_policy, cluster_ctx)
+        .for_each(|result| async move { log(cluster::CONTROLLER, result) });
     let table_group_controller =
-        Controller::for_stream(table_groups.events.applied_objects(), table_groups.store)
-            .owns_stream(shards.events.touched_objects())
+        Controller::for_shared_stream(table_groups.changes(), table_groups.store())
+            .owns_shared_stream(shards.changes_and_deletions())
             .with_config(config)
             .graceful_shutdown_on(ctx.shutdown.wait())
             .run(
@@ -176,16 +165,11 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
             .for_each(|result| async move { log(tablegroup::CONTROLLER, result) });
 
     let readiness = async {
-        for (kind, listed) in synced {
-            listed.wait().await;
-            ctx.state.mark_synced(kind);
-        }
-        ctx.state.set_ready(true).await;
-        tracing::info!("caches synced; serving");
-    };
-    let readiness = async {
         tokio::select! {
-            () = readiness => {}
+            listed = running.all_listed() => if listed {
+                ctx.state.set_ready(true).await;
+                tracing::info!("caches synced; serving");
+            },
             () = ctx.shutdown.wait() => {}
         }
     };
@@ -215,10 +199,10 @@ fn log<K, E>(
 fn users<T>(
     clusters: &Store<Guarded<MultigresCluster>>,
     kind: TemplateKind,
-) -> impl Fn(Guarded<T>) -> Vec<ObjectRef<Guarded<MultigresCluster>>> + Send + Sync + 'static
+) -> impl Fn(Arc<Guarded<T>>) -> Vec<ObjectRef<Guarded<MultigresCluster>>> + Send + Sync + 'static
 where
     T: Resource<DynamicType = ()> + Clone + 'static,
 {
     let clusters = clusters.clone();
-    move |template| cluster::clusters_using(&clusters, kind, &template)
+    move |template| cluster::clusters_using(&clusters, kind, &*template)
 }

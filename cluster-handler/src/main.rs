@@ -5,11 +5,11 @@ use std::convert::Infallible;
 
 use clap::Parser;
 use cluster_handler::cluster::images::{ImageDefaults, parse_image, parse_strategy};
-use cluster_handler::watch::Scope;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{ComponentImages, ImageRef, ImageUpdateStrategy};
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
+use multigres_common::watch::Scope;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: cluster_handler::NAME,
@@ -83,10 +83,7 @@ impl ImageArgs {
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let images = cli.images.defaults();
-    let scope = match cli.watch_namespace.filter(|ns| !ns.is_empty()) {
-        Some(namespace) => Scope::Namespace(namespace),
-        None => Scope::All,
-    };
+    let scope = Scope::of(cli.watch_namespace);
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     tracing::info!(
         revision = %multigres_api::resolver::images::revision(&images.images),

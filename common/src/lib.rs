@@ -16,6 +16,7 @@ pub mod leader;
 pub mod metrics;
 pub mod runtime;
 pub mod servers;
+pub mod shared_watch;
 pub mod shutdown;
 pub mod state;
 pub mod status_metrics;

@@ -4,7 +4,7 @@
 //! resumes a watch is itself refused with 410 it retries the same stale resourceVersion
 //! forever; and it reports every 410 as an error, so the error backoff grows to 30 s while an
 //! API server that just restarted keeps answering lists with versions its new watch cache
-//! does not serve yet. Every handler watches through [`watcher`] instead.
+//! does not serve yet. Every handler watches through [`watcher`] instead, over its [`Scope`].
 
 use std::fmt::Debug;
 use std::time::Duration;
@@ -12,8 +12,38 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use kube::runtime::watcher::{self, Config, Error, Event};
-use kube::{Api, Resource};
+use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
+
+/// Which namespaces a handler serves: every namespace, or one (`--watch-namespace`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace (the ClusterRole bound with a ClusterRoleBinding).
+    All,
+    /// One namespace (the ClusterRole bound with a RoleBinding there).
+    Namespace(String),
+}
+
+impl Scope {
+    /// One namespace when `namespace` names one (an empty name is none), else every namespace.
+    pub fn of(namespace: Option<String>) -> Self {
+        match namespace.filter(|namespace| !namespace.is_empty()) {
+            Some(namespace) => Scope::Namespace(namespace),
+            None => Scope::All,
+        }
+    }
+
+    /// The API of kind `K` over this scope.
+    pub fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match self {
+            Scope::All => Api::all(client.clone()),
+            Scope::Namespace(namespace) => Api::namespaced(client.clone(), namespace),
+        }
+    }
+}
 
 /// Pause before listing again after a 410 Gone, instead of the growing error backoff: right
 /// after an API server restart a list can still answer with a version the new watch cache no

@@ -41,19 +41,19 @@ use kube::Resource;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use multigres_api::labels::{self, Component, MANAGED_SELECTOR};
 use multigres_api::v1alpha1::{
     Cell, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate, TopoServer,
 };
 use multigres_common::HandlerContext;
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
+use multigres_common::shared_watch::Watches;
 use multigres_common::telemetry::ErrorChain;
+use multigres_common::watch::Scope;
 
 use crate::target::Connections;
-use crate::watch::{
-    Guarded, Scope, labelled, pod_metadata_only, reflect, reflect_shared, reflect_trimmed,
-};
+use crate::watch::{Guarded, labelled, pod_metadata_only};
 use crate::writes::Writer;
 
 /// The binary's name, also its field manager suffix.
@@ -108,24 +108,23 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         Component::Pool.as_str()
     ));
 
-    let (clusters, [for_clusters, for_cells, for_shards], cluster_watch) =
-        reflect_shared::<MultigresCluster, 3>(&client, &scope, everything());
-    let (core_templates, core_events) = reflect::<CoreTemplate>(&client, &scope, everything());
-    let (cell_templates, cell_template_events) =
-        reflect::<CellTemplate>(&client, &scope, everything());
-    let (shard_templates, shard_template_events) =
-        reflect::<ShardTemplate>(&client, &scope, everything());
-    let (topo_servers, topo_events) = reflect::<TopoServer>(&client, &scope, managed());
-    let (cells, cell_events) = reflect::<Cell>(&client, &scope, managed());
-    let (shards, shard_events) = reflect::<Shard>(&client, &scope, managed());
-    let (pods, pod_events) = reflect_trimmed::<Pod>(&client, &scope, pool_pods, pod_metadata_only);
+    let mut watches = Watches::new(client.clone(), scope, ctx.state.clone());
+    let clusters = watches.share::<Guarded<MultigresCluster>>(everything());
+    let core_templates = watches.share::<Guarded<CoreTemplate>>(everything());
+    let cell_templates = watches.share::<Guarded<CellTemplate>>(everything());
+    let shard_templates = watches.share::<Guarded<ShardTemplate>>(everything());
+    let topo_servers = watches.share::<Guarded<TopoServer>>(managed());
+    let cells = watches.share::<Guarded<Cell>>(managed());
+    let shards = watches.share::<Guarded<Shard>>(managed());
+    let pods = watches.share_trimmed::<Guarded<Pod>>(pool_pods, pod_metadata_only);
     // The shards' rendered postgresql.conf (the resource-handler labels it as a shard object).
     let shard_config_maps = watcher::Config::default().labels(&format!(
         "{MANAGED_SELECTOR},{}={}",
         labels::COMPONENT,
         Component::Shard.as_str()
     ));
-    let (config_maps, config_map_events) = reflect::<ConfigMap>(&client, &scope, shard_config_maps);
+    let config_maps = watches.share::<Guarded<ConfigMap>>(shard_config_maps);
+    let mut running = watches.start();
 
     let field_manager = multigres_common::apply::field_manager(NAME);
     let recorder = Recorder::new(
@@ -142,11 +141,11 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
     ));
     let cluster_ctx = Arc::new(cluster::Context {
         templates: cluster::TemplateStores {
-            core: core_templates.clone(),
-            cell: cell_templates.clone(),
-            shard: shard_templates.clone(),
+            core: core_templates.store(),
+            cell: cell_templates.store(),
+            shard: shard_templates.store(),
         },
-        topo_servers: topo_servers.clone(),
+        topo_servers: topo_servers.store(),
         connections: connections.clone(),
         writer: Writer::new(client.clone(), cluster::CONTROLLER, field_manager.clone()),
         recorder: recorder.clone(),
@@ -156,8 +155,8 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         settings: settings.clone(),
     });
     let cell_ctx = Arc::new(cell::Context {
-        clusters: clusters.clone(),
-        topo_servers: topo_servers.clone(),
+        clusters: clusters.store(),
+        topo_servers: topo_servers.store(),
         connections: connections.clone(),
         writer: Writer::new(client.clone(), cell::CONTROLLER, field_manager.clone()),
         recorder: recorder.clone(),
@@ -167,11 +166,11 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         settings: settings.clone(),
     });
     let shard_ctx = Arc::new(shard::Context {
-        clusters: clusters.clone(),
-        cells: cells.clone(),
-        pods: pods.clone(),
-        config_maps: config_maps.clone(),
-        topo_servers: topo_servers.clone(),
+        clusters: clusters.store(),
+        cells: cells.store(),
+        pods: pods.store(),
+        config_maps: config_maps.store(),
+        topo_servers: topo_servers.store(),
         connections,
         writer: Writer::new(client.clone(), shard::CONTROLLER, field_manager),
         recorder,
@@ -186,74 +185,53 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
     let config = controller::Config::default()
         .concurrency(CONCURRENCY)
         .debounce(DEBOUNCE);
-    let cluster_controller = Controller::for_shared_stream(for_clusters, clusters.clone())
-        .owns_stream(topo_events.touched_objects())
-        .watches_stream(core_events.touched_objects(), in_same_namespace(&clusters))
-        .watches_stream(
-            cell_template_events.touched_objects(),
-            in_same_namespace(&clusters),
+    let cluster_controller = Controller::for_shared_stream(clusters.changes(), clusters.store())
+        .owns_shared_stream(topo_servers.changes_and_deletions())
+        .watches_shared_stream(
+            core_templates.changes_and_deletions(),
+            in_same_namespace(&clusters.store()),
         )
-        .watches_stream(
-            shard_template_events.touched_objects(),
-            in_same_namespace(&clusters),
+        .watches_shared_stream(
+            cell_templates.changes_and_deletions(),
+            in_same_namespace(&clusters.store()),
+        )
+        .watches_shared_stream(
+            shard_templates.changes_and_deletions(),
+            in_same_namespace(&clusters.store()),
         )
         .with_config(config.clone())
         .graceful_shutdown_on(ctx.shutdown.wait())
         .run(cluster::reconcile, cluster::error_policy, cluster_ctx)
         .for_each(|result| async move { log(cluster::CONTROLLER, result) });
 
-    let cell_controller = Controller::for_stream(cell_events.applied_objects(), cells.clone())
-        .watches_shared_stream(for_cells, children_of(&cells))
+    let cell_controller = Controller::for_shared_stream(cells.changes(), cells.store())
+        .watches_shared_stream(clusters.changes(), children_of(&cells.store()))
         .with_config(config.clone())
         .graceful_shutdown_on(ctx.shutdown.wait())
         .run(cell::reconcile, cell::error_policy, cell_ctx)
         .for_each(|result| async move { log(cell::CONTROLLER, result) });
 
-    let shard_controller = Controller::for_stream(shard_events.applied_objects(), shards.clone())
-        .watches_shared_stream(for_shards, children_of(&shards))
-        .watches_stream(pod_events.touched_objects(), |pod: Guarded<Pod>| {
+    let shard_controller = Controller::for_shared_stream(shards.changes(), shards.store())
+        .watches_shared_stream(clusters.changes(), children_of(&shards.store()))
+        .watches_shared_stream(pods.changes_and_deletions(), |pod: Arc<Guarded<Pod>>| {
             pod.0.as_ref().ok().and_then(shard::shard_of)
         })
-        .owns_stream(config_map_events.touched_objects())
+        .owns_shared_stream(config_maps.changes_and_deletions())
         .with_config(config)
         .graceful_shutdown_on(ctx.shutdown.wait())
         .run(shard::reconcile, shard::error_policy, shard_ctx)
         .for_each(|result| async move { log(shard::CONTROLLER, result) });
 
     let readiness = async {
-        synced(&ctx, &clusters).await;
-        synced(&ctx, &core_templates).await;
-        synced(&ctx, &cell_templates).await;
-        synced(&ctx, &shard_templates).await;
-        synced(&ctx, &topo_servers).await;
-        synced(&ctx, &cells).await;
-        synced(&ctx, &shards).await;
-        synced(&ctx, &pods).await;
-        synced(&ctx, &config_maps).await;
-        ctx.state.set_ready(true).await;
-        tracing::info!("caches synced; serving");
-    };
-    let readiness = async {
         tokio::select! {
-            () = readiness => {}
-            () = ctx.shutdown.wait() => {}
-        }
-    };
-    // The cluster watch feeds the three controllers through their handles; drive it here
-    // until shutdown (it never ends on its own).
-    let cluster_watch = async {
-        let watch = cluster_watch.for_each(|event| async move {
-            if let Err(error) = event {
-                tracing::warn!(error = %ErrorChain(&error), "MultigresCluster watch failed; retrying");
-            }
-        });
-        tokio::select! {
-            () = watch => {}
+            listed = running.all_listed() => if listed {
+                ctx.state.set_ready(true).await;
+                tracing::info!("caches synced; serving");
+            },
             () = ctx.shutdown.wait() => {}
         }
     };
     futures::join!(
-        cluster_watch,
         cluster_controller,
         cell_controller,
         shard_controller,
@@ -261,25 +239,16 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
     );
 }
 
-async fn synced<K>(ctx: &HandlerContext, store: &Store<Guarded<K>>)
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    if store.wait_until_ready().await.is_ok() {
-        ctx.state.mark_synced(K::kind(&()));
-    }
-}
-
 /// Maps a change of a template to every cluster of its namespace (templates are few, and a
 /// cluster that does not use the template re-registers nothing).
 fn in_same_namespace<T>(
     clusters: &Store<Guarded<MultigresCluster>>,
-) -> impl Fn(Guarded<T>) -> Vec<ObjectRef<Guarded<MultigresCluster>>> + Send + Sync + 'static
+) -> impl Fn(Arc<Guarded<T>>) -> Vec<ObjectRef<Guarded<MultigresCluster>>> + Send + Sync + 'static
 where
     T: Resource<DynamicType = ()> + Clone + 'static,
 {
     let clusters = clusters.clone();
-    move |template| {
+    move |template: Arc<Guarded<T>>| {
         let namespace = template.meta().namespace.clone().unwrap_or_default();
         clusters
             .state()

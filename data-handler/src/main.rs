@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser};
 use data_handler::Settings;
-use data_handler::watch::Scope;
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, parse_duration};
+use multigres_common::watch::Scope;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: data_handler::NAME,
@@ -76,10 +76,7 @@ impl From<TopologyArgs> for Settings {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
-    let scope = match cli.watch_namespace.filter(|ns| !ns.is_empty()) {
-        Some(namespace) => Scope::Namespace(namespace),
-        None => Scope::All,
-    };
+    let scope = Scope::of(cli.watch_namespace);
     let settings = Settings::from(cli.topology);
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime

@@ -1,101 +1,12 @@
-//! Watches feeding the controllers: one reflector per kind, every object behind a
-//! [`DeserializeGuard`] (a malformed object becomes a per-object error instead of a failed
-//! watch) and stripped of `managedFields` before it is cached (never read here, and often
-//! larger than the object itself).
+//! Reading the caches of the shared watches ([`multigres_common::shared_watch`]): every object
+//! behind a [`kube::core::DeserializeGuard`], so a malformed object becomes a per-object error instead of a
+//! failed watch.
 
-use std::fmt::Debug;
-
-use futures::Stream;
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::DeserializeGuard;
-use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
 
-/// Which namespaces the handler serves: every namespace, or one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
-    /// Every namespace (the ClusterRole bound with a ClusterRoleBinding).
-    All,
-    /// One namespace (the ClusterRole bound with a RoleBinding there).
-    Namespace(String),
-}
-
-impl Scope {
-    /// The API of kind `K` over this scope.
-    pub fn api<K>(&self, client: &Client) -> Api<K>
-    where
-        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
-    {
-        match self {
-            Scope::All => Api::all(client.clone()),
-            Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
-        }
-    }
-}
-
-/// A guarded object, as cached and handed to reconcilers.
-pub type Guarded<K> = DeserializeGuard<K>;
-
-/// Subscriptions to a shared watch of `K`, one per controller it triggers.
-pub type Subscribers<K, const N: usize> = [ReflectHandle<Guarded<K>>; N];
-
-/// What a watch of `K` yields.
-pub type WatchEvent<K> = watcher::Result<watcher::Event<Guarded<K>>>;
-
-/// A reflector of `K` over `scope` with `config`: the store to read and the event stream that
-/// fills it. The stream must be polled (by a controller) for the store to fill.
-pub fn reflect<K>(
-    client: &Client,
-    scope: &Scope,
-    config: watcher::Config,
-) -> (
-    Store<Guarded<K>>,
-    impl Stream<Item = WatchEvent<K>> + Send + 'static,
-)
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    reflect_trimmed(client, scope, config, |_| {})
-}
-
-/// Like [`reflect`], with `trim` also applied to every object before it is cached, to drop what
-/// no reconciler reads of a kind cached in large numbers.
-pub fn reflect_trimmed<K>(
-    client: &Client,
-    scope: &Scope,
-    config: watcher::Config,
-    trim: fn(&mut Guarded<K>),
-) -> (
-    Store<Guarded<K>>,
-    impl Stream<Item = WatchEvent<K>> + Send + 'static,
-)
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let stream = multigres_common::watch::watcher(scope.api::<Guarded<K>>(client), config)
-        .default_backoff()
-        .modify(move |obj: &mut Guarded<K>| {
-            obj.managed_fields_mut().clear();
-            trim(obj);
-        })
-        .reflect(writer);
-    (reader, stream)
-}
+pub use multigres_common::shared_watch::Guarded;
 
 /// Keeps of a pool pod only its metadata: the shard controller reads its name, labels and
 /// annotations, and the spec and status are most of a pod's size, with every pool pod cached
@@ -106,43 +17,6 @@ pub fn pod_metadata_only(pod: &mut Guarded<Pod>) {
         pod.status = None;
     }
 }
-
-/// Like [`reflect`], for a kind several controllers are triggered by: one watch, one store, and
-/// `N` handles that each see every applied object. The returned stream drives the
-/// watch and must be polled; each handle must be consumed too (a full buffer pauses the watch).
-pub fn reflect_shared<K, const N: usize>(
-    client: &Client,
-    scope: &Scope,
-    config: watcher::Config,
-) -> (
-    Store<Guarded<K>>,
-    Subscribers<K, N>,
-    impl Stream<Item = WatchEvent<K>> + Send + 'static,
-)
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store_shared(SHARED_BUFFER);
-    let handles = std::array::from_fn(|_| {
-        writer
-            .subscribe()
-            .expect("a writer made by store_shared always hands out subscriptions")
-    });
-    let stream = multigres_common::watch::watcher(scope.api::<Guarded<K>>(client), config)
-        .default_backoff()
-        .modify(|obj: &mut Guarded<K>| obj.managed_fields_mut().clear())
-        .reflect_shared(writer);
-    (reader, handles, stream)
-}
-
-/// Events a shared watch buffers per subscriber before it waits for the slowest.
-const SHARED_BUFFER: usize = 256;
 
 /// The valid objects of `store` in `namespace` that `wanted` picks. Only those are copied: a
 /// reconcile of one Shard must not copy every pod of a namespace holding many clusters.
@@ -223,7 +97,7 @@ mod tests {
             "status": {"phase": "Running", "podIP": "10.0.0.7"},
         }))
         .unwrap();
-        let mut guarded = DeserializeGuard(Ok(pod.clone()));
+        let mut guarded = kube::core::DeserializeGuard(Ok(pod.clone()));
         pod_metadata_only(&mut guarded);
         let trimmed = guarded.0.unwrap();
         assert_eq!(PodState::of(&trimmed), PodState::of(&pod));

@@ -1,14 +1,11 @@
-//! What the four controllers share: one cached watch per kind (fed to every controller that
-//! needs it), the context handed to reconcilers, error classification, per-object backoff,
+//! What the four controllers share: the caches of the shared watches
+//! ([`multigres_common::shared_watch`]), the context handed to reconcilers, error classification, per-object backoff,
 //! reconcile metrics and Warning events for specs that cannot be realised.
 
-use std::fmt::Debug;
 use std::future::Future;
-use std::hash::Hash;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
@@ -18,9 +15,9 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
 use multigres_api::labels::{COMPONENT, Component, MANAGED_SELECTOR};
 use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
@@ -28,16 +25,12 @@ use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::StatusPacer;
 use multigres_common::telemetry::ErrorChain;
-use serde::de::DeserializeOwned;
-use tokio::sync::broadcast;
+use multigres_common::watch::Scope;
 
 use crate::workload_cache::WorkloadStore;
 
 /// Name under which events are reported.
 pub const REPORTER: &str = "multigres.com/resource-handler";
-
-/// How many watch events a shared reflector buffers for a slow subscriber.
-const SHARED_BUFFER: usize = 1024;
 
 /// Whether an error needs a spec change (wait for one) or may pass (retry with backoff).
 pub trait Classify: std::error::Error + Send + Sync + 'static {
@@ -47,173 +40,10 @@ pub trait Classify: std::error::Error + Send + Sync + 'static {
     fn category(&self) -> &'static str;
 }
 
-/// A cached, label-filtered watch of one kind, shared by several controllers.
-pub struct Shared<K: Resource + Clone + 'static>
-where
-    K::DynamicType: Eq + Hash + Clone,
-{
-    /// The cache.
-    pub store: Store<K>,
-    /// Changed objects for the first subscriber; clone it for each further one. Every handle
-    /// must be polled (a controller does), or the watch stalls once the buffer is full.
-    pub handle: ReflectHandle<K>,
-    /// Deleted objects, which kube's shared streams do not pass on.
-    pub deletions: Deletions<K>,
-}
-
-/// Deleted objects of one shared watch, for every controller that must recreate what it owns.
-#[derive(Clone)]
-pub struct Deletions<K>(broadcast::Sender<Arc<K>>);
-
-/// What wakes a controller for an owned kind: changes and deletions of its objects.
-pub type Trigger<K> = BoxStream<'static, Arc<K>>;
-
-/// `handle`'s changes merged with `deletions`, so a child someone deletes is recreated at once
-/// instead of at the owner's next change. Deletions are rare; if a subscriber falls more than
-/// the buffer behind, the missed ones are logged and the owners catch up on their next event.
-pub fn triggers<K>(handle: ReflectHandle<K>, deletions: &Deletions<K>) -> Trigger<K>
-where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
-{
-    let deleted = futures::stream::unfold(deletions.0.subscribe(), |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(object) => return Some((object, rx)),
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    tracing::warn!(missed, "deletion notices dropped for a slow controller");
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    });
-    futures::stream::select(handle, deleted).boxed()
-}
-
-/// Which namespaces the handler serves: every namespace, or one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
-    /// Every namespace (the ClusterRole bound with a ClusterRoleBinding).
-    All,
-    /// One namespace (the ClusterRole bound with a RoleBinding there).
-    Namespace(String),
-}
-
-impl Scope {
-    /// The API of kind `K` over this scope.
-    pub fn api<K>(&self, client: &Client) -> Api<K>
-    where
-        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
-    {
-        match self {
-            Scope::All => Api::all(client.clone()),
-            Scope::Namespace(namespace) => Api::namespaced(client.clone(), namespace),
-        }
-    }
-}
-
-/// Logs watch failures (the watcher retries with backoff) and drops the events.
-fn drive<S, T>(kind: String, events: S) -> impl Future<Output = ()> + Send + 'static
-where
-    S: Stream<Item = Result<T, watcher::Error>> + Send + 'static,
-{
-    events.for_each(move |event| {
-        if let Err(error) = event {
-            tracing::warn!(%kind, error = %ErrorChain(&error), "watch failed, retrying");
-        }
-        std::future::ready(())
-    })
-}
-
-/// Starts a shared watch of `K` over every namespace with `config`; the returned future keeps
-/// it running and must be polled. Managed fields are dropped before caching: never read here,
-/// and often larger than the object.
-pub fn share<K>(
-    client: &Client,
-    scope: &Scope,
-    config: watcher::Config,
-) -> (Shared<K>, impl Future<Output = ()> + Send + 'static)
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    share_trimmed(client, scope, config, |_| {})
-}
-
-/// Like [`share`], with `trim` also applied to every object before it is cached, to drop what
-/// no reconciler reads of a kind cached in large numbers.
-pub fn share_trimmed<K>(
-    client: &Client,
-    scope: &Scope,
-    config: watcher::Config,
-    trim: fn(&mut K),
-) -> (Shared<K>, impl Future<Output = ()> + Send + 'static)
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store_shared(SHARED_BUFFER);
-    let handle = writer
-        .subscribe()
-        .expect("a shared store always accepts subscribers");
-    let (deleted, _) = broadcast::channel(SHARED_BUFFER);
-    let deletions = Deletions(deleted.clone());
-    let events = multigres_common::watch::watcher(scope.api::<K>(client), config)
-        .default_backoff()
-        .modify(move |obj: &mut K| {
-            obj.managed_fields_mut().clear();
-            trim(obj);
-        })
-        .inspect(move |event| {
-            if let Ok(watcher::Event::Delete(object)) = event {
-                // No subscriber (a kind no controller owns) is not an error.
-                let _ = deleted.send(Arc::new(object.clone()));
-            }
-        })
-        .reflect_shared(writer);
-    (
-        Shared {
-            store,
-            handle,
-            deletions,
-        },
-        drive(K::kind(&()).into_owned(), events),
-    )
-}
-
 /// Objects this operator manages (every child carries the label).
 pub fn managed() -> watcher::Config {
     watcher::Config::default().labels(MANAGED_SELECTOR)
 }
-
-/// Kinds reported as synced (HandlerInfo) once their caches are filled.
-pub const WATCHED_KINDS: [&str; 15] = [
-    "TopoServer",
-    "Cell",
-    "Shard",
-    "MultigresCluster",
-    "CoreTemplate",
-    "CellTemplate",
-    "ShardTemplate",
-    "StatefulSet",
-    "Deployment",
-    "Service",
-    "PodDisruptionBudget",
-    "PersistentVolumeClaim",
-    "Pod",
-    "Secret",
-    "ConfigMap",
-];
 
 /// The caches every reconciler reads children from.
 #[derive(Clone)]
@@ -242,34 +72,6 @@ pub struct Stores {
     pub cell_templates: Store<DeserializeGuard<CellTemplate>>,
     /// Templates the resolver reads for multiadmin.
     pub shard_templates: Store<DeserializeGuard<ShardTemplate>>,
-}
-
-impl Stores {
-    /// Waits until every cache holds its initial list.
-    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        filled(&self.statefulsets).await?;
-        filled(&self.deployments).await?;
-        filled(&self.services).await?;
-        filled(&self.pdbs).await?;
-        filled(&self.pvcs).await?;
-        filled(&self.pods).await?;
-        filled(&self.secrets).await?;
-        filled(&self.config_maps).await?;
-        filled(&self.clusters).await?;
-        filled(&self.core_templates).await?;
-        filled(&self.cell_templates).await?;
-        filled(&self.shard_templates).await
-    }
-}
-
-/// Waits until `store` holds its initial list.
-pub async fn filled<K>(store: &Store<K>) -> Result<(), reflector::store::WriterDropped>
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    store.wait_until_ready().await?;
-    tracing::debug!(kind = %K::kind(&()), "cache filled");
-    Ok(())
 }
 
 /// Pool pods: the only pods a reconciler looks at.

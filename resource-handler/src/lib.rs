@@ -36,166 +36,131 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::HandlerContext;
 
-use controller::{
-    Base, Scope, Stores, managed, pool_pods, recorder, share, share_trimmed, slim_pod, triggers,
-};
+use controller::{Base, Stores, managed, pool_pods, recorder, slim_pod};
+use multigres_common::shared_watch::Watches;
+use multigres_common::watch::Scope;
 use workload_cache::{WorkloadStore, trim_template};
 
 /// Fills every cache, reports SERVING, then runs every controller until shutdown.
 ///
-/// Controllers start only once the caches are filled, and nothing else waits for a cache at
-/// that point: a kube-runtime store wakes only one of several concurrent waiters when it
-/// becomes ready, so waiting here while controllers wait too could leave one of them asleep.
+/// Controllers start only once the caches are filled, so no reconcile reads a cache that is
+/// still filling; each subscription starts with every cached object, so nothing listed before
+/// is missed.
 pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv) {
     sync::describe();
     let client = handler.client.clone();
     let all = watcher::Config::default;
-    let (topo_servers, topo_watch) = share::<DeserializeGuard<TopoServer>>(&client, &scope, all());
-    let (cells, cells_watch) = share::<DeserializeGuard<Cell>>(&client, &scope, all());
-    let (shards, shards_watch) = share::<DeserializeGuard<Shard>>(&client, &scope, all());
-    let (clusters, cluster_watch) =
-        share::<DeserializeGuard<MultigresCluster>>(&client, &scope, all());
-    let (core_templates, core_watch) =
-        share::<DeserializeGuard<CoreTemplate>>(&client, &scope, all());
-    let (cell_templates, cell_watch) =
-        share::<DeserializeGuard<CellTemplate>>(&client, &scope, all());
-    let (shard_templates, shard_watch) =
-        share::<DeserializeGuard<ShardTemplate>>(&client, &scope, all());
-    let (statefulsets, sts_watch) =
-        share_trimmed::<StatefulSet>(&client, &scope, managed(), trim_template);
-    let (deployments, deployment_watch) =
-        share_trimmed::<Deployment>(&client, &scope, managed(), trim_template);
+    let mut watches = Watches::new(client.clone(), scope.clone(), handler.state.clone());
+    let topo_servers = watches.share::<DeserializeGuard<TopoServer>>(all());
+    let cells = watches.share::<DeserializeGuard<Cell>>(all());
+    let shards = watches.share::<DeserializeGuard<Shard>>(all());
+    let clusters = watches.share::<DeserializeGuard<MultigresCluster>>(all());
+    let core_templates = watches.share::<DeserializeGuard<CoreTemplate>>(all());
+    let cell_templates = watches.share::<DeserializeGuard<CellTemplate>>(all());
+    let shard_templates = watches.share::<DeserializeGuard<ShardTemplate>>(all());
+    let statefulsets = watches.share_trimmed::<StatefulSet>(managed(), trim_template);
+    let deployments = watches.share_trimmed::<Deployment>(managed(), trim_template);
     let caches = gauges::Caches {
-        statefulsets: statefulsets.store.clone(),
-        deployments: deployments.store.clone(),
+        statefulsets: statefulsets.store(),
+        deployments: deployments.store(),
     };
     multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
-    let (services, service_watch) = share::<Service>(&client, &scope, managed());
-    let (pdbs, pdb_watch) = share::<PodDisruptionBudget>(&client, &scope, managed());
-    let (pods, pod_watch) = share_trimmed::<Pod>(&client, &scope, pool_pods(), slim_pod);
-    let (pvcs, pvc_watch) = share::<PersistentVolumeClaim>(&client, &scope, managed());
-    let (secrets, secret_watch) = share::<Secret>(&client, &scope, managed());
-    let (config_maps, config_map_watch) = share::<ConfigMap>(&client, &scope, managed());
-    let watches = [
-        tokio::spawn(topo_watch),
-        tokio::spawn(cells_watch),
-        tokio::spawn(shards_watch),
-        tokio::spawn(cluster_watch),
-        tokio::spawn(core_watch),
-        tokio::spawn(cell_watch),
-        tokio::spawn(shard_watch),
-        tokio::spawn(sts_watch),
-        tokio::spawn(deployment_watch),
-        tokio::spawn(service_watch),
-        tokio::spawn(pdb_watch),
-        tokio::spawn(pod_watch),
-        tokio::spawn(pvc_watch),
-        tokio::spawn(secret_watch),
-        tokio::spawn(config_map_watch),
-    ];
+    let services = watches.share::<Service>(managed());
+    let pdbs = watches.share::<PodDisruptionBudget>(managed());
+    let pods = watches.share_trimmed::<Pod>(pool_pods(), slim_pod);
+    let pvcs = watches.share::<PersistentVolumeClaim>(managed());
+    let secrets = watches.share::<Secret>(managed());
+    let config_maps = watches.share::<ConfigMap>(managed());
+    let mut running = watches.start();
     let stores = Stores {
-        statefulsets: WorkloadStore::new(statefulsets.store.clone()),
-        deployments: WorkloadStore::new(deployments.store.clone()),
-        services: services.store.clone(),
-        pdbs: pdbs.store.clone(),
-        pvcs: pvcs.store.clone(),
-        pods: pods.store.clone(),
-        secrets: secrets.store.clone(),
-        config_maps: config_maps.store.clone(),
-        clusters: clusters.store.clone(),
-        core_templates: core_templates.store.clone(),
-        cell_templates: cell_templates.store.clone(),
-        shard_templates: shard_templates.store.clone(),
-    };
-    let filled = async {
-        stores.wait_until_ready().await?;
-        controller::filled(&topo_servers.store).await?;
-        controller::filled(&cells.store).await?;
-        controller::filled(&shards.store).await
+        statefulsets: WorkloadStore::new(statefulsets.store()),
+        deployments: WorkloadStore::new(deployments.store()),
+        services: services.store(),
+        pdbs: pdbs.store(),
+        pvcs: pvcs.store(),
+        pods: pods.store(),
+        secrets: secrets.store(),
+        config_maps: config_maps.store(),
+        clusters: clusters.store(),
+        core_templates: core_templates.store(),
+        cell_templates: cell_templates.store(),
+        shard_templates: shard_templates.store(),
     };
     let shutdown = &handler.shutdown;
-    let stopped = tokio::select! {
-        result = filled => match result {
-            Ok(()) => false,
-            Err(error) => {
-                tracing::error!(%error, "a cache stopped before it was filled");
-                true
-            }
-        },
-        () = shutdown.wait() => true,
+    let listed = tokio::select! {
+        listed = running.all_listed() => listed,
+        () = shutdown.wait() => false,
     };
-    if !stopped {
-        for kind in controller::WATCHED_KINDS {
-            handler.state.mark_synced(kind);
-        }
-        handler.state.set_ready(true).await;
-        tracing::info!("caches synced; serving");
-        let base = Base {
-            client: client.clone(),
-            scope,
-            state: handler.state.clone(),
-            recorder: recorder(&client),
-            stores,
-            telemetry,
-        };
-        let topo = toposerver::run(
-            base.ctx(toposerver::NAME),
-            topo_servers,
-            triggers(statefulsets.handle.clone(), &statefulsets.deletions),
-            triggers(services.handle.clone(), &services.deletions),
-            triggers(pdbs.handle.clone(), &pdbs.deletions),
-            clusters.handle.clone(),
-            shutdown,
-        );
-        let cells = cell::run(
-            base.ctx(cell::NAME),
-            cells,
-            triggers(deployments.handle.clone(), &deployments.deletions),
-            triggers(services.handle.clone(), &services.deletions),
-            shutdown,
-        );
-        let shards = shard::run(
-            base.ctx(shard::NAME),
-            shards,
-            shard::Triggers {
-                statefulsets: triggers(statefulsets.handle, &statefulsets.deletions),
-                deployments: triggers(deployments.handle.clone(), &deployments.deletions),
-                services: triggers(services.handle.clone(), &services.deletions),
-                pdbs: triggers(pdbs.handle, &pdbs.deletions),
-                pods: triggers(pods.handle, &pods.deletions),
-                config_maps: triggers(config_maps.handle, &config_maps.deletions),
-                secrets: triggers(secrets.handle.clone(), &secrets.deletions),
-                pvcs: triggers(pvcs.handle, &pvcs.deletions),
-            },
-            shutdown,
-        );
-        let admin = multiadmin::run(
-            base.ctx(multiadmin::NAME),
-            multiadmin::Triggers {
-                clusters: clusters.handle,
-                deployments: triggers(deployments.handle, &deployments.deletions),
-                services: triggers(services.handle, &services.deletions),
-                secrets: triggers(secrets.handle, &secrets.deletions),
-                core_templates: core_templates.handle,
-                cell_templates: cell_templates.handle,
-                shard_templates: shard_templates.handle,
-            },
-            shutdown,
-        );
-        // One task each, so reconciles of different kinds run on different worker threads.
-        let controllers = [
-            tokio::spawn(topo),
-            tokio::spawn(cells),
-            tokio::spawn(shards),
-            tokio::spawn(admin),
-        ];
-        for controller in controllers {
-            if let Err(error) = controller.await {
-                tracing::error!(%error, "a controller task failed");
-            }
+    if !listed {
+        return;
+    }
+    handler.state.set_ready(true).await;
+    tracing::info!("caches synced; serving");
+    let base = Base {
+        client: client.clone(),
+        scope,
+        state: handler.state.clone(),
+        recorder: recorder(&client),
+        stores,
+        telemetry,
+    };
+    let topo = toposerver::run(
+        base.ctx(toposerver::NAME),
+        topo_servers,
+        toposerver::Triggers {
+            statefulsets: statefulsets.changes_and_deletions(),
+            services: services.changes_and_deletions(),
+            pdbs: pdbs.changes_and_deletions(),
+            clusters: clusters.changes(),
+        },
+        shutdown,
+    );
+    let cells = cell::run(
+        base.ctx(cell::NAME),
+        cells,
+        deployments.changes_and_deletions(),
+        services.changes_and_deletions(),
+        shutdown,
+    );
+    let shards = shard::run(
+        base.ctx(shard::NAME),
+        shards,
+        shard::Triggers {
+            statefulsets: statefulsets.changes_and_deletions(),
+            deployments: deployments.changes_and_deletions(),
+            services: services.changes_and_deletions(),
+            pdbs: pdbs.changes_and_deletions(),
+            pods: pods.changes_and_deletions(),
+            config_maps: config_maps.changes_and_deletions(),
+            secrets: secrets.changes_and_deletions(),
+            pvcs: pvcs.changes_and_deletions(),
+        },
+        shutdown,
+    );
+    let admin = multiadmin::run(
+        base.ctx(multiadmin::NAME),
+        multiadmin::Triggers {
+            clusters: clusters.changes(),
+            deployments: deployments.changes_and_deletions(),
+            services: services.changes_and_deletions(),
+            secrets: secrets.changes_and_deletions(),
+            core_templates: core_templates.changes(),
+            cell_templates: cell_templates.changes(),
+            shard_templates: shard_templates.changes(),
+        },
+        shutdown,
+    );
+    // One task each, so reconciles of different kinds run on different worker threads.
+    let controllers = [
+        tokio::spawn(topo),
+        tokio::spawn(cells),
+        tokio::spawn(shards),
+        tokio::spawn(admin),
+    ];
+    for controller in controllers {
+        if let Err(error) = controller.await {
+            tracing::error!(%error, "a controller task failed");
         }
     }
-    for watch in watches {
-        watch.abort();
-    }
+    drop(running);
 }

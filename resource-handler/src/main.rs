@@ -7,7 +7,7 @@ use clap::Parser;
 use multigres_api::observability::InheritedEnv;
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
-use resource_handler::controller::Scope;
+use multigres_common::watch::Scope;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: "resource-handler",
@@ -34,10 +34,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
-    let scope = match cli.watch_namespace.filter(|ns| !ns.is_empty()) {
-        Some(namespace) => Scope::Namespace(namespace),
-        None => Scope::All,
-    };
+    let scope = Scope::of(cli.watch_namespace);
     // Read once: the fallback of every cluster's data-plane telemetry.
     let telemetry = InheritedEnv::from_vars(std::env::vars());
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;

@@ -305,14 +305,14 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
     })
     .await;
     confirm_reloads(&client, &ns, &new_reload_hash).await;
-    eventually("the reload settles", WAIT, || async {
+    let settled = eventually("the reload settles", WAIT, || async {
         let s = shards.get(NAME).await.map_err(|e| e.to_string())?;
         let pc = s
             .status
             .and_then(|st| st.postgres_config)
             .unwrap_or_default();
         match (pc.in_progress, &pc.last_applied_at) {
-            (Some(false), Some(at)) if Some(at) != settled.last_applied_at.as_ref() => Ok(()),
+            (Some(false), Some(at)) if Some(at) != settled.last_applied_at.as_ref() => Ok(pc),
             _ => Err(format!("{pc:?}")),
         }
     })
@@ -370,11 +370,16 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
             .status
             .and_then(|st| st.postgres_config)
             .unwrap_or_default();
-        // Known gap (session 7): since the rollout waits for a switchover, `lastAppliedAt` is
-        // not always stamped anew after a restart-class rollout; the settled state is checked.
-        match (pc.in_progress, &pc.last_applied_at) {
-            (Some(false), Some(_)) => Ok(()),
-            _ => Err(format!("{pc:?}")),
+        // Stamped anew once the new config settled on every pod: later than the reload's
+        // stamp, even when the rollout settles within the same second (a stored time keeps
+        // whole seconds).
+        match (
+            pc.in_progress,
+            &pc.last_applied_at,
+            &settled.last_applied_at,
+        ) {
+            (Some(false), Some(at), Some(before)) if at.0 > before.0 => Ok(()),
+            _ => Err(format!("{pc:?}; before the change: {settled:?}")),
         }
     })
     .await;

@@ -22,7 +22,9 @@ use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{Classify, Ctx, Shared, Trigger, drain, error_policy, observe, owned};
+use multigres_common::shared_watch::{Changes, SharedWatch};
+
+use crate::controller::{Classify, Ctx, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::sync::{self, SyncError};
@@ -68,12 +70,12 @@ const CONCURRENCY: u16 = 8;
 /// The controller, ready to be polled until shutdown.
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
-    cells: Shared<Guard>,
-    deployments: Trigger<Deployment>,
-    services: Trigger<Service>,
+    cells: SharedWatch<Guard>,
+    deployments: Changes<Deployment>,
+    services: Changes<Service>,
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let controller = Controller::for_shared_stream(cells.handle, cells.store);
+    let controller = Controller::for_shared_stream(cells.changes(), cells.store());
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
     let results = controller
         .owns_shared_stream(deployments)

@@ -20,17 +20,18 @@ use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_api::labels::{CLUSTER, COMPONENT, Component};
 use multigres_api::observability::{PROJECT_REF_ANNOTATION, Process};
 use multigres_api::resolver::{ResolveError, Templates, defaults, images, resolve};
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::apply::apply_status;
+use multigres_common::shared_watch::Changes;
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::Cond;
-use crate::controller::{Classify, Ctx, Stores, Trigger, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, Stores, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::sync::{self, FIELD_MANAGER, SyncError};
 use external::{Exposed, InvalidExposure};
@@ -84,20 +85,20 @@ impl Classify for Error {
 /// The change streams the multiadmin controller is triggered by.
 pub struct Triggers {
     /// The clusters themselves.
-    pub clusters: ReflectHandle<Guard>,
+    pub clusters: Changes<Guard>,
     /// Owned multiadmin and multiadmin-web Deployments, and every cell's multigateway
     /// Deployment (their readiness is the external gateway's).
-    pub deployments: Trigger<Deployment>,
+    pub deployments: Changes<Deployment>,
     /// Owned Services (their load-balancer status is the external endpoints').
-    pub services: Trigger<Service>,
+    pub services: Changes<Service>,
     /// Owned TLS Secrets (a deleted one is issued again).
-    pub secrets: Trigger<Secret>,
+    pub secrets: Changes<Secret>,
     /// Template changes re-resolve the clusters of their namespace.
-    pub core_templates: ReflectHandle<DeserializeGuard<CoreTemplate>>,
+    pub core_templates: Changes<DeserializeGuard<CoreTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.
-    pub cell_templates: ReflectHandle<DeserializeGuard<CellTemplate>>,
+    pub cell_templates: Changes<DeserializeGuard<CellTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.
-    pub shard_templates: ReflectHandle<DeserializeGuard<ShardTemplate>>,
+    pub shard_templates: Changes<DeserializeGuard<ShardTemplate>>,
 }
 
 /// Every cluster in the namespace of `obj` (a template change may change their resolution).

@@ -31,13 +31,12 @@ use kube::{Api, ResourceExt};
 use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Shard, ShardSpec, ShardStatus};
+use multigres_common::shared_watch::{Changes, SharedWatch};
 use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{
-    Classify, Ctx, POLL, Shared, Trigger, drain, error_policy, observe, owned,
-};
+use crate::controller::{Classify, Ctx, POLL, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
@@ -110,21 +109,21 @@ impl Classify for Error {
 /// The change streams the Shard controller is triggered by.
 pub struct Triggers {
     /// Owned pool StatefulSets (readiness, revisions).
-    pub statefulsets: Trigger<StatefulSet>,
+    pub statefulsets: Changes<StatefulSet>,
     /// Owned multiorch Deployments.
-    pub deployments: Trigger<Deployment>,
+    pub deployments: Changes<Deployment>,
     /// Owned Services.
-    pub services: Trigger<Service>,
+    pub services: Changes<Service>,
     /// Owned PodDisruptionBudgets.
-    pub pdbs: Trigger<PodDisruptionBudget>,
+    pub pdbs: Changes<PodDisruptionBudget>,
     /// Pool pods (readiness and role labels drive restarts).
-    pub pods: Trigger<Pod>,
+    pub pods: Changes<Pod>,
     /// Owned postgresql.conf ConfigMaps (a deleted or edited one is written again).
-    pub config_maps: Trigger<ConfigMap>,
+    pub config_maps: Changes<ConfigMap>,
     /// Owned TLS Secrets (a deleted one is issued again).
-    pub secrets: Trigger<Secret>,
+    pub secrets: Changes<Secret>,
     /// Pool volumes (a held scale-up continues once a scaled-away replica's claim is gone).
-    pub pvcs: Trigger<PersistentVolumeClaim>,
+    pub pvcs: Changes<PersistentVolumeClaim>,
 }
 
 /// Whether `object` (a pool pod or volume, by its labels) belongs to `shard`.
@@ -158,12 +157,12 @@ fn shards_of<K: ResourceExt>(shards: &Store<Guard>, object: &K) -> Vec<ObjectRef
 /// Its own status writes also come back as changes; they find nothing to do and write nothing.
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
-    shards: Shared<Guard>,
+    shards: SharedWatch<Guard>,
     triggers: Triggers,
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let controller = Controller::for_shared_stream(shards.handle, shards.store.clone());
-    let shards = shards.store;
+    let controller = Controller::for_shared_stream(shards.changes(), shards.store());
+    let shards = shards.store();
     // A referenced postgresql.conf ConfigMap belongs to the user: map it by name.
     let referenced = pgconfig::reference_changes(&ctx.client, &ctx.scope);
     let referencing = {

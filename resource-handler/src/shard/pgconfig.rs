@@ -25,7 +25,9 @@ use multigres_api::v1alpha1::{PostgresConfigRef, PostgresConfigStatus, Shard};
 
 use super::Guard;
 use super::build::ShardObjects;
-use crate::controller::{Ctx, Scope};
+use multigres_common::watch::Scope;
+
+use crate::controller::Ctx;
 use crate::owner::Owner;
 use crate::podspec::{env, mount};
 use crate::sync::{self, SyncError};

@@ -16,7 +16,7 @@ use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
-use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
@@ -25,7 +25,9 @@ use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{Classify, Ctx, Shared, Trigger, drain, error_policy, observe, owned};
+use multigres_common::shared_watch::{Changes, SharedWatch};
+
+use crate::controller::{Classify, Ctx, drain, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
@@ -74,18 +76,27 @@ impl Classify for Error {
     }
 }
 
+/// The change streams the TopoServer controller is triggered by.
+pub struct Triggers {
+    /// Owned etcd StatefulSets.
+    pub statefulsets: Changes<StatefulSet>,
+    /// Owned client and peer Services.
+    pub services: Changes<Service>,
+    /// Owned PodDisruptionBudgets.
+    pub pdbs: Changes<PodDisruptionBudget>,
+    /// Clusters, whose pull settings their TopoServers use.
+    pub clusters: Changes<DeserializeGuard<MultigresCluster>>,
+}
+
 /// The controller, ready to be polled until shutdown.
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
-    topo_servers: Shared<Guard>,
-    statefulsets: Trigger<StatefulSet>,
-    services: Trigger<Service>,
-    pdbs: Trigger<PodDisruptionBudget>,
-    clusters: ReflectHandle<DeserializeGuard<MultigresCluster>>,
+    topo_servers: SharedWatch<Guard>,
+    triggers: Triggers,
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let store = topo_servers.store.clone();
-    let controller = Controller::for_shared_stream(topo_servers.handle, store.clone());
+    let store = topo_servers.store();
+    let controller = Controller::for_shared_stream(topo_servers.changes(), store.clone());
     // Pull settings come from the cluster: a change there must reach its TopoServers.
     let by_cluster = move |cluster: Arc<DeserializeGuard<MultigresCluster>>| {
         let namespace = cluster.namespace();
@@ -102,10 +113,10 @@ pub fn run(
     };
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
     let results = controller
-        .owns_shared_stream(statefulsets)
-        .owns_shared_stream(services)
-        .owns_shared_stream(pdbs)
-        .watches_shared_stream(clusters, by_cluster)
+        .owns_shared_stream(triggers.statefulsets)
+        .owns_shared_stream(triggers.services)
+        .owns_shared_stream(triggers.pdbs)
+        .watches_shared_stream(triggers.clusters, by_cluster)
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
