@@ -68,7 +68,6 @@ const PROGRESS_BUDGET: Budget = Budget {
 /// Runs both controllers over `scope` until `ctx.shutdown` fires, giving clusters `images`
 /// as the operator's default image set. Reports SERVING once every cache has synced.
 pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::ImageDefaults) {
-    writes::describe();
     let client = ctx.client.clone();
     let everything = watcher::Config::default;
     let managed = || watcher::Config::default().labels(MANAGED_SELECTOR);

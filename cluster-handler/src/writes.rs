@@ -10,6 +10,7 @@ use kube::runtime::events::{Event, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_common::apply::{self, ApplyError};
+use multigres_common::metrics::record_api_write as count;
 use multigres_common::status_pacer::{FirstStatus, Pace, StatusPacer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -17,32 +18,10 @@ use serde::de::DeserializeOwned;
 use crate::children::Child;
 use crate::watch::Guarded;
 
-/// Writes to the API server per controller, kind and verb (`apply`, `apply-status`,
-/// `delete`, `event`).
-pub const API_WRITES_TOTAL: &str = "multigres_operator_api_writes_total";
-
 /// How long a write waits for the watch cache to show it before moving on.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the cache is checked meanwhile.
 const SETTLE_POLL: Duration = Duration::from_millis(5);
-
-/// Registers the HELP text of the write counter with the installed recorder.
-pub fn describe() {
-    metrics::describe_counter!(
-        API_WRITES_TOTAL,
-        "Writes to the Kubernetes API per controller, kind and verb."
-    );
-}
-
-fn count(controller: &'static str, kind: &str, verb: &'static str) {
-    metrics::counter!(
-        API_WRITES_TOTAL,
-        "controller" => controller,
-        "kind" => kind.to_owned(),
-        "verb" => verb
-    )
-    .increment(1);
-}
 
 /// The kind, name and message of an apply the API server refused as invalid (HTTP 400 or
 /// 422): the object built from the user's spec breaks a schema or CEL rule, so retrying
@@ -289,35 +268,5 @@ async fn settle<K>(
             return;
         }
         tokio::time::sleep(SETTLE_POLL).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn writes_are_counted_per_controller_kind_and_verb() {
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        metrics::with_local_recorder(&recorder, || {
-            describe();
-            count("multigrescluster", "Cell", "apply");
-            count("multigrescluster", "Cell", "apply");
-            count("tablegroup", "TableGroup", "apply-status");
-        });
-        let text = handle.render();
-        assert!(
-            text.contains(
-                r#"multigres_operator_api_writes_total{controller="multigrescluster",kind="Cell",verb="apply"} 2"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                r#"multigres_operator_api_writes_total{controller="tablegroup",kind="TableGroup",verb="apply-status"} 1"#
-            ),
-            "{text}"
-        );
     }
 }

@@ -3,8 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
+use kube::client::{Body, ClientBuilder};
 use kube::config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Client, Config};
+use tower::util::MapRequestLayer;
+
+use crate::metrics::KUBE_WRITE_REQUESTS_TOTAL;
 
 /// Why no working client could be made.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +62,7 @@ pub async fn load_config(kubeconfig: Option<&Path>) -> Result<Config, ClientErro
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
     let config = load_config(kubeconfig).await?;
     let url = config.cluster_url.to_string();
-    let client = Client::try_from(config).map_err(ClientError::Build)?;
+    let client = counting_client(config)?;
     let version = client
         .apiserver_version()
         .await
@@ -70,9 +74,120 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
     Ok(client)
 }
 
+/// A client that counts every mutating request it sends in
+/// [`KUBE_WRITE_REQUESTS_TOTAL`], whichever code path sent it.
+pub fn counting_client(config: Config) -> Result<Client, ClientError> {
+    let builder = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
+    Ok(builder
+        .with_layer(&MapRequestLayer::new(count_write))
+        .build())
+}
+
+fn count_write(request: http::Request<Body>) -> http::Request<Body> {
+    if let Some(verb) = write_verb(request.method()) {
+        let (resource, subresource) = resource_of(request.uri().path());
+        metrics::counter!(
+            KUBE_WRITE_REQUESTS_TOTAL,
+            "verb" => verb,
+            "resource" => resource.to_owned(),
+            "subresource" => subresource.to_owned()
+        )
+        .increment(1);
+    }
+    request
+}
+
+/// The Kubernetes verb of a mutating HTTP method; `None` for reads (and watches).
+fn write_verb(method: &http::Method) -> Option<&'static str> {
+    match *method {
+        http::Method::POST => Some("create"),
+        http::Method::PUT => Some("update"),
+        http::Method::PATCH => Some("patch"),
+        http::Method::DELETE => Some("delete"),
+        _ => None,
+    }
+}
+
+/// The resource (plural) and subresource (empty for none) an API path addresses:
+/// `/api/v1/namespaces/ns/pods/p/status` → (`pods`, `status`).
+fn resource_of(path: &str) -> (&str, &str) {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match segments.as_slice() {
+        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] => rest,
+        _ => return ("", ""),
+    };
+    let rest = match rest {
+        ["namespaces", _namespace, inside @ ..] if !inside.is_empty() => inside,
+        rest => rest,
+    };
+    match rest {
+        [resource, more @ ..] => (resource, more.get(1).copied().unwrap_or_default()),
+        [] => ("", ""),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_is_labelled_with_its_resource_and_subresource() {
+        let cases = [
+            ("/api/v1/namespaces/ns/pods/p-0", ("pods", "")),
+            (
+                "/api/v1/namespaces/ns/pods/p-0/eviction",
+                ("pods", "eviction"),
+            ),
+            ("/api/v1/namespaces/ns/events", ("events", "")),
+            (
+                "/apis/multigres.com/v1alpha1/namespaces/ns/shards/s/status",
+                ("shards", "status"),
+            ),
+            (
+                "/apis/apps/v1/namespaces/ns/statefulsets",
+                ("statefulsets", ""),
+            ),
+            ("/api/v1/namespaces/ns", ("namespaces", "")),
+            (
+                "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/v",
+                ("validatingwebhookconfigurations", ""),
+            ),
+            ("/version", ("", "")),
+        ];
+        for (path, expected) in cases {
+            assert_eq!(resource_of(path), expected, "{path}");
+        }
+        assert_eq!(write_verb(&http::Method::PATCH), Some("patch"));
+        assert_eq!(write_verb(&http::Method::GET), None);
+    }
+
+    #[test]
+    fn every_mutating_request_through_the_client_stack_is_counted() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let request = |method, uri: &str| {
+                let request = http::Request::builder().method(method).uri(uri);
+                count_write(request.body(Body::empty()).unwrap());
+            };
+            request(http::Method::PATCH, "/api/v1/namespaces/ns/pods/p");
+            request(http::Method::PATCH, "/api/v1/namespaces/ns/pods/q");
+            request(http::Method::GET, "/api/v1/namespaces/ns/pods?watch=true");
+            request(http::Method::DELETE, "/api/v1/namespaces/ns/pods/p");
+        });
+        let text = handle.render();
+        let line = |verb: &str| {
+            format!(
+                r#"{KUBE_WRITE_REQUESTS_TOTAL}{{verb="{verb}",resource="pods",subresource=""}}"#
+            )
+        };
+        assert!(text.contains(&format!("{} 2", line("patch"))), "{text}");
+        assert!(text.contains(&format!("{} 1", line("delete"))), "{text}");
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with(KUBE_WRITE_REQUESTS_TOTAL));
+        assert_eq!(series.count(), 2, "the watch is not a write: {text}");
+    }
 
     #[tokio::test]
     async fn missing_kubeconfig_file_names_the_path() {

@@ -28,6 +28,15 @@ pub const WEBHOOK_REQUEST_TOTAL: &str = "multigres_operator_webhook_request_tota
 pub const WEBHOOK_REQUEST_DURATION_SECONDS: &str =
     "multigres_operator_webhook_request_duration_seconds";
 
+/// Writes a controller made, per `controller`, `kind` and `verb` (`apply`, `apply-status`,
+/// `patch`, `delete`, `event`): what each write was for.
+pub const API_WRITES_TOTAL: &str = "multigres_operator_api_writes_total";
+/// Every mutating request the handler's Kubernetes client sent, per `verb` (`create`,
+/// `update`, `patch`, `delete`), `resource` (plural) and `subresource` (empty for the object
+/// itself). Counted in the client itself ([`crate::client`]), so no write path can bypass it:
+/// the idle-cost tests rely on it.
+pub const KUBE_WRITE_REQUESTS_TOTAL: &str = "multigres_operator_kube_write_requests_total";
+
 /// Histogram buckets for reconcile latency, up to the 30 s of the seed's slow-reconcile alert
 /// and beyond.
 const DURATION_BUCKETS: &[f64] = &[
@@ -70,6 +79,14 @@ pub fn describe() {
         "1 while this replica acts (leader or leader election off), 0 while it stands by."
     );
     metrics::describe_counter!(
+        API_WRITES_TOTAL,
+        "Writes to the Kubernetes API per controller, kind and verb."
+    );
+    metrics::describe_counter!(
+        KUBE_WRITE_REQUESTS_TOTAL,
+        "Mutating requests the Kubernetes client sent, per verb, resource and subresource."
+    );
+    metrics::describe_counter!(
         WEBHOOK_REQUEST_TOTAL,
         "Admission requests per operation (DEFAULT or VALIDATE), resource and result."
     );
@@ -97,6 +114,17 @@ pub fn record_reconcile(controller: &str, outcome: Result<(), &str>, elapsed: Du
     }
     metrics::histogram!(RECONCILE_DURATION_SECONDS, "controller" => controller)
         .record(elapsed.as_secs_f64());
+}
+
+/// Counts one write of `controller`; see [`API_WRITES_TOTAL`].
+pub fn record_api_write(controller: &'static str, kind: &str, verb: &'static str) {
+    metrics::counter!(
+        API_WRITES_TOTAL,
+        "controller" => controller,
+        "kind" => kind.to_owned(),
+        "verb" => verb
+    )
+    .increment(1);
 }
 
 /// Records one admission request; see [`WEBHOOK_REQUEST_TOTAL`] for the label values.

@@ -98,7 +98,6 @@ impl Settings {
 /// Runs the three controllers over `scope` until `ctx.shutdown` fires. Reports SERVING once
 /// every cache has synced.
 pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
-    writes::describe();
     let client = ctx.client.clone();
     let everything = watcher::Config::default;
     let managed = || watcher::Config::default().labels(MANAGED_SELECTOR);

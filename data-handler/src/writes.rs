@@ -12,31 +12,10 @@ use kube::{Api, Resource, ResourceExt};
 use multigres_api::labels::ROLE;
 use multigres_api::postgres::RELOAD_HASH_ANNOTATION;
 use multigres_common::apply::{self, ApplyError};
+use multigres_common::metrics::record_api_write as count;
 use multigres_common::telemetry::ErrorChain;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-
-/// Writes to the API server per controller, kind and verb (`apply`, `apply-status`, `patch`,
-/// `event`).
-pub const API_WRITES_TOTAL: &str = "multigres_operator_api_writes_total";
-
-/// Registers the HELP text of the write counter with the installed recorder.
-pub fn describe() {
-    metrics::describe_counter!(
-        API_WRITES_TOTAL,
-        "Writes to the Kubernetes API per controller, kind and verb."
-    );
-}
-
-fn count(controller: &'static str, kind: &str, verb: &'static str) {
-    metrics::counter!(
-        API_WRITES_TOTAL,
-        "controller" => controller,
-        "kind" => kind.to_owned(),
-        "verb" => verb
-    )
-    .increment(1);
-}
 
 /// Whether a write failed because the object no longer exists (404), or, for a server-side
 /// apply, because the apply tried to create a deleted object and it was refused (422).
@@ -183,31 +162,6 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn writes_are_counted_per_controller_kind_and_verb() {
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        metrics::with_local_recorder(&recorder, || {
-            describe();
-            count("shard-roles", "Pod", "apply");
-            count("shard-roles", "Pod", "apply");
-            count("cell", "Cell", "apply-status");
-        });
-        let text = handle.render();
-        assert!(
-            text.contains(
-                r#"multigres_operator_api_writes_total{controller="shard-roles",kind="Pod",verb="apply"} 2"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                r#"multigres_operator_api_writes_total{controller="cell",kind="Cell",verb="apply-status"} 1"#
-            ),
-            "{text}"
-        );
-    }
 
     #[test]
     fn gone_means_not_found_or_refused_create() {

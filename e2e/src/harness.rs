@@ -501,6 +501,13 @@ pub fn multigres_clusters() -> ApiResource {
     }
 }
 
+/// The controllers' own write counter (what each write was for;
+/// `multigres_common::metrics::API_WRITES_TOTAL`, a dev-dependency only here).
+const API_WRITES: &str = "multigres_operator_api_writes_total";
+/// The client's count of every mutating request (no write path bypasses it;
+/// `multigres_common::metrics::KUBE_WRITE_REQUESTS_TOTAL`).
+const KUBE_WRITE_REQUESTS: &str = "multigres_operator_kube_write_requests_total";
+
 /// The longest a handler defers a status write while few objects converge, as in these tests
 /// (`multigres_common::status_pacer::MIN_INTERVAL`, a dev-dependency only here).
 pub const STATUS_PACING: Duration = Duration::from_secs(5);
@@ -709,13 +716,15 @@ impl HandlerProcess {
             .sum::<f64>() as u64
     }
 
-    /// Every Kubernetes write the handler counted, keyed `controller/kind/verb`.
+    /// Every Kubernetes write the handler made: what its controllers counted, keyed
+    /// `controller/kind/verb`, and every mutating request its client sent, keyed
+    /// `kube/resource[/subresource]/verb` (counted in the client, so a write path that forgets
+    /// to count still shows here; Lease renewals left out).
     pub async fn writes(&self) -> BTreeMap<String, u64> {
-        self.metrics()
-            .await
-            .lines()
-            .filter_map(|line| {
-                let rest = line.strip_prefix("multigres_operator_api_writes_total{")?;
+        let metrics = self.metrics().await;
+        let series = |name: &'static str| {
+            metrics.lines().filter_map(move |line| {
+                let rest = line.strip_prefix(name)?.strip_prefix('{')?;
                 let (labels, value) = rest.split_once("} ")?;
                 let label = |key: &str| {
                     labels
@@ -724,14 +733,27 @@ impl HandlerProcess {
                         .map(|v| v.trim_end_matches('"').to_owned())
                         .unwrap_or_default()
                 };
-                let key = format!(
-                    "{}/{}/{}",
-                    label("controller"),
-                    label("kind"),
-                    label("verb")
-                );
+                let key = match name {
+                    API_WRITES => {
+                        format!(
+                            "{}/{}/{}",
+                            label("controller"),
+                            label("kind"),
+                            label("verb")
+                        )
+                    }
+                    // A Lease renewal is the leader's heartbeat, not a write objects cause.
+                    _ if label("resource") == "leases" => return None,
+                    _ => match label("subresource").as_str() {
+                        "" => format!("kube/{}/{}", label("resource"), label("verb")),
+                        sub => format!("kube/{}/{sub}/{}", label("resource"), label("verb")),
+                    },
+                };
                 Some((key, value.trim().parse().ok()?))
             })
+        };
+        series(API_WRITES)
+            .chain(series(KUBE_WRITE_REQUESTS))
             .collect()
     }
 

@@ -808,7 +808,7 @@ async fn an_idle_cluster_costs_no_writes() {
     assert_eq!(writes_after, last, "the handler wrote while idle");
     assert_eq!(after, before, "objects changed while idle");
     println!("idle for 60s: 0 writes, {} objects unchanged", before.len());
-    let known: BTreeSet<&str> = ["multigrescluster", "tablegroup"].into();
+    let known: BTreeSet<&str> = ["multigrescluster", "tablegroup", "kube"].into();
     assert!(
         last.keys()
             .all(|k| known.contains(k.split('/').next().unwrap())),

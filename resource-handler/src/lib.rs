@@ -47,7 +47,6 @@ use workload_cache::{WorkloadStore, trim_template};
 /// still filling; each subscription starts with every cached object, so nothing listed before
 /// is missed.
 pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv) {
-    sync::describe();
     let client = handler.client.clone();
     let all = watcher::Config::default;
     let mut watches = Watches::new(client.clone(), scope.clone(), handler.state.clone());

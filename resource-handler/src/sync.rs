@@ -24,29 +24,7 @@ use serde_json::Value;
 /// The field manager of every write this handler makes.
 pub const FIELD_MANAGER: &str = "multigres-operator/resource-handler";
 
-/// Writes to the API server per controller, kind and verb (`apply`, `apply-status`,
-/// `delete`, `patch`, `event`): tests and alerts use it to see that an idle cluster costs
-/// nothing.
-pub const API_WRITES_TOTAL: &str = "multigres_operator_api_writes_total";
-
-/// Registers the HELP text of the write counter with the installed recorder.
-pub fn describe() {
-    metrics::describe_counter!(
-        API_WRITES_TOTAL,
-        "Writes to the Kubernetes API per controller, kind and verb."
-    );
-}
-
-/// Counts one write.
-pub fn count(controller: &'static str, kind: &str, verb: &'static str) {
-    metrics::counter!(
-        API_WRITES_TOTAL,
-        "controller" => controller,
-        "kind" => kind.to_owned(),
-        "verb" => verb
-    )
-    .increment(1);
-}
+pub use multigres_common::metrics::record_api_write as count;
 
 /// Annotation holding the hash of the object as this handler last applied it.
 pub const APPLIED_HASH: &str = "multigres.com/applied-hash";
