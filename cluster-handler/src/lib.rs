@@ -19,7 +19,6 @@ pub mod writes;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::Resource;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -33,9 +32,9 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::HandlerContext;
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
+use multigres_common::controller::{drive, error_policy};
 use multigres_common::shared_watch::Watches;
 use multigres_common::status_pacer::{self, Budget, StatusPacer};
-use multigres_common::telemetry::ErrorChain;
 use multigres_common::watch::Scope;
 
 use crate::watch::Guarded;
@@ -149,19 +148,13 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
         )
         .with_config(config.clone())
         .graceful_shutdown_on(ctx.shutdown.wait())
-        .run(cluster::reconcile, cluster::error_policy, cluster_ctx)
-        .for_each(|result| async move { log(cluster::CONTROLLER, result) });
+        .run(cluster::reconcile, error_policy, cluster_ctx);
     let table_group_controller =
         Controller::for_shared_stream(table_groups.changes(), table_groups.store())
             .owns_shared_stream(shards.changes_and_deletions())
             .with_config(config)
             .graceful_shutdown_on(ctx.shutdown.wait())
-            .run(
-                tablegroup::reconcile,
-                tablegroup::error_policy,
-                table_group_ctx,
-            )
-            .for_each(|result| async move { log(tablegroup::CONTROLLER, result) });
+            .run(tablegroup::reconcile, error_policy, table_group_ctx);
 
     let readiness = async {
         tokio::select! {
@@ -172,26 +165,11 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
             () = ctx.shutdown.wait() => {}
         }
     };
-    futures::join!(cluster_controller, table_group_controller, readiness);
-}
-
-fn log<K, E>(
-    controller: &'static str,
-    result: Result<(ObjectRef<K>, controller::Action), controller::Error<E, watcher::Error>>,
-) where
-    K: Resource,
-    E: std::error::Error + 'static,
-{
-    match result {
-        Ok((object, action)) => tracing::debug!(controller, %object, ?action, "reconciled"),
-        Err(controller::Error::ReconcilerFailed(error, object)) => {
-            tracing::warn!(controller, %object, error = %ErrorChain(&error), "reconcile failed");
-        }
-        Err(controller::Error::ObjectNotFound(object)) => {
-            tracing::debug!(controller, %object, "object gone before its reconcile");
-        }
-        Err(error) => tracing::warn!(controller, error = %ErrorChain(&error), "controller error"),
-    }
+    futures::join!(
+        drive(cluster::CONTROLLER, cluster_controller),
+        drive(tablegroup::CONTROLLER, table_group_controller),
+        readiness
+    );
 }
 
 /// The mapper of a template watch: the clusters depending on the changed template.

@@ -11,6 +11,7 @@ pub mod certs;
 pub mod cli;
 pub mod client;
 pub mod conditions;
+pub mod controller;
 pub mod grpc;
 pub mod leader;
 pub mod metrics;

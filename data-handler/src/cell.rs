@@ -19,6 +19,7 @@ use multigres_api::names;
 use multigres_api::v1alpha1::{Cell, MultigresCluster, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
+use multigres_common::controller::{Classify, WithBackoff};
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, StatusPacer};
 use multigres_common::telemetry::ErrorChain;
@@ -69,15 +70,15 @@ pub enum Error {
     Cleanup(#[source] Box<Error>),
 }
 
-impl Error {
+impl Classify for Error {
     /// Whether only a change (of the Cell or its cluster, which re-triggers the Cell) can fix
     /// this; everything else is retried with backoff.
-    pub fn is_invalid_spec(&self) -> bool {
+    fn is_invalid_spec(&self) -> bool {
         matches!(self, Error::Malformed { .. } | Error::Target(_))
     }
 
     /// Short category, for metrics.
-    pub fn category(&self) -> &'static str {
+    fn category(&self) -> &'static str {
         match self {
             Error::Malformed { .. } => "malformed",
             Error::ClusterNotFound { .. } => "cluster_not_found",
@@ -128,10 +129,10 @@ pub async fn reconcile(obj: Arc<Guarded<Cell>>, ctx: Arc<Context>) -> Result<Act
         .await
 }
 
-/// Waits for a change after a spec problem; backs off (with jitter) after anything else.
-pub fn error_policy(obj: Arc<Guarded<Cell>>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff
-        .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
+impl WithBackoff<Guarded<Cell>> for Context {
+    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<Cell>>> {
+        &self.backoff
+    }
 }
 
 /// The MultigresCluster a Cell belongs to: the one its `multigres.com/cluster` label names, in

@@ -26,6 +26,7 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
+use multigres_common::controller::{Classify, WithBackoff};
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, Pace, StatusPacer};
 
@@ -78,11 +79,11 @@ pub enum Error {
     Cleanup(#[source] Box<Error>),
 }
 
-impl Error {
+impl Classify for Error {
     /// Whether only a change of the cluster can fix this: no retry until it changes.
     /// Everything else (server down, Secret missing, record held by another cluster) is retried
     /// with backoff, since the fix happens outside the cluster object.
-    pub fn is_invalid_spec(&self) -> bool {
+    fn is_invalid_spec(&self) -> bool {
         matches!(
             self,
             Error::Malformed { .. } | Error::Resolve(_) | Error::Target(_) | Error::Records(_)
@@ -90,7 +91,7 @@ impl Error {
     }
 
     /// Short category, for metrics.
-    pub fn category(&self) -> &'static str {
+    fn category(&self) -> &'static str {
         match self {
             Error::Malformed { .. } => "malformed",
             Error::Resolve(_) | Error::Target(_) | Error::Records(_) => "invalid_spec",
@@ -154,14 +155,10 @@ pub async fn reconcile(
         .await
 }
 
-/// Waits for a change after a spec problem; backs off (with jitter) after anything else.
-pub fn error_policy(
-    obj: Arc<Guarded<MultigresCluster>>,
-    error: &Error,
-    ctx: Arc<Context>,
-) -> Action {
-    ctx.backoff
-        .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
+impl WithBackoff<Guarded<MultigresCluster>> for Context {
+    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>> {
+        &self.backoff
+    }
 }
 
 async fn reconcile_cluster(

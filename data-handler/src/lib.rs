@@ -35,7 +35,6 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Resource;
 use kube::runtime::controller::{self, Controller};
@@ -48,8 +47,8 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::HandlerContext;
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
+use multigres_common::controller::{drive, error_policy};
 use multigres_common::shared_watch::Watches;
-use multigres_common::telemetry::ErrorChain;
 use multigres_common::watch::Scope;
 
 use crate::target::Connections;
@@ -200,15 +199,13 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         )
         .with_config(config.clone())
         .graceful_shutdown_on(ctx.shutdown.wait())
-        .run(cluster::reconcile, cluster::error_policy, cluster_ctx)
-        .for_each(|result| async move { log(cluster::CONTROLLER, result) });
+        .run(cluster::reconcile, error_policy, cluster_ctx);
 
     let cell_controller = Controller::for_shared_stream(cells.changes(), cells.store())
         .watches_shared_stream(clusters.changes(), children_of(&cells.store()))
         .with_config(config.clone())
         .graceful_shutdown_on(ctx.shutdown.wait())
-        .run(cell::reconcile, cell::error_policy, cell_ctx)
-        .for_each(|result| async move { log(cell::CONTROLLER, result) });
+        .run(cell::reconcile, error_policy, cell_ctx);
 
     let shard_controller = Controller::for_shared_stream(shards.changes(), shards.store())
         .watches_shared_stream(clusters.changes(), children_of(&shards.store()))
@@ -218,8 +215,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         .owns_shared_stream(config_maps.changes_and_deletions())
         .with_config(config)
         .graceful_shutdown_on(ctx.shutdown.wait())
-        .run(shard::reconcile, shard::error_policy, shard_ctx)
-        .for_each(|result| async move { log(shard::CONTROLLER, result) });
+        .run(shard::reconcile, error_policy, shard_ctx);
 
     let readiness = async {
         tokio::select! {
@@ -231,9 +227,9 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         }
     };
     futures::join!(
-        cluster_controller,
-        cell_controller,
-        shard_controller,
+        drive(cluster::CONTROLLER, cluster_controller),
+        drive(cell::CONTROLLER, cell_controller),
+        drive(shard::CONTROLLER, shard_controller),
         readiness
     );
 }
@@ -271,24 +267,5 @@ where
         let namespace = cluster.meta().namespace.clone().unwrap_or_default();
         let name = cluster.meta().name.clone().unwrap_or_default();
         labelled(&store, &namespace, labels::CLUSTER, &name)
-    }
-}
-
-fn log<K, E>(
-    controller: &'static str,
-    result: Result<(ObjectRef<K>, controller::Action), controller::Error<E, watcher::Error>>,
-) where
-    K: Resource,
-    E: std::error::Error + 'static,
-{
-    match result {
-        Ok((object, action)) => tracing::debug!(controller, %object, ?action, "reconciled"),
-        Err(controller::Error::ReconcilerFailed(error, object)) => {
-            tracing::warn!(controller, %object, error = %ErrorChain(&error), "reconcile failed");
-        }
-        Err(controller::Error::ObjectNotFound(object)) => {
-            tracing::debug!(controller, %object, "object gone before its reconcile");
-        }
-        Err(error) => tracing::warn!(controller, error = %ErrorChain(&error), "controller error"),
     }
 }

@@ -35,6 +35,7 @@ use multigres_api::postgres::RELOAD_HASH_ANNOTATION;
 use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
+use multigres_common::controller::{Classify, WithBackoff};
 use multigres_common::state::HandlerState;
 use multigres_common::telemetry::ErrorChain;
 use serde_json::json;
@@ -104,9 +105,9 @@ pub enum Error {
     },
 }
 
-impl Error {
+impl Classify for Error {
     /// Whether only a change can fix this (no periodic retry).
-    pub fn is_invalid_spec(&self) -> bool {
+    fn is_invalid_spec(&self) -> bool {
         matches!(
             self,
             Error::Malformed { .. } | Error::Target(_) | Error::Config(_)
@@ -114,7 +115,7 @@ impl Error {
     }
 
     /// Short category, for metrics.
-    pub fn category(&self) -> &'static str {
+    fn category(&self) -> &'static str {
         match self {
             Error::Malformed { .. } => "malformed",
             Error::ClusterNotFound { .. } => "cluster_not_found",
@@ -174,10 +175,10 @@ pub async fn reconcile(obj: Arc<Guarded<Shard>>, ctx: Arc<Context>) -> Result<Ac
         .await
 }
 
-/// Waits for a change after a spec problem; backs off (with jitter) after anything else.
-pub fn error_policy(obj: Arc<Guarded<Shard>>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff
-        .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
+impl WithBackoff<Guarded<Shard>> for Context {
+    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<Shard>>> {
+        &self.backoff
+    }
 }
 
 /// How to reach the topology of `cell` of cluster `cluster`: its own etcd's settings when its

@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
@@ -17,11 +16,12 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use multigres_api::labels::{COMPONENT, Component, MANAGED_SELECTOR};
 use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
+use multigres_common::controller::WithBackoff;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::StatusPacer;
 use multigres_common::telemetry::ErrorChain;
@@ -32,13 +32,7 @@ use crate::workload_cache::WorkloadStore;
 /// Name under which events are reported.
 pub const REPORTER: &str = "multigres.com/resource-handler";
 
-/// Whether an error needs a spec change (wait for one) or may pass (retry with backoff).
-pub trait Classify: std::error::Error + Send + Sync + 'static {
-    /// True when retrying cannot help until the spec changes.
-    fn is_invalid_spec(&self) -> bool;
-    /// A short, bounded label for metrics, e.g. `invalid_spec` or `kube_api`.
-    fn category(&self) -> &'static str;
-}
+pub use multigres_common::controller::{Classify, error_policy};
 
 /// Objects this operator manages (every child carries the label).
 pub fn managed() -> watcher::Config {
@@ -220,13 +214,6 @@ where
         Err(error) => {
             ctx.state
                 .record_reconcile(ctx.name, Err(error.category()), elapsed);
-            tracing::warn!(
-                controller = ctx.name,
-                name = %obj.name_any(),
-                namespace = ?obj.namespace(),
-                error = %ErrorChain(error),
-                "reconcile failed"
-            );
             if error.is_invalid_spec() {
                 let note = ErrorChain(error).to_string();
                 ctx.event(obj, EventType::Warning, "InvalidSpec", note)
@@ -237,35 +224,15 @@ where
     result
 }
 
-/// Invalid specs wait for a change; anything else is retried with per-object backoff.
-pub fn error_policy<K, E>(obj: Arc<K>, error: &E, ctx: Arc<Ctx<K>>) -> Action
-where
-    K: Resource<DynamicType = ()> + Clone,
-    E: Classify,
-{
-    ctx.backoff
-        .after_error(&ObjectRef::from_obj(&obj), error.is_invalid_spec())
+impl<K: Resource<DynamicType = ()>> WithBackoff<K> for Ctx<K> {
+    fn backoff(&self) -> &ObjectBackoff<ObjectRef<K>> {
+        &self.backoff
+    }
 }
 
 /// How long to wait before looking again at something only polling can see progress of
 /// (a restarted pod coming back).
 pub const POLL: Duration = Duration::from_secs(5);
-
-/// Drives a controller's result stream until it ends (on shutdown).
-pub async fn drain<S, T, E>(name: &'static str, results: S)
-where
-    S: Stream<Item = Result<T, E>>,
-    E: std::error::Error + 'static,
-{
-    results
-        .for_each(|result| {
-            if let Err(error) = result {
-                tracing::debug!(controller = name, error = %ErrorChain(&error), "controller event");
-            }
-            std::future::ready(())
-        })
-        .await;
-}
 
 #[cfg(test)]
 mod tests {

@@ -23,6 +23,7 @@ use multigres_api::v1alpha1::{
 };
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
+use multigres_common::controller::{Classify, WithBackoff};
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
@@ -113,10 +114,10 @@ pub enum Error {
     Images(#[from] images::RecordInvalid),
 }
 
-impl Error {
+impl Classify for Error {
     /// Whether only a change by the user can fix this: no retry, a condition and an event say
     /// why. Everything else is retried with backoff.
-    pub fn is_invalid_spec(&self) -> bool {
+    fn is_invalid_spec(&self) -> bool {
         matches!(
             self,
             Error::Malformed { .. }
@@ -128,6 +129,12 @@ impl Error {
         )
     }
 
+    fn category(&self) -> &'static str {
+        self.reason()
+    }
+}
+
+impl Error {
     /// Condition reason (and metric category) of the error.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -228,14 +235,10 @@ pub async fn reconcile(
     result
 }
 
-/// Waits for a change after a spec problem; backs off (with jitter) after anything else.
-pub fn error_policy(
-    obj: Arc<Guarded<MultigresCluster>>,
-    error: &Error,
-    ctx: Arc<Context>,
-) -> Action {
-    ctx.backoff
-        .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
+impl WithBackoff<Guarded<MultigresCluster>> for Context {
+    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>> {
+        &self.backoff
+    }
 }
 
 async fn reconcile_cluster(

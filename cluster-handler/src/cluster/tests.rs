@@ -11,6 +11,7 @@ use multigres_api::v1alpha1::{
     Cell, MultigresCluster, Phase, ResolvedTemplates, TableGroup, TemplateRef, TopoServer,
 };
 use multigres_common::conditions::{FALSE, TRUE, find_condition};
+use multigres_common::controller::Classify;
 use serde_json::{Value, json};
 
 use super::build::{self, Children, Owner};

@@ -16,6 +16,7 @@ use kube::{Resource, ResourceExt};
 use multigres_api::v1alpha1::{Shard, TableGroup};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
+use multigres_common::controller::{Classify, WithBackoff};
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
@@ -83,15 +84,21 @@ pub enum Error {
     Status(#[source] ApplyError),
 }
 
-impl Error {
+impl Classify for Error {
     /// Whether only a change can fix this (no retry; a condition and an event say why).
-    pub fn is_invalid_spec(&self) -> bool {
+    fn is_invalid_spec(&self) -> bool {
         matches!(
             self,
             Error::Malformed { .. } | Error::Incomplete(_) | Error::Rejected { .. }
         )
     }
 
+    fn category(&self) -> &'static str {
+        self.reason()
+    }
+}
+
+impl Error {
     /// Condition reason (and metric category) of the error.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -163,10 +170,10 @@ pub async fn reconcile(obj: Arc<Guarded<TableGroup>>, ctx: Arc<Context>) -> Resu
     result
 }
 
-/// Waits for a change after a spec problem; backs off (with jitter) after anything else.
-pub fn error_policy(obj: Arc<Guarded<TableGroup>>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff
-        .after_error(&ObjectRef::from_obj(&*obj), error.is_invalid_spec())
+impl WithBackoff<Guarded<TableGroup>> for Context {
+    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<TableGroup>>> {
+        &self.backoff
+    }
 }
 
 async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Result<Action, Error> {

@@ -7,6 +7,7 @@ use kube::ResourceExt;
 use multigres_api::resolver;
 use multigres_api::v1alpha1::{Phase, Shard, TableGroup};
 use multigres_common::conditions::{FALSE, TRUE, find_condition};
+use multigres_common::controller::Classify;
 use serde_json::{Value, json};
 
 use super::build::{self, Owner};

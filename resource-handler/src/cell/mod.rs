@@ -24,7 +24,7 @@ use multigres_common::status_pacer;
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
-use crate::controller::{Classify, Ctx, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::sync::{self, SyncError};
@@ -83,7 +83,7 @@ pub fn run(
         .with_config(Config::default().concurrency(CONCURRENCY))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
-    drain(NAME, results)
+    multigres_common::controller::drive(NAME, results)
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {

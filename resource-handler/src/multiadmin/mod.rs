@@ -31,7 +31,7 @@ use multigres_common::shared_watch::Changes;
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::Cond;
-use crate::controller::{Classify, Ctx, Stores, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, Stores, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::sync::{self, FIELD_MANAGER, SyncError};
 use external::{Exposed, InvalidExposure};
@@ -157,7 +157,7 @@ pub fn run(
         .with_config(Config::default().concurrency(2))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
-    drain(NAME, results)
+    multigres_common::controller::drive(NAME, results)
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {

@@ -36,7 +36,7 @@ use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
-use crate::controller::{Classify, Ctx, POLL, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, POLL, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
@@ -199,7 +199,7 @@ pub fn run(
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
-    drain(NAME, results)
+    multigres_common::controller::drive(NAME, results)
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {

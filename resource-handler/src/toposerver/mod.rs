@@ -27,7 +27,7 @@ use multigres_common::status_pacer;
 use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
-use crate::controller::{Classify, Ctx, drain, error_policy, observe, owned};
+use crate::controller::{Classify, Ctx, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
@@ -120,7 +120,7 @@ pub fn run(
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
-    drain(NAME, results)
+    multigres_common::controller::drive(NAME, results)
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
