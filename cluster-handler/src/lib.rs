@@ -156,15 +156,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
             .graceful_shutdown_on(ctx.shutdown.wait())
             .run(tablegroup::reconcile, error_policy, table_group_ctx);
 
-    let readiness = async {
-        tokio::select! {
-            listed = running.all_listed() => if listed {
-                ctx.state.set_ready(true).await;
-                tracing::info!("caches synced; serving");
-            },
-            () = ctx.shutdown.wait() => {}
-        }
-    };
+    let readiness = running.ready_when_listed(&ctx.shutdown);
     futures::join!(
         drive(cluster::CONTROLLER, cluster_controller),
         drive(tablegroup::CONTROLLER, table_group_controller),

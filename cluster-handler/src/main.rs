@@ -8,8 +8,7 @@ use cluster_handler::cluster::images::{ImageDefaults, parse_image, parse_strateg
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{ComponentImages, ImageRef, ImageUpdateStrategy};
 use multigres_common::HandlerRuntime;
-use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
-use multigres_common::watch::Scope;
+use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs};
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: cluster_handler::NAME,
@@ -27,10 +26,8 @@ struct Cli {
     common: CommonArgs,
     #[command(flatten)]
     leader: LeaderElectionArgs,
-    /// Serve only this namespace (the ClusterRole may then be bound with a RoleBinding there);
-    /// every namespace when unset.
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    watch_namespace: Option<String>,
+    #[command(flatten)]
+    scope: ScopeArgs,
     #[command(flatten)]
     images: ImageArgs,
 }
@@ -83,7 +80,7 @@ impl ImageArgs {
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let images = cli.images.defaults();
-    let scope = Scope::of(cli.watch_namespace);
+    let scope = cli.scope.scope();
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     tracing::info!(
         revision = %multigres_api::resolver::images::revision(&images.images),
@@ -112,10 +109,6 @@ mod tests {
             cli.leader.leader_election_id,
             "multigres-operator-cluster-handler"
         );
-        assert_eq!(cli.watch_namespace, None);
-        let cli: Cli =
-            cli::try_parse_from(&SPEC, ["cluster-handler", "--watch-namespace=team-a"]).unwrap();
-        assert_eq!(cli.watch_namespace.as_deref(), Some("team-a"));
     }
 
     #[test]

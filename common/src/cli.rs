@@ -189,6 +189,22 @@ impl LeaderElectionArgs {
     }
 }
 
+/// The namespaces a controller handler serves.
+#[derive(Debug, Clone, Args)]
+pub struct ScopeArgs {
+    /// Serve only this namespace (the ClusterRole may then be bound with a RoleBinding there);
+    /// every namespace when unset.
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+}
+
+impl ScopeArgs {
+    /// The scope the flag names.
+    pub fn scope(self) -> crate::watch::Scope {
+        crate::watch::Scope::of(self.watch_namespace)
+    }
+}
+
 /// Builds the binary's command with the per-binary defaults of the shared flags.
 ///
 /// Panics if `P` does not flatten [`CommonArgs`]: that is a programming error caught by each
@@ -247,6 +263,8 @@ mod tests {
         common: CommonArgs,
         #[command(flatten)]
         leader: LeaderElectionArgs,
+        #[command(flatten)]
+        scope: ScopeArgs,
     }
 
     #[derive(Debug, Parser)]
@@ -260,6 +278,18 @@ mod tests {
             &SPEC,
             std::iter::once("test-handler").chain(args.iter().copied()),
         )
+    }
+
+    #[test]
+    fn the_scope_is_every_namespace_unless_one_is_named() {
+        use crate::watch::Scope;
+        let scope = |args: &[&str]| parse_controller(args).unwrap().scope.scope();
+        assert_eq!(scope(&[]), Scope::All);
+        assert_eq!(scope(&["--watch-namespace="]), Scope::All);
+        assert_eq!(
+            scope(&["--watch-namespace=team-a"]),
+            Scope::Namespace("team-a".to_owned())
+        );
     }
 
     #[test]

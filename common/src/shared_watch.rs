@@ -27,6 +27,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 
+use crate::shutdown::Shutdown;
 use crate::state::HandlerState;
 use crate::telemetry::ErrorChain;
 use crate::watch::Scope;
@@ -270,6 +271,7 @@ impl Watches {
         RunningWatches {
             tasks: self.drivers.into_iter().map(tokio::spawn).collect(),
             listed: self.listed,
+            state: self.state,
         }
     }
 }
@@ -278,17 +280,35 @@ impl Watches {
 pub struct RunningWatches {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     listed: Vec<BoxFuture<'static, bool>>,
+    state: HandlerState,
 }
 
 impl RunningWatches {
     /// Resolves once every cache holds its first list (each kind is reported synced as it
     /// gets there); false when a watch stopped first. Resolves at once when asked again.
-    pub async fn all_listed(&mut self) -> bool {
+    async fn all_listed(&mut self) -> bool {
         let pending = std::mem::take(&mut self.listed);
         futures::future::join_all(pending)
             .await
             .into_iter()
             .all(|listed| listed)
+    }
+}
+
+impl RunningWatches {
+    /// Waits until every cache holds its first list, then reports the handler's work ready
+    /// (SERVING once it acts). False when shutdown came first or a watch stopped: the work
+    /// is then never ready.
+    pub async fn ready_when_listed(&mut self, shutdown: &Shutdown) -> bool {
+        let listed = tokio::select! {
+            listed = self.all_listed() => listed,
+            () = shutdown.wait() => false,
+        };
+        if listed {
+            self.state.set_ready(true).await;
+            tracing::info!("caches synced; serving");
+        }
+        listed
     }
 }
 

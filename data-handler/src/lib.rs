@@ -217,15 +217,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
         .graceful_shutdown_on(ctx.shutdown.wait())
         .run(shard::reconcile, error_policy, shard_ctx);
 
-    let readiness = async {
-        tokio::select! {
-            listed = running.all_listed() => if listed {
-                ctx.state.set_ready(true).await;
-                tracing::info!("caches synced; serving");
-            },
-            () = ctx.shutdown.wait() => {}
-        }
-    };
+    let readiness = running.ready_when_listed(&ctx.shutdown);
     futures::join!(
         drive(cluster::CONTROLLER, cluster_controller),
         drive(cell::CONTROLLER, cell_controller),

@@ -7,8 +7,9 @@ use std::time::Duration;
 use clap::{Args, Parser};
 use data_handler::Settings;
 use multigres_common::HandlerRuntime;
-use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, parse_duration};
-use multigres_common::watch::Scope;
+use multigres_common::cli::{
+    self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs, parse_duration,
+};
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: data_handler::NAME,
@@ -28,10 +29,8 @@ struct Cli {
     leader: LeaderElectionArgs,
     #[command(flatten)]
     topology: TopologyArgs,
-    /// Serve only this namespace (the ClusterRole may then be bound with a RoleBinding there);
-    /// every namespace when unset.
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    watch_namespace: Option<String>,
+    #[command(flatten)]
+    scope: ScopeArgs,
 }
 
 /// Timings of the topology controllers.
@@ -76,7 +75,7 @@ impl From<TopologyArgs> for Settings {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
-    let scope = Scope::of(cli.watch_namespace);
+    let scope = cli.scope.scope();
     let settings = Settings::from(cli.topology);
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime
@@ -101,7 +100,6 @@ mod tests {
             cli.leader.leader_election_id,
             "multigres-operator-data-handler"
         );
-        assert_eq!(cli.watch_namespace, None);
         let settings = Settings::from(cli.topology);
         assert_eq!(settings.check_period, Duration::from_secs(30));
         assert_eq!(settings.unreachable_timeout, Duration::from_secs(120));
@@ -118,11 +116,9 @@ mod tests {
                 "--topo-unreachable-timeout=10s",
                 "--topo-check-period=500ms",
                 "--roles-poll-period=1s",
-                "--watch-namespace=team-a",
             ],
         )
         .unwrap();
-        assert_eq!(cli.watch_namespace.as_deref(), Some("team-a"));
         let settings = Settings::from(cli.topology);
         assert_eq!(settings.unreachable_timeout, Duration::from_secs(10));
         assert_eq!(settings.check_period, Duration::from_millis(500));

@@ -86,15 +86,9 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         shard_templates: shard_templates.store(),
     };
     let shutdown = &handler.shutdown;
-    let listed = tokio::select! {
-        listed = running.all_listed() => listed,
-        () = shutdown.wait() => false,
-    };
-    if !listed {
+    if !running.ready_when_listed(shutdown).await {
         return;
     }
-    handler.state.set_ready(true).await;
-    tracing::info!("caches synced; serving");
     let base = Base {
         client: client.clone(),
         scope,

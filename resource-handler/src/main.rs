@@ -6,8 +6,7 @@ use std::convert::Infallible;
 use clap::Parser;
 use multigres_api::observability::InheritedEnv;
 use multigres_common::HandlerRuntime;
-use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs};
-use multigres_common::watch::Scope;
+use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs};
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: "resource-handler",
@@ -25,16 +24,14 @@ struct Cli {
     common: CommonArgs,
     #[command(flatten)]
     leader: LeaderElectionArgs,
-    /// Serve only this namespace (the ClusterRole may then be bound with a RoleBinding there);
-    /// every namespace when unset.
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    watch_namespace: Option<String>,
+    #[command(flatten)]
+    scope: ScopeArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
-    let scope = Scope::of(cli.watch_namespace);
+    let scope = cli.scope.scope();
     // Read once: the fallback of every cluster's data-plane telemetry.
     let telemetry = InheritedEnv::from_vars(std::env::vars());
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
@@ -60,9 +57,5 @@ mod tests {
             cli.leader.leader_election_id,
             "multigres-operator-resource-handler"
         );
-        assert_eq!(cli.watch_namespace, None);
-        let cli: Cli =
-            cli::try_parse_from(&SPEC, ["resource-handler", "--watch-namespace=team-a"]).unwrap();
-        assert_eq!(cli.watch_namespace.as_deref(), Some("team-a"));
     }
 }
