@@ -512,6 +512,12 @@ const KUBE_WRITE_REQUESTS: &str = "multigres_operator_kube_write_requests_total"
 /// (`multigres_common::status_pacer::MIN_INTERVAL`, a dev-dependency only here).
 pub const STATUS_PACING: Duration = Duration::from_secs(5);
 
+/// How long a negative check ("nothing was restarted", "the children did not move") waits
+/// after the change: longer than every periodic re-check of the handlers (the
+/// resource-handler's 5 s poll of restarts and volumes, [`STATUS_PACING`]), so a defect that
+/// acts on the next requeue rather than at once is seen.
+pub const FULL_CYCLE: Duration = Duration::from_secs(7);
+
 /// A running handler process, its log and the addresses it bound.
 pub struct HandlerProcess {
     name: String,

@@ -25,7 +25,7 @@ use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::{Cell, Shard, TopoServer};
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{
-    HandlerProcess, WAIT, eventually, fresh_namespace, pool_pods, publish_roles,
+    FULL_CYCLE, HandlerProcess, WAIT, eventually, fresh_namespace, pool_pods, publish_roles,
 };
 use multigres_e2e::manifest::{self, Mode};
 use serde_json::json;
@@ -632,7 +632,7 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         shard_conditions,
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(FULL_CYCLE).await;
     assert_eq!(
         pool_pods(&client, &ns, "roll").await,
         before,
@@ -704,6 +704,10 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(
+        handed_over,
+        "the primary restarted before it was asked to hand over (or the Shard never said it waits)"
+    );
     assert_eq!(
         order,
         [format!("{set}-0"), format!("{set}-2"), primary.clone()],

@@ -5,8 +5,6 @@
 //! the command to acknowledge it. Patching `acknowledgedRevision` to B's revision moves the lazy
 //! cluster's children (Cell, Shard, their Deployments and StatefulSets, multiadmin) to B.
 
-use std::time::Duration;
-
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -14,7 +12,7 @@ use multigres_api::names;
 use multigres_api::resolver::images::{APPLIED_IMAGES_ANNOTATION, revision};
 use multigres_api::v1alpha1::{Cell, ComponentImages, ImageRef, MultigresCluster, Shard};
 use multigres_e2e::harness::{
-    HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace,
+    FULL_CYCLE, HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace,
 };
 use serde_json::json;
 
@@ -212,8 +210,8 @@ async fn lazy_holds_the_default_image_set_until_acknowledged() {
     );
     assert_eq!(images.applied_revision.as_deref(), Some(rev_a.as_str()));
     assert_eq!(images.available, Some(b.clone()));
-    // Held: a while later the lazy cluster's children still run A.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Held: a full cycle later the lazy cluster's children still run A.
+    tokio::time::sleep(FULL_CYCLE).await;
     assert_eq!(
         running(&client, &ns, "lazy").await,
         Some(expected(&a)),

@@ -20,8 +20,8 @@ use multigres_api::postgres::{RELOAD_MARKER, render_shard};
 use multigres_api::v1alpha1::Shard;
 use multigres_e2e::etcd::{EtcdConfig, EtcdProcess};
 use multigres_e2e::harness::{
-    HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace, pool_pods,
-    publish_roles,
+    FULL_CYCLE, HandlerProcess, WAIT, admin, apply_yaml, control_plane, eventually,
+    fresh_namespace, pool_pods, publish_roles,
 };
 use multigres_proto::multipooler::multipoolermanager::multipooler_manager_server::{
     MultipoolerManager, MultipoolerManagerServer,
@@ -283,7 +283,7 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
     let new_reload_hash = cm.annotations()[RELOAD_HASH].clone();
     assert_ne!(new_reload_hash, reload_hash);
     assert_eq!(cm.annotations()[CONFIG_HASH], restart_hash);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(FULL_CYCLE).await;
     assert_eq!(
         template_hash(&sets).await.as_deref(),
         Some(restart_hash.as_str())
@@ -353,6 +353,10 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(
+        handed_over,
+        "the primary restarted before it was asked to hand over"
+    );
     assert_eq!(
         order,
         [format!("{SET}-0"), format!("{SET}-2"), primary],
