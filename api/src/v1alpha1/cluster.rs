@@ -36,7 +36,7 @@ use crate::schema::{embedded_list, is_false};
     category = "multigres",
     doc = "MultigresCluster is a sharded PostgreSQL system managed by the operator: its global topology server, admin, cells (failure domains) and databases with their table groups and shards. Components come from inline specs or Core/Cell/ShardTemplates.",
     validation = Rule::new("self.metadata.name.size() <= 25")
-        .message("MultigresCluster name must be at most 25 characters"),
+        .message("metadata.name: MultigresCluster name must be at most 25 characters"),
     printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type=='Available')].status"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Images","type":"string","jsonPath":".status.images.appliedRevision","priority":1}"#,
