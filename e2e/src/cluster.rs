@@ -21,6 +21,8 @@ use kube::{Client, Config};
 use serde_json::json;
 use tempfile::TempDir;
 
+// Re-exported: `cluster::{ZONE_LABEL, ..., REGION}` is the public path tests and binaries use.
+pub use crate::labels::{REGION, REGION_LABEL, ZONE_ID_LABEL, ZONE_LABEL};
 use crate::manifest::{self, FIELD_MANAGER, ManifestError, Mode};
 use crate::nodes::{self, NodesError, RealNodes};
 use crate::pki::{Pki, PkiError};
@@ -49,14 +51,6 @@ omitStages: [RequestReceived]
 rules:
   - level: Metadata
 ";
-/// Zone label on the fake Nodes.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-/// Zone-id label on the fake Nodes (same value as the zone), which cells with a `zoneId` select.
-pub const ZONE_ID_LABEL: &str = "topology.k8s.aws/zone-id";
-/// Region label on the fake Nodes, which cells with a `region` select.
-pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
-/// The one region of the fake Nodes.
-pub const REGION: &str = "region-1";
 
 /// Errors starting or using the local control plane.
 #[derive(Debug, thiserror::Error)]

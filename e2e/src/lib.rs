@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod etcd;
 pub mod harness;
+pub mod labels;
 pub mod manifest;
 pub mod nodes;
 pub mod pki;

@@ -475,7 +475,7 @@ state = "{dir}/state"
             "topology.kubernetes.io/zone={zone},topology.k8s.aws/zone-id={zone},\
              topology.kubernetes.io/region={region},type=real",
             zone = node.zone,
-            region = crate::cluster::REGION,
+            region = crate::labels::REGION,
         );
         let process = Supervised::spawn(
             &format!("kubelet-{}", node.name),

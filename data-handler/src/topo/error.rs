@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::records::DurabilityPolicyName;
+use super::durability::DurabilityPolicyName;
 use super::wire::WireError;
 
 /// Why stored bytes could not be read as the expected record.

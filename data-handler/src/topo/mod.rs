@@ -6,6 +6,7 @@
 //! etcd I/O is [`TopoStore`].
 
 mod config;
+mod durability;
 mod error;
 pub mod paths;
 mod pooler;
@@ -14,9 +15,10 @@ mod store;
 mod wire;
 
 pub use config::{CellTls, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, TlsPem, TopoConfig};
+pub use durability::DurabilityPolicyName;
 pub use error::{RecordError, TopoError};
 pub use paths::{RecordKind, RecordRef};
 pub use pooler::PoolerRecord;
-pub use records::{BackupSpec, CellSpec, DatabaseSpec, DurabilityPolicyName};
+pub use records::{BackupSpec, CellSpec, DatabaseSpec};
 pub use store::{EtcdConnection, Expected, Plan, Registration, TopoStore, WritePlan};
 pub use wire::WireError;

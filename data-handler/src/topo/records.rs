@@ -6,15 +6,15 @@
 //! Everything else in a stored record (`BackupLocation.authoritative_generation`, fields a newer
 //! Multigres adds) belongs to Multigres and is carried over untouched.
 
-use std::fmt;
 use std::str::FromStr;
 
 use multigres_proto::topo::{
-    BackupLocation, Cell, Database, DurabilityPolicy, FilesystemBackup, QuorumType, S3Backup,
-    backup_location,
+    BackupLocation, Cell, Database, DurabilityPolicy, FilesystemBackup, S3Backup, backup_location,
 };
 use prost::Message;
 
+// Re-exported so `topo::records::DurabilityPolicyName` keeps working since the type moved out.
+pub use super::durability::DurabilityPolicyName;
 use super::error::{RecordError, TopoError};
 use super::paths::default_cell_root;
 use super::wire;
@@ -147,43 +147,7 @@ impl BackupSpec {
     }
 }
 
-/// The bootstrap durability policies Multigres accepts from users.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DurabilityPolicyName {
-    /// Two poolers must acknowledge (a shard needs at least two initialised poolers).
-    AtLeast2,
-    /// Two poolers in different cells must acknowledge.
-    MultiCellAtLeast2,
-}
-
-impl DurabilityPolicyName {
-    /// Every accepted name, for error messages and documentation.
-    pub const ALLOWED: &'static [&'static str] = &["AT_LEAST_2", "MULTI_CELL_AT_LEAST_2"];
-
-    /// The upstream policy name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::AtLeast2 => "AT_LEAST_2",
-            Self::MultiCellAtLeast2 => "MULTI_CELL_AT_LEAST_2",
-        }
-    }
-
-    /// The policy record: name, quorum type and count, as the Go operator writes it (no
-    /// description or version, which Multigres does not route on).
-    pub fn to_record(self) -> DurabilityPolicy {
-        let quorum_type = match self {
-            Self::AtLeast2 => QuorumType::AtLeastN,
-            Self::MultiCellAtLeast2 => QuorumType::MultiCellAtLeastN,
-        };
-        DurabilityPolicy {
-            policy_name: self.as_str().to_string(),
-            quorum_type: quorum_type as i32,
-            required_count: 2,
-            ..Default::default()
-        }
-    }
-}
-
+// Parsing lives here rather than in `durability` because its error is a `TopoError`.
 impl FromStr for DurabilityPolicyName {
     type Err = TopoError;
 
@@ -195,12 +159,6 @@ impl FromStr for DurabilityPolicyName {
                 given: other.to_string(),
             }),
         }
-    }
-}
-
-impl fmt::Display for DurabilityPolicyName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -371,6 +329,8 @@ fn invalid(kind: &str, name: &str, reason: &str) -> TopoError {
 
 #[cfg(test)]
 mod tests {
+    use multigres_proto::topo::QuorumType;
+
     use super::*;
 
     const DATABASE_HEX: &str = "0a08706f737467726573120c0a0a0a082f6261636b7570731a067a6f6e652d61\
