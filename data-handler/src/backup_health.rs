@@ -39,7 +39,6 @@ use serde_json::{Map, Value, json};
 use crate::conditions::{Computed, Notice};
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
-use crate::shard::Context;
 use crate::topo::PoolerRecord;
 
 /// The condition type.
@@ -360,7 +359,7 @@ pub struct Outcome {
 /// Checks `shard`'s backups when due (see the module documentation): `None` when not due, not
 /// applicable, or without an answer (logged).
 pub async fn run(
-    ctx: &Context,
+    checks: &Checks,
     shard: &Shard,
     key: ShardKey<'_>,
     pods: &[PoolPod],
@@ -373,7 +372,7 @@ pub async fn run(
         shard.namespace().unwrap_or_default(),
         shard.name_any()
     );
-    if !ctx.backup_checks.due(&slot, &pod.name, Instant::now()) {
+    if !checks.due(&slot, &pod.name, Instant::now()) {
         return None;
     }
     if reload::internal_tls(shard) {

@@ -45,6 +45,7 @@ use crate::backup_health::{self, Published};
 use crate::conditions::Notice;
 use crate::reload::{self, Desired, DesiredError, PodState, Verdict};
 use crate::roles::{self, PoolPod, ShardKey};
+use crate::switchover;
 use crate::target::{CellTopo, ConnectError, Connections, Target, TargetError};
 use crate::topo::{CellTls, TopoError};
 use crate::watch::{Guarded, full_name, valid, valid_in};
@@ -128,6 +129,12 @@ impl Classify for Error {
     }
 }
 
+impl From<switchover::LabelError> for Error {
+    fn from(switchover::LabelError { pod, source }: switchover::LabelError) -> Self {
+        Error::Label { pod, source }
+    }
+}
+
 /// What every reconcile of this controller shares.
 pub struct Context {
     /// MultigresClusters, for each Shard's connection settings.
@@ -150,7 +157,7 @@ pub struct Context {
     /// waiting reload is announced once, not on every retry.
     pub reload_waits: Mutex<HashMap<String, String>>,
     /// Pending switchover requests' attempts (backoff, events announced).
-    pub switchovers: crate::switchover::Attempts,
+    pub switchovers: switchover::Attempts,
     /// When each shard's backups were last checked.
     pub backup_checks: backup_health::Checks,
     /// Reconcile counts for `HandlerInfo` and metrics.
@@ -314,7 +321,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let published = roles::roles(key, &pool_pods, &poolers, &previous);
     let backups = Published::of(shard.status.as_ref());
     // Roles and backup health go out in one apply: a new primary also triggers a backup check.
-    let checked = backup_health::run(ctx, shard, key, &pool_pods, &poolers).await;
+    let checked = backup_health::run(&ctx.backup_checks, shard, key, &pool_pods, &poolers).await;
     let next_backups = checked.as_ref().map_or(&backups, |c| &c.next);
     if published != previous || *next_backups != backups {
         let written = ctx
@@ -366,7 +373,13 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
             stamped.push(pod.name_any());
         }
     }
-    let handover = crate::switchover::run(ctx, shard, key, &pods, &poolers).await;
+    let lent = switchover::Context {
+        switchovers: &ctx.switchovers,
+        pods: &ctx.pods,
+        writer: &ctx.writer,
+        recorder: &ctx.recorder,
+    };
+    let handover = switchover::run(&lent, shard, key, &pods, &poolers).await;
     let notices = stamped.into_iter().map(|pod| {
         forget_wait(ctx, &namespace, &pod);
         let notice = Notice::normal(
@@ -391,12 +404,15 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         ctx.settings.roles_period
     };
     if handover.pending {
-        period = period.min(crate::switchover::POLL);
+        period = period.min(switchover::POLL);
     }
     if shard.spec.backup.is_some() {
         period = period.min(backup_health::PACE);
     }
-    match failure.or(delivery.error).or(handover.error) {
+    match failure
+        .or(delivery.error)
+        .or(handover.error.map(Error::from))
+    {
         Some(error) => Err(error),
         None => Ok(Action::requeue(period)),
     }

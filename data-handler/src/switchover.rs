@@ -18,7 +18,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{CELL, SWITCHOVER_REQUESTED, SWITCHOVER_RESIGNED};
 use multigres_api::v1alpha1::Shard;
@@ -29,8 +30,9 @@ use multigres_proto::topo::PoolerLifecycleStatus;
 use crate::conditions::Notice;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
-use crate::shard::{Context, Error};
 use crate::topo::PoolerRecord;
+use crate::watch::Guarded;
+use crate::writes::Writer;
 
 /// How soon a shard with a pending switchover is looked at again.
 pub const POLL: Duration = Duration::from_secs(5);
@@ -218,18 +220,39 @@ impl Attempts {
     }
 }
 
+/// What [`run`] borrows from the Shard controller's context.
+pub struct Context<'a> {
+    /// Pending switchover requests' attempts (backoff, events announced).
+    pub switchovers: &'a Attempts,
+    /// Pool pods in the cache: the attempts of pods gone from it are dropped.
+    pub pods: &'a Store<Guarded<Pod>>,
+    /// The write path (pod annotations, events).
+    pub writer: &'a Writer,
+    /// Events on Shards.
+    pub recorder: &'a Recorder,
+}
+
+/// A pod's switchover record could not be written.
+#[derive(Debug)]
+pub struct LabelError {
+    /// The pod.
+    pub pod: String,
+    /// Why.
+    pub source: kube::Error,
+}
+
 /// What one pass found.
 #[derive(Default)]
 pub struct Outcome {
     /// A switchover is pending: look again after [`POLL`].
     pub pending: bool,
     /// A pod's record could not be written.
-    pub error: Option<Error>,
+    pub error: Option<LabelError>,
 }
 
 /// Answers the switchover requests on `pods` (the shard's pool pods).
 pub async fn run(
-    ctx: &Context,
+    ctx: &Context<'_>,
     shard: &Shard,
     key: ShardKey<'_>,
     pods: &[Pod],
@@ -267,7 +290,7 @@ pub async fn run(
                     .annotate_pod(pod, SWITCHOVER_RESIGNED, None)
                     .await
                 {
-                    out.error.get_or_insert(Error::Label {
+                    out.error.get_or_insert(LabelError {
                         pod: state.name.clone(),
                         source,
                     });
@@ -330,7 +353,7 @@ pub async fn run(
                             .annotate_pod(pod, SWITCHOVER_RESIGNED, Some(&request))
                             .await
                         {
-                            out.error.get_or_insert(Error::Label {
+                            out.error.get_or_insert(LabelError {
                                 pod: state.name.clone(),
                                 source,
                             });
@@ -380,7 +403,7 @@ pub async fn run(
                 uid: pod.uid(),
                 ..Default::default()
             });
-            ctx.writer.publish(&ctx.recorder, &event, &reference).await;
+            ctx.writer.publish(ctx.recorder, &event, &reference).await;
         }
     }
     out
