@@ -4,7 +4,7 @@
 
 use std::fmt::Debug;
 
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -54,6 +54,23 @@ pub fn field_manager(binary: &str) -> String {
 /// Forced server-side-apply parameters for `field_manager`.
 pub fn apply_params(field_manager: &str) -> PatchParams {
     PatchParams::apply(field_manager).force()
+}
+
+/// Parameters of a merge or JSON patch written as `field_manager` (not forced: only server-side
+/// apply takes `force`).
+pub fn patch_params(field_manager: &str) -> PatchParams {
+    PatchParams {
+        field_manager: Some(field_manager.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// Parameters of a create or replace written as `field_manager`.
+pub fn post_params(field_manager: &str) -> PostParams {
+    PostParams {
+        field_manager: Some(field_manager.to_owned()),
+        ..Default::default()
+    }
 }
 
 /// Applies `obj` (spec and metadata) with a forced server-side apply and returns the object as
@@ -135,6 +152,27 @@ mod tests {
             Some("multigres-operator/cluster-handler")
         );
         assert!(params.force);
+    }
+
+    #[test]
+    fn patch_params_name_the_field_manager_without_forcing() {
+        let params = patch_params("multigres-operator/data-handler");
+        assert_eq!(
+            params.field_manager.as_deref(),
+            Some("multigres-operator/data-handler")
+        );
+        assert!(!params.force);
+        assert!(!params.dry_run);
+    }
+
+    #[test]
+    fn post_params_name_the_field_manager() {
+        let params = post_params("multigres-operator/webhook-server");
+        assert_eq!(
+            params.field_manager.as_deref(),
+            Some("multigres-operator/webhook-server")
+        );
+        assert!(!params.dry_run);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::fmt::Debug;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::runtime::events::{Event, Recorder};
 use kube::{Api, Resource, ResourceExt};
 use multigres_api::labels::ROLE;
@@ -70,12 +70,12 @@ impl Writer {
             Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let body = json!({"metadata": {"uid": pod.uid(), "annotations": {key: value}}});
         count(self.controller, "Pod", "patch");
-        let params = PatchParams {
-            field_manager: Some(self.field_manager.clone()),
-            ..PatchParams::default()
-        };
         match api
-            .patch(&pod.name_any(), &params, &Patch::Merge(body))
+            .patch(
+                &pod.name_any(),
+                &apply::patch_params(&self.field_manager),
+                &Patch::Merge(body),
+            )
             .await
         {
             Ok(_) => Ok(()),
@@ -125,7 +125,7 @@ impl Writer {
         }
     }
 
-    /// Applies a JSON patch (finalizer changes) to `obj`.
+    /// Applies a JSON patch (finalizer changes) to `obj`, as this handler's field manager.
     pub async fn patch_json<K>(&self, obj: &K, patch: json_patch::Patch) -> Result<(), kube::Error>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -138,7 +138,7 @@ impl Writer {
         count(self.controller, &K::kind(&()), "patch");
         api.patch(
             &obj.name_any(),
-            &PatchParams::default(),
+            &apply::patch_params(&self.field_manager),
             &Patch::<()>::Json(patch),
         )
         .await?;

@@ -29,8 +29,8 @@ use multigres_common::watch::Scope;
 
 use crate::workload_cache::WorkloadStore;
 
-/// Name under which events are reported.
-pub const REPORTER: &str = "multigres.com/resource-handler";
+/// Name under which events are reported: the field manager, as every handler reports.
+pub const REPORTER: &str = crate::sync::FIELD_MANAGER;
 
 pub use multigres_common::controller::{Classify, error_policy};
 

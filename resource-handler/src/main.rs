@@ -49,6 +49,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn writes_and_events_name_this_binary() {
+        let manager = multigres_common::apply::field_manager(SPEC.name);
+        assert_eq!(resource_handler::sync::FIELD_MANAGER, manager);
+        assert_eq!(resource_handler::controller::REPORTER, manager);
+    }
+
+    #[test]
     fn flags_parse_with_this_binary_defaults() {
         let cli: Cli = cli::try_parse_from(&SPEC, ["resource-handler"]).unwrap();
         assert_eq!(cli.common.grpc_bind_address.port(), 9442);

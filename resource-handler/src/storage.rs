@@ -3,14 +3,16 @@
 //! a smaller one is reported and never acted on, since volumes cannot shrink.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::{Api, ResourceExt};
+use multigres_common::apply::patch_params;
 use serde_json::json;
 
 use kube::runtime::events::EventType;
 
 use crate::conditions::{Cond, FALSE, TRUE};
 use crate::controller::Ctx;
+use crate::sync::FIELD_MANAGER;
 
 /// Condition type reporting whether the volumes match the requested size.
 pub const STORAGE_SYNCED: &str = "StorageSynced";
@@ -199,7 +201,7 @@ pub async fn apply_resize(
     for name in plan.grow {
         crate::sync::count(controller, "PersistentVolumeClaim", "patch");
         match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(&name, &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => outcome.grown.push(name),

@@ -21,7 +21,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-/// The field manager of every write this handler makes.
+/// The field manager of every write this handler makes:
+/// `multigres_common::apply::field_manager("resource-handler")`, spelled out because a `const`
+/// cannot be built from `FIELD_MANAGER_PREFIX` (a unit test keeps the two equal).
 pub const FIELD_MANAGER: &str = "multigres-operator/resource-handler";
 
 pub use multigres_common::metrics::record_api_write as count;
@@ -347,6 +349,15 @@ mod tests {
 
     fn config_map(data: Value) -> ConfigMap {
         serde_json::from_value(json!({"metadata": {"name": "c"}, "data": data})).unwrap()
+    }
+
+    #[test]
+    fn field_manager_is_the_common_one_of_this_binary() {
+        assert_eq!(
+            FIELD_MANAGER,
+            multigres_common::apply::field_manager("resource-handler")
+        );
+        assert_eq!(crate::controller::REPORTER, FIELD_MANAGER);
     }
 
     #[test]

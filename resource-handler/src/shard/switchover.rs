@@ -18,10 +18,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::runtime::events::EventType;
 use multigres_api::labels::SWITCHOVER_REQUESTED;
 use multigres_api::v1alpha1::Shard;
+use multigres_common::apply::patch_params;
 use multigres_common::telemetry::ErrorChain;
 use serde_json::json;
 
@@ -30,6 +31,7 @@ use super::scale::{Handover, ScaleDown};
 use super::{Guard, NAME};
 use crate::conditions::{Cond, FALSE, TRUE};
 use crate::controller::Ctx;
+use crate::sync::FIELD_MANAGER;
 
 /// Condition type reporting a primary that must hand over before it goes.
 pub const SWITCHOVER: &str = "Switchover";
@@ -189,7 +191,11 @@ pub async fn request(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, changes: &[Chang
         }});
         crate::sync::count(NAME, "Pod", "patch");
         match pods
-            .patch(&change.pod, &PatchParams::default(), &Patch::Merge(patch))
+            .patch(
+                &change.pod,
+                &patch_params(FIELD_MANAGER),
+                &Patch::Merge(patch),
+            )
             .await
         {
             Ok(_) => {}

@@ -20,8 +20,9 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta, Patch};
 use multigres_api::labels;
+use multigres_common::apply::{self, patch_params, post_params};
 use multigres_common::shutdown::Shutdown;
 use multigres_common::state::HandlerState;
 use serde_json::json;
@@ -35,6 +36,15 @@ const CA_CERT_KEY: &str = "ca.crt";
 const CA_KEY_KEY: &str = "ca.key";
 const TLS_CERT_KEY: &str = "tls.crt";
 const TLS_KEY_KEY: &str = "tls.key";
+
+/// The binary whose field manager (`multigres-operator/webhook-server`) records these writes;
+/// the same name as the binary's `HandlerSpec`, which lives in `main.rs`.
+const NAME: &str = "webhook-server";
+
+/// The field manager of every write of the managed certificate (Secret and caBundle).
+fn field_manager() -> String {
+    apply::field_manager(NAME)
+}
 
 /// Retry delay after a failed check, when shorter than the check interval.
 const RETRY_DELAY: Duration = Duration::from_secs(5);
@@ -248,7 +258,7 @@ pub async fn reconcile(
             trust(client, managed, &material.ca_bundle).await?;
             match secrets
                 .create(
-                    &PostParams::default(),
+                    &post_params(&field_manager()),
                     &secret_for(managed, &material, None),
                 )
                 .await
@@ -275,7 +285,7 @@ pub async fn reconcile(
                 let replacement =
                     secret_for(managed, &next, secret.metadata.resource_version.clone());
                 match secrets
-                    .replace(name, &PostParams::default(), &replacement)
+                    .replace(name, &post_params(&field_manager()), &replacement)
                     .await
                 {
                     Ok(_) => {
@@ -446,15 +456,24 @@ where
             what: "caBundle patch",
             detail: e.to_string(),
         })?;
-    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-        .map(|_| ())
-        .map_err(kube_error(format!("patching caBundle of {name}")))
+    api.patch(
+        name,
+        &patch_params(&field_manager()),
+        &Patch::Json::<()>(patch),
+    )
+    .await
+    .map(|_| ())
+    .map_err(kube_error(format!("patching caBundle of {name}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_are_recorded_under_the_webhook_server_field_manager() {
+        assert_eq!(field_manager(), "multigres-operator/webhook-server");
+    }
 
     #[test]
     fn ca_bundle_patch_touches_only_webhooks_missing_a_ca() {
