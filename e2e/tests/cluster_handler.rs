@@ -945,7 +945,10 @@ async fn a_restarted_handler_repairs_drift_and_writes_nothing_else() {
     let writes = second.settled(Duration::from_secs(3)).await;
     assert_eq!(
         writes,
-        BTreeMap::from([("multigrescluster/Cell/apply".to_owned(), 1)]),
+        BTreeMap::from([
+            ("multigrescluster/Cell/apply".to_owned(), 1),
+            ("kube/cells/patch".to_owned(), 1),
+        ]),
         "{}",
         second.log()
     );
