@@ -6,12 +6,12 @@ use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::core::DeserializeGuard;
 use kube::{Resource, ResourceExt};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{
     Cell, CellSpec, Phase, Shard, ShardSpec, TableGroup, TableGroupSpec, TopoServer, TopoServerSpec,
 };
+use multigres_common::guard::Guarded;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -123,7 +123,7 @@ pub enum Slot<'a, K> {
 }
 
 /// The slot of a desired child of the owner `owner_uid`, given its cached object.
-pub fn slot<'a, K: Child>(cached: Option<&'a DeserializeGuard<K>>, owner_uid: &str) -> Slot<'a, K> {
+pub fn slot<'a, K: Child>(cached: Option<&'a Guarded<K>>, owner_uid: &str) -> Slot<'a, K> {
     let Some(observed) = cached.and_then(|c| c.0.as_ref().ok()) else {
         return Slot::Free(None);
     };
@@ -435,22 +435,22 @@ mod tests {
 
     #[test]
     fn a_slot_is_free_unless_terminating_or_controlled_by_another_owner() {
-        use kube::core::error_boundary::InvalidObject;
+        use multigres_common::guard::InvalidObject;
 
         assert!(matches!(slot::<Cell>(None, "u-1"), Slot::Free(None)));
-        let broken = DeserializeGuard::<Cell>(Err(InvalidObject {
+        let broken = Guarded::<Cell>(Err(InvalidObject {
             error: "unknown variant".into(),
             metadata: Default::default(),
         }));
         assert!(matches!(slot(Some(&broken), "u-1"), Slot::Free(None)));
 
-        let ours = DeserializeGuard(Ok(cell(base())));
+        let ours = Guarded(Ok(cell(base())));
         assert!(matches!(slot(Some(&ours), "u-1"), Slot::Free(Some(_))));
         assert!(matches!(slot(Some(&ours), "u-2"), Slot::Taken(o) if o.name == "prod"));
 
         let mut orphan = base();
         orphan["metadata"]["ownerReferences"] = json!([]);
-        let orphan = DeserializeGuard(Ok(cell(orphan)));
+        let orphan = Guarded(Ok(cell(orphan)));
         assert!(
             matches!(slot(Some(&orphan), "u-2"), Slot::Free(Some(_))),
             "adopted"
@@ -459,7 +459,7 @@ mod tests {
         let mut going = base();
         going["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
         going["metadata"]["finalizers"] = json!(["multigres.com/topology"]);
-        let going = DeserializeGuard(Ok(cell(going)));
+        let going = Guarded(Ok(cell(going)));
         assert!(matches!(slot(Some(&going), "u-1"), Slot::Terminating));
     }
 }

@@ -1,5 +1,5 @@
 //! Reading the caches of the shared watches ([`multigres_common::shared_watch`]): every object
-//! behind a [`kube::core::DeserializeGuard`], so a malformed object becomes a per-object error
+//! behind a [`multigres_common::guard::Guarded`], so a malformed object becomes a per-object error
 //! instead of a failed watch.
 
 use kube::Resource;

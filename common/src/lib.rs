@@ -13,6 +13,7 @@ pub mod client;
 pub mod conditions;
 pub mod controller;
 pub mod grpc;
+pub mod guard;
 pub mod leader;
 pub mod metrics;
 pub mod runtime;

@@ -37,9 +37,7 @@ use crate::watch::Scope;
 /// dropped as soon as every subscriber has taken it.
 const BUFFER: usize = 256;
 
-/// An object as cached and handed to reconcilers: behind a guard, so a malformed object becomes
-/// a per-object error instead of a failed watch.
-pub type Guarded<K> = kube::core::DeserializeGuard<K>;
+pub use crate::guard::Guarded;
 
 /// What a subscriber is woken by.
 pub type Changes<K> = BoxStream<'static, Arc<K>>;

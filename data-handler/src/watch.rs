@@ -1,5 +1,5 @@
 //! Reading the caches of the shared watches ([`multigres_common::shared_watch`]): every object
-//! behind a [`kube::core::DeserializeGuard`], so a malformed object becomes a per-object error instead of a
+//! behind a [`multigres_common::guard::Guarded`], so a malformed object becomes a per-object error instead of a
 //! failed watch.
 
 use k8s_openapi::api::core::v1::Pod;
@@ -97,7 +97,7 @@ mod tests {
             "status": {"phase": "Running", "podIP": "10.0.0.7"},
         }))
         .unwrap();
-        let mut guarded = kube::core::DeserializeGuard(Ok(pod.clone()));
+        let mut guarded = multigres_common::guard::Guarded(Ok(pod.clone()));
         pod_metadata_only(&mut guarded);
         let trimmed = guarded.0.unwrap();
         assert_eq!(PodState::of(&trimmed), PodState::of(&pod));

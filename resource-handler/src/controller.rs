@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -22,6 +21,7 @@ use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::controller::WithBackoff;
+use multigres_common::guard::Guarded;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::StatusPacer;
 use multigres_common::telemetry::ErrorChain;
@@ -59,13 +59,13 @@ pub struct Stores {
     /// Rendered postgresql.conf ConfigMaps (labelled; referenced ones are read directly).
     pub config_maps: Store<ConfigMap>,
     /// Clusters (multiadmin, pull settings of etcd pods).
-    pub clusters: Store<DeserializeGuard<MultigresCluster>>,
+    pub clusters: Store<Guarded<MultigresCluster>>,
     /// Templates the resolver reads for multiadmin.
-    pub core_templates: Store<DeserializeGuard<CoreTemplate>>,
+    pub core_templates: Store<Guarded<CoreTemplate>>,
     /// Templates the resolver reads for multiadmin.
-    pub cell_templates: Store<DeserializeGuard<CellTemplate>>,
+    pub cell_templates: Store<Guarded<CellTemplate>>,
     /// Templates the resolver reads for multiadmin.
-    pub shard_templates: Store<DeserializeGuard<ShardTemplate>>,
+    pub shard_templates: Store<Guarded<ShardTemplate>>,
 }
 
 /// Pool pods: the only pods a reconciler looks at.

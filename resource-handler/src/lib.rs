@@ -28,13 +28,13 @@ pub mod workload_cache;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::core::DeserializeGuard;
 use kube::runtime::watcher;
 use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{
     Cell, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate, TopoServer,
 };
 use multigres_common::HandlerContext;
+use multigres_common::guard::Guarded;
 
 use controller::{Base, Stores, managed, pool_pods, recorder, slim_pod};
 use multigres_common::shared_watch::Watches;
@@ -50,13 +50,13 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     let client = handler.client.clone();
     let all = watcher::Config::default;
     let mut watches = Watches::new(client.clone(), scope.clone(), handler.state.clone());
-    let topo_servers = watches.share::<DeserializeGuard<TopoServer>>(all());
-    let cells = watches.share::<DeserializeGuard<Cell>>(all());
-    let shards = watches.share::<DeserializeGuard<Shard>>(all());
-    let clusters = watches.share::<DeserializeGuard<MultigresCluster>>(all());
-    let core_templates = watches.share::<DeserializeGuard<CoreTemplate>>(all());
-    let cell_templates = watches.share::<DeserializeGuard<CellTemplate>>(all());
-    let shard_templates = watches.share::<DeserializeGuard<ShardTemplate>>(all());
+    let topo_servers = watches.share::<Guarded<TopoServer>>(all());
+    let cells = watches.share::<Guarded<Cell>>(all());
+    let shards = watches.share::<Guarded<Shard>>(all());
+    let clusters = watches.share::<Guarded<MultigresCluster>>(all());
+    let core_templates = watches.share::<Guarded<CoreTemplate>>(all());
+    let cell_templates = watches.share::<Guarded<CellTemplate>>(all());
+    let shard_templates = watches.share::<Guarded<ShardTemplate>>(all());
     let statefulsets = watches.share_trimmed::<StatefulSet>(managed(), trim_template);
     let deployments = watches.share_trimmed::<Deployment>(managed(), trim_template);
     let caches = gauges::Caches {

@@ -735,7 +735,7 @@ fn clusters_using_a_template_are_found_in_its_namespace_only() {
             }),
             ..Default::default()
         });
-        kube::core::DeserializeGuard(Ok(c))
+        multigres_common::guard::Guarded(Ok(c))
     };
     for obj in [
         cluster("uses", "ns", Some("big")),

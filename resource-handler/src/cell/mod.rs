@@ -11,13 +11,13 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::core::DeserializeGuard;
-use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Cell, CellStatus};
+use multigres_common::guard::Guarded;
+use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
@@ -32,7 +32,7 @@ use crate::sync::{self, SyncError};
 /// Controller name in metrics and HandlerInfo.
 pub const NAME: &str = "cell";
 
-type Guard = DeserializeGuard<Cell>;
+type Guard = Guarded<Cell>;
 
 /// Why a Cell could not be reconciled.
 #[derive(Debug, thiserror::Error)]

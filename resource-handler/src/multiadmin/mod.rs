@@ -15,8 +15,6 @@ use futures::Future;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::jiff::Timestamp;
-use kube::core::DeserializeGuard;
-use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
@@ -27,6 +25,8 @@ use multigres_api::observability::{PROJECT_REF_ANNOTATION, Process};
 use multigres_api::resolver::{ResolveError, Templates, defaults, images, resolve};
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::apply::apply_status;
+use multigres_common::guard::Guarded;
+use multigres_common::guard::InvalidObject;
 use multigres_common::shared_watch::Changes;
 use multigres_common::shutdown::Shutdown;
 
@@ -39,7 +39,7 @@ use external::{Exposed, InvalidExposure};
 /// Controller name in metrics and HandlerInfo.
 pub const NAME: &str = "multiadmin";
 
-type Guard = DeserializeGuard<MultigresCluster>;
+type Guard = Guarded<MultigresCluster>;
 
 /// Why a cluster's multiadmin could not be reconciled.
 #[derive(Debug, thiserror::Error)]
@@ -94,11 +94,11 @@ pub struct Triggers {
     /// Owned TLS Secrets (a deleted one is issued again).
     pub secrets: Changes<Secret>,
     /// Template changes re-resolve the clusters of their namespace.
-    pub core_templates: Changes<DeserializeGuard<CoreTemplate>>,
+    pub core_templates: Changes<Guarded<CoreTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.
-    pub cell_templates: Changes<DeserializeGuard<CellTemplate>>,
+    pub cell_templates: Changes<Guarded<CellTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.
-    pub shard_templates: Changes<DeserializeGuard<ShardTemplate>>,
+    pub shard_templates: Changes<Guarded<ShardTemplate>>,
 }
 
 /// Every cluster in the namespace of `obj` (a template change may change their resolution).
@@ -167,7 +167,7 @@ async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Erro
 /// The valid templates of `namespace`, by kind and name.
 pub fn templates(stores: &Stores, namespace: &str) -> Templates {
     fn specs<T, S>(
-        store: &Store<DeserializeGuard<T>>,
+        store: &Store<Guarded<T>>,
         namespace: &str,
         spec: fn(&T) -> S,
     ) -> std::collections::BTreeMap<String, S>

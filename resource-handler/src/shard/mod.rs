@@ -21,8 +21,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Preconditions};
-use kube::core::DeserializeGuard;
-use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
@@ -31,6 +29,8 @@ use kube::{Api, ResourceExt};
 use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Shard, ShardSpec, ShardStatus};
+use multigres_common::guard::Guarded;
+use multigres_common::guard::InvalidObject;
 use multigres_common::shared_watch::{Changes, SharedWatch};
 use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
@@ -53,7 +53,7 @@ pub const NAME: &str = "shard";
 /// Condition type reporting the ordered restart of pool pods.
 pub const ROLLING_UPDATE: &str = "RollingUpdate";
 
-type Guard = DeserializeGuard<Shard>;
+type Guard = Guarded<Shard>;
 
 /// Why a Shard could not be reconciled.
 #[derive(Debug, thiserror::Error)]

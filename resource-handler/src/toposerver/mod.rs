@@ -12,8 +12,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
-use kube::core::DeserializeGuard;
-use kube::core::error_boundary::InvalidObject;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
@@ -21,6 +19,8 @@ use kube::{Api, ResourceExt};
 use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
 use multigres_api::v1alpha1::{MultigresCluster, TopoServer, TopoServerStatus};
+use multigres_common::guard::Guarded;
+use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
@@ -38,7 +38,7 @@ use build::{Scope, TopoInput, TopoObjects};
 /// Controller name in metrics and HandlerInfo.
 pub const NAME: &str = "toposerver";
 
-type Guard = DeserializeGuard<TopoServer>;
+type Guard = Guarded<TopoServer>;
 
 /// Why a TopoServer could not be reconciled.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +85,7 @@ pub struct Triggers {
     /// Owned PodDisruptionBudgets.
     pub pdbs: Changes<PodDisruptionBudget>,
     /// Clusters, whose pull settings their TopoServers use.
-    pub clusters: Changes<DeserializeGuard<MultigresCluster>>,
+    pub clusters: Changes<Guarded<MultigresCluster>>,
 }
 
 /// The controller, ready to be polled until shutdown.
@@ -98,7 +98,7 @@ pub fn run(
     let store = topo_servers.store();
     let controller = Controller::for_shared_stream(topo_servers.changes(), store.clone());
     // Pull settings come from the cluster: a change there must reach its TopoServers.
-    let by_cluster = move |cluster: Arc<DeserializeGuard<MultigresCluster>>| {
+    let by_cluster = move |cluster: Arc<Guarded<MultigresCluster>>| {
         let namespace = cluster.namespace();
         let name = cluster.name_any();
         store

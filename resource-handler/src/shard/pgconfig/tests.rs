@@ -443,7 +443,7 @@ fn a_referenced_configmap_maps_to_the_shards_naming_it_in_its_namespace() {
             name: r.into(),
             key: "pg.conf".into(),
         });
-        kube::core::DeserializeGuard(Ok(s))
+        multigres_common::guard::Guarded(Ok(s))
     };
     for s in [
         shard("a", "db", Some("tuning")),
