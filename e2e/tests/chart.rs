@@ -8,7 +8,8 @@
 //! Against the real local control plane: `helm install` (which creates the CRDs from the
 //! chart) and `helm upgrade` succeed. kwok runs the chart's pods as fakes, so each handler runs
 //! as a local process with the container arguments of its Deployment and a token of the chart's
-//! ServiceAccount: every handler becomes ready and reconciles under the chart's RBAC, a rule
+//! ServiceAccount: every handler becomes ready and reconciles under the chart's RBAC, also
+//! through volume growth, a scale-down, a restart-class rollout and the cluster's deletion, a rule
 //! removed from it makes its handler fail (and `helm upgrade` puts it back), killing the leader
 //! of two replicas hands over and reconciling continues, and each handler's `/metrics` exposes
 //! the names `docs/observability.md` documents.
@@ -27,10 +28,13 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, WatchParams};
+use kube::api::{
+    DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchParams,
+};
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TableGroup};
 use multigres_e2e::cluster::LocalCluster;
@@ -40,7 +44,7 @@ use multigres_e2e::process::Supervised;
 use multigres_proto::operator::v1::handler_info_client::HandlerInfoClient;
 use multigres_proto::operator::v1::{GetInfoRequest, GetInfoResponse, LeaderState};
 use serde::Deserialize as _;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::Channel;
@@ -1094,6 +1098,194 @@ async fn every_handler_runs_and_reconciles_under_the_chart_rbac() {
             handler.name
         );
     }
+}
+
+/// A one-cell cluster whose volumes go with a scale-down and with the cluster, for
+/// [`the_chart_rbac_lets_the_handlers_grow_scale_down_restart_and_delete`]: `{replicas}` pool
+/// pods with `{size}` volumes and `{config}` as postgresConfig.
+const DAY_TWO_CLUSTER: &str = r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: day2-postgres-password}
+stringData: {password: change-me-please}
+---
+apiVersion: multigres.com/v1alpha1
+kind: MultigresCluster
+metadata: {name: day2}
+spec:
+  postgresPasswordSecretRef: {name: day2-postgres-password, key: password}
+  pvcDeletionPolicy: {whenDeleted: Delete, whenScaled: Delete}
+  cells:
+    - {name: zone-a, zoneId: zone-a}
+  databases:
+    - name: postgres
+      default: true
+      tablegroups:
+        - name: default
+          default: true
+          shards:
+            - name: "0-inf"
+              spec:
+                pools:
+                  main:
+                    type: readWrite
+                    cells: [zone-a]
+                    replicasPerCell: {replicas}
+                    storage: {size: {size}}
+                postgresConfig: {config}
+"#;
+
+/// Applies [`DAY_TWO_CLUSTER`] into `namespace` through the chart's webhooks.
+async fn apply_day_two(client: &Client, namespace: &str, replicas: u8, size: &str, config: &str) {
+    let text = DAY_TWO_CLUSTER
+        .replace("{replicas}", &replicas.to_string())
+        .replace("{size}", size)
+        .replace("{config}", config);
+    for doc in manifest::parse_documents(&text, std::path::Path::new("day2.yaml")).unwrap() {
+        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying the day2 cluster: {e}"));
+    }
+}
+
+/// The pool volumes of the day2 cluster: name → requested size.
+async fn day_two_volumes(client: &Client, namespace: &str) -> BTreeMap<String, String> {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    pvcs.list(
+        &ListParams::default()
+            .labels("app.kubernetes.io/component=shard-pool,multigres.com/cluster=day2"),
+    )
+    .await
+    .map(|list| list.items)
+    .unwrap_or_default()
+    .into_iter()
+    .filter(|p| p.metadata.deletion_timestamp.is_none())
+    .map(|p| {
+        let size = p
+            .spec
+            .and_then(|s| s.resources?.requests?.remove("storage"))
+            .map(|q| q.0)
+            .unwrap_or_default();
+        (p.metadata.name.unwrap_or_default(), size)
+    })
+    .collect()
+}
+
+/// Fails naming the handler whose request the chart's roles refused.
+fn assert_none_forbidden(handlers: &[Handler], step: &str) {
+    for handler in handlers {
+        assert!(
+            !handler.forbidden(),
+            "{step}: {} was refused:\n{}",
+            handler.name,
+            handler.log()
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_chart_rbac_lets_the_handlers_grow_scale_down_restart_and_delete() {
+    let release = release().await;
+    let _serial = SERIAL.lock().await;
+    let client = release.cluster.client().unwrap();
+    let namespace = fresh_namespace(release.cluster, "chart-day2").await;
+    let controllers = start_controllers(release).await;
+    // Volume expansion needs a StorageClass that allows it (the fake one accepts the flag).
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    classes
+        .patch(
+            "kwok-volume",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"allowVolumeExpansion": true})),
+        )
+        .await
+        .unwrap();
+    let set = "day2-postgres-default-0-inf-pool-main-zone-a";
+    let volume = |ordinal: u8| format!("data-{set}-{ordinal}");
+
+    apply_day_two(&client, &namespace, 3, "1Gi", "{}").await;
+    eventually("three ready pool pods with a primary", WAIT, || async {
+        harness::elect_primaries(&client, &namespace).await?;
+        let pods = harness::pool_pods(&client, &namespace, "day2").await;
+        if pods.len() == 3 && pods.values().all(|(_, ready)| *ready) {
+            Ok(())
+        } else {
+            Err(format!("{pods:?}"))
+        }
+    })
+    .await;
+    assert_none_forbidden(&controllers, "creation");
+
+    // Growth: the resource-handler patches every pool volume.
+    apply_day_two(&client, &namespace, 3, "2Gi", "{}").await;
+    eventually("every pool volume requests 2Gi", WAIT, || async {
+        let volumes = day_two_volumes(&client, &namespace).await;
+        if volumes.len() == 3 && volumes.values().all(|s| s == "2Gi") {
+            Ok(())
+        } else {
+            Err(format!("{volumes:?}"))
+        }
+    })
+    .await;
+    assert_none_forbidden(&controllers, "volume growth");
+
+    // Scale-down: the last replica goes, and with it its volume (whenScaled: Delete).
+    apply_day_two(&client, &namespace, 2, "2Gi", "{}").await;
+    eventually("two pool pods and their two volumes", WAIT, || async {
+        let pods = harness::pool_pods(&client, &namespace, "day2").await;
+        let volumes: Vec<String> = day_two_volumes(&client, &namespace)
+            .await
+            .into_keys()
+            .collect();
+        if pods.len() == 2 && volumes == [volume(0), volume(1)] {
+            Ok(())
+        } else {
+            Err(format!("pods {pods:?}, volumes {volumes:?}"))
+        }
+    })
+    .await;
+    assert_none_forbidden(&controllers, "scale-down");
+
+    // A restart-class setting: the replica is restarted (deleted and recreated) first.
+    let before = harness::pool_pods(&client, &namespace, "day2").await;
+    let replica = format!("{set}-1");
+    apply_day_two(&client, &namespace, 2, "2Gi", "{shared_buffers: 256MB}").await;
+    eventually("the replica is restarted", WAIT, || async {
+        let now = harness::pool_pods(&client, &namespace, "day2").await;
+        match (before.get(&replica), now.get(&replica)) {
+            (Some((old, _)), Some((new, _))) if old != new => Ok(()),
+            _ => Err(format!("before {before:?}, now {now:?}")),
+        }
+    })
+    .await;
+    assert_none_forbidden(&controllers, "restart");
+
+    // Deletion: the cluster, its children and its volumes (whenDeleted: Delete) go, the
+    // data-handler's finalizers released under the chart's roles.
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    clusters
+        .delete("day2", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the cluster, its Shard and its volumes are gone",
+        WAIT,
+        || async {
+            let cluster = clusters.get_opt("day2").await.map_err(|e| e.to_string())?;
+            let shards = names::<Shard>(&client, &namespace).await;
+            let volumes = day_two_volumes(&client, &namespace).await;
+            if cluster.is_none() && shards.is_empty() && volumes.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "cluster present: {}, shards {shards:?}, volumes {volumes:?}",
+                    cluster.is_some()
+                ))
+            }
+        },
+    )
+    .await;
+    assert_none_forbidden(&controllers, "deletion");
 }
 
 /// Rules without those granting `verb` on `resource`.
