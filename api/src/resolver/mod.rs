@@ -26,10 +26,11 @@ use crate::v1alpha1::{
     BackupConfig, BackupType, CellConfig, CellImages, CellName, CellSpec, CellTemplateSpec,
     ComponentLogLevels, ContainerConfig, CoreTemplateSpec, DatabaseConfig, EtcdSpec,
     ExternalTopoServerSpec, FilesystemBackupConfig, GlobalTopoServerRef, ImagePullPolicy, ImageRef,
-    LocalTopoServerSpec, LogLevel, MultigresCluster, ObservabilityConfig, PodPlacementSpec,
-    PoolName, PoolSpec, PoolType, PvcDeletionPolicy, ResolvedTemplates, ShardConfig, ShardImages,
-    ShardResolvedSpec, ShardSpec, ShardTemplateSpec, StatelessSpec, StorageSpec, TableGroupConfig,
-    TableGroupSpec, TemplateRef, TopoServerSpec, TopologyPruningConfig, TopologyReconciliation,
+    LocalTopoServerSpec, LogLevel, MultigresCluster, MultigresClusterSpec, ObservabilityConfig,
+    PodPlacementSpec, PoolName, PoolSpec, PoolType, PvcDeletionPolicy, ResolvedTemplates,
+    ShardConfig, ShardImages, ShardResolvedSpec, ShardSpec, ShardTemplateSpec, StatelessSpec,
+    StorageSpec, TableGroupConfig, TableGroupSpec, TemplateDefaults, TemplateRef, TopoServerSpec,
+    TopologyPruningConfig, TopologyReconciliation,
 };
 use crate::{DEFAULT_DATABASE, DEFAULT_POOL, DEFAULT_SHARD, DEFAULT_TABLEGROUP, DEFAULT_TEMPLATE};
 use merge::{Overlay, merge_map, merge_pools, overlay_opt, replace};
@@ -207,19 +208,80 @@ pub fn named_templates(cluster: &MultigresCluster) -> ResolvedTemplates {
 /// Picks the one template of a component and records references that name nothing.
 struct Picker<'a> {
     templates: &'a Templates,
+    /// The cluster's `spec.templateDefaults`, the fallback of every component.
+    defaults: Option<&'a TemplateDefaults>,
     missing: Vec<MissingTemplate>,
 }
 
 impl<'a> Picker<'a> {
-    /// `explicit`, else `cluster_default`, else the namespace `default` (absent is fine).
+    fn new(templates: &'a Templates, defaults: Option<&'a TemplateDefaults>) -> Self {
+        Self {
+            templates,
+            defaults,
+            missing: Vec::new(),
+        }
+    }
+
+    /// The CoreTemplate of a component whose explicit reference is at `field`.
+    fn core(
+        &mut self,
+        explicit: Option<&TemplateRef>,
+        field: impl FnOnce() -> String,
+    ) -> Option<&'a CoreTemplateSpec> {
+        let templates = self.templates;
+        self.pick(TemplateKind::Core, &templates.core, explicit, field)
+    }
+
+    /// The CellTemplate of a cell whose explicit reference is at `field`.
+    fn cell(
+        &mut self,
+        explicit: Option<&TemplateRef>,
+        field: impl FnOnce() -> String,
+    ) -> Option<&'a CellTemplateSpec> {
+        let templates = self.templates;
+        self.pick(TemplateKind::Cell, &templates.cell, explicit, field)
+    }
+
+    /// The ShardTemplate of a shard whose explicit reference is at `field`.
+    fn shard(
+        &mut self,
+        explicit: Option<&TemplateRef>,
+        field: impl FnOnce() -> String,
+    ) -> Option<&'a ShardTemplateSpec> {
+        let templates = self.templates;
+        self.pick(TemplateKind::Shard, &templates.shard, explicit, field)
+    }
+
+    /// `explicit`, else the cluster's `templateDefaults` entry for `kind`, else the namespace
+    /// `default` (absent is fine).
     fn pick<T>(
         &mut self,
         kind: TemplateKind,
         map: &'a BTreeMap<String, T>,
-        explicit: Option<(&TemplateRef, String)>,
-        cluster_default: Option<(&TemplateRef, String)>,
+        explicit: Option<&TemplateRef>,
+        field: impl FnOnce() -> String,
     ) -> Option<&'a T> {
-        if let Some((name, field)) = explicit.or(cluster_default) {
+        let defaults = self.defaults;
+        let (cluster_default, default_field) = match kind {
+            TemplateKind::Core => (
+                defaults.and_then(|d| d.core_template.as_ref()),
+                "spec.templateDefaults.coreTemplate",
+            ),
+            TemplateKind::Cell => (
+                defaults.and_then(|d| d.cell_template.as_ref()),
+                "spec.templateDefaults.cellTemplate",
+            ),
+            TemplateKind::Shard => (
+                defaults.and_then(|d| d.shard_template.as_ref()),
+                "spec.templateDefaults.shardTemplate",
+            ),
+        };
+        let named = match (explicit, cluster_default) {
+            (Some(name), _) => Some((name, field())),
+            (None, Some(name)) => Some((name, default_field.to_string())),
+            (None, None) => None,
+        };
+        if let Some((name, field)) = named {
             let found = map.get(name.as_str());
             if found.is_none() {
                 self.missing.push(MissingTemplate {
@@ -232,81 +294,126 @@ impl<'a> Picker<'a> {
         }
         map.get(DEFAULT_TEMPLATE)
     }
+
+    /// Ends the picking: every reference that named nothing, sorted, as one error.
+    fn finish(self) -> Result<(), ResolveError> {
+        if self.missing.is_empty() {
+            return Ok(());
+        }
+        let mut missing = self.missing;
+        missing.sort();
+        missing.dedup();
+        Err(ResolveError::MissingTemplates(missing))
+    }
 }
 
 /// Resolves a cluster against the templates of its namespace.
+///
+/// Steps: the cluster-level settings (images, log levels, observability, PVC policy), the global
+/// topology server, multiadmin and its web UI, the cells, then the table groups with their
+/// shards. Missing templates are reported before an unsupported durability policy.
 pub fn resolve(
     cluster: &MultigresCluster,
     templates: &Templates,
 ) -> Result<ResolvedCluster, ResolveError> {
     let spec = &cluster.spec;
-    let name = cluster.metadata.name.as_deref().unwrap_or_default();
-    let namespace = cluster.metadata.namespace.as_deref().unwrap_or_default();
-    let tdefaults = spec.template_defaults.clone().unwrap_or_default();
-    let mut picker = Picker {
-        templates,
-        missing: Vec::new(),
-    };
-    let core_default = tdefaults
-        .core_template
-        .as_ref()
-        .map(|r| (r, "spec.templateDefaults.coreTemplate".to_string()));
-
+    let mut picker = Picker::new(templates, spec.template_defaults.as_ref());
     let cluster_pvc = resolve_pvc_policy(&[spec.pvc_deletion_policy.as_ref()]);
     let images = resolve_images(cluster);
     let log_levels = resolve_log_levels(spec.log_levels.as_ref());
     let observability = resolve_observability(spec.observability.as_ref());
 
-    // Global topology server.
-    let gts = spec.global_topo_server.clone().unwrap_or_default();
-    let topo_template = picker.pick(
-        TemplateKind::Core,
-        &picker.templates.core,
-        gts.template_ref
-            .as_ref()
-            .map(|r| (r, "spec.globalTopoServer.templateRef".to_string())),
-        core_default.clone(),
-    );
-    let global_topo = match &gts.external {
-        Some(external) => GlobalTopo::External(external.clone()),
-        None => {
-            let base = topo_template.and_then(|t| t.global_topo_server.clone());
-            let mut etcd = base
-                .as_ref()
-                .and_then(|t| t.etcd.clone())
-                .unwrap_or_default();
-            if let Some(inline) = &gts.etcd {
-                etcd.overlay(inline);
-            }
-            let mut placement = base.as_ref().and_then(|t| t.placement.clone());
-            replace(&mut placement, &gts.placement);
-            let pvc = resolve_pvc_policy(&[
-                etcd.pvc_deletion_policy.as_ref(),
-                gts.pvc_deletion_policy.as_ref(),
-                base.as_ref().and_then(|t| t.pvc_deletion_policy.as_ref()),
-                spec.pvc_deletion_policy.as_ref(),
-            ]);
-            let etcd = etcd_with_defaults(etcd, defaults::GLOBAL_ROOT, &pvc);
-            GlobalTopo::Managed(Box::new(TopoServerSpec {
-                etcd: Some(etcd),
-                pvc_deletion_policy: Some(pvc),
-                placement,
-            }))
-        }
+    let global_topo = resolve_global_topo(spec, &mut picker);
+    let topo_ref = global_topo_ref(cluster, &global_topo);
+    let (multiadmin, multiadmin_placement) = resolve_multiadmin(spec, &mut picker);
+    let multiadmin_web = resolve_multiadmin_web(spec, &mut picker);
+
+    let all_cells = sorted_cell_names(spec);
+    let pruning = topology_pruning(spec);
+    let inherited = Inherited {
+        images: &images,
+        topo_ref: &topo_ref,
+        all_cells: &all_cells,
+        pruning: &pruning,
+        log_levels: &log_levels,
+        observability: observability.as_ref(),
+        cluster: spec,
     };
-    let topo_ref = match &global_topo {
-        GlobalTopo::Managed(t) => GlobalTopoServerRef {
-            address: crate::names::topo_client_address(
-                &crate::names::global_topo_server(name),
-                namespace,
-            ),
-            root_path: t
-                .etcd
-                .as_ref()
-                .and_then(|e| e.root_path.clone())
-                .unwrap_or_else(|| defaults::GLOBAL_ROOT.to_string()),
-            implementation: defaults::TOPO_IMPLEMENTATION.to_string(),
-        },
+    let cells = resolve_cells(&mut picker, &inherited);
+    let (table_groups, bad_durability) = resolve_table_groups(&mut picker, &inherited);
+
+    picker.finish()?;
+    if let Some(err) = bad_durability {
+        return Err(err);
+    }
+    Ok(ResolvedCluster {
+        global_topo,
+        topo_ref,
+        multiadmin,
+        multiadmin_placement,
+        multiadmin_web,
+        images,
+        log_levels,
+        cells,
+        table_groups,
+        pvc_deletion_policy: cluster_pvc,
+    })
+}
+
+/// The global topology server: the external one as written, or the managed etcd laid template →
+/// inline over the built-in defaults.
+fn resolve_global_topo(spec: &MultigresClusterSpec, picker: &mut Picker) -> GlobalTopo {
+    let gts = spec.global_topo_server.clone().unwrap_or_default();
+    let template = picker.core(gts.template_ref.as_ref(), || {
+        "spec.globalTopoServer.templateRef".to_string()
+    });
+    if let Some(external) = &gts.external {
+        return GlobalTopo::External(external.clone());
+    }
+    let base = template.and_then(|t| t.global_topo_server.clone());
+    let mut etcd = base
+        .as_ref()
+        .and_then(|t| t.etcd.clone())
+        .unwrap_or_default();
+    if let Some(inline) = &gts.etcd {
+        etcd.overlay(inline);
+    }
+    let mut placement = base.as_ref().and_then(|t| t.placement.clone());
+    replace(&mut placement, &gts.placement);
+    let pvc = resolve_pvc_policy(&[
+        etcd.pvc_deletion_policy.as_ref(),
+        gts.pvc_deletion_policy.as_ref(),
+        base.as_ref().and_then(|t| t.pvc_deletion_policy.as_ref()),
+        spec.pvc_deletion_policy.as_ref(),
+    ]);
+    let etcd = etcd_with_defaults(etcd, defaults::GLOBAL_ROOT, &pvc);
+    GlobalTopo::Managed(Box::new(TopoServerSpec {
+        etcd: Some(etcd),
+        pvc_deletion_policy: Some(pvc),
+        placement,
+    }))
+}
+
+/// How every process reaches the global topology: the managed server's Service, or the
+/// external endpoints.
+fn global_topo_ref(cluster: &MultigresCluster, global_topo: &GlobalTopo) -> GlobalTopoServerRef {
+    match global_topo {
+        GlobalTopo::Managed(t) => {
+            let name = cluster.metadata.name.as_deref().unwrap_or_default();
+            let namespace = cluster.metadata.namespace.as_deref().unwrap_or_default();
+            GlobalTopoServerRef {
+                address: crate::names::topo_client_address(
+                    &crate::names::global_topo_server(name),
+                    namespace,
+                ),
+                root_path: t
+                    .etcd
+                    .as_ref()
+                    .and_then(|e| e.root_path.clone())
+                    .unwrap_or_else(|| defaults::GLOBAL_ROOT.to_string()),
+                implementation: defaults::TOPO_IMPLEMENTATION.to_string(),
+            }
+        }
         GlobalTopo::External(e) => GlobalTopoServerRef {
             address: e
                 .endpoints
@@ -323,20 +430,19 @@ pub fn resolve(
                 .clone()
                 .unwrap_or_else(|| defaults::TOPO_IMPLEMENTATION.to_string()),
         },
-    };
+    }
+}
 
-    // multiadmin and its web UI.
+/// multiadmin and its placement, laid template → inline over the built-in defaults.
+fn resolve_multiadmin(
+    spec: &MultigresClusterSpec,
+    picker: &mut Picker,
+) -> (StatelessSpec, Option<PodPlacementSpec>) {
     let admin = spec.multiadmin.clone().unwrap_or_default();
-    let admin_template = picker.pick(
-        TemplateKind::Core,
-        &picker.templates.core,
-        admin
-            .template_ref
-            .as_ref()
-            .map(|r| (r, "spec.multiadmin.templateRef".to_string())),
-        core_default.clone(),
-    );
-    let mut multiadmin = admin_template
+    let template = picker.core(admin.template_ref.as_ref(), || {
+        "spec.multiadmin.templateRef".to_string()
+    });
+    let mut multiadmin = template
         .and_then(|t| t.multiadmin.clone())
         .unwrap_or_default();
     if let Some(inline) = &admin.spec {
@@ -347,188 +453,190 @@ pub fn resolve(
         defaults::MULTIADMIN_REPLICAS,
         defaults::multiadmin_resources,
     );
-    let mut multiadmin_placement = admin_template.and_then(|t| t.multiadmin_placement.clone());
-    replace(&mut multiadmin_placement, &admin.placement);
+    let mut placement = template.and_then(|t| t.multiadmin_placement.clone());
+    replace(&mut placement, &admin.placement);
+    (multiadmin, placement)
+}
 
+/// multiadmin's web UI, laid template → inline over the built-in defaults.
+fn resolve_multiadmin_web(spec: &MultigresClusterSpec, picker: &mut Picker) -> StatelessSpec {
     let web = spec.multiadmin_web.clone().unwrap_or_default();
-    let web_template = picker.pick(
-        TemplateKind::Core,
-        &picker.templates.core,
-        web.template_ref
-            .as_ref()
-            .map(|r| (r, "spec.multiadminWeb.templateRef".to_string())),
-        core_default,
-    );
-    let mut multiadmin_web = web_template
+    let template = picker.core(web.template_ref.as_ref(), || {
+        "spec.multiadminWeb.templateRef".to_string()
+    });
+    let mut multiadmin_web = template
         .and_then(|t| t.multiadmin_web.clone())
         .unwrap_or_default();
     if let Some(inline) = &web.spec {
         multiadmin_web.overlay(inline);
     }
-    let multiadmin_web = stateless_with_defaults(
+    stateless_with_defaults(
         multiadmin_web,
         defaults::MULTIADMIN_WEB_REPLICAS,
         defaults::multiadmin_web_resources,
-    );
+    )
+}
 
-    // Cells.
-    let all_cells: Vec<CellName> = {
-        let mut v: Vec<CellName> = spec.cells.iter().map(|c| c.name.clone()).collect();
-        v.sort();
-        v
-    };
-    let pruning = TopologyPruningConfig {
+/// The names of the cluster's cells, sorted: every cell and shard lists all of them.
+fn sorted_cell_names(spec: &MultigresClusterSpec) -> Vec<CellName> {
+    let mut names: Vec<CellName> = spec.cells.iter().map(|c| c.name.clone()).collect();
+    names.sort();
+    names
+}
+
+/// Topology pruning, on unless the cluster turns it off.
+fn topology_pruning(spec: &MultigresClusterSpec) -> TopologyPruningConfig {
+    TopologyPruningConfig {
         enabled: Some(
             spec.topology_pruning
                 .as_ref()
                 .and_then(|p| p.enabled)
                 .unwrap_or(true),
         ),
-    };
-    let cells = spec
+    }
+}
+
+/// Every cell with its template.
+fn resolve_cells(picker: &mut Picker, inherited: &Inherited) -> Vec<ResolvedCell> {
+    inherited
+        .cluster
         .cells
         .iter()
         .enumerate()
         .map(|(i, cell)| {
-            let template = picker.pick(
-                TemplateKind::Cell,
-                &picker.templates.cell,
-                cell.cell_template
-                    .as_ref()
-                    .map(|r| (r, format!("spec.cells[{i}].cellTemplate"))),
-                tdefaults
-                    .cell_template
-                    .as_ref()
-                    .map(|r| (r, "spec.templateDefaults.cellTemplate".to_string())),
-            );
-            resolve_cell(
-                cell,
-                template,
-                &CellContext {
-                    images: &images,
-                    topo_ref: &topo_ref,
-                    all_cells: &all_cells,
-                    prune: pruning.enabled == Some(true),
-                    log_levels: &log_levels,
-                    observability: observability.as_ref(),
-                    cluster: spec,
-                },
-            )
+            let template = picker.cell(cell.cell_template.as_ref(), || {
+                format!("spec.cells[{i}].cellTemplate")
+            });
+            resolve_cell(cell, template, inherited)
         })
-        .collect();
+        .collect()
+}
 
-    // Databases, table groups and their shards.
+/// One effective database as its table groups inherit it.
+struct DatabaseLevel<'a> {
+    /// Index in `spec.databases`.
+    index: usize,
+    config: &'a DatabaseConfig,
+    /// The cluster's backup with the database's laid over it.
+    backup: BackupConfig,
+    durability: String,
+}
+
+/// The table groups of every effective database, with their shards; and the first unsupported
+/// durability policy, which [`resolve`] reports only when no template is missing.
+fn resolve_table_groups(
+    picker: &mut Picker,
+    inherited: &Inherited,
+) -> (Vec<TableGroupSpec>, Option<ResolveError>) {
+    let spec = inherited.cluster;
     let cluster_backup = spec.backup.clone().unwrap_or_else(default_backup);
-    let cluster_durability = spec.durability_policy.as_deref();
-    let databases = effective_databases(&spec.databases);
     let mut table_groups = Vec::new();
     let mut bad_durability = None;
-    for (di, db) in databases.iter().enumerate() {
-        let durability = db
+    for (index, config) in effective_databases(&spec.databases).iter().enumerate() {
+        let durability = config
             .durability_policy
             .as_deref()
-            .or(cluster_durability)
+            .or(spec.durability_policy.as_deref())
             .unwrap_or(defaults::DURABILITY_POLICY)
             .to_string();
-        if !defaults::DURABILITY_POLICIES.contains(&durability.as_str()) {
-            let field = if db.durability_policy.is_some() {
-                format!("spec.databases[{di}].durabilityPolicy")
-            } else {
-                "spec.durabilityPolicy".to_string()
-            };
-            bad_durability.get_or_insert(ResolveError::UnsupportedDurabilityPolicy {
-                field,
-                value: durability.clone(),
-            });
+        if bad_durability.is_none() {
+            bad_durability = unsupported_durability(index, config, &durability);
         }
-        let mut db_backup = cluster_backup.clone();
-        if let Some(b) = &db.backup {
-            db_backup.overlay(b);
+        let mut backup = cluster_backup.clone();
+        if let Some(b) = &config.backup {
+            backup.overlay(b);
         }
-        for (ti, tg) in db.tablegroups.iter().enumerate() {
-            let mut tg_backup = db_backup.clone();
-            if let Some(b) = &tg.backup {
-                tg_backup.overlay(b);
-            }
-            let tg_pvc = resolve_pvc_policy(&[
-                tg.pvc_deletion_policy.as_ref(),
-                spec.pvc_deletion_policy.as_ref(),
-            ]);
-            let shards = effective_shards(&tg.shards)
-                .iter()
-                .enumerate()
-                .map(|(si, shard)| {
-                    let template = picker.pick(
-                        TemplateKind::Shard,
-                        &picker.templates.shard,
-                        shard.shard_template.as_ref().map(|r| {
-                            (
-                                r,
-                                format!(
-                                    "spec.databases[{di}].tablegroups[{ti}].shards[{si}].shardTemplate"
-                                ),
-                            )
-                        }),
-                        tdefaults
-                            .shard_template
-                            .as_ref()
-                            .map(|r| (r, "spec.templateDefaults.shardTemplate".to_string())),
-                    );
-                    resolve_shard(shard, template, &tg_backup, &tg_pvc, &all_cells)
-                })
-                .collect();
-            table_groups.push(TableGroupSpec {
-                database_name: db.name.clone(),
-                table_group_name: tg.name.clone(),
-                default: tg.default,
-                images: ShardImages {
-                    image_pull_policy: Some(images.pull_policy),
-                    image_pull_secrets: images.pull_secrets.clone(),
-                    multiorch: images.multiorch.clone(),
-                    multipooler: images.multipooler.clone(),
-                    postgres: images.postgres.clone(),
-                },
-                global_topo_server: topo_ref.clone(),
-                shards,
-                pvc_deletion_policy: Some(tg_pvc),
-                internal_tls: spec.internal_tls.clone(),
-                observability: observability.clone(),
-                log_levels: Some(log_levels.clone()),
-                backup: Some(tg_backup),
-                cell_topology_labels: cell_topology_labels(&spec.cells),
-                topology_pruning: Some(pruning.clone()),
-                durability_policy: Some(durability.clone()),
-                postgres_superuser: Some(
-                    spec.postgres_superuser
-                        .clone()
-                        .unwrap_or_else(|| defaults::POSTGRES_SUPERUSER.to_string()),
-                ),
-                postgres_password_secret_ref: spec.postgres_password_secret_ref.clone(),
-            });
+        let db = DatabaseLevel {
+            index,
+            config,
+            backup,
+            durability,
+        };
+        for (ti, tg) in config.tablegroups.iter().enumerate() {
+            table_groups.push(resolve_table_group(picker, inherited, &db, ti, tg));
         }
     }
+    (table_groups, bad_durability)
+}
 
-    if !picker.missing.is_empty() {
-        let mut missing = picker.missing;
-        missing.sort();
-        missing.dedup();
-        return Err(ResolveError::MissingTemplates(missing));
+/// The error for a database's durability policy when it is not supported, naming the field it
+/// came from: the database's own, else the cluster's.
+fn unsupported_durability(
+    index: usize,
+    db: &DatabaseConfig,
+    durability: &str,
+) -> Option<ResolveError> {
+    if defaults::DURABILITY_POLICIES.contains(&durability) {
+        return None;
     }
-    if let Some(err) = bad_durability {
-        return Err(err);
-    }
-    Ok(ResolvedCluster {
-        global_topo,
-        topo_ref,
-        multiadmin,
-        multiadmin_placement,
-        multiadmin_web,
-        images,
-        log_levels,
-        cells,
-        table_groups,
-        pvc_deletion_policy: cluster_pvc,
+    let field = if db.durability_policy.is_some() {
+        format!("spec.databases[{index}].durabilityPolicy")
+    } else {
+        "spec.durabilityPolicy".to_string()
+    };
+    Some(ResolveError::UnsupportedDurabilityPolicy {
+        field,
+        value: durability.to_string(),
     })
+}
+
+/// One table group with its effective shards, each with its template.
+fn resolve_table_group(
+    picker: &mut Picker,
+    inherited: &Inherited,
+    db: &DatabaseLevel,
+    ti: usize,
+    tg: &TableGroupConfig,
+) -> TableGroupSpec {
+    let spec = inherited.cluster;
+    let mut tg_backup = db.backup.clone();
+    if let Some(b) = &tg.backup {
+        tg_backup.overlay(b);
+    }
+    let tg_pvc = resolve_pvc_policy(&[
+        tg.pvc_deletion_policy.as_ref(),
+        spec.pvc_deletion_policy.as_ref(),
+    ]);
+    let di = db.index;
+    let shards = effective_shards(&tg.shards)
+        .iter()
+        .enumerate()
+        .map(|(si, shard)| {
+            let template = picker.shard(shard.shard_template.as_ref(), || {
+                format!("spec.databases[{di}].tablegroups[{ti}].shards[{si}].shardTemplate")
+            });
+            resolve_shard(shard, template, &tg_backup, &tg_pvc, inherited.all_cells)
+        })
+        .collect();
+    let images = inherited.images;
+    TableGroupSpec {
+        database_name: db.config.name.clone(),
+        table_group_name: tg.name.clone(),
+        default: tg.default,
+        images: ShardImages {
+            image_pull_policy: Some(images.pull_policy),
+            image_pull_secrets: images.pull_secrets.clone(),
+            multiorch: images.multiorch.clone(),
+            multipooler: images.multipooler.clone(),
+            postgres: images.postgres.clone(),
+        },
+        global_topo_server: inherited.topo_ref.clone(),
+        shards,
+        pvc_deletion_policy: Some(tg_pvc),
+        internal_tls: spec.internal_tls.clone(),
+        observability: inherited.observability.cloned(),
+        log_levels: Some(inherited.log_levels.clone()),
+        backup: Some(tg_backup),
+        cell_topology_labels: cell_topology_labels(&spec.cells),
+        topology_pruning: Some(inherited.pruning.clone()),
+        durability_policy: Some(db.durability.clone()),
+        postgres_superuser: Some(
+            spec.postgres_superuser
+                .clone()
+                .unwrap_or_else(|| defaults::POSTGRES_SUPERUSER.to_string()),
+        ),
+        postgres_password_secret_ref: spec.postgres_password_secret_ref.clone(),
+    }
 }
 
 /// The spec of one Shard child, from its TableGroup and its resolved entry there.
@@ -645,20 +753,22 @@ fn etcd_with_defaults(mut etcd: EtcdSpec, root: &str, pvc: &PvcDeletionPolicy) -
     etcd
 }
 
-struct CellContext<'a> {
+/// What every cell and table group takes from the cluster level, resolved once.
+struct Inherited<'a> {
     images: &'a ResolvedImages,
     topo_ref: &'a GlobalTopoServerRef,
+    /// Every cell's name, sorted.
     all_cells: &'a [CellName],
-    prune: bool,
+    pruning: &'a TopologyPruningConfig,
     log_levels: &'a ComponentLogLevels,
     observability: Option<&'a ObservabilityConfig>,
-    cluster: &'a crate::v1alpha1::MultigresClusterSpec,
+    cluster: &'a MultigresClusterSpec,
 }
 
 fn resolve_cell(
     cell: &CellConfig,
     template: Option<&CellTemplateSpec>,
-    ctx: &CellContext,
+    ctx: &Inherited,
 ) -> ResolvedCell {
     let mut gateway = template
         .and_then(|t| t.multigateway.clone())
@@ -732,7 +842,7 @@ fn resolve_cell(
             all_cells: ctx.all_cells.to_vec(),
             topology_reconciliation: Some(TopologyReconciliation {
                 register_cell: true,
-                prune_poolers: ctx.prune,
+                prune_poolers: ctx.pruning.enabled == Some(true),
             }),
             observability: ctx.observability.cloned(),
             log_levels: Some(ctx.log_levels.clone()),

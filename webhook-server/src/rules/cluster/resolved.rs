@@ -1,0 +1,294 @@
+//! Pass 2: the spec resolved with its templates ([`multigres_api::resolver`]). Buffer durations,
+//! pool and multiorch cells that exist, postgres/multipooler UIDs, plus warnings.
+
+use std::collections::BTreeSet;
+
+use multigres_api::resolver::GlobalTopo;
+use multigres_api::v1alpha1::{PoolSpec, ShardConfig};
+
+use super::view::{ShardSite, View};
+use crate::rules;
+use crate::violation::Findings;
+
+/// The checks of one resolved cluster.
+pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {
+    if let GlobalTopo::Managed(topo) = &view.resolved.global_topo
+        && topo.etcd.as_ref().and_then(|e| e.replicas) == Some(1)
+    {
+        findings.warning(
+            view.global_etcd_field("replicas", |e| e.replicas.is_some()),
+            "the global etcd has 1 member, so no fault tolerance: losing it stops the whole \
+             cluster's topology; 3 members are recommended (this cannot change later)",
+        );
+    }
+    for (site, cell) in view.cells.iter().zip(&view.resolved.cells) {
+        rules::buffer(findings, &site.buffer(), true);
+        if cell
+            .local_topo
+            .as_ref()
+            .and_then(|t| t.etcd.as_ref())
+            .and_then(|e| e.replicas)
+            == Some(1)
+        {
+            findings.warning(
+                site.local_etcd_field("replicas", |e| e.replicas.is_some()),
+                format!(
+                    "the local etcd of cell {:?} has 1 member, so no fault tolerance; 3 members \
+                     are recommended (this cannot change later)",
+                    site.config.name.as_str()
+                ),
+            );
+        }
+    }
+    let cells = view.cell_names();
+    for shard in &view.shards {
+        unknown_cells(
+            findings,
+            &cells,
+            &shard.resolved.multiorch.cells,
+            || multiorch_cells_field(shard),
+            "multiorch",
+        );
+        for (name, pool) in &shard.resolved.pools {
+            let pool_name = name.as_str();
+            unknown_cells(
+                findings,
+                &cells,
+                &pool.cells,
+                || shard.pool_field(pool_name, "cells", |p| !p.cells.is_empty()),
+                &format!("pool {pool_name:?}"),
+            );
+            let uid = |container: &str, get: fn(&PoolSpec) -> Option<i64>| {
+                get(pool).map(|uid| {
+                    (
+                        shard.pool_field(pool_name, &format!("{container}.runAsUser"), |p| {
+                            get(p).is_some()
+                        }),
+                        uid,
+                    )
+                })
+            };
+            rules::run_as_user(
+                findings,
+                uid("postgres", |p| {
+                    p.postgres.as_ref().and_then(|c| c.run_as_user)
+                }),
+                uid("multipooler", |p| {
+                    p.multipooler.as_ref().and_then(|c| c.run_as_user)
+                }),
+            );
+            durability_warning(findings, shard, pool_name, pool);
+        }
+        override_pools_warning(findings, shard);
+    }
+}
+
+fn multiorch_cells_field(shard: &ShardSite<'_>) -> String {
+    let written = |get: &dyn Fn(&ShardConfig) -> bool| shard.config.is_some_and(get);
+    let path = shard.describe();
+    if written(&|c| {
+        c.spec
+            .as_ref()
+            .and_then(|s| s.multiorch.as_ref())
+            .is_some_and(|m| !m.cells.is_empty())
+    }) {
+        format!("{path}.spec.multiorch.cells")
+    } else if written(&|c| {
+        c.overrides
+            .as_ref()
+            .and_then(|o| o.multiorch.as_ref())
+            .is_some_and(|m| !m.cells.is_empty())
+    }) {
+        format!("{path}.overrides.multiorch.cells")
+    } else if let Some((name, _)) = shard.template {
+        format!("ShardTemplate {name:?} spec.multiorch.cells")
+    } else {
+        format!("{path}.multiorch.cells")
+    }
+}
+
+fn unknown_cells(
+    findings: &mut Findings,
+    cluster_cells: &BTreeSet<&str>,
+    used: &[multigres_api::v1alpha1::CellName],
+    field: impl Fn() -> String,
+    what: &str,
+) {
+    let unknown: Vec<&str> = used
+        .iter()
+        .map(|c| c.as_str())
+        .filter(|c| !cluster_cells.contains(c))
+        .collect();
+    if !unknown.is_empty() {
+        findings.violation(
+            field(),
+            format!(
+                "{what} is assigned to cells {unknown:?} that are not in spec.cells; use cells \
+                 of this cluster ({:?})",
+                cluster_cells
+            ),
+        );
+    }
+}
+
+fn durability_warning(
+    findings: &mut Findings,
+    shard: &ShardSite<'_>,
+    pool_name: &str,
+    pool: &PoolSpec,
+) {
+    let cells = pool.cells.len();
+    let per_cell = pool.replicas_per_cell.unwrap_or(1);
+    let total = usize::try_from(per_cell).unwrap_or(0) * cells;
+    let field = || {
+        shard.pool_field(pool_name, "replicasPerCell", |p| {
+            p.replicas_per_cell.is_some()
+        })
+    };
+    match shard.durability {
+        "MULTI_CELL_AT_LEAST_2" if cells < 2 => findings.warning(
+            field(),
+            format!(
+                "pool {pool_name:?} of shard {} runs in {cells} cell(s) but durability policy \
+                 MULTI_CELL_AT_LEAST_2 needs acknowledgements from 2 cells: writes will block",
+                shard.key
+            ),
+        ),
+        "AT_LEAST_2" if total < 2 => findings.warning(
+            field(),
+            format!(
+                "pool {pool_name:?} of shard {} has {per_cell} replica(s) per cell in {cells} \
+                 cell(s) ({total} in total) but durability policy AT_LEAST_2 needs 2: no primary \
+                 can be elected",
+                shard.key
+            ),
+        ),
+        _ => {}
+    }
+}
+
+fn override_pools_warning(findings: &mut Findings, shard: &ShardSite<'_>) {
+    let (Some(path), Some(config), Some((template_name, template))) =
+        (&shard.path, shard.config, shard.template)
+    else {
+        return;
+    };
+    for name in config.overrides.iter().flat_map(|o| o.pools.keys()) {
+        if !template.pools.contains_key(name) {
+            findings.warning(
+                format!("{path}.overrides.pools[{name}]"),
+                format!(
+                    "pool {:?} does not exist in ShardTemplate {template_name:?}: a new pool \
+                     will be created",
+                    name.as_str()
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::rules::Templates;
+    use crate::rules::cluster::tests::{SHARD, cluster, fields, shard, templates, with};
+    use crate::rules::cluster::validate;
+
+    #[test]
+    fn single_etcd_member_and_delete_policies_warn() {
+        let new = cluster(&with(
+            "pvcDeletionPolicy: {whenDeleted: Delete}\nglobalTopoServer: {etcd: {replicas: 1}}",
+        ));
+        let findings = validate(&new, None, &Templates::default());
+        assert!(findings.allowed());
+        assert_eq!(findings.warnings.len(), 2, "{:?}", findings.warnings);
+        assert!(findings.warnings[0].starts_with("spec.pvcDeletionPolicy.whenDeleted: is Delete"));
+        assert!(
+            findings.warnings[1]
+                .starts_with("spec.globalTopoServer.etcd.replicas: the global etcd has 1 member")
+        );
+    }
+
+    #[test]
+    fn pools_and_multiorch_use_cells_of_the_cluster() {
+        let t = templates("shard: {std: {pools: {main: {cells: [zone-x]}}}}");
+        let new = cluster(&shard(
+            "shardTemplate: std\noverrides: {multiorch: {cells: [zone-a, zone-q]}}",
+        ));
+        let findings = validate(&new, None, &t);
+        assert_eq!(
+            fields(&findings),
+            [
+                format!("{SHARD}.overrides.multiorch.cells"),
+                "ShardTemplate \"std\" spec.pools[main].cells".to_owned()
+            ]
+        );
+        assert!(findings.violations[1].message.contains("[\"zone-x\"]"));
+    }
+
+    #[test]
+    fn buffer_is_checked_after_merging_template_and_overrides() {
+        let t = templates("cell: {gw: {multigateway: {buffer: {window: 15s}}}}");
+        let new = cluster(
+            "
+postgresPasswordSecretRef: {name: pw, key: password}
+cells:
+- name: zone-a
+  zoneId: z-a
+  cellTemplate: gw
+  overrides: {multigateway: {buffer: {maxFailoverDuration: 12s}}}
+",
+        );
+        let findings = validate(&new, None, &t);
+        assert_eq!(
+            fields(&findings),
+            ["CellTemplate \"gw\" spec.multigateway.buffer.window"]
+        );
+        assert!(
+            findings.violations[0]
+                .message
+                .starts_with("buffer window (15s) must not exceed maxFailoverDuration (12s)")
+        );
+    }
+
+    #[test]
+    fn postgres_and_multipooler_share_a_uid() {
+        let t = templates(
+            "shard: {std: {pools: {main: {postgres: {runAsUser: 999}, multipooler: {runAsUser: 999}}}}}",
+        );
+        let new = cluster(&shard(
+            "shardTemplate: std\noverrides: {pools: {main: {multipooler: {runAsUser: 1000}}}}",
+        ));
+        let findings = validate(&new, None, &t);
+        assert_eq!(
+            fields(&findings),
+            ["ShardTemplate \"std\" spec.pools[main].postgres.runAsUser"]
+        );
+        assert!(
+            findings.violations[0]
+                .message
+                .contains("differs from multipooler runAsUser 1000")
+        );
+    }
+
+    #[test]
+    fn durability_needs_two_poolers() {
+        let new = cluster(&shard(
+            "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 1}}}",
+        ));
+        let findings = validate(&new, None, &Templates::default());
+        assert!(findings.allowed());
+        assert_eq!(findings.warnings.len(), 1);
+        assert!(findings.warnings[0].starts_with(&format!(
+            "{SHARD}.spec.pools[main].replicasPerCell: pool \"main\" of shard postgres/default/0-inf has 1 replica(s) per cell in 1 cell(s)"
+        )));
+        let multi = cluster(&format!(
+            "{}durabilityPolicy: MULTI_CELL_AT_LEAST_2\n",
+            shard("spec: {pools: {main: {cells: [zone-a]}}}")
+        ));
+        let findings = validate(&multi, None, &Templates::default());
+        assert!(
+            findings.warnings[0].contains("MULTI_CELL_AT_LEAST_2"),
+            "{findings:?}"
+        );
+    }
+}
