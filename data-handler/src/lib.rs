@@ -35,20 +35,23 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::Stream;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::Resource;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
+use kube::{Client, Resource};
 use multigres_api::labels::{self, Component, MANAGED_SELECTOR};
 use multigres_api::v1alpha1::{
     Cell, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate, TopoServer,
 };
 use multigres_common::HandlerContext;
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
-use multigres_common::controller::{drive, error_policy};
-use multigres_common::shared_watch::Watches;
+use multigres_common::controller::{Outcome, drive, error_policy};
+use multigres_common::shared_watch::{SharedWatch, Watches};
+use multigres_common::shutdown::Shutdown;
+use multigres_common::state::HandlerState;
 use multigres_common::watch::Scope;
 
 use crate::target::Connections;
@@ -97,133 +100,215 @@ impl Settings {
 /// Runs the three controllers over `scope` until `ctx.shutdown` fires. Reports SERVING once
 /// every cache has synced.
 pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
-    let client = ctx.client.clone();
-    let everything = watcher::Config::default;
-    let managed = || watcher::Config::default().labels(MANAGED_SELECTOR);
-    let pool_pods = watcher::Config::default().labels(&format!(
-        "{MANAGED_SELECTOR},{}={}",
-        labels::COMPONENT,
-        Component::Pool.as_str()
-    ));
-
-    let mut watches = Watches::new(client.clone(), scope, ctx.state.clone());
-    let clusters = watches.share::<Guarded<MultigresCluster>>(everything());
-    let core_templates = watches.share::<Guarded<CoreTemplate>>(everything());
-    let cell_templates = watches.share::<Guarded<CellTemplate>>(everything());
-    let shard_templates = watches.share::<Guarded<ShardTemplate>>(everything());
-    let topo_servers = watches.share::<Guarded<TopoServer>>(managed());
-    let cells = watches.share::<Guarded<Cell>>(managed());
-    let shards = watches.share::<Guarded<Shard>>(managed());
-    let pods = watches.share_trimmed::<Guarded<Pod>>(pool_pods, pod_metadata_only);
-    // The shards' rendered postgresql.conf (the resource-handler labels it as a shard object).
-    let shard_config_maps = watcher::Config::default().labels(&format!(
-        "{MANAGED_SELECTOR},{}={}",
-        labels::COMPONENT,
-        Component::Shard.as_str()
-    ));
-    let config_maps = watches.share::<Guarded<ConfigMap>>(shard_config_maps);
+    let mut watches = Watches::new(ctx.client.clone(), scope, ctx.state.clone());
+    let shared = Shared::on(&mut watches);
     let mut running = watches.start();
-
-    let field_manager = multigres_common::apply::field_manager(NAME);
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: field_manager.clone(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
+    let base = Base::new(&ctx, settings);
+    let clusters = cluster_controller(&shared, &base);
+    let cells = cell_controller(&shared, &base);
+    let shards = shard_controller(&shared, &base);
+    let readiness = running.ready_when_listed(&ctx.shutdown);
+    futures::join!(
+        drive(cluster::CONTROLLER, clusters),
+        drive(cell::CONTROLLER, cells),
+        drive(shard::CONTROLLER, shards),
+        readiness
     );
-    let connections = Arc::new(Connections::new(
-        client.clone(),
-        settings.connect_timeout,
-        settings.request_timeout,
-    ));
-    let cluster_ctx = Arc::new(cluster::Context {
+}
+
+/// The shared watches the controllers read, one per kind.
+struct Shared {
+    clusters: SharedWatch<Guarded<MultigresCluster>>,
+    core_templates: SharedWatch<Guarded<CoreTemplate>>,
+    cell_templates: SharedWatch<Guarded<CellTemplate>>,
+    shard_templates: SharedWatch<Guarded<ShardTemplate>>,
+    topo_servers: SharedWatch<Guarded<TopoServer>>,
+    cells: SharedWatch<Guarded<Cell>>,
+    shards: SharedWatch<Guarded<Shard>>,
+    /// Pool pods, metadata only.
+    pods: SharedWatch<Guarded<Pod>>,
+    /// The shards' rendered postgresql.conf (the resource-handler labels it as a shard object).
+    config_maps: SharedWatch<Guarded<ConfigMap>>,
+}
+
+impl Shared {
+    /// Shares a watch of each kind on `watches`: every MultigresCluster and template, only the
+    /// operator's objects of the other kinds.
+    fn on(watches: &mut Watches) -> Self {
+        let everything = watcher::Config::default;
+        let managed = || watcher::Config::default().labels(MANAGED_SELECTOR);
+        let component = |component: Component| {
+            watcher::Config::default().labels(&format!(
+                "{MANAGED_SELECTOR},{}={}",
+                labels::COMPONENT,
+                component.as_str()
+            ))
+        };
+        Self {
+            clusters: watches.share(everything()),
+            core_templates: watches.share(everything()),
+            cell_templates: watches.share(everything()),
+            shard_templates: watches.share(everything()),
+            topo_servers: watches.share(managed()),
+            cells: watches.share(managed()),
+            shards: watches.share(managed()),
+            pods: watches.share_trimmed(component(Component::Pool), pod_metadata_only),
+            config_maps: watches.share(component(Component::Shard)),
+        }
+    }
+}
+
+/// What the controllers' contexts are made from, and how every controller runs.
+struct Base {
+    client: Client,
+    /// This binary's field manager, also the controller name of its events.
+    field_manager: String,
+    recorder: Recorder,
+    /// Open topology connections, shared by the controllers.
+    connections: Arc<Connections>,
+    state: HandlerState,
+    settings: Settings,
+    shutdown: Shutdown,
+}
+
+impl Base {
+    /// The parts of `ctx` the controllers use, and what they share.
+    fn new(ctx: &HandlerContext, settings: Settings) -> Self {
+        let field_manager = multigres_common::apply::field_manager(NAME);
+        let recorder = Recorder::new(
+            ctx.client.clone(),
+            Reporter {
+                controller: field_manager.clone(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        let connections = Arc::new(Connections::new(
+            ctx.client.clone(),
+            settings.connect_timeout,
+            settings.request_timeout,
+        ));
+        Self {
+            client: ctx.client.clone(),
+            field_manager,
+            recorder,
+            connections,
+            state: ctx.state.clone(),
+            settings,
+            shutdown: ctx.shutdown.clone(),
+        }
+    }
+
+    /// The write path of `controller`.
+    fn writer(&self, controller: &'static str) -> Writer {
+        Writer::new(self.client.clone(), controller, self.field_manager.clone())
+    }
+
+    /// Every controller's concurrency and debounce.
+    fn config(&self) -> controller::Config {
+        controller::Config::default()
+            .concurrency(CONCURRENCY)
+            .debounce(DEBOUNCE)
+    }
+}
+
+/// The MultigresCluster controller ([`cluster`]), woken by its clusters, their TopoServers and
+/// the templates of their namespace.
+fn cluster_controller(
+    watches: &Shared,
+    base: &Base,
+) -> impl Stream<Item = Outcome<Guarded<MultigresCluster>, cluster::Error>> {
+    let context = Arc::new(cluster::Context {
         templates: cluster::TemplateStores {
-            core: core_templates.store(),
-            cell: cell_templates.store(),
-            shard: shard_templates.store(),
+            core: watches.core_templates.store(),
+            cell: watches.cell_templates.store(),
+            shard: watches.shard_templates.store(),
         },
-        topo_servers: topo_servers.store(),
-        connections: connections.clone(),
-        writer: Writer::new(client.clone(), cluster::CONTROLLER, field_manager.clone()),
-        recorder: recorder.clone(),
-        state: ctx.state.clone(),
-        backoff: settings.backoff(),
+        topo_servers: watches.topo_servers.store(),
+        connections: base.connections.clone(),
+        writer: base.writer(cluster::CONTROLLER),
+        recorder: base.recorder.clone(),
+        state: base.state.clone(),
+        backoff: base.settings.backoff(),
         pacer: Default::default(),
-        settings: settings.clone(),
+        settings: base.settings.clone(),
     });
-    let cell_ctx = Arc::new(cell::Context {
-        clusters: clusters.store(),
-        topo_servers: topo_servers.store(),
-        connections: connections.clone(),
-        writer: Writer::new(client.clone(), cell::CONTROLLER, field_manager.clone()),
-        recorder: recorder.clone(),
-        state: ctx.state.clone(),
-        backoff: settings.backoff(),
+    let clusters = &watches.clusters;
+    Controller::for_shared_stream(clusters.changes(), clusters.store())
+        .owns_shared_stream(watches.topo_servers.changes_and_deletions())
+        .watches_shared_stream(
+            watches.core_templates.changes_and_deletions(),
+            in_same_namespace(&clusters.store()),
+        )
+        .watches_shared_stream(
+            watches.cell_templates.changes_and_deletions(),
+            in_same_namespace(&clusters.store()),
+        )
+        .watches_shared_stream(
+            watches.shard_templates.changes_and_deletions(),
+            in_same_namespace(&clusters.store()),
+        )
+        .with_config(base.config())
+        .graceful_shutdown_on(base.shutdown.wait())
+        .run(cluster::reconcile, error_policy, context)
+}
+
+/// The Cell controller ([`cell`]), woken by its cells and their clusters.
+fn cell_controller(
+    watches: &Shared,
+    base: &Base,
+) -> impl Stream<Item = Outcome<Guarded<Cell>, cell::Error>> {
+    let context = Arc::new(cell::Context {
+        clusters: watches.clusters.store(),
+        topo_servers: watches.topo_servers.store(),
+        connections: base.connections.clone(),
+        writer: base.writer(cell::CONTROLLER),
+        recorder: base.recorder.clone(),
+        state: base.state.clone(),
+        backoff: base.settings.backoff(),
         pacer: Default::default(),
-        settings: settings.clone(),
+        settings: base.settings.clone(),
     });
-    let shard_ctx = Arc::new(shard::Context {
-        clusters: clusters.store(),
-        cells: cells.store(),
-        pods: pods.store(),
-        config_maps: config_maps.store(),
-        topo_servers: topo_servers.store(),
-        connections,
-        writer: Writer::new(client.clone(), shard::CONTROLLER, field_manager),
-        recorder,
+    let cells = &watches.cells;
+    Controller::for_shared_stream(cells.changes(), cells.store())
+        .watches_shared_stream(watches.clusters.changes(), children_of(&cells.store()))
+        .with_config(base.config())
+        .graceful_shutdown_on(base.shutdown.wait())
+        .run(cell::reconcile, error_policy, context)
+}
+
+/// The Shard roles controller ([`shard`]), woken by its shards, their clusters, their pool
+/// pods and their rendered postgresql.conf.
+fn shard_controller(
+    watches: &Shared,
+    base: &Base,
+) -> impl Stream<Item = Outcome<Guarded<Shard>, shard::Error>> {
+    let context = Arc::new(shard::Context {
+        clusters: watches.clusters.store(),
+        cells: watches.cells.store(),
+        pods: watches.pods.store(),
+        config_maps: watches.config_maps.store(),
+        topo_servers: watches.topo_servers.store(),
+        connections: base.connections.clone(),
+        writer: base.writer(shard::CONTROLLER),
+        recorder: base.recorder.clone(),
         reload_waits: Default::default(),
         switchovers: Default::default(),
         backup_checks: Default::default(),
-        state: ctx.state.clone(),
-        backoff: settings.backoff(),
-        settings,
+        state: base.state.clone(),
+        backoff: base.settings.backoff(),
+        settings: base.settings.clone(),
     });
-
-    let config = controller::Config::default()
-        .concurrency(CONCURRENCY)
-        .debounce(DEBOUNCE);
-    let cluster_controller = Controller::for_shared_stream(clusters.changes(), clusters.store())
-        .owns_shared_stream(topo_servers.changes_and_deletions())
+    let shards = &watches.shards;
+    Controller::for_shared_stream(shards.changes(), shards.store())
+        .watches_shared_stream(watches.clusters.changes(), children_of(&shards.store()))
         .watches_shared_stream(
-            core_templates.changes_and_deletions(),
-            in_same_namespace(&clusters.store()),
+            watches.pods.changes_and_deletions(),
+            |pod: Arc<Guarded<Pod>>| pod.0.as_ref().ok().and_then(shard::shard_of),
         )
-        .watches_shared_stream(
-            cell_templates.changes_and_deletions(),
-            in_same_namespace(&clusters.store()),
-        )
-        .watches_shared_stream(
-            shard_templates.changes_and_deletions(),
-            in_same_namespace(&clusters.store()),
-        )
-        .with_config(config.clone())
-        .graceful_shutdown_on(ctx.shutdown.wait())
-        .run(cluster::reconcile, error_policy, cluster_ctx);
-
-    let cell_controller = Controller::for_shared_stream(cells.changes(), cells.store())
-        .watches_shared_stream(clusters.changes(), children_of(&cells.store()))
-        .with_config(config.clone())
-        .graceful_shutdown_on(ctx.shutdown.wait())
-        .run(cell::reconcile, error_policy, cell_ctx);
-
-    let shard_controller = Controller::for_shared_stream(shards.changes(), shards.store())
-        .watches_shared_stream(clusters.changes(), children_of(&shards.store()))
-        .watches_shared_stream(pods.changes_and_deletions(), |pod: Arc<Guarded<Pod>>| {
-            pod.0.as_ref().ok().and_then(shard::shard_of)
-        })
-        .owns_shared_stream(config_maps.changes_and_deletions())
-        .with_config(config)
-        .graceful_shutdown_on(ctx.shutdown.wait())
-        .run(shard::reconcile, error_policy, shard_ctx);
-
-    let readiness = running.ready_when_listed(&ctx.shutdown);
-    futures::join!(
-        drive(cluster::CONTROLLER, cluster_controller),
-        drive(cell::CONTROLLER, cell_controller),
-        drive(shard::CONTROLLER, shard_controller),
-        readiness
-    );
+        .owns_shared_stream(watches.config_maps.changes_and_deletions())
+        .with_config(base.config())
+        .graceful_shutdown_on(base.shutdown.wait())
+        .run(shard::reconcile, error_policy, context)
 }
 
 /// Maps a change of a template to every cluster of its namespace (templates are few, and a

@@ -20,34 +20,41 @@
 //!
 //! etcd changes make no Kubernetes event, so each Shard is read again every `roles_period`.
 //! Nothing is written when the published roles, labels and stamps already match.
+//!
+//! The work is done in steps that return what they found: [`cohort`] (the pooler records),
+//! [`crate::roles`] and [`marks`] (the roles and the pods' marks), [`crate::backup_health`],
+//! [`reloads`] and [`crate::switchover`]; only this module writes (status, pods, events).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+pub mod cohort;
+pub mod marks;
+pub mod reloads;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
-use multigres_api::labels::{self, Component, ROLE};
+use multigres_api::labels::{self, Component, SWITCHOVER_RESIGNED};
 use multigres_api::names;
-use multigres_api::postgres::RELOAD_HASH_ANNOTATION;
 use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::controller::{Classify, WithBackoff};
 use multigres_common::state::HandlerState;
-use multigres_common::telemetry::ErrorChain;
 use serde_json::json;
 
 use crate::Settings;
 use crate::backup_health::{self, Published};
 use crate::conditions::Notice;
-use crate::reload::{self, Desired, DesiredError, PodState, Verdict};
+use crate::reload::{self, DesiredError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::switchover;
-use crate::target::{CellTopo, ConnectError, Connections, Target, TargetError};
-use crate::topo::{CellTls, TopoError};
+use crate::target::{ConnectError, Connections, Target, TargetError};
+use crate::topo::{TopoError, TopoStore};
 use crate::watch::{Guarded, full_name, valid, valid_in};
 use crate::writes::Writer;
 
@@ -129,9 +136,13 @@ impl Classify for Error {
     }
 }
 
-impl From<switchover::LabelError> for Error {
-    fn from(switchover::LabelError { pod, source }: switchover::LabelError) -> Self {
-        Error::Label { pod, source }
+impl From<cohort::CellError> for Error {
+    fn from(error: cohort::CellError) -> Self {
+        match error {
+            cohort::CellError::Target { cell, source } => Error::CellTarget { cell, source },
+            cohort::CellError::Connect { cell, source } => Error::CellConnect { cell, source },
+            cohort::CellError::Poolers { cell, source } => Error::Poolers { cell, source },
+        }
     }
 }
 
@@ -153,9 +164,9 @@ pub struct Context {
     pub writer: Writer,
     /// Events on Shards about reloads.
     pub recorder: Recorder,
-    /// Why each pod's reload is waiting, as last reported (`namespace/pod` → note), so a
-    /// waiting reload is announced once, not on every retry.
-    pub reload_waits: Mutex<HashMap<String, String>>,
+    /// Why each pod's reload is waiting, as last reported, so a waiting reload is announced
+    /// once, not on every retry.
+    pub reload_waits: reloads::Waits,
     /// Pending switchover requests' attempts (backoff, events announced).
     pub switchovers: switchover::Attempts,
     /// When each shard's backups were last checked.
@@ -188,31 +199,6 @@ impl WithBackoff<Guarded<Shard>> for Context {
     }
 }
 
-/// How to reach the topology of `cell` of cluster `cluster`: its own etcd's settings when its
-/// Cell has one, else the global topology's (also while the Cell is not in the cache yet: its
-/// record, where the addresses come from, is written from that Cell).
-async fn cell_tls(
-    ctx: &Context,
-    namespace: &str,
-    cluster: &str,
-    cell: &str,
-) -> Result<CellTls, Error> {
-    let topo = match valid(&ctx.cells, namespace, &names::cell(cluster, cell)) {
-        Some(resource) => CellTopo::of(&resource.spec).map_err(|source| Error::CellTarget {
-            cell: cell.to_owned(),
-            source,
-        })?,
-        None => CellTopo::Global,
-    };
-    ctx.connections
-        .cell_tls(namespace, &topo)
-        .await
-        .map_err(|source| Error::CellConnect {
-            cell: cell.to_owned(),
-            source,
-        })
-}
-
 /// The Shard a pool pod belongs to, from its labels, for mapping pod changes.
 pub fn shard_of(pod: &Pod) -> Option<ObjectRef<Guarded<Shard>>> {
     let l = pod.labels();
@@ -236,6 +222,8 @@ pub fn is_pool_pod_of(pod: &Pod, shard: &Shard, cluster: &str) -> bool {
         && is(labels::SHARD, shard.spec.shard_name.as_str())
 }
 
+/// Reads the shard's cohort, runs each step over it, and writes what they found: the status,
+/// the pods' marks and switchover records, and the events.
 async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, Error> {
     let shard = obj.0.as_ref().map_err(|invalid| Error::Malformed {
         name: full_name(obj),
@@ -245,177 +233,262 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         return Ok(Action::await_change());
     }
     let namespace = shard.namespace().unwrap_or_default();
-    let cluster_name = shard
+    let cluster = shard
         .labels()
         .get(labels::CLUSTER)
         .cloned()
         .unwrap_or_default();
-    let cluster =
-        valid(&ctx.clusters, &namespace, &cluster_name).ok_or_else(|| Error::ClusterNotFound {
-            cluster: format!("{namespace}/{cluster_name}"),
-        })?;
-    let target = Target::new(&cluster, &shard.spec.global_topo_server)?;
-    let topo_server = valid(
-        &ctx.topo_servers,
-        &namespace,
-        &names::global_topo_server(&cluster_name),
-    );
-    if crate::target::waiting_for(&target, topo_server.as_ref()).is_some() {
+    let Some(store) = open_topology(ctx, shard, &namespace, &cluster).await? else {
         // No pooler can have registered before the topology server serves.
         return Ok(Action::requeue(ctx.settings.roles_period));
-    }
-    let store = ctx.connections.open(&namespace, &target).await?;
-
-    let cells: BTreeSet<&str> = shard
-        .spec
-        .pools
-        .values()
-        .flat_map(|p| p.cells.iter().map(|c| c.as_str()))
-        .collect();
-    let mut poolers = BTreeMap::new();
-    let mut failure = None;
-    for cell in cells {
-        let tls = match cell_tls(ctx, &namespace, &cluster_name, cell).await {
-            Ok(tls) => tls,
-            Err(error) => {
-                failure.get_or_insert(error);
-                poolers.insert(cell.to_owned(), None);
-                continue;
-            }
-        };
-        let records = match store.list_poolers(cell, &tls).await {
-            Ok(records) => Some(records),
-            // No Cell record yet: no pooler can have registered in it either.
-            Err(TopoError::CellNotRegistered { .. }) => Some(Vec::new()),
-            Err(source) => {
-                failure.get_or_insert(Error::Poolers {
-                    cell: cell.to_owned(),
-                    source,
-                });
-                None
-            }
-        };
-        poolers.insert(cell.to_owned(), records);
-    }
-
+    };
+    let sources = cohort::Sources {
+        cells: &ctx.cells,
+        connections: &ctx.connections,
+    };
+    let cohort = cohort::read(&sources, &store, shard, &namespace, &cluster).await;
+    let poolers = &cohort.poolers;
     let pods: Vec<Pod> = valid_in(&ctx.pods, &namespace, |p| {
-        is_pool_pod_of(p, shard, &cluster_name)
+        is_pool_pod_of(p, shard, &cluster)
     });
-    let pool_pods: Vec<PoolPod> = pods
-        .iter()
-        .map(|p| PoolPod {
-            name: p.name_any(),
-            cell: p.labels().get(labels::CELL).cloned(),
-        })
-        .collect();
+    let pool_pods: Vec<PoolPod> = pods.iter().map(pool_pod).collect();
     let previous = shard
         .status
         .as_ref()
         .map(|s| s.pod_roles.clone())
         .unwrap_or_default();
-    let key = ShardKey {
-        database: shard.spec.database_name.as_str(),
-        table_group: shard.spec.table_group_name.as_str(),
-        shard: shard.spec.shard_name.as_str(),
-    };
-    let published = roles::roles(key, &pool_pods, &poolers, &previous);
-    let backups = Published::of(shard.status.as_ref());
+    let key = shard_key(shard);
+    let published = roles::roles(key, &pool_pods, poolers, &previous);
     // Roles and backup health go out in one apply: a new primary also triggers a backup check.
-    let checked = backup_health::run(&ctx.backup_checks, shard, key, &pool_pods, &poolers).await;
-    let next_backups = checked.as_ref().map_or(&backups, |c| &c.next);
-    if published != previous || *next_backups != backups {
-        let written = ctx
-            .writer
-            .apply_status(shard, &status_body(&published, next_backups))
-            .await;
-        if let Err(source) = written {
-            if checked.is_some() {
-                // Checked again at the next reconcile rather than in a minute.
-                ctx.backup_checks
-                    .forget(&format!("{namespace}/{}", shard.name_any()));
-            }
-            return Err(Error::Status(source));
-        }
-    }
+    let checked = backup_health::run(&ctx.backup_checks, shard, key, &pool_pods, poolers).await;
+    write_status(ctx, shard, &previous, &published, checked.as_ref()).await?;
     let reference = shard.object_ref(&());
     if let Some((pod, notice)) = roles::primary_change(&previous, &published) {
         // The pod as the related object: events about different pods form their own series,
         // so a repeated reason never shows an earlier pod's message.
-        let mut event = notice.event("Roles");
-        event.secondary = Some(pod_reference(&namespace, pod));
-        ctx.writer.publish(&ctx.recorder, &event, &reference).await;
+        let about = pod_reference(&namespace, pod);
+        publish(ctx, &reference, &notice, "Roles", Some(about)).await;
     }
     if let Some(notice) = checked.and_then(|c| c.notice) {
-        let event = notice.event("BackupHealth");
-        ctx.writer.publish(&ctx.recorder, &event, &reference).await;
+        publish(ctx, &reference, &notice, "BackupHealth", None).await;
     }
-    let delivery = deliver_reloads(shard, key, &pods, &poolers, ctx).await;
-    let mut stamped = Vec::new();
-    for pod in &pods {
-        let wanted = published
-            .get(&pod.name_any())
-            .map(|r| roles::label_value(r));
-        let stamp = delivery
-            .stamps
-            .get(&pod.name_any())
-            .or_else(|| pod.annotations().get(RELOAD_HASH_ANNOTATION));
-        let new_stamp = stamp != pod.annotations().get(RELOAD_HASH_ANNOTATION);
-        if pod.labels().get(ROLE) != wanted.as_ref() || new_stamp {
-            ctx.writer
-                .apply_pod_marks(pod, wanted.as_deref(), stamp.map(String::as_str))
-                .await
-                .map_err(|source| Error::Label {
-                    pod: pod.name_any(),
-                    source,
-                })?;
-        }
-        if new_stamp {
-            stamped.push(pod.name_any());
-        }
-    }
+    let lent = reloads::Context {
+        config_maps: &ctx.config_maps,
+        pods: &ctx.pods,
+        waits: &ctx.reload_waits,
+    };
+    let delivery = reloads::deliver(&lent, shard, key, &pods, poolers).await;
+    let stamped = write_marks(ctx, &pods, &published, &delivery.stamps).await?;
     let lent = switchover::Context {
         switchovers: &ctx.switchovers,
         pods: &ctx.pods,
-        writer: &ctx.writer,
-        recorder: &ctx.recorder,
     };
-    let handover = switchover::run(&lent, shard, key, &pods, &poolers).await;
-    let notices = stamped.into_iter().map(|pod| {
-        forget_wait(ctx, &namespace, &pod);
+    let handover = switchover::run(&lent, shard, key, &pods, poolers).await;
+    let unrecorded = write_answers(ctx, &namespace, &reference, handover.answers).await;
+    publish_reloads(ctx, &namespace, &reference, stamped, delivery.notices).await;
+    let period = period(&ctx.settings, shard, delivery.retry, handover.pending);
+    match (cohort.failure.map(Error::from))
+        .or(delivery.error.map(Error::from))
+        .or(unrecorded)
+    {
+        Some(error) => Err(error),
+        None => Ok(Action::requeue(period)),
+    }
+}
+
+/// The topology of `shard` (of cluster `cluster` in `namespace`), opened; `None` while its
+/// managed topology server does not serve yet.
+async fn open_topology(
+    ctx: &Context,
+    shard: &Shard,
+    namespace: &str,
+    cluster: &str,
+) -> Result<Option<Arc<TopoStore>>, Error> {
+    let resource =
+        valid(&ctx.clusters, namespace, cluster).ok_or_else(|| Error::ClusterNotFound {
+            cluster: format!("{namespace}/{cluster}"),
+        })?;
+    let target = Target::new(&resource, &shard.spec.global_topo_server)?;
+    let topo_server = valid(
+        &ctx.topo_servers,
+        namespace,
+        &names::global_topo_server(cluster),
+    );
+    if crate::target::waiting_for(&target, topo_server.as_ref()).is_some() {
+        return Ok(None);
+    }
+    Ok(Some(ctx.connections.open(namespace, &target).await?))
+}
+
+/// The shard `shard` stands for in the topology.
+fn shard_key(shard: &Shard) -> ShardKey<'_> {
+    ShardKey {
+        database: shard.spec.database_name.as_str(),
+        table_group: shard.spec.table_group_name.as_str(),
+        shard: shard.spec.shard_name.as_str(),
+    }
+}
+
+/// `pod` as a member of the pool: its name and cell.
+fn pool_pod(pod: &Pod) -> PoolPod {
+    PoolPod {
+        name: pod.name_any(),
+        cell: pod.labels().get(labels::CELL).cloned(),
+    }
+}
+
+/// Applies the status fields of this handler when the roles (`previous` → `published`) or the
+/// backup health (`checked`) changed them. A failed apply forgets the backup check.
+async fn write_status(
+    ctx: &Context,
+    shard: &Shard,
+    previous: &BTreeMap<String, String>,
+    published: &BTreeMap<String, String>,
+    checked: Option<&backup_health::Outcome>,
+) -> Result<(), Error> {
+    let backups = Published::of(shard.status.as_ref());
+    let next_backups = checked.map_or(&backups, |c| &c.next);
+    if published == previous && *next_backups == backups {
+        return Ok(());
+    }
+    let body = status_body(published, next_backups);
+    ctx.writer
+        .apply_status(shard, &body)
+        .await
+        .map_err(|source| {
+            if checked.is_some() {
+                // Checked again at the next reconcile rather than in a minute.
+                ctx.backup_checks.forget(&format!(
+                    "{}/{}",
+                    shard.namespace().unwrap_or_default(),
+                    shard.name_any()
+                ));
+            }
+            Error::Status(source)
+        })
+}
+
+/// Writes the role label and reload stamp of every pool pod whose marks change; returns the
+/// pods stamped now.
+async fn write_marks(
+    ctx: &Context,
+    pods: &[Pod],
+    published: &BTreeMap<String, String>,
+    stamps: &BTreeMap<String, String>,
+) -> Result<Vec<String>, Error> {
+    let marks = marks::marks(pods, published, stamps);
+    for mark in &marks {
+        ctx.writer
+            .apply_pod_marks(mark.pod, mark.role.as_deref(), mark.stamp)
+            .await
+            .map_err(|source| Error::Label {
+                pod: mark.pod.name_any(),
+                source,
+            })?;
+    }
+    Ok(marks
+        .into_iter()
+        .filter(|m| m.stamped)
+        .map(|m| m.pod.name_any())
+        .collect())
+}
+
+/// Writes what the switchover step answered, pod by pod: its record of the request its
+/// multipooler resigned for, and its event. Returns the first record that could not be
+/// written.
+async fn write_answers(
+    ctx: &Context,
+    namespace: &str,
+    reference: &ObjectReference,
+    answers: Vec<switchover::Answer<'_>>,
+) -> Option<Error> {
+    let mut failure = None;
+    for answer in answers {
+        let pod = answer.pod;
+        if let Some(value) = &answer.record {
+            let written = ctx
+                .writer
+                .annotate_pod(pod, SWITCHOVER_RESIGNED, value.as_deref())
+                .await;
+            if let Err(source) = written {
+                failure.get_or_insert(Error::Label {
+                    pod: pod.name_any(),
+                    source,
+                });
+            }
+        }
+        if let Some(notice) = answer.notice {
+            let about = ObjectReference {
+                uid: pod.uid(),
+                ..pod_reference(namespace, pod.name_any())
+            };
+            publish(ctx, reference, &notice, "Switchover", Some(about)).await;
+        }
+    }
+    failure
+}
+
+/// Publishes the reload events: each pod `stamped` now (its wait forgotten), then the waiting
+/// ones.
+async fn publish_reloads(
+    ctx: &Context,
+    namespace: &str,
+    reference: &ObjectReference,
+    stamped: Vec<String>,
+    waiting: Vec<(String, Notice)>,
+) {
+    for pod in &stamped {
+        ctx.reload_waits.forget(namespace, pod);
+    }
+    let reloaded = stamped.into_iter().map(|pod| {
         let notice = Notice::normal(
             "ConfigReloaded",
             format!("pod {pod}: PostgreSQL reloaded postgresql.conf without a restart"),
         );
         (pod, notice)
     });
-    for (pod, notice) in notices
-        .collect::<Vec<_>>()
-        .into_iter()
-        .chain(delivery.notices)
-    {
+    for (pod, notice) in reloaded.chain(waiting) {
         // The pod as the related object: each pod's events form their own series.
-        let mut event = notice.event("Reload");
-        event.secondary = Some(pod_reference(&namespace, pod));
-        ctx.writer.publish(&ctx.recorder, &event, &reference).await;
+        let about = pod_reference(namespace, pod);
+        publish(ctx, reference, &notice, "Reload", Some(about)).await;
     }
-    let mut period = if delivery.retry {
-        ctx.settings.roles_period.min(reload::RETRY)
+}
+
+/// Publishes `notice` on the Shard (`reference`) as the outcome of `action`, with the pod
+/// `about` as the related object when given.
+async fn publish(
+    ctx: &Context,
+    reference: &ObjectReference,
+    notice: &Notice,
+    action: &str,
+    about: Option<ObjectReference>,
+) {
+    let mut event = notice.event(action);
+    event.secondary = about;
+    ctx.writer.publish(&ctx.recorder, &event, reference).await;
+}
+
+/// When to read the Shard again: after `roles_period`, sooner while a reload
+/// (`reload_pending`) or a switchover (`switchover_pending`) is pending, or backups are
+/// checked.
+fn period(
+    settings: &Settings,
+    shard: &Shard,
+    reload_pending: bool,
+    switchover_pending: bool,
+) -> Duration {
+    let mut period = if reload_pending {
+        settings.roles_period.min(reload::RETRY)
     } else {
-        ctx.settings.roles_period
+        settings.roles_period
     };
-    if handover.pending {
+    if switchover_pending {
         period = period.min(switchover::POLL);
     }
     if shard.spec.backup.is_some() {
         period = period.min(backup_health::PACE);
     }
-    match failure
-        .or(delivery.error)
-        .or(handover.error.map(Error::from))
-    {
-        Some(error) => Err(error),
-        None => Ok(Action::requeue(period)),
-    }
+    period
 }
 
 /// A reference to pod `name`, the related object of an event about it.
@@ -435,187 +508,6 @@ fn status_body(pod_roles: &BTreeMap<String, String>, backups: &Published) -> ser
     let mut body = backups.fields();
     body.insert("podRoles".to_owned(), json!(pod_roles));
     serde_json::Value::Object(body)
-}
-
-/// What one pass of reload delivery found.
-#[derive(Default)]
-struct Delivery {
-    /// Pods whose PostgreSQL confirmed the current reload-class settings → their fingerprint.
-    stamps: BTreeMap<String, String>,
-    /// Some pod's reload is still pending: look again after [`reload::RETRY`].
-    retry: bool,
-    /// Events to publish on the Shard, by pod (each waiting reason once per pod).
-    notices: Vec<(String, Notice)>,
-    /// The rendered file could not be read back.
-    error: Option<Error>,
-}
-
-/// Asks the multipooler of every pool pod that has not confirmed the rendered file's
-/// reload-class settings to reload, and collects the confirmed ones.
-async fn deliver_reloads(
-    shard: &Shard,
-    key: ShardKey<'_>,
-    pods: &[Pod],
-    poolers: &BTreeMap<String, Option<Vec<crate::topo::PoolerRecord>>>,
-    ctx: &Context,
-) -> Delivery {
-    let mut out = Delivery::default();
-    let namespace = shard.namespace().unwrap_or_default();
-    let uid = shard.uid();
-    let rendered = valid_in(&ctx.config_maps, &namespace, |cm| {
-        cm.owner_references()
-            .iter()
-            .any(|o| Some(&o.uid) == uid.as_ref())
-            && cm
-                .data
-                .as_ref()
-                .is_some_and(|d| d.contains_key(reload::CONFIG_KEY))
-    })
-    .into_iter()
-    .next();
-    // No file rendered yet (or a postgresConfigRef still missing): nothing to reload.
-    let Some(rendered) = rendered else {
-        return out;
-    };
-    let desired = match Desired::from_config_map(&rendered) {
-        Ok(desired) => desired,
-        Err(error) => {
-            out.error = Some(error.into());
-            return out;
-        }
-    };
-    let states: Vec<PodState> = pods.iter().map(PodState::of).collect();
-    let tls = reload::internal_tls(shard);
-    for pod in reload::to_reload(&desired, &states) {
-        let pool_pod = PoolPod {
-            name: pod.name.clone(),
-            cell: pod.cell.clone(),
-        };
-        let record = roles::pooler_of(key, &pool_pod, poolers);
-        let address = record.and_then(reload::address);
-        // A pod never stamped is new: it most likely started with the current file and its
-        // multipooler is still starting, so its first confirmation is waited for quietly.
-        let new_pod = pod.reload_hash.is_none();
-        let wait = |out: &mut Delivery, notice: Notice| {
-            out.retry = true;
-            let quiet = new_pod && notice.reason == "ConfigReloadPending";
-            if !quiet && announce(ctx, &namespace, &pod.name, &desired.reload_hash, &notice) {
-                out.notices.push((pod.name.clone(), notice));
-            }
-        };
-        if tls {
-            // The multipooler serves mutual TLS with the cluster's internal CA; the
-            // data-handler holds no client certificate of it, so it cannot call.
-            wait(
-                &mut out,
-                Notice::warning(
-                    "ConfigReloadSkipped",
-                    format!(
-                        "pod {}: internalTLS is enabled and the data-handler has no client \
-                         certificate for the multipooler, so reload-class settings are not \
-                         reloaded in place; they apply when the pod restarts",
-                        pod.name
-                    ),
-                ),
-            );
-            continue;
-        }
-        let Some(address) = address else {
-            let note = match record {
-                None => format!(
-                    "pod {}: waiting for its multipooler to register in cell {} to reload \
-                     postgresql.conf",
-                    pod.name,
-                    pod.cell.as_deref().unwrap_or("(unlabelled)")
-                ),
-                Some(r) => format!(
-                    "pod {}: its multipooler record {} has no hostname or no {:?} port; \
-                     waiting for it to re-register to reload postgresql.conf",
-                    pod.name,
-                    r.key,
-                    reload::GRPC_PORT
-                ),
-            };
-            tracing::debug!(pod = %pod.name, "reload waits for the pooler record");
-            wait(&mut out, Notice::normal("ConfigReloadPending", note));
-            continue;
-        };
-        match reload::call(&address, &desired.expected).await {
-            Ok(response) => match reload::verdict(&response) {
-                Verdict::Reloaded => {
-                    tracing::info!(pod = %pod.name, hash = %desired.reload_hash, "PostgreSQL reloaded its configuration");
-                    out.stamps
-                        .insert(pod.name.clone(), desired.reload_hash.clone());
-                }
-                Verdict::NeedsRestart(settings) => wait(
-                    &mut out,
-                    Notice::warning(
-                        "ConfigReloadNeedsRestart",
-                        format!(
-                            "pod {}: PostgreSQL applies {} only at start, though the operator \
-                             classified them as reloadable; restart the pod to apply them",
-                            pod.name,
-                            settings.join(", ")
-                        ),
-                    ),
-                ),
-                Verdict::Rejected(settings) => wait(
-                    &mut out,
-                    Notice::warning(
-                        "ConfigReloadRejected",
-                        format!(
-                            "pod {}: PostgreSQL rejects postgresql.conf's {}, so it was not \
-                             reloaded; correct the values in the postgres config",
-                            pod.name,
-                            settings
-                                .iter()
-                                .map(|(name, error)| format!("{name} ({error})"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    ),
-                ),
-                Verdict::NotYet(settings) => {
-                    tracing::debug!(pod = %pod.name, ?settings, "mounted postgresql.conf not synced yet");
-                    out.retry = true;
-                }
-            },
-            Err(error) => {
-                tracing::warn!(pod = %pod.name, error = %ErrorChain(&error), "ReloadConfig failed; retrying");
-                out.retry = true;
-            }
-        }
-    }
-    out
-}
-
-/// Records that `pod`'s reload to `hash` waits for the reason `notice` gives; true the first
-/// time, so the event is published once. Entries of pods gone from the cache are dropped
-/// whenever there are as many entries as cached pods, so the map stays within one entry of
-/// the number of pool pods.
-fn announce(ctx: &Context, namespace: &str, pod: &str, hash: &str, notice: &Notice) -> bool {
-    let note = format!("{hash} {}", notice.reason);
-    let mut waits = ctx
-        .reload_waits
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if waits.len() >= ctx.pods.len() {
-        waits.retain(|key, _| {
-            key.split_once('/').is_some_and(|(namespace, name)| {
-                ctx.pods
-                    .get(&ObjectRef::new(name).within(namespace))
-                    .is_some()
-            })
-        });
-    }
-    waits.insert(format!("{namespace}/{pod}"), note.clone()) != Some(note)
-}
-
-fn forget_wait(ctx: &Context, namespace: &str, pod: &str) {
-    ctx.reload_waits
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .remove(&format!("{namespace}/{pod}"));
 }
 
 #[cfg(test)]

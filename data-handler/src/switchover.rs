@@ -11,16 +11,16 @@
 //! is retried with exponential backoff, and each distinct failure is announced once as a
 //! Warning event on the Shard.
 //!
-//! Deciding is pure ([`decide`], [`has_standby`], [`backoff`]); [`run`] calls and writes.
+//! Deciding is pure ([`decide`], [`has_standby`], [`backoff`]); [`run`] calls, and the Shard
+//! controller writes what it answers (the pod annotations, the events).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::runtime::events::Recorder;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Resource, ResourceExt};
 use multigres_api::labels::{CELL, SWITCHOVER_REQUESTED, SWITCHOVER_RESIGNED};
 use multigres_api::v1alpha1::Shard;
 use multigres_common::telemetry::ErrorChain;
@@ -32,7 +32,6 @@ use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::topo::PoolerRecord;
 use crate::watch::Guarded;
-use crate::writes::Writer;
 
 /// How soon a shard with a pending switchover is looked at again.
 pub const POLL: Duration = Duration::from_secs(5);
@@ -226,38 +225,39 @@ pub struct Context<'a> {
     pub switchovers: &'a Attempts,
     /// Pool pods in the cache: the attempts of pods gone from it are dropped.
     pub pods: &'a Store<Guarded<Pod>>,
-    /// The write path (pod annotations, events).
-    pub writer: &'a Writer,
-    /// Events on Shards.
-    pub recorder: &'a Recorder,
 }
 
-/// A pod's switchover record could not be written.
+/// What to write about one pod, for the Shard controller.
 #[derive(Debug)]
-pub struct LabelError {
+pub struct Answer<'p> {
     /// The pod.
-    pub pod: String,
-    /// Why.
-    pub source: kube::Error,
+    pub pod: &'p Pod,
+    /// The new value of its `multigres.com/switchover-resigned` annotation, when it changes:
+    /// the request its multipooler resigned for, or `None` to remove the record of a withdrawn
+    /// request.
+    pub record: Option<Option<String>>,
+    /// The event to publish about it (each distinct one once per request).
+    pub notice: Option<Notice>,
 }
 
 /// What one pass found.
-#[derive(Default)]
-pub struct Outcome {
+#[derive(Debug, Default)]
+pub struct Outcome<'p> {
     /// A switchover is pending: look again after [`POLL`].
     pub pending: bool,
-    /// A pod's record could not be written.
-    pub error: Option<LabelError>,
+    /// What to write, pod by pod.
+    pub answers: Vec<Answer<'p>>,
 }
 
-/// Answers the switchover requests on `pods` (the shard's pool pods).
-pub async fn run(
+/// Answers the switchover requests on `pods` (the shard's pool pods): calls the multipoolers
+/// that must resign, and returns what to write.
+pub async fn run<'p>(
     ctx: &Context<'_>,
     shard: &Shard,
     key: ShardKey<'_>,
-    pods: &[Pod],
+    pods: &'p [Pod],
     poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
-) -> Outcome {
+) -> Outcome<'p> {
     let mut out = Outcome::default();
     let namespace = shard.namespace().unwrap_or_default();
     ctx.switchovers.retain(&namespace, |pod| {
@@ -266,7 +266,6 @@ pub async fn run(
             .is_some()
     });
     let tls = reload::internal_tls(shard);
-    let reference = shard.object_ref(&());
     for pod in pods {
         let state = PodRequest::of(pod);
         let slot = format!("{namespace}/{}", state.name);
@@ -278,135 +277,153 @@ pub async fn run(
         let standby = has_standby(key, &state.name, poolers);
         let request = state.requested.clone().unwrap_or_default();
         let remembered = ctx.switchovers.with(&slot, &request, |a| a.resigned);
-        let notice = match decide(&state, record, standby, remembered) {
-            Decision::Idle => {
-                ctx.switchovers.forget(&slot);
-                None
-            }
-            Decision::Forget => {
-                ctx.switchovers.forget(&slot);
-                if let Err(source) = ctx
-                    .writer
-                    .annotate_pod(pod, SWITCHOVER_RESIGNED, None)
-                    .await
-                {
-                    out.error.get_or_insert(LabelError {
-                        pod: state.name.clone(),
-                        source,
-                    });
-                }
-                None
-            }
-            Decision::NotPrimary | Decision::Resigned => {
-                out.pending = true;
-                None
-            }
-            Decision::NoStandby => {
-                out.pending = true;
-                Some(Notice::warning(
-                    "SwitchoverBlocked",
-                    format!(
-                        "pod {}: a switchover is requested, but no other pooler of the shard is \
-                         registered to take over; waiting for one",
-                        state.name
-                    ),
-                ))
-            }
-            Decision::NoAddress { .. } | Decision::Resign { .. } if tls => {
-                out.pending = true;
-                Some(Notice::warning(
-                    "SwitchoverUnavailable",
-                    format!(
-                        "pod {}: a switchover is requested, but internalTLS is enabled and the \
-                         data-handler has no client certificate for the multipooler, so it \
-                         cannot ask it to resign",
-                        state.name
-                    ),
-                ))
-            }
-            Decision::NoAddress { record } => {
-                out.pending = true;
-                Some(Notice::warning(
-                    "SwitchoverPending",
-                    format!(
-                        "pod {}: a switchover is requested, but its multipooler record {record} \
-                         has no hostname or no {:?} port; waiting for it to re-register",
-                        state.name,
-                        reload::GRPC_PORT
-                    ),
-                ))
-            }
-            Decision::Resign { address } => {
-                out.pending = true;
-                let due = ctx.switchovers.with(&slot, &request, |a| {
-                    a.next.is_none_or(|t| Instant::now() >= t)
-                });
-                if !due {
-                    continue;
-                }
-                match resign(&address).await {
-                    Ok(flush_lsn) => {
-                        tracing::info!(pod = %state.name, %flush_lsn, "multipooler resigned leadership for a switchover");
-                        ctx.switchovers.with(&slot, &request, |a| a.resigned = true);
-                        if let Err(source) = ctx
-                            .writer
-                            .annotate_pod(pod, SWITCHOVER_RESIGNED, Some(&request))
-                            .await
-                        {
-                            out.error.get_or_insert(LabelError {
-                                pod: state.name.clone(),
-                                source,
-                            });
-                        }
-                        Some(Notice::normal(
-                            "ResignedLeadership",
-                            format!(
-                                "pod {}: its multipooler resigned leadership for the requested \
-                                 switchover (writes quiesced at LSN {flush_lsn}); multiorch \
-                                 appoints another pooler",
-                                state.name
-                            ),
-                        ))
-                    }
-                    Err(error) => {
-                        let delay = ctx.switchovers.with(&slot, &request, |a| {
-                            a.failures += 1;
-                            let delay = backoff(a.failures);
-                            a.next = Some(Instant::now() + delay);
-                            delay
-                        });
-                        tracing::warn!(pod = %state.name, error = %ErrorChain(&error), retry_in = ?delay, "ResignLeadership failed");
-                        Some(Notice::warning(
-                            "SwitchoverFailed",
-                            format!(
-                                "pod {}: ResignLeadership failed: {}; retrying with backoff",
-                                state.name,
-                                ErrorChain(&error)
-                            ),
-                        ))
-                    }
-                }
-            }
-        };
-        let Some(notice) = notice else { continue };
-        let note = notice.message.clone();
-        let new = ctx.switchovers.with(&slot, &request, |a| {
-            a.announced.replace(note.clone()).as_ref() != Some(&note)
+        let decision = decide(&state, record, standby, remembered);
+        out.pending |= !matches!(decision, Decision::Idle | Decision::Forget);
+        let reply = act(ctx.switchovers, &slot, &request, &state.name, decision, tls).await;
+        let notice = reply.notice.filter(|notice| {
+            let note = notice.message.clone();
+            ctx.switchovers.with(&slot, &request, |a| {
+                a.announced.replace(note.clone()).as_ref() != Some(&note)
+            })
         });
-        if new {
-            let mut event = notice.event("Switchover");
-            event.secondary = Some(ObjectReference {
-                api_version: Some("v1".to_owned()),
-                kind: Some("Pod".to_owned()),
-                name: Some(state.name.clone()),
-                namespace: Some(namespace.clone()),
-                uid: pod.uid(),
-                ..Default::default()
+        if reply.record.is_some() || notice.is_some() {
+            out.answers.push(Answer {
+                pod,
+                record: reply.record,
+                notice,
             });
-            ctx.writer.publish(ctx.recorder, &event, &reference).await;
         }
     }
     out
+}
+
+/// What carrying out a decision comes to for one pod.
+#[derive(Debug, Default)]
+struct Reply {
+    /// The change of its record, as [`Answer::record`].
+    record: Option<Option<String>>,
+    /// Its event, before it is checked against the one last announced.
+    notice: Option<Notice>,
+}
+
+/// Carries out `decision` for pod `name`, whose attempts are kept under `slot` for `request`.
+/// Nothing comes of a call whose retry is not due yet.
+async fn act(
+    attempts: &Attempts,
+    slot: &str,
+    request: &str,
+    name: &str,
+    decision: Decision,
+    tls: bool,
+) -> Reply {
+    match decision {
+        Decision::Idle => {
+            attempts.forget(slot);
+            Reply::default()
+        }
+        Decision::Forget => {
+            attempts.forget(slot);
+            Reply {
+                record: Some(None),
+                notice: None,
+            }
+        }
+        Decision::Resign { address } if !tls => {
+            let due = attempts.with(slot, request, |a| {
+                a.next.is_none_or(|t| Instant::now() >= t)
+            });
+            if !due {
+                return Reply::default();
+            }
+            resign_for(attempts, slot, request, name, &address).await
+        }
+        waiting => Reply {
+            record: None,
+            notice: waiting_notice(&waiting, name, tls),
+        },
+    }
+}
+
+/// The event of pod `name`'s request while it waits by `decision`: none while it waits
+/// quietly, or when nothing waits.
+fn waiting_notice(decision: &Decision, name: &str, tls: bool) -> Option<Notice> {
+    match decision {
+        Decision::Idle | Decision::Forget | Decision::NotPrimary | Decision::Resigned => None,
+        Decision::NoStandby => Some(Notice::warning(
+            "SwitchoverBlocked",
+            format!(
+                "pod {name}: a switchover is requested, but no other pooler of the shard is \
+                 registered to take over; waiting for one"
+            ),
+        )),
+        Decision::NoAddress { .. } | Decision::Resign { .. } if tls => Some(Notice::warning(
+            "SwitchoverUnavailable",
+            format!(
+                "pod {name}: a switchover is requested, but internalTLS is enabled and the \
+                 data-handler has no client certificate for the multipooler, so it cannot ask \
+                 it to resign"
+            ),
+        )),
+        Decision::NoAddress { record } => Some(Notice::warning(
+            "SwitchoverPending",
+            format!(
+                "pod {name}: a switchover is requested, but its multipooler record {record} has \
+                 no hostname or no {:?} port; waiting for it to re-register",
+                reload::GRPC_PORT
+            ),
+        )),
+        Decision::Resign { .. } => None,
+    }
+}
+
+/// Asks pod `name`'s multipooler at `address` to resign for `request`, and remembers the
+/// outcome under `slot`: a resignation (recorded on the pod too), or a failure (retried
+/// with backoff).
+async fn resign_for(
+    attempts: &Attempts,
+    slot: &str,
+    request: &str,
+    name: &str,
+    address: &str,
+) -> Reply {
+    match resign(address).await {
+        Ok(flush_lsn) => {
+            tracing::info!(pod = %name, %flush_lsn, "multipooler resigned leadership for a switchover");
+            attempts.with(slot, request, |a| a.resigned = true);
+            let notice = Notice::normal(
+                "ResignedLeadership",
+                format!(
+                    "pod {name}: its multipooler resigned leadership for the requested \
+                     switchover (writes quiesced at LSN {flush_lsn}); multiorch appoints another \
+                     pooler"
+                ),
+            );
+            Reply {
+                record: Some(Some(request.to_owned())),
+                notice: Some(notice),
+            }
+        }
+        Err(error) => {
+            let delay = attempts.with(slot, request, |a| {
+                a.failures += 1;
+                let delay = backoff(a.failures);
+                a.next = Some(Instant::now() + delay);
+                delay
+            });
+            tracing::warn!(pod = %name, error = %ErrorChain(&error), retry_in = ?delay, "ResignLeadership failed");
+            let notice = Notice::warning(
+                "SwitchoverFailed",
+                format!(
+                    "pod {name}: ResignLeadership failed: {}; retrying with backoff",
+                    ErrorChain(&error)
+                ),
+            );
+            Reply {
+                record: None,
+                notice: Some(notice),
+            }
+        }
+    }
 }
 
 /// Calls `MultipoolerManager.ResignLeadership` at `address`; returns the LSN at which writes

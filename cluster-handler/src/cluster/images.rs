@@ -120,38 +120,100 @@ pub fn decide(
 ) -> Result<Decision, RecordInvalid> {
     let pins = pinned(cluster.spec.images.as_ref());
     if is_complete(&pins) {
-        return Ok(Decision {
-            effective: pins.clone(),
-            annotation: FULLY_PINNED.to_owned(),
-            status: ImagesStatus {
-                effective: Some(pins),
-                source: Some(ImageSource::Explicit),
-                ..ImagesStatus::default()
-            },
-            pending: Pending {
-                status: FALSE,
-                reason: FULLY_PINNED_REASON,
-                message: "Every image is set in spec.images; operator defaults are not used"
-                    .to_owned(),
-            },
-            notices: Vec::new(),
-        });
+        return Ok(fully_pinned(pins));
     }
-    let policy = cluster.spec.image_update_policy.clone().unwrap_or_default();
-    let strategy = policy.strategy.unwrap_or(defaults.strategy);
-    let ack = policy.acknowledged_revision.unwrap_or_default();
-    let available = defaults.images.clone();
-    let available_rev = revision(&available);
-    let current = cluster.status.clone().unwrap_or_default();
-    let spec_changed = current.observed_generation != cluster.metadata.generation;
+    let policy = Policy::of(cluster, defaults);
     let mut notices = Vec::new();
+    let recorded = recorded(cluster, &policy, &mut notices)?;
+    let (applied, reason) = adopt(recorded, &policy, &mut notices);
+    let applied_rev = revision(&applied);
+    let pending = pending(cluster, reason, &policy, &applied_rev);
+    notices.extend(pending_notice(cluster, &pending, policy.spec_changed));
+    let source = if pinned_count(&pins) == 0 {
+        ImageSource::Defaults
+    } else {
+        ImageSource::Mixed
+    };
+    Ok(Decision {
+        effective: overlay(&pins, &applied),
+        annotation: serde_json::to_string(&applied).unwrap_or_default(),
+        status: ImagesStatus {
+            update_strategy: Some(policy.strategy),
+            effective: Some(overlay(&pins, &applied)),
+            source: Some(source),
+            applied: Some(applied),
+            applied_revision: Some(applied_rev),
+            available: Some(policy.available),
+            available_revision: Some(policy.available_rev),
+        },
+        pending,
+        notices,
+    })
+}
 
-    let recorded = match images::record(cluster) {
+/// The decision when every image is set in `spec.images` (`pins`): defaults play no part.
+fn fully_pinned(pins: ComponentImages) -> Decision {
+    Decision {
+        effective: pins.clone(),
+        annotation: FULLY_PINNED.to_owned(),
+        status: ImagesStatus {
+            effective: Some(pins),
+            source: Some(ImageSource::Explicit),
+            ..ImagesStatus::default()
+        },
+        pending: Pending {
+            status: FALSE,
+            reason: FULLY_PINNED_REASON,
+            message: "Every image is set in spec.images; operator defaults are not used".to_owned(),
+        },
+        notices: Vec::new(),
+    }
+}
+
+/// What the decision for a cluster that takes some defaults starts from.
+struct Policy {
+    /// The cluster's strategy, else the operator's.
+    strategy: ImageUpdateStrategy,
+    /// `spec.imageUpdatePolicy.acknowledgedRevision`, empty when unset.
+    ack: String,
+    /// The operator's current default set.
+    available: ComponentImages,
+    /// Its revision.
+    available_rev: String,
+    /// Whether the spec changed since the status was written: some warnings repeat then.
+    spec_changed: bool,
+}
+
+impl Policy {
+    /// The policy of `cluster` under the operator's `defaults`.
+    fn of(cluster: &MultigresCluster, defaults: &ImageDefaults) -> Self {
+        let policy = cluster.spec.image_update_policy.clone().unwrap_or_default();
+        let current = cluster.status.as_ref();
+        Self {
+            strategy: policy.strategy.unwrap_or(defaults.strategy),
+            ack: policy.acknowledged_revision.unwrap_or_default(),
+            available: defaults.images.clone(),
+            available_rev: revision(&defaults.images),
+            spec_changed: current.and_then(|s| s.observed_generation)
+                != cluster.metadata.generation,
+        }
+    }
+}
+
+/// The default set `cluster` has adopted, by its record; `None` when it has none (or an
+/// unusable one, replaced under the immediate strategy with a warning in `notices`).
+fn recorded(
+    cluster: &MultigresCluster,
+    policy: &Policy,
+    notices: &mut Vec<Notice>,
+) -> Result<Option<ComponentImages>, RecordInvalid> {
+    Ok(match images::record(cluster) {
         Record::Set(set) => Some(set),
         Record::None | Record::FullyPinned => None,
-        Record::Invalid(detail) => match strategy {
+        Record::Invalid(detail) => match policy.strategy {
             ImageUpdateStrategy::Lazy => return Err(RecordInvalid { detail }),
             ImageUpdateStrategy::Immediate => {
+                let available_rev = &policy.available_rev;
                 notices.push(Notice::warning(
                     "ImagesRecordInvalid",
                     format!(
@@ -161,53 +223,73 @@ pub fn decide(
                 None
             }
         },
+    })
+}
+
+/// The set the children get (before pins) and the `ImageRolloutPending` reason, given the
+/// `recorded` set; an adoption and an ignored acknowledgement are told in `notices`.
+fn adopt(
+    recorded: Option<ComponentImages>,
+    policy: &Policy,
+    notices: &mut Vec<Notice>,
+) -> (ComponentImages, &'static str) {
+    let available = &policy.available;
+    let (ack, available_rev) = (&policy.ack, &policy.available_rev);
+    let recorded = match recorded {
+        None => return (available.clone(), UP_TO_DATE),
+        Some(recorded) if recorded == *available => return (recorded, UP_TO_DATE),
+        Some(recorded) => recorded,
     };
-    let (applied, reason) = match recorded {
-        None => (available.clone(), UP_TO_DATE),
-        Some(recorded) if recorded == available => (recorded, UP_TO_DATE),
-        Some(recorded) => {
-            let recorded_rev = revision(&recorded);
-            let adopt = match strategy {
-                ImageUpdateStrategy::Immediate => {
-                    if !ack.is_empty()
-                        && ack != available_rev
-                        && ack != recorded_rev
-                        && spec_changed
-                    {
-                        notices.push(Notice::warning(
-                            "ImagesAcknowledgementIgnored",
-                            format!(
-                                "spec.imageUpdatePolicy.acknowledgedRevision {ack:?} names neither the available default set {available_rev} nor the applied {recorded_rev}; it is ignored under the immediate strategy"
-                            ),
-                        ));
-                    }
-                    true
-                }
-                ImageUpdateStrategy::Lazy => ack == available_rev,
-            };
-            if adopt {
-                notices.push(Notice::normal(
-                    "ImagesUpdated",
+    let recorded_rev = revision(&recorded);
+    let adopt = match policy.strategy {
+        ImageUpdateStrategy::Immediate => {
+            if !ack.is_empty()
+                && ack != available_rev
+                && *ack != recorded_rev
+                && policy.spec_changed
+            {
+                notices.push(Notice::warning(
+                    "ImagesAcknowledgementIgnored",
                     format!(
-                        "Adopted the default image set {available_rev} (was {recorded_rev}): {}",
-                        diff(&recorded, &available)
+                        "spec.imageUpdatePolicy.acknowledgedRevision {ack:?} names neither the available default set {available_rev} nor the applied {recorded_rev}; it is ignored under the immediate strategy"
                     ),
                 ));
-                (available.clone(), UP_TO_DATE)
-            } else if ack.is_empty() || ack == recorded_rev {
-                (recorded, AWAITING_ACKNOWLEDGEMENT)
-            } else {
-                (recorded, REVISION_MISMATCH)
             }
+            true
         }
+        ImageUpdateStrategy::Lazy => ack == available_rev,
     };
-    let applied_rev = revision(&applied);
+    if adopt {
+        notices.push(Notice::normal(
+            "ImagesUpdated",
+            format!(
+                "Adopted the default image set {available_rev} (was {recorded_rev}): {}",
+                diff(&recorded, available)
+            ),
+        ));
+        (available.clone(), UP_TO_DATE)
+    } else if ack.is_empty() || *ack == recorded_rev {
+        (recorded, AWAITING_ACKNOWLEDGEMENT)
+    } else {
+        (recorded, REVISION_MISMATCH)
+    }
+}
+
+/// `ImageRolloutPending` for `reason`, with the command that acknowledges the available set
+/// while one waits; `applied_rev` is the revision the cluster keeps.
+fn pending(
+    cluster: &MultigresCluster,
+    reason: &'static str,
+    policy: &Policy,
+    applied_rev: &str,
+) -> Pending {
+    let (ack, available_rev) = (&policy.ack, &policy.available_rev);
     let name = cluster.name_any();
     let namespace = cluster.namespace().unwrap_or_default();
     let patch = format!(
         "kubectl patch multigrescluster {name} -n {namespace} --type=merge -p '{{\"spec\":{{\"imageUpdatePolicy\":{{\"acknowledgedRevision\":\"{available_rev}\"}}}}}}'"
     );
-    let pending = match reason {
+    match reason {
         AWAITING_ACKNOWLEDGEMENT => Pending {
             status: TRUE,
             reason,
@@ -227,38 +309,29 @@ pub fn decide(
             reason: UP_TO_DATE,
             message: format!("The cluster runs the operator's default image set {applied_rev}"),
         },
-    };
-    let previous = conditions::find_condition(&current.conditions, IMAGE_ROLLOUT_PENDING);
-    let reason_changed = previous.is_none_or(|c| c.reason != pending.reason);
-    if reason == REVISION_MISMATCH && (reason_changed || spec_changed) {
-        notices.push(Notice::warning(REVISION_MISMATCH, pending.message.clone()));
     }
-    if reason == AWAITING_ACKNOWLEDGEMENT && reason_changed {
-        notices.push(Notice::normal(
+}
+
+/// The event for a set that waits: when the reason of `cluster`'s stored
+/// `ImageRolloutPending` changes to `pending`'s, and for a mismatch also on a spec change.
+fn pending_notice(
+    cluster: &MultigresCluster,
+    pending: &Pending,
+    spec_changed: bool,
+) -> Option<Notice> {
+    let stored = cluster.status.as_ref().map(|s| s.conditions.as_slice());
+    let previous = conditions::find_condition(stored.unwrap_or_default(), IMAGE_ROLLOUT_PENDING);
+    let reason_changed = previous.is_none_or(|c| c.reason != pending.reason);
+    match pending.reason {
+        REVISION_MISMATCH if reason_changed || spec_changed => {
+            Some(Notice::warning(REVISION_MISMATCH, pending.message.clone()))
+        }
+        AWAITING_ACKNOWLEDGEMENT if reason_changed => Some(Notice::normal(
             AWAITING_ACKNOWLEDGEMENT,
             pending.message.clone(),
-        ));
+        )),
+        _ => None,
     }
-    let source = if pinned_count(&pins) == 0 {
-        ImageSource::Defaults
-    } else {
-        ImageSource::Mixed
-    };
-    Ok(Decision {
-        effective: overlay(&pins, &applied),
-        annotation: serde_json::to_string(&applied).unwrap_or_default(),
-        status: ImagesStatus {
-            update_strategy: Some(strategy),
-            effective: Some(overlay(&pins, &applied)),
-            source: Some(source),
-            applied: Some(applied),
-            applied_revision: Some(applied_rev),
-            available: Some(available),
-            available_revision: Some(available_rev),
-        },
-        pending,
-        notices,
-    })
 }
 
 fn pinned_count(pins: &ComponentImages) -> usize {

@@ -6,12 +6,13 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use multigres_api::labels::CLUSTER;
 use multigres_api::names;
 use multigres_api::v1alpha1::{
-    Cell, CellStatusSummary, DatabaseName, DatabaseStatusSummary, MultigresCluster,
+    Cell, CellName, CellStatusSummary, DatabaseName, DatabaseStatusSummary, MultigresCluster,
     MultigresClusterStatus, Phase, ResolvedTemplates, TableGroup, TableGroupSpec, TopoServer,
 };
 use multigres_common::conditions::{self, DesiredCondition, FALSE, TRUE};
@@ -85,7 +86,63 @@ pub fn compute(
     let current = cluster.status.clone().unwrap_or_default();
 
     let cells = cell_summaries(cluster, &name, observed);
-    let table_groups: Vec<(String, &TableGroupSpec)> = match outcome {
+    let databases = database_summaries(&table_groups(outcome, observed), observed);
+    let (phase, message, degraded) = phase(outcome, observed);
+    let available = available(cluster, &name, &cells, &databases);
+    let progressing = progressing(&phase, outcome, &message);
+    let degraded = match degraded {
+        Some((reason, text)) => (TRUE, reason, text),
+        None => (FALSE, "AsExpected", "No component is degraded".to_owned()),
+    };
+
+    let mut merged = current.conditions.clone();
+    let conditions_changed = set_conditions(
+        &mut merged,
+        [
+            (AVAILABLE, available),
+            (PROGRESSING, progressing),
+            (DEGRADED, degraded),
+        ],
+        generation,
+        now,
+    );
+    let notices = crate::notice::transitions(
+        current.phase,
+        conditions::find_condition(&current.conditions, DEGRADED),
+        phase,
+        &message,
+        conditions::find_condition(&merged, DEGRADED),
+    );
+    merged.retain(|c| OWNED_CONDITIONS.contains(&c.type_.as_str()));
+
+    let status = MultigresClusterStatus {
+        observed_generation: generation,
+        conditions: merged,
+        phase: Some(phase),
+        message: Some(message),
+        cells,
+        databases,
+        resolved_templates: Some(resolved_templates),
+        ..MultigresClusterStatus::default()
+    };
+    let changed = changed_fields(&current, &status, conditions_changed);
+    Computed {
+        status,
+        changed,
+        notices,
+    }
+}
+
+/// A condition's status, reason and message.
+type Verdict = (&'static str, &'static str, String);
+
+/// The table groups the databases are counted from: the ones applied now, else (blocked) the
+/// ones cached.
+fn table_groups<'a>(
+    outcome: &Outcome<'a>,
+    observed: &'a Observed,
+) -> Vec<(String, &'a TableGroupSpec)> {
+    match outcome {
         Outcome::Applied(children) => children
             .table_groups
             .iter()
@@ -96,15 +153,22 @@ pub fn compute(
             .iter()
             .map(|(n, tg)| (n.clone(), &tg.spec))
             .collect(),
-    };
-    let databases = database_summaries(&table_groups, observed);
-    let (phase, message, degraded) = phase(outcome, observed);
+    }
+}
 
+/// `Available` of cluster `name`: true once every cell and every shard is ready; else which
+/// ones hold it back.
+fn available(
+    cluster: &MultigresCluster,
+    name: &str,
+    cells: &BTreeMap<CellName, CellStatusSummary>,
+    databases: &BTreeMap<DatabaseName, DatabaseStatusSummary>,
+) -> Verdict {
     let ready_cells = cells.values().filter(|c| c.ready).count();
     let (ready_shards, total_shards) = databases.values().fold((0, 0), |(ready, total), db| {
         (ready + db.ready_shards, total + db.total_shards)
     });
-    let available = if cells.is_empty() {
+    if cells.is_empty() {
         (FALSE, "NoCells", "The cluster has no cells".to_owned())
     } else if ready_cells < cells.len() {
         let waiting: Vec<&str> = cells
@@ -148,31 +212,34 @@ pub fn compute(
                 cells.len()
             ),
         )
-    };
-    let progressing = match (&phase, outcome) {
-        (_, Outcome::Blocked { reason, .. }) => (FALSE, *reason, message.clone()),
+    }
+}
+
+/// `Progressing` in `phase` after `outcome`, with the phase's `message`.
+fn progressing(phase: &Phase, outcome: &Outcome<'_>, message: &str) -> Verdict {
+    match (phase, outcome) {
+        (_, Outcome::Blocked { reason, .. }) => (FALSE, *reason, message.to_owned()),
         (Phase::Healthy, _) => (
             FALSE,
             "Ready",
             "Every component has reached the desired state".to_owned(),
         ),
-        (Phase::Degraded, _) => (FALSE, CHILD_DEGRADED, message.clone()),
-        _ => (TRUE, "Reconciling", message.clone()),
-    };
-    let degraded = match degraded {
-        Some((reason, text)) => (TRUE, reason, text),
-        None => (FALSE, "AsExpected", "No component is degraded".to_owned()),
-    };
+        (Phase::Degraded, _) => (FALSE, CHILD_DEGRADED, message.to_owned()),
+        _ => (TRUE, "Reconciling", message.to_owned()),
+    }
+}
 
-    let mut merged = current.conditions.clone();
-    let mut conditions_changed = false;
-    for (type_, (status, reason, message)) in [
-        (AVAILABLE, available),
-        (PROGRESSING, progressing),
-        (DEGRADED, degraded),
-    ] {
-        conditions_changed |= conditions::set_condition(
-            &mut merged,
+/// Sets each condition of `wanted` on `conditions`, at `generation`; true when any changed.
+fn set_conditions(
+    conditions: &mut Vec<Condition>,
+    wanted: [(&'static str, Verdict); 3],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> bool {
+    let mut changed = false;
+    for (type_, (status, reason, message)) in wanted {
+        changed |= conditions::set_condition(
+            conditions,
             &DesiredCondition {
                 type_,
                 status,
@@ -183,26 +250,17 @@ pub fn compute(
             now,
         );
     }
-    let notices = crate::notice::transitions(
-        current.phase,
-        conditions::find_condition(&current.conditions, DEGRADED),
-        phase,
-        &message,
-        conditions::find_condition(&merged, DEGRADED),
-    );
-    merged.retain(|c| OWNED_CONDITIONS.contains(&c.type_.as_str()));
+    changed
+}
 
-    let status = MultigresClusterStatus {
-        observed_generation: generation,
-        conditions: merged,
-        phase: Some(phase),
-        message: Some(message),
-        cells,
-        databases,
-        resolved_templates: Some(resolved_templates),
-        ..MultigresClusterStatus::default()
-    };
-    let changed = [
+/// The fields of `status` that differ from the `current` ones (`conditions` as the merge
+/// told: `conditions_changed`).
+fn changed_fields(
+    current: &MultigresClusterStatus,
+    status: &MultigresClusterStatus,
+    conditions_changed: bool,
+) -> Vec<&'static str> {
+    [
         ("conditions", conditions_changed),
         (
             "observedGeneration",
@@ -219,12 +277,7 @@ pub fn compute(
     ]
     .into_iter()
     .filter_map(|(field, differs)| differs.then_some(field))
-    .collect();
-    Computed {
-        status,
-        changed,
-        notices,
-    }
+    .collect()
 }
 
 /// One summary per cell of the spec: ready when its handler reports it Available at its
@@ -233,7 +286,7 @@ fn cell_summaries(
     cluster: &MultigresCluster,
     name: &str,
     observed: &Observed,
-) -> BTreeMap<multigres_api::v1alpha1::CellName, CellStatusSummary> {
+) -> BTreeMap<CellName, CellStatusSummary> {
     cluster
         .spec
         .cells
