@@ -21,8 +21,10 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_api::labels::{CLUSTER, COMPONENT, Component};
-use multigres_api::observability::{PROJECT_REF_ANNOTATION, Process};
-use multigres_api::resolver::{ResolveError, Templates, defaults, images, resolve};
+use multigres_api::observability::{InheritedEnv, PROJECT_REF_ANNOTATION, Process};
+use multigres_api::resolver::{
+    ResolveError, ResolvedCluster, Templates, defaults, images, resolve,
+};
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::apply::apply_status;
 use multigres_common::guard::Guarded;
@@ -195,6 +197,7 @@ pub fn templates(stores: &Stores, namespace: &str) -> Templates {
     }
 }
 
+/// Validates the exposure, resolves the cluster, builds, applies, prunes and reports.
 async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
     let cluster = guard
         .0
@@ -206,23 +209,54 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     external::validate(Exposed::Gateway, cluster)?;
     external::validate(Exposed::AdminWeb, cluster)?;
     let owner = Owner::with_cluster(cluster, cluster.name_any())?;
-    let ns = owner.namespace.as_str();
-    // The images the cluster-handler gave the other components (its adopted default set).
-    let recorded = images::recorded_effective(cluster);
-    let resolved = resolve(
-        &images::complete(cluster, &recorded),
-        &templates(&ctx.stores, ns),
-    )?;
+    let resolved = resolve_cluster(ctx, cluster, &owner.namespace)?;
     let internal_tls = cluster.spec.internal_tls.as_ref();
     crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;
-    let mut admin = build::build(&owner, &resolved);
+    let objects = desire(&owner, cluster, &resolved, &ctx.telemetry);
+    apply(ctx, &owner, objects).await?;
+    prune(ctx, &owner).await?;
+    update_status(ctx, guard, cluster, &owner).await?;
+    Ok(Action::await_change())
+}
+
+/// The cluster resolved with the templates of `namespace` (from the cache) and the images the
+/// cluster-handler gave the other components (its adopted default set).
+fn resolve_cluster(
+    ctx: &Ctx<Guard>,
+    cluster: &MultigresCluster,
+    namespace: &str,
+) -> Result<ResolvedCluster, ResolveError> {
+    let recorded = images::recorded_effective(cluster);
+    resolve(
+        &images::complete(cluster, &recorded),
+        &templates(&ctx.stores, namespace),
+    )
+}
+
+/// The cluster-wide objects this controller applies.
+struct Objects {
+    /// multiadmin's and multiadmin-web's.
+    deployments: [Deployment; 2],
+    /// multiadmin's, multiadmin-web's and the cluster-wide multigateway ones.
+    services: [Service; 4],
+}
+
+/// Builds multiadmin (with its telemetry environment and internal TLS), multiadmin-web and
+/// the cluster-wide gateway Services, exposed as the cluster asks.
+fn desire(
+    owner: &Owner,
+    cluster: &MultigresCluster,
+    resolved: &ResolvedCluster,
+    inherited: &InheritedEnv,
+) -> Objects {
+    let mut admin = build::build(owner, resolved);
     crate::env::add_to_deployment(
         &mut admin.deployment,
         "multiadmin",
         Process::Multiadmin,
         crate::env::Source {
             config: cluster.spec.observability.as_ref(),
-            inherited: &ctx.telemetry,
+            inherited,
             cluster: &owner.cluster,
             project: cluster
                 .annotations()
@@ -230,10 +264,15 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
                 .map(String::as_str),
         },
     );
-    if crate::tls::enabled(internal_tls) {
+    if crate::tls::enabled(cluster.spec.internal_tls.as_ref()) {
         let process = crate::tls::Process::Multiadmin;
         let deployment = &mut admin.deployment;
-        crate::tls::mount_internal_deployment(deployment, process, &owner.cluster, ns);
+        crate::tls::mount_internal_deployment(
+            deployment,
+            process,
+            &owner.cluster,
+            &owner.namespace,
+        );
     }
     let superuser = cluster
         .spec
@@ -241,37 +280,53 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         .as_deref()
         .unwrap_or(defaults::POSTGRES_SUPERUSER);
     let web = web::build(
-        &owner,
-        &resolved,
+        owner,
+        resolved,
         superuser,
         &cluster.spec.postgres_password_secret_ref,
     );
     let mut web_service = web.service;
     external::expose(&mut web_service, Exposed::AdminWeb.enabled(cluster));
-    let mut gateway_service = external::gateway_service(&owner);
+    let mut gateway_service = external::gateway_service(owner);
     external::expose(&mut gateway_service, Exposed::Gateway.enabled(cluster));
-    let gateway_replica_service = external::gateway_replica_service(&owner);
+    let gateway_replica_service = external::gateway_replica_service(owner);
+    Objects {
+        deployments: [admin.deployment, web.deployment],
+        services: [
+            admin.service,
+            web_service,
+            gateway_service,
+            gateway_replica_service,
+        ],
+    }
+}
 
-    let names = Names::of(&owner.cluster);
+/// Applies every object that changed.
+async fn apply(ctx: &Ctx<Guard>, owner: &Owner, objects: Objects) -> Result<(), Error> {
+    let ns = owner.namespace.as_str();
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
     // Independent objects are applied together: under load each write (a Service's above
     // all, which allocates a cluster IP) takes a round trip and a watch event to settle, and
     // one after another they would add up.
-    let applied_services = [
-        admin.service,
-        web_service,
-        gateway_service,
-        gateway_replica_service,
-    ]
-    .map(|service| sync::ensure(NAME, &services, &ctx.stores.services, service));
-    let applied_deployments = [admin.deployment, web.deployment]
+    let applied_services = objects
+        .services
+        .map(|service| sync::ensure(NAME, &services, &ctx.stores.services, service));
+    let applied_deployments = objects
+        .deployments
         .map(|deployment| sync::ensure(NAME, &deployments, &ctx.stores.deployments, deployment));
     futures::try_join!(
         futures::future::try_join_all(applied_services),
         futures::future::try_join_all(applied_deployments),
     )?;
+    Ok(())
+}
+
+/// Deletes the Services and Deployments of the cluster this controller no longer keeps.
+async fn prune(ctx: &Ctx<Guard>, owner: &Owner) -> Result<(), Error> {
+    let ns = owner.namespace.as_str();
     let uid = owner.uid();
+    let names = Names::of(&owner.cluster);
     let keep_services = BTreeSet::from([
         names.multiadmin.clone(),
         names.web.clone(),
@@ -280,20 +335,33 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     ]);
     sync::prune(
         NAME,
-        &services,
+        &Api::<Service>::namespaced(ctx.client.clone(), ns),
         &owned(&ctx.stores.services, ns, uid),
         &keep_services,
     )
     .await?;
-    let keep_deployments = BTreeSet::from([names.multiadmin.clone(), names.web.clone()]);
+    let keep_deployments = BTreeSet::from([names.multiadmin, names.web]);
     sync::prune(
         NAME,
-        &deployments,
+        &Api::<Deployment>::namespaced(ctx.client.clone(), ns),
         &owned(&ctx.stores.deployments, ns, uid),
         &keep_deployments,
     )
     .await?;
+    Ok(())
+}
 
+/// Applies the external endpoints' status when it differs from the stored one (as the
+/// cached Services and Deployments show them), with an event for each condition that
+/// changed reason.
+async fn update_status(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    cluster: &MultigresCluster,
+    owner: &Owner,
+) -> Result<(), Error> {
+    let ns = owner.namespace.as_str();
+    let names = Names::of(&owner.cluster);
     let service = |name: &str| ctx.stores.services.get(&ObjectRef::new(name).within(ns));
     let gateway_service = service(&names.gateway);
     let web_service = service(&names.web);
@@ -325,7 +393,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             report(ctx, guard, &cond).await;
         }
     }
-    Ok(Action::await_change())
+    Ok(())
 }
 
 /// Names of the cluster-wide objects this controller keeps.
@@ -384,4 +452,33 @@ async fn report(ctx: &Ctx<Guard>, guard: &Guard, cond: &Cond) {
         format!("{}: {}", cond.type_, cond.message),
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prune_keeps_every_object_the_build_applies() {
+        let cluster: MultigresCluster =
+            serde_yaml::from_str(include_str!("../../fixtures/cluster-external-topo.yaml"))
+                .unwrap();
+        let owner = Owner::with_cluster(&cluster, cluster.name_any()).unwrap();
+        let resolved = resolve(&cluster, &Templates::default()).unwrap();
+        let objects = desire(&owner, &cluster, &resolved, &InheritedEnv::default());
+        let names = Names::of(&owner.cluster);
+        assert_eq!(
+            objects.services.each_ref().map(|s| s.name_any()),
+            [
+                names.multiadmin.clone(),
+                names.web.clone(),
+                names.gateway,
+                names.gateway_replica
+            ]
+        );
+        assert_eq!(
+            objects.deployments.each_ref().map(|d| d.name_any()),
+            [names.multiadmin, names.web]
+        );
+    }
 }

@@ -559,6 +559,42 @@ fn pool_identities(pool: &PoolSpec) -> (RunAs, RunAs) {
     (pg, mp)
 }
 
+/// How the objects of one pool in one cell are named and labelled.
+struct PoolNames {
+    /// Name of the StatefulSet, its headless Service and its PodDisruptionBudget.
+    name: String,
+    /// Labels of every object of the pool in the cell.
+    labels: BTreeMap<String, String>,
+    /// The subset of `labels` selecting the pool's pods.
+    selector: BTreeMap<String, String>,
+}
+
+impl PoolNames {
+    /// The names and labels of pool `pool_name` in `cell`.
+    fn of(owner: &Owner, spec: &ShardSpec, pool_name: &str, cell: &str) -> Self {
+        let at = placement(spec, Some(cell), Some(pool_name));
+        Self {
+            name: crate::names::pool(&owner.name, pool_name, cell),
+            labels: labels::labels(&owner.cluster, Component::Pool, &at),
+            selector: labels::selector(&owner.cluster, Component::Pool, &at),
+        }
+    }
+
+    /// Metadata of an object named [`Self::name`], owned by the Shard.
+    fn metadata(&self, owner: &Owner) -> ObjectMeta {
+        stateless::metadata(&self.name, owner, &self.labels)
+    }
+
+    /// A label selector matching the pool's pods.
+    fn match_labels(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(self.selector.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// The StatefulSet, headless Service and PodDisruptionBudget of pool `pool_name` in `cell`.
 fn pool_objects(
     owner: &Owner,
     spec: &ShardSpec,
@@ -566,72 +602,39 @@ fn pool_objects(
     pool: &PoolSpec,
     cell: &str,
 ) -> PoolObjects {
-    let at = placement(spec, Some(cell), Some(pool_name));
-    let labels = labels::labels(&owner.cluster, Component::Pool, &at);
-    let selector = labels::selector(&owner.cluster, Component::Pool, &at);
-    let name = crate::names::pool(&owner.name, pool_name, cell);
+    let names = PoolNames::of(owner, spec, pool_name, cell);
+    let pod = pool_pod(owner, spec, pool, &names.name, cell);
+    let (storage_size, claim) = data_claim(pool, &names.labels);
+    let statefulset = pool_statefulset(owner, spec, pool, &names, pod, claim);
+    let service = pool_service(owner, &names);
+    let pdb = pool_pdb(owner, &names);
+    PoolObjects {
+        pool: pool_name.to_owned(),
+        cell: cell.to_owned(),
+        statefulset,
+        service,
+        pdb,
+        selector: names.selector,
+        storage_size,
+    }
+}
+
+/// The pod of a pool whose headless Service is `service`, in `cell`: pgctld (a native
+/// sidecar) and multipooler sharing the pool volumes.
+fn pool_pod(
+    owner: &Owner,
+    spec: &ShardSpec,
+    pool: &PoolSpec,
+    service: &str,
+    cell: &str,
+) -> PodSpec {
     let ns = &owner.namespace;
-    let meta = |name: &str| stateless::metadata(name, owner, &labels);
     let pull = pull(spec);
     let (pg_identity, pooler_identity) = pool_identities(pool);
     let (volumes, mounts) = pool_volumes(owner, spec);
-    let pg_env = postgres_env(spec);
-
-    let mut pgctld_env = pg_env.clone();
-    if let Some(initdb) = &spec.initdb_args {
-        pgctld_env.push(env("POSTGRES_INITDB_ARGS", initdb.as_str()));
-    }
-    let pgctld_probes = Probes::multigres(PGCTLD_HTTP, POOL_STARTUP_SECONDS);
-    let pgctld = Container {
-        name: "postgres".to_owned(),
-        image: Some(spec.images.postgres.as_str().to_owned()),
-        image_pull_policy: Some(pull.policy()),
-        command: Some(vec![PGCTLD_BIN.to_owned()]),
-        args: Some(pgctld_args(spec)),
-        env: Some(pgctld_env),
-        ports: Some(vec![
-            container_port("pgctld-http", PGCTLD_HTTP),
-            container_port("pgctld-grpc", PGCTLD_GRPC),
-            container_port("postgres", POSTGRES_PORT),
-        ]),
-        resources: pool.postgres.as_ref().and_then(|c| c.resources.clone()),
-        startup_probe: Some(pgctld_probes.startup),
-        liveness_probe: Some(pgctld_probes.liveness),
-        readiness_probe: Some(pgctld_probes.readiness),
-        // PostgreSQL and pgBackRest write lock, log and spool files outside the volumes.
-        security_context: Some(container_security(pg_identity, false)),
-        volume_mounts: Some(mounts.clone()),
-        // A native sidecar: started (and probed) before multipooler, restarted on its own.
-        restart_policy: Some("Always".to_owned()),
-        ..Default::default()
-    };
-    let pooler_probes = Probes::multigres(MULTIPOOLER_HTTP, POOL_STARTUP_SECONDS);
-    let multipooler = Container {
-        name: "multipooler".to_owned(),
-        image: Some(spec.images.multipooler.as_str().to_owned()),
-        image_pull_policy: Some(pull.policy()),
-        command: Some(vec![multigres_bin("multipooler")]),
-        args: Some(multipooler_args(spec, ns, &name, cell)),
-        env: Some(pg_env),
-        ports: Some(vec![
-            container_port("http", MULTIPOOLER_HTTP),
-            container_port("grpc", MULTIPOOLER_GRPC),
-        ]),
-        resources: pool.multipooler.as_ref().and_then(|c| c.resources.clone()),
-        startup_probe: Some(pooler_probes.startup),
-        liveness_probe: Some(pooler_probes.liveness),
-        readiness_probe: Some(pooler_probes.readiness),
-        // multipooler runs pgBackRest, which writes outside the volumes too.
-        security_context: Some(container_security(pooler_identity, false)),
-        volume_mounts: Some(mounts),
-        ..Default::default()
-    };
-    let s3_account = spec
-        .backup
-        .as_ref()
-        .filter(|b| b.type_ == BackupType::S3)
-        .and_then(|b| b.s3.as_ref())
-        .and_then(|s3| s3.service_account_name.clone());
+    let pgctld = pgctld_container(spec, pool, &pull, pg_identity, mounts.clone());
+    let args = multipooler_args(spec, ns, service, cell);
+    let multipooler = multipooler_container(spec, pool, &pull, pooler_identity, mounts, args);
     let mut pod = PodSpec {
         init_containers: Some(vec![pgctld]),
         containers: vec![multipooler],
@@ -640,7 +643,7 @@ fn pool_objects(
             pg_identity,
             pool.fs_group.unwrap_or(pg_identity.group),
         )),
-        service_account_name: s3_account,
+        service_account_name: s3_service_account(spec),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         image_pull_secrets: pull.secrets(),
@@ -654,7 +657,94 @@ fn pool_objects(
         let pooler = crate::tls::Process::Multipooler;
         crate::tls::mount_internal(&mut pod, pooler, &owner.cluster, ns);
     }
-    let (storage_size, claim_spec) = storage_request(
+    pod
+}
+
+/// The service account of pool pods that reach S3 through their identity.
+fn s3_service_account(spec: &ShardSpec) -> Option<String> {
+    spec.backup
+        .as_ref()
+        .filter(|b| b.type_ == BackupType::S3)
+        .and_then(|b| b.s3.as_ref())
+        .and_then(|s3| s3.service_account_name.clone())
+}
+
+/// pgctld, running PostgreSQL as the pool pod's native sidecar.
+fn pgctld_container(
+    spec: &ShardSpec,
+    pool: &PoolSpec,
+    pull: &PullSettings,
+    identity: RunAs,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    let mut env_vars = postgres_env(spec);
+    if let Some(initdb) = &spec.initdb_args {
+        env_vars.push(env("POSTGRES_INITDB_ARGS", initdb.as_str()));
+    }
+    let probes = Probes::multigres(PGCTLD_HTTP, POOL_STARTUP_SECONDS);
+    Container {
+        name: "postgres".to_owned(),
+        image: Some(spec.images.postgres.as_str().to_owned()),
+        image_pull_policy: Some(pull.policy()),
+        command: Some(vec![PGCTLD_BIN.to_owned()]),
+        args: Some(pgctld_args(spec)),
+        env: Some(env_vars),
+        ports: Some(vec![
+            container_port("pgctld-http", PGCTLD_HTTP),
+            container_port("pgctld-grpc", PGCTLD_GRPC),
+            container_port("postgres", POSTGRES_PORT),
+        ]),
+        resources: pool.postgres.as_ref().and_then(|c| c.resources.clone()),
+        startup_probe: Some(probes.startup),
+        liveness_probe: Some(probes.liveness),
+        readiness_probe: Some(probes.readiness),
+        // PostgreSQL and pgBackRest write lock, log and spool files outside the volumes.
+        security_context: Some(container_security(identity, false)),
+        volume_mounts: Some(mounts),
+        // A native sidecar: started (and probed) before multipooler, restarted on its own.
+        restart_policy: Some("Always".to_owned()),
+        ..Default::default()
+    }
+}
+
+/// multipooler, run with `args` (see [`multipooler_args`]).
+fn multipooler_container(
+    spec: &ShardSpec,
+    pool: &PoolSpec,
+    pull: &PullSettings,
+    identity: RunAs,
+    mounts: Vec<VolumeMount>,
+    args: Vec<String>,
+) -> Container {
+    let probes = Probes::multigres(MULTIPOOLER_HTTP, POOL_STARTUP_SECONDS);
+    Container {
+        name: "multipooler".to_owned(),
+        image: Some(spec.images.multipooler.as_str().to_owned()),
+        image_pull_policy: Some(pull.policy()),
+        command: Some(vec![multigres_bin("multipooler")]),
+        args: Some(args),
+        env: Some(postgres_env(spec)),
+        ports: Some(vec![
+            container_port("http", MULTIPOOLER_HTTP),
+            container_port("grpc", MULTIPOOLER_GRPC),
+        ]),
+        resources: pool.multipooler.as_ref().and_then(|c| c.resources.clone()),
+        startup_probe: Some(probes.startup),
+        liveness_probe: Some(probes.liveness),
+        readiness_probe: Some(probes.readiness),
+        // multipooler runs pgBackRest, which writes outside the volumes too.
+        security_context: Some(container_security(identity, false)),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    }
+}
+
+/// The data volume claim template of a pool's pods, and the size it requests.
+fn data_claim(
+    pool: &PoolSpec,
+    labels: &BTreeMap<String, String>,
+) -> (String, PersistentVolumeClaim) {
+    let (size, claim_spec) = storage_request(
         &pool.storage.clone().unwrap_or_default(),
         defaults::POOL_STORAGE,
     );
@@ -667,22 +757,32 @@ fn pool_objects(
         spec: Some(claim_spec),
         status: None,
     };
+    (size, claim)
+}
+
+/// The pool's StatefulSet of `pod`s, each with a `claim` volume; pods are replaced only when
+/// deleted (by the ordered restart).
+fn pool_statefulset(
+    owner: &Owner,
+    spec: &ShardSpec,
+    pool: &PoolSpec,
+    names: &PoolNames,
+    pod: PodSpec,
+    claim: PersistentVolumeClaim,
+) -> StatefulSet {
     let policy = pool
         .pvc_deletion_policy
         .as_ref()
         .or(spec.pvc_deletion_policy.as_ref());
-    let statefulset = StatefulSet {
-        metadata: meta(&name),
+    StatefulSet {
+        metadata: names.metadata(owner),
         spec: Some(StatefulSetSpec {
             replicas: Some(
                 pool.replicas_per_cell
                     .unwrap_or_else(|| defaults::pool_replicas_per_cell(pool.cells.len())),
             ),
-            selector: LabelSelector {
-                match_labels: Some(selector.clone()),
-                ..Default::default()
-            },
-            service_name: Some(name.clone()),
+            selector: names.match_labels(),
+            service_name: Some(names.name.clone()),
             pod_management_policy: Some("Parallel".to_owned()),
             update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("OnDelete".to_owned()),
@@ -691,7 +791,7 @@ fn pool_objects(
             persistent_volume_claim_retention_policy: Some(retention(policy)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels.clone()),
+                    labels: Some(names.labels.clone()),
                     ..Default::default()
                 }),
                 spec: Some(pod),
@@ -700,13 +800,17 @@ fn pool_objects(
             ..Default::default()
         }),
         status: None,
-    };
-    let service = Service {
-        metadata: meta(&name),
+    }
+}
+
+/// The pool's headless Service, giving its pods stable DNS names (ready or not).
+fn pool_service(owner: &Owner, names: &PoolNames) -> Service {
+    Service {
+        metadata: names.metadata(owner),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_owned()),
             publish_not_ready_addresses: Some(true),
-            selector: Some(selector.clone()),
+            selector: Some(names.selector.clone()),
             ports: Some(vec![
                 service_port("http", MULTIPOOLER_HTTP),
                 service_port("grpc", MULTIPOOLER_GRPC),
@@ -715,27 +819,19 @@ fn pool_objects(
             ..Default::default()
         }),
         status: None,
-    };
-    let pdb = PodDisruptionBudget {
-        metadata: meta(&name),
+    }
+}
+
+/// At most one pod of the pool in the cell down at a time.
+fn pool_pdb(owner: &Owner, names: &PoolNames) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: names.metadata(owner),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector {
-                match_labels: Some(selector.clone()),
-                ..Default::default()
-            }),
+            selector: Some(names.match_labels()),
             ..Default::default()
         }),
         status: None,
-    };
-    PoolObjects {
-        pool: pool_name.to_owned(),
-        cell: cell.to_owned(),
-        statefulset,
-        service,
-        pdb,
-        selector,
-        storage_size,
     }
 }
 

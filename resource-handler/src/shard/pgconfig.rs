@@ -297,29 +297,36 @@ pub fn failed(
     }
 }
 
-/// Renders the shard's file (reading the referenced ConfigMap through `client`) and mounts it
-/// into `objects`; returns the ConfigMap to apply and what was rendered.
-pub async fn desired(
+/// Reads the content of the shard's `postgresConfigRef` ConfigMap through `client` (`None`
+/// without a reference), or says why there is none.
+pub async fn referenced(
     client: &Client,
+    namespace: &str,
+    shard: &Shard,
+) -> Result<Option<String>, ConfigError> {
+    let Some(reference) = &shard.spec.postgres_config_ref else {
+        return Ok(None);
+    };
+    let api = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+    let found = api
+        .get_opt(&reference.name)
+        .await
+        .map_err(|source| ConfigError::Read {
+            name: reference.name.clone(),
+            source,
+        })?;
+    referenced_content(reference, namespace, found.as_ref()).map(Some)
+}
+
+/// Renders the shard's file (with `reference`, the referenced content as read) and mounts it
+/// into `objects`; returns the ConfigMap to apply and what was rendered.
+pub fn desired(
     owner: &Owner,
     shard: &Shard,
+    reference: Option<&str>,
     objects: &mut ShardObjects,
 ) -> Result<(ConfigMap, Rendered), ConfigError> {
-    let reference = match &shard.spec.postgres_config_ref {
-        Some(r) => {
-            let api = Api::<ConfigMap>::namespaced(client.clone(), &owner.namespace);
-            let found = api
-                .get_opt(&r.name)
-                .await
-                .map_err(|source| ConfigError::Read {
-                    name: r.name.clone(),
-                    source,
-                })?;
-            Some(referenced_content(r, &owner.namespace, found.as_ref())?)
-        }
-        None => None,
-    };
-    let rendered = render_shard(&owner.cluster, &shard.spec, reference.as_deref())?;
+    let rendered = render_shard(&owner.cluster, &shard.spec, reference)?;
     let config_map = config_map(owner, shard, &rendered);
     mount_into(objects, &config_map.name_any(), &rendered);
     Ok((config_map, rendered))

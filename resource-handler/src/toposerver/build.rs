@@ -20,7 +20,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use multigres_api::labels::{self, Component, Placement};
 use multigres_api::names::topo_peer_service;
 use multigres_api::resolver::defaults;
-use multigres_api::v1alpha1::{PvcDeletionPolicy, PvcRetentionPolicyType, TopoServerSpec};
+use multigres_api::v1alpha1::{
+    EtcdSpec, PvcDeletionPolicy, PvcRetentionPolicyType, TopoServerSpec,
+};
 
 use crate::contract::{
     ETCD_BIN, ETCD_CLIENT, ETCD_DATA_DIR, ETCD_METRICS, ETCD_PEER, ETCD_VOLUME_DIR, flag,
@@ -124,24 +126,81 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
         .etcd
         .as_ref()
         .ok_or("spec.etcd is required: the operator only runs etcd")?;
+    let replicas = members(etcd)?;
+    let owner = input.owner;
+    let names = Names::of(input);
+    let args = etcd_args(owner, &names, replicas);
+    let pod = etcd_pod(input, etcd_container(etcd, input.pull, args));
+    let (storage_size, claim) = data_claim(etcd, &names.labels);
+    Ok(TopoObjects {
+        statefulset: etcd_statefulset(input, etcd, &names, replicas, pod, claim),
+        peer_service: peer_service(owner, &names),
+        client_service: client_service(owner, &names),
+        pdb: pdb(owner, &names),
+        storage_size,
+    })
+}
+
+/// The number of etcd members, or why it cannot be bootstrapped.
+fn members(etcd: &EtcdSpec) -> Result<i32, String> {
     let replicas = etcd.replicas.unwrap_or(defaults::ETCD_REPLICAS);
     if replicas < 1 || replicas % 2 == 0 {
         return Err(format!(
             "spec.etcd.replicas is {replicas}: etcd needs an odd number of members (1, 3, 5)"
         ));
     }
-    let owner = input.owner;
-    let name = crate::names::topo_statefulset(&owner.name);
-    let peer = topo_peer_service(&owner.name);
+    Ok(replicas)
+}
+
+/// How a TopoServer's objects are named and labelled.
+struct Names {
+    /// The StatefulSet (and PodDisruptionBudget).
+    statefulset: String,
+    /// The headless peer Service.
+    peer: String,
+    /// Labels of every object.
+    labels: BTreeMap<String, String>,
+    /// The subset of `labels` selecting the etcd pods.
+    selector: BTreeMap<String, String>,
+}
+
+impl Names {
+    /// The names and labels of the TopoServer of `input`.
+    fn of(input: &TopoInput<'_>) -> Self {
+        let (labels, selector) = labels(input);
+        Self {
+            statefulset: crate::names::topo_statefulset(&input.owner.name),
+            peer: topo_peer_service(&input.owner.name),
+            labels,
+            selector,
+        }
+    }
+
+    /// Metadata of the object `name`, owned by the TopoServer.
+    fn metadata(&self, owner: &Owner, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(owner.namespace.clone()),
+            labels: Some(self.labels.clone()),
+            owner_references: Some(vec![owner.reference.clone()]),
+            ..Default::default()
+        }
+    }
+
+    /// A label selector matching the etcd pods.
+    fn match_labels(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(self.selector.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// etcd's command line: every one of `replicas` members listed in `--initial-cluster`, each
+/// addressed through the peer Service.
+fn etcd_args(owner: &Owner, names: &Names, replicas: i32) -> Vec<String> {
     let ns = &owner.namespace;
-    let (all_labels, selector) = labels(input);
-    let meta = |name: &str| ObjectMeta {
-        name: Some(name.to_owned()),
-        namespace: Some(ns.clone()),
-        labels: Some(all_labels.clone()),
-        owner_references: Some(vec![owner.reference.clone()]),
-        ..Default::default()
-    };
+    let (name, peer) = (&names.statefulset, &names.peer);
     let host = |pod: &str| format!("{pod}.{peer}.{ns}.svc");
     let initial_cluster = (0..replicas)
         .map(|i| {
@@ -151,7 +210,7 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
         .collect::<Vec<_>>()
         .join(",");
     let self_host = host("$(POD_NAME)");
-    let args = vec![
+    vec![
         flag("name", "$(POD_NAME)"),
         flag("data-dir", ETCD_DATA_DIR),
         flag(
@@ -175,9 +234,13 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
         flag("initial-cluster-state", "new"),
         flag("initial-cluster-token", format!("{}.{ns}", owner.name)),
         flag("auto-compaction-retention", "1"),
-    ];
+    ]
+}
+
+/// The etcd container, run with `args`.
+fn etcd_container(etcd: &EtcdSpec, pull: &PullSettings, args: Vec<String>) -> Container {
     let probes = Probes::new("/readyz", "/livez", "/readyz", ETCD_METRICS, 300);
-    let container = Container {
+    Container {
         name: "etcd".to_owned(),
         image: Some(
             etcd.image
@@ -185,7 +248,7 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
                 .map_or(defaults::ETCD_IMAGE, |i| i.as_str())
                 .to_owned(),
         ),
-        image_pull_policy: Some(input.pull.policy()),
+        image_pull_policy: Some(pull.policy()),
         command: Some(vec![ETCD_BIN.to_owned()]),
         args: Some(args),
         env: Some(vec![env_from_field("POD_NAME", "metadata.name")]),
@@ -204,9 +267,13 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
             mount(TMP_VOLUME, TMP_DIR, false),
         ]),
         ..Default::default()
-    };
+    }
+}
+
+/// The etcd pod of `container`, placed as the spec says.
+fn etcd_pod(input: &TopoInput<'_>, container: Container) -> PodSpec {
     let placement = input.spec.placement.clone().unwrap_or_default();
-    let pod = PodSpec {
+    PodSpec {
         containers: vec![container],
         volumes: Some(vec![tmp_volume()]),
         security_context: Some(pod_security(RunAs::NONROOT, RunAs::NONROOT.group)),
@@ -220,7 +287,14 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
             .then_some(placement.topology_spread_constraints),
         termination_grace_period_seconds: Some(30),
         ..Default::default()
-    };
+    }
+}
+
+/// The data volume claim template of the etcd members, and the size it requests.
+fn data_claim(
+    etcd: &EtcdSpec,
+    labels: &BTreeMap<String, String>,
+) -> (String, PersistentVolumeClaim) {
     let storage = etcd.storage.clone().unwrap_or_default();
     let size = storage
         .size
@@ -234,7 +308,7 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(DATA_VOLUME.to_owned()),
-            labels: Some(all_labels.clone()),
+            labels: Some(labels.clone()),
             ..Default::default()
         },
         spec: Some(PersistentVolumeClaimSpec {
@@ -251,20 +325,29 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
         }),
         ..Default::default()
     };
+    (size, claim)
+}
+
+/// The StatefulSet of `replicas` etcd members running `pod`, each with a `claim` volume.
+fn etcd_statefulset(
+    input: &TopoInput<'_>,
+    etcd: &EtcdSpec,
+    names: &Names,
+    replicas: i32,
+    pod: PodSpec,
+    claim: PersistentVolumeClaim,
+) -> StatefulSet {
     let policy = input
         .spec
         .pvc_deletion_policy
         .as_ref()
         .or(etcd.pvc_deletion_policy.as_ref());
-    let statefulset = StatefulSet {
-        metadata: meta(&name),
+    StatefulSet {
+        metadata: names.metadata(input.owner, &names.statefulset),
         spec: Some(StatefulSetSpec {
             replicas: Some(replicas),
-            selector: LabelSelector {
-                match_labels: Some(selector.clone()),
-                ..Default::default()
-            },
-            service_name: Some(peer.clone()),
+            selector: names.match_labels(),
+            service_name: Some(names.peer.clone()),
             pod_management_policy: Some("Parallel".to_owned()),
             update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("RollingUpdate".to_owned()),
@@ -273,7 +356,7 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
             persistent_volume_claim_retention_policy: Some(retention(policy)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(all_labels.clone()),
+                    labels: Some(names.labels.clone()),
                     ..Default::default()
                 }),
                 spec: Some(pod),
@@ -282,13 +365,17 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
             ..Default::default()
         }),
         status: None,
-    };
-    let peer_service = Service {
-        metadata: meta(&peer),
+    }
+}
+
+/// The headless Service giving members stable DNS names (ready or not).
+fn peer_service(owner: &Owner, names: &Names) -> Service {
+    Service {
+        metadata: names.metadata(owner, &names.peer),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_owned()),
             publish_not_ready_addresses: Some(true),
-            selector: Some(selector.clone()),
+            selector: Some(names.selector.clone()),
             ports: Some(vec![
                 service_port("client", ETCD_CLIENT),
                 service_port("peer", ETCD_PEER),
@@ -296,36 +383,35 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
             ..Default::default()
         }),
         status: None,
-    };
-    let client_service = Service {
-        metadata: meta(&crate::names::topo_client_service(&owner.name)),
+    }
+}
+
+/// The Service Multigres processes dial.
+fn client_service(owner: &Owner, names: &Names) -> Service {
+    let name = crate::names::topo_client_service(&owner.name);
+    Service {
+        metadata: names.metadata(owner, &name),
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_owned()),
-            selector: Some(selector.clone()),
+            selector: Some(names.selector.clone()),
             ports: Some(vec![service_port("client", ETCD_CLIENT)]),
             ..Default::default()
         }),
         status: None,
-    };
-    let pdb = PodDisruptionBudget {
-        metadata: meta(&name),
+    }
+}
+
+/// At most one member down at a time, so voluntary disruptions keep quorum.
+fn pdb(owner: &Owner, names: &Names) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: names.metadata(owner, &names.statefulset),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector {
-                match_labels: Some(selector),
-                ..Default::default()
-            }),
+            selector: Some(names.match_labels()),
             ..Default::default()
         }),
         status: None,
-    };
-    Ok(TopoObjects {
-        statefulset,
-        peer_service,
-        client_service,
-        pdb,
-        storage_size: size,
-    })
+    }
 }
 
 #[cfg(test)]

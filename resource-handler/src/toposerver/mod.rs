@@ -31,7 +31,7 @@ use crate::controller::{Classify, Ctx, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
-use crate::storage::{self, STORAGE_SYNCED};
+use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
 use crate::sync::{self, SyncError};
 use build::{Scope, TopoInput, TopoObjects};
 
@@ -149,6 +149,15 @@ fn pull_settings(ctx: &Ctx<Guard>, owner: &Owner) -> PullSettings {
     PullSettings::new(images.image_pull_policy, &images.image_pull_secrets)
 }
 
+/// The etcd StatefulSet of the TopoServer as cached.
+fn observed_statefulset(ctx: &Ctx<Guard>, owner: &Owner) -> Option<Arc<StatefulSet>> {
+    let name = crate::names::topo_statefulset(&owner.name);
+    ctx.stores
+        .statefulsets
+        .get(&ObjectRef::new(&name).within(&owner.namespace))
+}
+
+/// Reads the cluster's pull settings and the running StatefulSet, builds, applies and reports.
 async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
     let topo = guard
         .0
@@ -159,35 +168,49 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     }
     let owner = Owner::of(topo)?;
     let pull = pull_settings(ctx, &owner);
+    let observed_sts = observed_statefulset(ctx, &owner);
     let input = TopoInput {
         owner: &owner,
         scope: scope_of(topo),
         spec: &topo.spec,
         pull: &pull,
     };
-    let ns = owner.namespace.as_str();
-    let sts_name = crate::names::topo_statefulset(&owner.name);
-    let observed_sts = ctx
-        .stores
-        .statefulsets
-        .get(&ObjectRef::new(&sts_name).within(ns));
-    let statuses: Api<TopoServer> = Api::namespaced(ctx.client.clone(), ns);
-
-    let objects = match build::build(&input) {
+    let statuses: Api<TopoServer> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let objects = match desire(&input, observed_sts.as_deref()) {
         Ok(objects) => objects,
         Err(problem) => {
-            write_status(
-                ctx,
-                &statuses,
-                topo,
-                observed_sts.as_deref(),
-                None,
-                Some(&problem),
-            )
-            .await?;
+            let observed = observed_sts.as_deref();
+            write_status(ctx, &statuses, topo, observed, None, Some(&problem)).await?;
             return Err(Error::InvalidSpec(problem));
         }
     };
+    let storage = apply(ctx, guard, &input, objects).await?;
+    let observed_sts = observed_statefulset(ctx, &owner);
+    let observed = observed_sts.as_deref();
+    let deferred = write_status(ctx, &statuses, topo, observed, Some(storage), None).await?;
+    Ok(status_pacer::action(None, deferred))
+}
+
+/// Builds the etcd objects, or says why the spec cannot be realised (as it is, or given the
+/// `observed` StatefulSet).
+fn desire(input: &TopoInput<'_>, observed: Option<&StatefulSet>) -> Result<TopoObjects, String> {
+    let objects = build::build(input)?;
+    if let Some(observed) = observed
+        && let Some(problem) = replicas_changed(observed, &objects.statefulset)
+    {
+        return Err(problem);
+    }
+    Ok(objects)
+}
+
+/// Applies the etcd objects, grows the members' volumes and prunes what the TopoServer no
+/// longer wants; returns the `StorageSynced` verdict.
+async fn apply(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    input: &TopoInput<'_>,
+    objects: TopoObjects,
+) -> Result<Cond, Error> {
     let TopoObjects {
         statefulset,
         peer_service,
@@ -195,17 +218,9 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         pdb,
         storage_size,
     } = objects;
-    if let Some(observed) = observed_sts.as_deref()
-        && let Some(problem) = replicas_changed(observed, &statefulset)
-    {
-        write_status(ctx, &statuses, topo, Some(observed), None, Some(&problem)).await?;
-        return Err(Error::InvalidSpec(problem));
-    }
-
+    let ns = input.owner.namespace.as_str();
     let services_api = Api::<Service>::namespaced(ctx.client.clone(), ns);
     let services = &ctx.stores.services;
-    let peer_name = topo_peer_service(&owner.name);
-    let client_name = crate::names::topo_client_service(&owner.name);
     sync::ensure(NAME, &services_api, services, peer_service).await?;
     sync::ensure(NAME, &services_api, services, client_service).await?;
     let pdb_api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns);
@@ -219,59 +234,65 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         keep_claim_templates,
     )
     .await?;
+    let outcome = resize(ctx, guard, input, &storage_size).await?;
+    prune(ctx, input.owner).await?;
+    Ok(outcome.condition())
+}
 
-    let (_, selector) = build::labels(&input);
+/// Grows the members' volumes to `size`.
+async fn resize(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    input: &TopoInput<'_>,
+    size: &str,
+) -> Result<ResizeOutcome, Error> {
+    let ns = input.owner.namespace.as_str();
+    let (_, selector) = build::labels(input);
     let pvcs = ctx.stores.pvcs.state_filter(|pvc| {
         pvc.namespace().as_deref() == Some(ns)
             && selector.iter().all(|(k, v)| pvc.labels().get(k) == Some(v))
     });
-    let plan = storage::plan_resize(&storage_size, pvcs.iter().map(|p| p.as_ref()));
+    let plan = storage::plan_resize(size, pvcs.iter().map(|p| p.as_ref()));
     let pvc_api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
     let outcome = storage::apply_resize(NAME, &pvc_api, plan)
         .await
         .map_err(Error::Resize)?;
     storage::report(ctx, guard, &outcome).await;
+    Ok(outcome)
+}
 
-    let keep_services = BTreeSet::from([peer_name, client_name]);
-    let keep_named = BTreeSet::from([sts_name.clone()]);
+/// Deletes the Services, PodDisruptionBudgets and StatefulSets of the TopoServer it no longer
+/// wants.
+async fn prune(ctx: &Ctx<Guard>, owner: &Owner) -> Result<(), Error> {
+    let ns = owner.namespace.as_str();
     let uid = owner.uid();
+    let keep_services = BTreeSet::from([
+        topo_peer_service(&owner.name),
+        crate::names::topo_client_service(&owner.name),
+    ]);
+    let keep_named = BTreeSet::from([crate::names::topo_statefulset(&owner.name)]);
     sync::prune(
         NAME,
-        &services_api,
+        &Api::<Service>::namespaced(ctx.client.clone(), ns),
         &owned(&ctx.stores.services, ns, uid),
         &keep_services,
     )
     .await?;
     sync::prune(
         NAME,
-        &pdb_api,
+        &Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns),
         &owned(&ctx.stores.pdbs, ns, uid),
         &keep_named,
     )
     .await?;
     sync::prune(
         NAME,
-        &sts_api,
+        &Api::<StatefulSet>::namespaced(ctx.client.clone(), ns),
         &owned(&ctx.stores.statefulsets, ns, uid),
         &keep_named,
     )
     .await?;
-
-    let storage_cond = outcome.condition();
-    let observed_sts = ctx
-        .stores
-        .statefulsets
-        .get(&ObjectRef::new(&sts_name).within(ns));
-    let deferred = write_status(
-        ctx,
-        &statuses,
-        topo,
-        observed_sts.as_deref(),
-        Some(storage_cond),
-        None,
-    )
-    .await?;
-    Ok(status_pacer::action(None, deferred))
+    Ok(())
 }
 
 /// A change of the member count, which static bootstrap cannot follow.
@@ -461,6 +482,34 @@ mod tests {
         assert!(
             replicas_changed(&three, &five)
                 .unwrap()
+                .contains("from 3 to 5")
+        );
+    }
+
+    #[test]
+    fn the_build_is_refused_when_it_would_change_the_member_count() {
+        let owner = Owner::of(&topo()).unwrap();
+        let t = topo();
+        let pull = PullSettings::new(None, &[]);
+        let input = TopoInput {
+            owner: &owner,
+            scope: Scope::Global,
+            spec: &t.spec,
+            pull: &pull,
+        };
+        let three = build::build(&input).unwrap().statefulset;
+        assert!(desire(&input, None).is_ok());
+        assert!(desire(&input, Some(&three)).is_ok());
+        let mut five_spec = t.spec.clone();
+        five_spec.etcd.as_mut().unwrap().replicas = Some(5);
+        let five = TopoInput {
+            spec: &five_spec,
+            ..input
+        };
+        assert!(desire(&five, None).is_ok());
+        assert!(
+            desire(&five, Some(&three))
+                .unwrap_err()
                 .contains("from 3 to 5")
         );
     }

@@ -1,0 +1,416 @@
+//! Applying what a Shard asks for: its postgresql.conf, pgBackRest TLS, workloads and
+//! volumes, pruning what it no longer wants, then the next step of the ordered restart and
+//! the switchovers that restart or a scale-down needs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Preconditions};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use multigres_api::v1alpha1::{Shard, ShardSpec};
+
+use super::build::{self, ShardObjects};
+use super::rollout::{self, PodView, Step};
+use super::scale::{self, HeldScaleUp, ScaleDown};
+use super::{Desired, Error, Guard, NAME, pgconfig, switchover};
+use crate::conditions::Cond;
+use crate::controller::{Ctx, owned};
+use crate::owner::Owner;
+use crate::readiness::{self, Counts};
+use crate::storage::{self, ResizeOutcome};
+use crate::sync::{self, SyncError};
+use crate::toposerver::keep_claim_templates;
+
+/// What applying did, for the status.
+pub(super) struct Outcome {
+    /// The shard's workloads as cached once they were applied.
+    pub observed: Observed,
+    /// The pgBackRest TLS verdict (none without backups).
+    pub tls: Option<Cond>,
+    /// What growing the volumes did.
+    pub resize: ResizeOutcome,
+    /// The ordered restart's step (`None` while a new template is being applied).
+    pub step: Option<Step>,
+    /// Pool scale-ups applied only in part, for volumes still leaving.
+    pub held: Vec<HeldScaleUp>,
+    /// Pool scale-downs that remove the primary.
+    pub downs: Vec<ScaleDown>,
+}
+
+/// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
+/// so new pods mount the current file), pgBackRest TLS, the workloads, volume growth and
+/// pruning; then restarts the next outdated pool pod (unless a template was just written)
+/// and asks for the switchovers needed. `pods` are the shard's pool pods, as read before.
+pub(super) async fn run(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    shard: &Shard,
+    owner: &Owner,
+    desired: &Desired,
+    pods: &[PodView],
+) -> Result<Outcome, Error> {
+    let ns = owner.namespace.as_str();
+    let objects = &desired.objects;
+    pgconfig::apply(ctx, guard, &desired.postgres_config).await?;
+    let observed_conditions = shard.status.as_ref().map(|s| s.conditions.as_slice());
+    let tls = crate::tls::reconcile_pgbackrest(ctx, guard, owner, &shard.spec).await?;
+    crate::tls::warn_if_new(ctx, guard, observed_conditions, tls.as_ref()).await;
+    let handover = switchover::possible(shard);
+    let Applied {
+        templates_changed,
+        held,
+        downs,
+    } = apply_workloads(ctx, owner, objects, pods, handover).await?;
+    let observed = Observed::read(ctx, ns, objects);
+    let resize = resize(ctx, guard, &shard.spec, ns, objects).await?;
+    prune(ctx, owner, objects).await?;
+
+    let step = if templates_changed {
+        None
+    } else {
+        let step = plan_restart(objects, &observed, pods, handover);
+        restart(ctx, guard, ns, &step).await?;
+        Some(step)
+    };
+    let asked = switchover::needed(step.as_ref(), &downs);
+    let changes = switchover::changes(pods, &asked, step.is_some(), Timestamp::now());
+    switchover::request(ctx, guard, ns, &changes).await;
+    Ok(Outcome {
+        observed,
+        tls,
+        resize,
+        step,
+        held,
+        downs,
+    })
+}
+
+/// Observed state of the shard's workloads, read from the caches.
+pub(super) struct Observed {
+    sets: BTreeMap<String, Arc<StatefulSet>>,
+    orchs: BTreeMap<String, Arc<Deployment>>,
+}
+
+impl Observed {
+    fn read(ctx: &Ctx<Guard>, ns: &str, objects: &ShardObjects) -> Self {
+        let get_set = |name: String| {
+            let found = ctx
+                .stores
+                .statefulsets
+                .get(&ObjectRef::new(&name).within(ns));
+            found.map(|s| (name, s))
+        };
+        let get_orch = |name: String| {
+            let found = ctx
+                .stores
+                .deployments
+                .get(&ObjectRef::new(&name).within(ns));
+            found.map(|d| (name, d))
+        };
+        Self {
+            sets: objects
+                .pools
+                .iter()
+                .filter_map(|p| get_set(p.statefulset.name_any()))
+                .collect(),
+            orchs: objects
+                .multiorch
+                .iter()
+                .filter_map(|m| get_orch(m.deployment.name_any()))
+                .collect(),
+        }
+    }
+
+    /// Counts against the replicas the spec asks for, which a pool applied with fewer (a
+    /// held scale-up, or a cache not yet showing the last write) has not reached.
+    pub(super) fn counts(&self, objects: &ShardObjects) -> (Vec<Counts>, Vec<Counts>) {
+        let pools = objects
+            .pools
+            .iter()
+            .map(|p| {
+                let found = self.sets.get(&p.statefulset.name_any());
+                let counts = readiness::statefulset(found.map(|s| &**s));
+                let wanted = p.statefulset.spec.as_ref().and_then(|s| s.replicas);
+                match (found, wanted) {
+                    (Some(_), Some(wanted)) => Counts {
+                        desired: counts.desired.max(wanted),
+                        ..counts
+                    },
+                    _ => counts,
+                }
+            })
+            .collect();
+        let orchs = objects
+            .multiorch
+            .iter()
+            .map(|m| readiness::deployment(self.orchs.get(&m.deployment.name_any()).map(|d| &**d)))
+            .collect();
+        (pools, orchs)
+    }
+}
+
+/// What applying the workloads did.
+struct Applied {
+    /// A pool StatefulSet was written (its pods' revisions are then not comparable until its
+    /// controller catches up).
+    templates_changed: bool,
+    /// Pool scale-ups applied only in part, for volumes still leaving.
+    held: Vec<HeldScaleUp>,
+    /// Pool scale-downs that remove the primary.
+    downs: Vec<ScaleDown>,
+}
+
+/// Applies every workload that changed. `pods` (the shard's pool pods) and `handover` (whether
+/// a switchover can be asked for) decide whether a scale-down waits for the primary.
+async fn apply_workloads(
+    ctx: &Ctx<Guard>,
+    owner: &Owner,
+    objects: &ShardObjects,
+    pods: &[PodView],
+    handover: bool,
+) -> Result<Applied, Error> {
+    let ns = owner.namespace.as_str();
+    let client = &ctx.client;
+    let stores = &ctx.stores;
+    let services = Api::<Service>::namespaced(client.clone(), ns);
+    if let Some(pvc) = objects.backup.clone() {
+        let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
+        // Size, class and access modes of an existing claim change only through the resize
+        // path (or not at all).
+        let keep = |desired: &mut PersistentVolumeClaim, existing: &PersistentVolumeClaim| {
+            if let (Some(spec), Some(current)) = (desired.spec.as_mut(), existing.spec.as_ref()) {
+                spec.resources = current.resources.clone();
+                spec.access_modes = current.access_modes.clone();
+                spec.storage_class_name = current.storage_class_name.clone();
+            }
+        };
+        sync::ensure_with(NAME, &api, &stores.pvcs, pvc, keep).await?;
+    }
+    let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(client.clone(), ns);
+    let sets = Api::<StatefulSet>::namespaced(client.clone(), ns);
+    // Independent objects are applied together: under load each write (a Service's above
+    // all, which allocates a cluster IP) takes a round trip and a watch event to settle, and
+    // one after another they would add up for every shard.
+    let multiorch = objects.multiorch.iter().map(|m| async {
+        futures::try_join!(
+            sync::ensure(NAME, &services, &stores.services, m.service.clone()),
+            sync::ensure(
+                NAME,
+                &deployments,
+                &stores.deployments,
+                m.deployment.clone()
+            ),
+        )
+    });
+    let pools = objects.pools.iter().map(|p| async {
+        let mut set = p.statefulset.clone();
+        let current = stores
+            .statefulsets
+            .get(&ObjectRef::new(&set.name_any()).within(ns));
+        let claim = |name: &str| stores.pvcs.get(&ObjectRef::new(name).within(ns));
+        let held = scale::hold(&mut set, current.as_deref(), claim);
+        let down = scale::hold_down(&mut set, current.as_deref(), pods, handover);
+        let (_, _, set_written) = futures::try_join!(
+            sync::ensure(NAME, &services, &stores.services, p.service.clone()),
+            sync::ensure(NAME, &pdbs, &stores.pdbs, p.pdb.clone()),
+            sync::ensure_with(NAME, &sets, &stores.statefulsets, set, keep_claim_templates),
+        )?;
+        Ok::<_, SyncError>((set_written, held, down))
+    });
+    let (_, pools) = futures::try_join!(
+        futures::future::try_join_all(multiorch),
+        futures::future::try_join_all(pools),
+    )?;
+    let templates_changed = pools.iter().any(|(written, _, _)| *written);
+    let (held, downs) = pools
+        .into_iter()
+        .map(|(_, held, down)| (held, down))
+        .unzip::<_, _, Vec<_>, Vec<_>>();
+    Ok(Applied {
+        templates_changed,
+        held: held.into_iter().flatten().collect(),
+        downs: downs.into_iter().flatten().collect(),
+    })
+}
+
+/// Grows pool and backup volumes to their requested sizes.
+async fn resize(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    spec: &ShardSpec,
+    ns: &str,
+    objects: &ShardObjects,
+) -> Result<ResizeOutcome, Error> {
+    let api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
+    let mut outcome = ResizeOutcome::default();
+    let mut groups = Vec::new();
+    for p in &objects.pools {
+        let pvcs = ctx.stores.pvcs.state_filter(|pvc| {
+            pvc.namespace().as_deref() == Some(ns)
+                && p.selector
+                    .iter()
+                    .all(|(k, v)| pvc.labels().get(k) == Some(v))
+        });
+        groups.push(storage::plan_resize(
+            &p.storage_size,
+            pvcs.iter().map(|p| &**p),
+        ));
+    }
+    if let (Some(pvc), Some(size)) = (&objects.backup, build::backup_size(spec)) {
+        let existing = ctx
+            .stores
+            .pvcs
+            .get(&ObjectRef::new(&pvc.name_any()).within(ns));
+        groups.push(storage::plan_resize(&size, existing.as_deref()));
+    }
+    for plan in groups {
+        outcome.extend(
+            storage::apply_resize(NAME, &api, plan)
+                .await
+                .map_err(Error::Resize)?,
+        );
+    }
+    storage::report(ctx, guard, &outcome).await;
+    Ok(outcome)
+}
+
+/// Deletes workloads the Shard no longer wants (e.g. the multiorch of a cell it stopped
+/// watching).
+async fn prune(ctx: &Ctx<Guard>, owner: &Owner, objects: &ShardObjects) -> Result<(), Error> {
+    let ns = owner.namespace.as_str();
+    let uid = owner.uid();
+    let client = &ctx.client;
+    let pool_names: BTreeSet<String> = objects
+        .pools
+        .iter()
+        .map(|p| p.statefulset.name_any())
+        .collect();
+    let orch_names: BTreeSet<String> = objects
+        .multiorch
+        .iter()
+        .map(|m| m.deployment.name_any())
+        .collect();
+    let service_names: BTreeSet<String> = pool_names.union(&orch_names).cloned().collect();
+    let stores = &ctx.stores;
+    sync::prune(
+        NAME,
+        &Api::<StatefulSet>::namespaced(client.clone(), ns),
+        &owned(&stores.statefulsets, ns, uid),
+        &pool_names,
+    )
+    .await?;
+    sync::prune(
+        NAME,
+        &Api::<PodDisruptionBudget>::namespaced(client.clone(), ns),
+        &owned(&stores.pdbs, ns, uid),
+        &pool_names,
+    )
+    .await?;
+    sync::prune(
+        NAME,
+        &Api::<Deployment>::namespaced(client.clone(), ns),
+        &owned(&stores.deployments, ns, uid),
+        &orch_names,
+    )
+    .await?;
+    sync::prune(
+        NAME,
+        &Api::<Service>::namespaced(client.clone(), ns),
+        &owned(&stores.services, ns, uid),
+        &service_names,
+    )
+    .await?;
+    Ok(())
+}
+
+/// The next step of the ordered restart of the pool pods.
+fn plan_restart(
+    objects: &ShardObjects,
+    observed: &Observed,
+    pods: &[PodView],
+    handover: bool,
+) -> Step {
+    let sets: Vec<_> = objects
+        .pools
+        .iter()
+        .map(|p| match observed.sets.get(&p.statefulset.name_any()) {
+            Some(sts) => rollout::set_view(sts),
+            None => rollout::SetView {
+                name: p.statefulset.name_any(),
+                update_revision: None,
+                observed: false,
+                replicas: 0,
+            },
+        })
+        .collect();
+    rollout::plan(&sets, pods, handover)
+}
+
+/// Carries out a [`Step::Restart`]: deletes the pod (if it is still the one planned) so its
+/// StatefulSet recreates it from the current template.
+async fn restart(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, step: &Step) -> Result<(), Error> {
+    let Step::Restart {
+        pod,
+        uid,
+        primary,
+        outdated,
+        total,
+    } = step
+    else {
+        return Ok(());
+    };
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    crate::sync::count(NAME, "Pod", "delete");
+    match pods.delete(pod, &params).await {
+        Ok(_) => {}
+        // Already gone or replaced: the next reconcile sees the new pod.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
+        Err(source) => {
+            return Err(Error::Restart {
+                pod: pod.to_owned(),
+                source,
+            });
+        }
+    }
+    let which = if *primary {
+        "the primary, last, without a switchover"
+    } else {
+        "a replica"
+    };
+    let note = format!(
+        "restarting pod {pod} ({which}) to apply the new pod template; {outdated} of {total} \
+         pods were outdated"
+    );
+    tracing::info!(%pod, primary, outdated, total, "restarting pool pod");
+    let related = ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: Some(pod.clone()),
+        namespace: Some(ns.to_owned()),
+        uid: Some(uid.clone()),
+        ..Default::default()
+    };
+    ctx.event_about(
+        guard,
+        Some(related),
+        EventType::Normal,
+        "RestartingPod",
+        note,
+    )
+    .await;
+    Ok(())
+}

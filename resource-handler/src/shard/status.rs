@@ -1,0 +1,666 @@
+//! A Shard's status: why its objects cannot be built, or how its workloads, restart,
+//! volumes, TLS and postgresql.conf stand once applied; and when to look again.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use multigres_api::v1alpha1::{Shard, ShardStatus};
+use multigres_common::status_pacer;
+
+use super::apply::Outcome;
+use super::build::{self, ShardObjects};
+use super::rollout::{self, PodView, Step};
+use super::scale::HeldScaleUp;
+use super::{
+    Desired, Error, Guard, NAME, ROLLING_UPDATE, Rejected, labelled_for, pgconfig, switchover,
+};
+use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
+use crate::controller::{Ctx, POLL};
+use crate::readiness::Counts;
+use crate::storage::STORAGE_SYNCED;
+use crate::sync;
+use crate::unready;
+
+/// Writes why the Shard's objects cannot be built, before the error is returned: a problem
+/// only a change can fix makes the phase Degraded, which is news (never deferred). A failed
+/// read of the referenced ConfigMap is transient and writes nothing.
+pub(super) async fn reject(
+    ctx: &Ctx<Guard>,
+    shard: &Shard,
+    ns: &str,
+    rejected: &Rejected,
+) -> Result<(), Error> {
+    let previous = shard
+        .status
+        .as_ref()
+        .and_then(|s| s.postgres_config.as_ref());
+    let (problem, postgres_config) = match rejected {
+        Rejected::Spec(problem) => (problem.clone(), previous.cloned()),
+        Rejected::PostgresConfig(error) if error.is_invalid_spec() => {
+            (error.to_string(), Some(pgconfig::failed(previous, error)))
+        }
+        Rejected::PostgresConfig(_) => return Ok(()),
+    };
+    let report = Report {
+        problem: Some(&problem),
+        ..Report::default()
+    };
+    let mut desired = status(shard, &report, Timestamp::now());
+    desired.postgres_config = postgres_config;
+    let api: Api<Shard> = Api::namespaced(ctx.client.clone(), ns);
+    let stored = shard.status.as_ref();
+    sync::ensure_status(NAME, &api, shard, &desired, stored, &ctx.pacer).await?;
+    Ok(())
+}
+
+/// Writes the status as applying left the shard (`pods` its pool pods as read before), and
+/// says when to look again.
+pub(super) async fn write(
+    ctx: &Ctx<Guard>,
+    shard: &Shard,
+    ns: &str,
+    desired: &Desired,
+    pods: &[PodView],
+    outcome: Outcome,
+) -> Result<Action, Error> {
+    let objects = &desired.objects;
+    let (pools, orchs) = outcome.observed.counts(objects);
+    // The pool pods as this reconcile's writes and restarts left them, read once for the
+    // status.
+    let cached = ctx
+        .stores
+        .pods
+        .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard));
+    let handover = switchover::possible(shard);
+    let report = Report {
+        pools,
+        orchs,
+        pool_pods: current_pool_pods(objects, pods),
+        rollout: outcome.step.clone(),
+        storage: Some(outcome.resize.condition()),
+        pgbackrest_tls: outcome.tls,
+        switchover: switchover::condition(outcome.step.as_ref(), &outcome.downs, handover),
+        held: outcome.held,
+        unready: unready_pool_pods(&cached),
+        problem: None,
+    };
+    let now = Timestamp::now();
+    let mut written = status(shard, &report, now);
+    let previous = shard
+        .status
+        .as_ref()
+        .and_then(|s| s.postgres_config.as_ref());
+    written.postgres_config = Some(pgconfig::progress(
+        previous,
+        &desired.postgres_config.1,
+        objects,
+        cached.iter().map(|p| &**p),
+        now,
+    ));
+    let api: Api<Shard> = Api::namespaced(ctx.client.clone(), ns);
+    let stored = shard.status.as_ref();
+    let deferred = sync::ensure_status(NAME, &api, shard, &written, stored, &ctx.pacer).await?;
+    Ok(status_pacer::action(look_again(&report), deferred))
+}
+
+/// When to look again though no watched object changes (`None`: only on a change).
+fn look_again(report: &Report<'_>) -> Option<Duration> {
+    let tls = report.pgbackrest_tls.as_ref();
+    match report.rollout {
+        // A user's Secret that is missing or incomplete is looked at again (it is not watched).
+        Some(Step::UpToDate { .. }) if tls.is_some_and(|c| !c.is_true()) => {
+            Some(crate::tls::RECHECK)
+        }
+        // A scale-up held for a leaving volume: its deletion is watched, but the shared watch
+        // looks each changed claim up in the cache, and a claim deleted by then is not passed
+        // on (seen in data_safety: the scale-up waited for good). Look again soon.
+        Some(Step::UpToDate { .. }) if !report.held.is_empty() => Some(POLL),
+        Some(Step::UpToDate { .. }) => None,
+        // A restart is under way (or about to be decided once the StatefulSet controller has
+        // caught up): look again soon even if no watched object changes.
+        _ => Some(POLL),
+    }
+}
+
+/// The pool pods among `pods` that are not Ready, each with why (see [`crate::unready`]).
+fn unready_pool_pods(pods: &[Arc<Pod>]) -> Vec<String> {
+    let mut unready: Vec<String> = pods
+        .iter()
+        .filter_map(|pod| Some(format!("{}: {}", pod.name_any(), unready::reason(pod)?)))
+        .collect();
+    unready.sort();
+    unready
+}
+
+/// Names of the shard's current pool pods: those of the pool StatefulSets it wants, not being
+/// deleted.
+fn current_pool_pods(objects: &ShardObjects, pods: &[PodView]) -> BTreeSet<String> {
+    let sets: BTreeSet<String> = objects
+        .pools
+        .iter()
+        .map(|p| p.statefulset.name_any())
+        .collect();
+    pods.iter()
+        .filter(|p| !p.terminating && sets.contains(&p.set))
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+/// What the status is computed from.
+#[derive(Clone, Debug, Default)]
+pub struct Report<'a> {
+    /// Counts of each pool StatefulSet.
+    pub pools: Vec<Counts>,
+    /// Counts of each multiorch Deployment.
+    pub orchs: Vec<Counts>,
+    /// Names of the shard's current pool pods (see [`current_pool_pods`]): the primary named in
+    /// `status.podRoles` must be one of them for the shard to be Available.
+    pub pool_pods: BTreeSet<String>,
+    /// The ordered restart's step (`None` while a new template is being applied).
+    pub rollout: Option<Step>,
+    /// The `StorageSynced` verdict.
+    pub storage: Option<Cond>,
+    /// The pgBackRest TLS verdict (none without backups).
+    pub pgbackrest_tls: Option<Cond>,
+    /// The `Switchover` verdict (none while no primary is about to go).
+    pub switchover: Option<Cond>,
+    /// Pool scale-ups waiting for volumes of scaled-away replicas to go.
+    pub held: Vec<HeldScaleUp>,
+    /// Pool pods that are not Ready, each with why (`<pod>: <reason>`, by name).
+    pub unready: Vec<String>,
+    /// Why the spec cannot be realised.
+    pub problem: Option<&'a str>,
+}
+
+/// Pods listed by name in a condition message, at most; the rest are counted.
+const UNREADY_LISTED: usize = 3;
+
+/// `unready`, the first [`UNREADY_LISTED`] of them spelled out (`None` when empty).
+fn unready_summary(unready: &[String]) -> Option<String> {
+    let (listed, rest) = unready.split_at(unready.len().min(UNREADY_LISTED));
+    let mut summary = listed.join("; ");
+    if !rest.is_empty() {
+        summary = format!("{summary}; and {} more", rest.len());
+    }
+    (!listed.is_empty()).then_some(summary)
+}
+
+/// The `RollingUpdate` condition for the restart's step.
+fn rolling_condition(step: Option<&Step>) -> Cond {
+    match step {
+        None => Cond::new(
+            ROLLING_UPDATE,
+            TRUE,
+            "TemplateChanged",
+            "a new pod template was applied; waiting for the StatefulSet controller",
+        ),
+        Some(Step::UpToDate { pods }) => Cond::new(
+            ROLLING_UPDATE,
+            FALSE,
+            "UpToDate",
+            format!("all {pods} pool pods run the current pod template"),
+        ),
+        Some(Step::Restart {
+            pod,
+            primary,
+            outdated,
+            total,
+            ..
+        }) => Cond::new(
+            ROLLING_UPDATE,
+            TRUE,
+            "Restarting",
+            format!(
+                "restarting {}; {} of {total} pods updated",
+                if *primary {
+                    format!("the primary {pod} without a switchover")
+                } else {
+                    format!("replica {pod}")
+                },
+                total - outdated
+            ),
+        ),
+        Some(Step::Wait {
+            wait,
+            outdated,
+            total,
+        }) => Cond::new(
+            ROLLING_UPDATE,
+            TRUE,
+            wait.reason(),
+            format!(
+                "{}; {} of {total} pods updated",
+                wait.message(),
+                total.saturating_sub(*outdated)
+            ),
+        ),
+    }
+}
+
+/// The current pool pod (one of `pods`) that `status.podRoles` names as the primary, or why
+/// none is known. The roles are the data-handler's, read from the pooler records multipoolers
+/// write to the topology: the only sign that multiorch has elected a primary, without which
+/// the gateways answer no query (`no writable primary is currently available`).
+fn known_primary<'s>(shard: &'s Shard, pods: &BTreeSet<String>) -> Result<&'s str, String> {
+    let named: Vec<&str> = shard
+        .status
+        .iter()
+        .flat_map(|s| &s.pod_roles)
+        .filter(|(_, role)| rollout::Role::parse(role) == rollout::Role::Primary)
+        .map(|(pod, _)| pod.as_str())
+        .collect();
+    if let Some(pod) = named.iter().find(|pod| pods.contains(**pod)) {
+        return Ok(pod);
+    }
+    Err(if named.is_empty() {
+        "no primary yet: multiorch elects one once PostgreSQL runs in the pool pods; roles \
+         come from the topology (data-handler)"
+            .to_owned()
+    } else {
+        format!(
+            "no primary among the pool pods: the roles name {} as primary, not a current pool \
+             pod; multiorch elects a new one, and the data-handler publishes it from the \
+             topology",
+            named.join(", ")
+        )
+    })
+}
+
+/// The status fields and conditions this handler owns on a Shard.
+///
+/// `Available` means the shard serves SQL: every pool pod and every cell's multiorch is
+/// Ready, and a current pool pod is the primary (see [`known_primary`]). With everything
+/// Ready but no primary known, `Available` is False with reason `NoPrimary` and the phase
+/// stays Progressing: multiorch elects one within seconds of PostgreSQL running.
+pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus {
+    let pool_ready: i32 = report.pools.iter().map(|c| c.ready).sum();
+    let pool_desired: i32 = report.pools.iter().map(|c| c.desired).sum();
+    let pools_ready = !report.pools.is_empty() && report.pools.iter().all(Counts::all_ready);
+    let orchs_ready = report.orchs.iter().filter(|c| c.all_ready()).count();
+    let orch_ready = !report.orchs.is_empty() && orchs_ready == report.orchs.len();
+    let mut message = format!(
+        "pool pods {pool_ready}/{pool_desired} ready; multiorch ready in {orchs_ready}/{} cells",
+        report.orchs.len()
+    );
+    let available = if pools_ready && orch_ready {
+        match known_primary(shard, &report.pool_pods) {
+            Ok(primary) => {
+                message = format!("{message}; primary {primary}");
+                Cond::new(AVAILABLE, TRUE, "AllReady", message.clone())
+            }
+            Err(none) => {
+                message = format!("{message}; {none}");
+                Cond::new(AVAILABLE, FALSE, "NoPrimary", message.clone())
+            }
+        }
+    } else if !report.held.is_empty() {
+        let held: Vec<String> = report.held.iter().map(HeldScaleUp::message).collect();
+        let message = format!("{message}; {}", held.join("; "));
+        Cond::new(AVAILABLE, FALSE, "WaitingForVolumeDeletion", message)
+    } else {
+        let message = match unready_summary(&report.unready) {
+            Some(listed) => format!("{message}; not ready: {listed}"),
+            None => message.clone(),
+        };
+        Cond::new(AVAILABLE, FALSE, "NotReady", message)
+    };
+    let rolling = rolling_condition(report.rollout.as_ref());
+    let handing_over = report.switchover.as_ref().is_some_and(Cond::is_true);
+    let healthy = available.is_true() && !rolling.is_true() && !handing_over;
+    let mut desired = vec![available, rolling];
+    desired.extend(report.storage.clone());
+    desired.extend(report.pgbackrest_tls.clone());
+    desired.extend(report.switchover.clone());
+    let observed = shard
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let generation = shard.metadata.generation;
+    let mut conditions = merge(observed, &desired, generation, now);
+    if report.storage.is_none() {
+        conditions.extend(
+            observed
+                .iter()
+                .filter(|c| c.type_ == STORAGE_SYNCED)
+                .cloned(),
+        );
+    }
+    ShardStatus {
+        observed_generation: generation,
+        conditions,
+        phase: Some(phase(healthy, report.problem)),
+        message: Some(report.problem.map_or(message, str::to_owned)),
+        cells: build::pool_cells(&shard.spec),
+        orch_ready: Some(orch_ready),
+        pools_ready: Some(pools_ready),
+        ready_replicas: Some(pool_ready),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use multigres_api::v1alpha1::Phase;
+
+    use super::*;
+    use crate::shard::scale::{self, ScaleDown};
+    use rollout::Wait;
+
+    fn shard() -> Shard {
+        serde_yaml::from_str(include_str!("../../fixtures/shard.yaml")).unwrap()
+    }
+
+    fn counts(desired: i32, ready: i32) -> Counts {
+        Counts {
+            desired,
+            ready,
+            observed: true,
+        }
+    }
+
+    /// Pool pods `<set>-0` .. `<set>-<n-1>` of pool `main` in zone-a.
+    fn pods(n: usize) -> BTreeSet<String> {
+        (0..n)
+            .map(|i| format!("prod-postgres-default-0-inf-pool-main-zone-a-{i}"))
+            .collect()
+    }
+
+    /// `shard` with `status.podRoles` as the data-handler writes them.
+    fn with_roles(mut shard: Shard, roles: &[(&str, &str)]) -> Shard {
+        let status = shard.status.get_or_insert_with(ShardStatus::default);
+        status.pod_roles = roles
+            .iter()
+            .map(|(pod, role)| {
+                (
+                    format!("prod-postgres-default-0-inf-pool-main-{pod}"),
+                    (*role).to_owned(),
+                )
+            })
+            .collect();
+        shard
+    }
+
+    fn available_of(st: &ShardStatus) -> &Condition {
+        st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap()
+    }
+
+    #[test]
+    fn pods_holding_the_shard_back_are_named_with_why() {
+        let unready: Vec<String> = (0..5)
+            .map(|i| format!("pool-main-z1-{i}: unschedulable: 0/3 nodes are available"))
+            .collect();
+        let report = Report {
+            pools: vec![counts(5, 0)],
+            orchs: vec![counts(1, 1)],
+            unready: unready[..1].to_vec(),
+            ..Report::default()
+        };
+        let st = status(&shard(), &report, Timestamp::from_second(1).unwrap());
+        let available = available_of(&st);
+        assert_eq!(
+            (available.reason.as_str(), available.message.as_str()),
+            (
+                "NotReady",
+                "pool pods 0/5 ready; multiorch ready in 1/1 cells; not ready: pool-main-z1-0: \
+                 unschedulable: 0/3 nodes are available"
+            )
+        );
+        let many = Report { unready, ..report };
+        let st = status(&shard(), &many, Timestamp::from_second(1).unwrap());
+        let available = available_of(&st);
+        assert!(available.message.contains("pool-main-z1-2: unschedulable"));
+        assert!(!available.message.contains("pool-main-z1-3"));
+        assert!(
+            available.message.ends_with("; and 2 more"),
+            "{}",
+            available.message
+        );
+    }
+
+    #[test]
+    fn status_climbs_to_available_once_pools_and_multiorch_are_ready_and_a_primary_is_known() {
+        let now = Timestamp::from_second(9).unwrap();
+        let s = shard();
+        let mut report = Report {
+            pools: vec![counts(2, 2), counts(2, 1)],
+            orchs: vec![counts(1, 1), counts(1, 0)],
+            pool_pods: pods(3),
+            rollout: Some(Step::UpToDate { pods: 3 }),
+            storage: None,
+            pgbackrest_tls: None,
+            switchover: None,
+            held: Vec::new(),
+            unready: Vec::new(),
+            problem: None,
+        };
+        let st = status(&s, &report, now);
+        let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();
+        assert_eq!(available.status, FALSE);
+        assert_eq!(
+            available.message,
+            "pool pods 3/4 ready; multiorch ready in 1/2 cells"
+        );
+        assert_eq!(st.ready_replicas, Some(3));
+        assert_eq!((st.pools_ready, st.orch_ready), (Some(false), Some(false)));
+        assert_eq!(st.phase, Some(Phase::Progressing));
+        assert_eq!(st.cells.len(), 2);
+        assert_eq!(st.observed_generation, Some(3));
+
+        // Everything Ready, but multiorch has not elected a primary yet.
+        report.pools = vec![counts(2, 2), counts(2, 2)];
+        report.orchs = vec![counts(1, 1), counts(1, 1)];
+        report.pool_pods = pods(2);
+        let st = status(&s, &report, now);
+        let c = available_of(&st);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                FALSE,
+                "NoPrimary",
+                "pool pods 4/4 ready; multiorch ready in 2/2 cells; no primary yet: multiorch \
+                 elects one once PostgreSQL runs in the pool pods; roles come from the topology \
+                 (data-handler)"
+            )
+        );
+        assert_eq!((st.pools_ready, st.orch_ready), (Some(true), Some(true)));
+        assert_eq!(st.phase, Some(Phase::Progressing), "waiting, not degraded");
+        assert_eq!(st.message.as_deref(), Some(c.message.as_str()));
+
+        // Replicas alone are no primary either.
+        let replicas = with_roles(
+            s.clone(),
+            &[("zone-a-0", "REPLICA"), ("zone-a-1", "REPLICA")],
+        );
+        assert_eq!(
+            available_of(&status(&replicas, &report, now)).reason,
+            "NoPrimary"
+        );
+
+        // The data-handler publishes the primary it read from the topology.
+        let elected = with_roles(
+            s.clone(),
+            &[("zone-a-0", "REPLICA"), ("zone-a-1", "PRIMARY")],
+        );
+        let st = status(&elected, &report, now);
+        let c = available_of(&st);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                TRUE,
+                "AllReady",
+                "pool pods 4/4 ready; multiorch ready in 2/2 cells; primary \
+                 prod-postgres-default-0-inf-pool-main-zone-a-1"
+            )
+        );
+        assert_eq!(st.phase, Some(Phase::Healthy));
+        let written = serde_json::to_value(&st).unwrap();
+        assert!(
+            written.get("podRoles").is_none(),
+            "roles belong to the data-handler: this handler's apply must not claim them: \
+             {written}"
+        );
+
+        // A primary that is no current pool pod (scaled away, or its pool removed) is none.
+        report.pool_pods = pods(1);
+        let st = status(&elected, &report, now);
+        let c = available_of(&st);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), (FALSE, "NoPrimary"));
+        assert!(
+            c.message.contains(
+                "the roles name prod-postgres-default-0-inf-pool-main-zone-a-1 as primary, not a \
+                 current pool pod"
+            ),
+            "{}",
+            c.message
+        );
+        assert_eq!(st.phase, Some(Phase::Progressing));
+    }
+
+    #[test]
+    fn a_held_scale_up_says_which_volume_it_waits_for() {
+        let held = HeldScaleUp {
+            statefulset: "pool-main-z1".into(),
+            replicas: 2,
+            wanted: 3,
+            claim: "data-pool-main-z1-2".into(),
+        };
+        let report = Report {
+            pools: vec![counts(3, 2)],
+            orchs: vec![counts(1, 1)],
+            held: vec![held],
+            ..Report::default()
+        };
+        let st = status(&shard(), &report, Timestamp::from_second(1).unwrap());
+        let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();
+        assert_eq!(
+            (available.status.as_str(), available.reason.as_str()),
+            (FALSE, "WaitingForVolumeDeletion")
+        );
+        assert_eq!(
+            available.message,
+            "pool pods 2/3 ready; multiorch ready in 1/1 cells; pool-main-z1 stays at 2 of 3 \
+             replicas until PersistentVolumeClaim data-pool-main-z1-2 of a scaled-away replica \
+             is deleted (whenScaled: Delete)"
+        );
+        assert_eq!(st.phase, Some(Phase::Progressing));
+    }
+
+    #[test]
+    fn rolling_update_condition_reports_progress_and_waits() {
+        let restart = rolling_condition(Some(&Step::Restart {
+            pod: "p-1".into(),
+            uid: "u".into(),
+            primary: false,
+            outdated: 3,
+            total: 4,
+        }));
+        assert_eq!((restart.status, restart.reason), (TRUE, "Restarting"));
+        assert_eq!(
+            restart.message,
+            "restarting replica p-1; 1 of 4 pods updated"
+        );
+        let wait = rolling_condition(Some(&Step::Wait {
+            wait: Wait::RolesUnknown,
+            outdated: 4,
+            total: 4,
+        }));
+        assert_eq!(wait.reason, "WaitingForRoles");
+        assert!(wait.message.contains("no pod is known to be the primary"));
+        let primary = rolling_condition(Some(&Step::Restart {
+            pod: "p-0".into(),
+            uid: "u".into(),
+            primary: true,
+            outdated: 1,
+            total: 4,
+        }));
+        assert_eq!(
+            primary.message,
+            "restarting the primary p-0 without a switchover; 3 of 4 pods updated"
+        );
+        let handover = rolling_condition(Some(&Step::Wait {
+            wait: Wait::Switchover("p-0".into()),
+            outdated: 1,
+            total: 4,
+        }));
+        assert_eq!(
+            (handover.reason, handover.message.as_str()),
+            (
+                "WaitingForSwitchover",
+                "waiting for the primary p-0 to hand over to a replica before its restart; 3 \
+                 of 4 pods updated"
+            )
+        );
+        let done = rolling_condition(Some(&Step::UpToDate { pods: 4 }));
+        assert_eq!((done.status, done.reason), (FALSE, "UpToDate"));
+        let rolling = status(
+            &shard(),
+            &Report {
+                pools: vec![counts(2, 2)],
+                orchs: vec![counts(1, 1)],
+                rollout: Some(Step::Wait {
+                    wait: Wait::RolesUnknown,
+                    outdated: 2,
+                    total: 2,
+                }),
+                ..Report::default()
+            },
+            Timestamp::from_second(1).unwrap(),
+        );
+        assert_eq!(
+            rolling.phase,
+            Some(Phase::Progressing),
+            "a rollout is progress"
+        );
+    }
+
+    #[test]
+    fn a_scale_down_waiting_for_a_switchover_is_progress() {
+        let down = ScaleDown {
+            statefulset: "pool-main-z1".into(),
+            from: 3,
+            replicas: 3,
+            wanted: 2,
+            primary: "pool-main-z1-2".into(),
+            handover: scale::Handover::Requested,
+        };
+        let report = Report {
+            pools: vec![counts(3, 3)],
+            orchs: vec![counts(1, 1)],
+            pool_pods: pods(3),
+            rollout: Some(Step::UpToDate { pods: 3 }),
+            switchover: switchover::condition(None, &[down], true),
+            ..Report::default()
+        };
+        let s = with_roles(shard(), &[("zone-a-2", "PRIMARY")]);
+        let st = status(&s, &report, Timestamp::from_second(1).unwrap());
+        let c = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == switchover::SWITCHOVER)
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (TRUE, "WaitingForSwitchover")
+        );
+        assert!(c.message.contains("pool-main-z1-2"));
+        assert_eq!(st.phase, Some(Phase::Progressing));
+        let idle = Report {
+            switchover: None,
+            ..report
+        };
+        let st = status(&s, &idle, Timestamp::from_second(2).unwrap());
+        assert_eq!(st.phase, Some(Phase::Healthy));
+        assert!(
+            st.conditions
+                .iter()
+                .all(|c| c.type_ != switchover::SWITCHOVER)
+        );
+    }
+}
