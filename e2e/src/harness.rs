@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::Shard;
@@ -401,6 +402,20 @@ pub async fn pool_pods(
         (name, (p.metadata.uid.unwrap_or_default(), ready))
     })
     .collect()
+}
+
+/// Lets the fake volumes of the kwok tier grow: volume expansion needs a StorageClass that
+/// allows it, and kwok's own accepts the flag.
+pub async fn allow_volume_expansion(client: &Client) {
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    classes
+        .patch(
+            "kwok-volume",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"allowVolumeExpansion": true})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("allowing volume expansion on kwok-volume: {e}"));
 }
 
 /// The field manager tests write `Shard.status.podRoles` with, standing in for the

@@ -30,11 +30,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
-use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchParams,
-};
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, WatchParams};
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TableGroup};
 use multigres_e2e::cluster::LocalCluster;
@@ -44,7 +41,7 @@ use multigres_e2e::process::Supervised;
 use multigres_proto::operator::v1::handler_info_client::HandlerInfoClient;
 use multigres_proto::operator::v1::{GetInfoRequest, GetInfoResponse, LeaderState};
 use serde::Deserialize as _;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::Channel;
@@ -1190,16 +1187,7 @@ async fn the_chart_rbac_lets_the_handlers_grow_scale_down_restart_and_delete() {
     let client = release.cluster.client().unwrap();
     let namespace = fresh_namespace(release.cluster, "chart-day2").await;
     let controllers = start_controllers(release).await;
-    // Volume expansion needs a StorageClass that allows it (the fake one accepts the flag).
-    let classes: Api<StorageClass> = Api::all(client.clone());
-    classes
-        .patch(
-            "kwok-volume",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"allowVolumeExpansion": true})),
-        )
-        .await
-        .unwrap();
+    harness::allow_volume_expansion(&client).await;
     let set = "day2-postgres-default-0-inf-pool-main-zone-a";
     let volume = |ordinal: u8| format!("data-{set}-{ordinal}");
 

@@ -18,7 +18,6 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -938,16 +937,7 @@ async fn pool_volumes_are_kept_or_removed_as_the_policy_says_and_grow_but_never_
     let handler = start_handler(cluster, &ns).await;
     let client = cluster.client().unwrap();
     let image = "ghcr.io/multigres/multigres:sha-66d2310";
-    // Volume expansion needs a StorageClass that allows it (the fake one accepts the flag).
-    let classes: Api<StorageClass> = Api::all(client.clone());
-    classes
-        .patch(
-            "kwok-volume",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"allowVolumeExpansion": true})),
-        )
-        .await
-        .unwrap();
+    multigres_e2e::harness::allow_volume_expansion(&client).await;
     let keep = "{whenDeleted: Retain, whenScaled: Delete}";
     let drop_all = "{whenDeleted: Delete, whenScaled: Retain}";
     apply_yaml(&client, &ns, &shard("keep", &ns, 3, image, keep, "1Gi")).await;
