@@ -2,6 +2,7 @@
 //! grpc.health.v1, HandlerInfo and /metrics, exits 0 on SIGTERM, refuses to start without a
 //! usable kubeconfig; two controller replicas elect one leader through a Lease, the standby
 //! takes over when the leader is killed, and a replica stopping with SIGTERM releases the Lease.
+//! Their Kubernetes client speaks HTTP/2 to the API server, one connection for every request.
 //!
 //! The binaries are built on first use (`cargo build` of the four packages, same profile and
 //! target directory as this test), so the test never runs stale executables.
@@ -379,4 +380,21 @@ async fn a_leader_whose_lease_is_taken_stops_and_exits_with_an_error() {
         .spec
         .unwrap_or_default();
     assert_eq!(spec.holder_identity.as_deref(), Some("intruder"));
+}
+
+#[tokio::test]
+async fn the_handlers_client_speaks_http2_to_the_api_server() {
+    let cluster = cluster().await;
+    let config = multigres_common::client::load_config(Some(cluster.kubeconfig()))
+        .await
+        .unwrap();
+    let client = multigres_common::client::counting_client(config).unwrap();
+    for path in ["/version", "/api/v1/namespaces/default"] {
+        let request = http::Request::get(path)
+            .body(kube::client::Body::empty())
+            .unwrap();
+        let response = client.send(request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::OK, "{path}");
+        assert_eq!(response.version(), http::Version::HTTP_2, "{path}");
+    }
 }
