@@ -12,12 +12,12 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
 use kube::{Api, Client};
 use rand::Rng;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::apply::post_params;
 use crate::shutdown::Shutdown;
 use crate::state::{HandlerState, LeaderState, LeaseInfo};
 use crate::telemetry::ErrorChain;
@@ -37,6 +37,8 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
     /// Interval between attempts.
     pub retry_period: Duration,
+    /// The field manager of this binary's writes, so the Lease's writers are named too.
+    pub field_manager: String,
 }
 
 /// Why a leader stopped leading before it was asked to.
@@ -180,7 +182,11 @@ impl LeaderElector {
                     ..LeaseSpec::default()
                 }),
             };
-            return match self.api.create(&PostParams::default(), &lease).await {
+            return match self
+                .api
+                .create(&post_params(&self.config.field_manager), &lease)
+                .await
+            {
                 Ok(created) => {
                     self.observe(&created, now);
                     Ok(Attempt::Held)
@@ -217,7 +223,11 @@ impl LeaderElector {
         };
         match self
             .api
-            .replace(&self.config.name, &PostParams::default(), &updated)
+            .replace(
+                &self.config.name,
+                &post_params(&self.config.field_manager),
+                &updated,
+            )
             .await
         {
             Ok(stored) => {
@@ -263,7 +273,11 @@ impl LeaderElector {
             spec: Some(spec),
         };
         self.api
-            .replace(&self.config.name, &PostParams::default(), &released)
+            .replace(
+                &self.config.name,
+                &post_params(&self.config.field_manager),
+                &released,
+            )
             .await
             .map(drop)
     }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use kube::Client;
 use tokio::sync::watch;
 
+use crate::apply::FIELD_MANAGER_PREFIX;
 use crate::cli::{CommonArgs, HandlerSpec, LeaderElectionArgs};
 use crate::client::ClientError;
 use crate::leader::{LeaderElector, LeaderError, LeaseConfig};
@@ -213,6 +214,7 @@ impl HandlerRuntime {
             lease_duration: args.leader_election_lease_duration,
             renew_deadline: args.leader_election_renew_deadline,
             retry_period: args.leader_election_retry_period,
+            field_manager: format!("{FIELD_MANAGER_PREFIX}{}", self.spec.name),
         };
         let (leading_tx, mut leading) = watch::channel(false);
         let elector_stop = Shutdown::new();
