@@ -162,7 +162,7 @@ pub struct Context {
     pub connections: Arc<Connections>,
     /// The write path.
     pub writer: Writer,
-    /// Events on Shards about reloads.
+    /// Events on Shards and their pods: roles, reloads, backups and switchovers.
     pub recorder: Recorder,
     /// Why each pod's reload is waiting, as last reported, so a waiting reload is announced
     /// once, not on every retry.
