@@ -459,34 +459,6 @@ mod tests {
     }
 
     #[test]
-    fn member_count_changes_are_refused() {
-        let owner = Owner::of(&topo()).unwrap();
-        let t = topo();
-        let pull = PullSettings::new(None, &[]);
-        let input = TopoInput {
-            owner: &owner,
-            scope: Scope::Global,
-            spec: &t.spec,
-            pull: &pull,
-        };
-        let three = build::build(&input).unwrap().statefulset;
-        let mut five_spec = t.spec.clone();
-        five_spec.etcd.as_mut().unwrap().replicas = Some(5);
-        let five = build::build(&TopoInput {
-            spec: &five_spec,
-            ..input
-        })
-        .unwrap()
-        .statefulset;
-        assert!(replicas_changed(&three, &three).is_none());
-        assert!(
-            replicas_changed(&three, &five)
-                .unwrap()
-                .contains("from 3 to 5")
-        );
-    }
-
-    #[test]
     fn the_build_is_refused_when_it_would_change_the_member_count() {
         let owner = Owner::of(&topo()).unwrap();
         let t = topo();
