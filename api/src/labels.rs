@@ -18,6 +18,15 @@ pub const SHARD: &str = "multigres.com/shard";
 pub const POOL: &str = "multigres.com/pool";
 /// Role of a pool pod (`primary` / `replica`), published by the data-handler from the topology.
 pub const ROLE: &str = "multigres.com/role";
+/// Whether a pool pod is a healthy member of its shard's consensus cohort (`member`: in the
+/// cohort, and the primary or streaming from it; `outside` otherwise), published by the
+/// data-handler. A recreated pod has none until it is read again, so a restart or scale-down
+/// gated on it waits for the new pod.
+pub const COHORT: &str = "multigres.com/cohort";
+/// [`COHORT`] value of a healthy member.
+pub const COHORT_MEMBER: &str = "member";
+/// [`COHORT`] value of any other pod.
+pub const COHORT_OUTSIDE: &str = "outside";
 /// Annotation by which the resource-handler asks for a primary pool pod to hand over before it
 /// removes or restarts the pod on purpose; the value (RFC 3339 time) identifies the request.
 pub const SWITCHOVER_REQUESTED: &str = "multigres.com/switchover-requested";

@@ -24,9 +24,15 @@ pub const CELL_GATEWAY_REPLICAS: &str = "multigres_operator_cell_gateway_replica
 pub const SHARD_POOL_REPLICAS: &str = "multigres_operator_shard_pool_replicas";
 /// Replicas of a topology server (`name`, `namespace`, `state`).
 pub const TOPOSERVER_REPLICAS: &str = "multigres_operator_toposerver_replicas";
+/// A shard's consensus cohort (`shard`, `namespace`, `state` = `members`, `healthy`,
+/// `required`, `pods`).
+pub const SHARD_COHORT_MEMBERS: &str = "multigres_operator_shard_cohort_members";
+/// How far a pool pod's replay is behind its primary (`shard`, `namespace`, `pod`), in whole
+/// MiB as the Shard status publishes it (0 below 1 MiB).
+pub const SHARD_REPLICATION_LAG_BYTES: &str = "multigres_operator_shard_replication_lag_bytes";
 
 /// Every family, with its HELP text, in the order rendered.
-pub const FAMILIES: [(&str, &str); 6] = [
+pub const FAMILIES: [(&str, &str); 8] = [
     (
         CLUSTER_INFO,
         "MultigresCluster phase: 1 for the cluster's current phase.",
@@ -45,7 +51,28 @@ pub const FAMILIES: [(&str, &str); 6] = [
         TOPOSERVER_REPLICAS,
         "etcd replicas of a TopoServer, desired and ready.",
     ),
+    (
+        SHARD_COHORT_MEMBERS,
+        "Consensus cohort of a Shard: members, healthy members (the primary and standbys streaming from it), members a commit needs, and pool pods.",
+    ),
+    (
+        SHARD_REPLICATION_LAG_BYTES,
+        "How far a pool pod's replay is behind the primary, in whole MiB (0 below 1 MiB).",
+    ),
 ];
+
+/// A shard's cohort counts, as its status publishes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cohort {
+    /// Members of the current rule, with or without a pod.
+    pub members: i64,
+    /// Members that are the primary or stream from it.
+    pub healthy: i64,
+    /// Members (or cells) a commit needs.
+    pub required: i64,
+    /// Pool pods of the shard.
+    pub pods: i64,
+}
 
 /// Desired and ready replica counts, as reported in status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -147,6 +174,38 @@ impl StatusGauges {
             ("namespace", namespace.to_owned()),
         ];
         self.add(SHARD_POOL_REPLICAS, replica_series(&labels, replicas));
+    }
+
+    /// A Shard's cohort counts, and each pool pod's replication lag (`lag`: pod, bytes).
+    pub fn set_shard_cohort(
+        &mut self,
+        namespace: &str,
+        shard: &str,
+        cohort: Cohort,
+        lag: impl IntoIterator<Item = (String, i64)>,
+    ) {
+        let labels = vec![
+            ("shard", shard.to_owned()),
+            ("namespace", namespace.to_owned()),
+        ];
+        let counts = [
+            ("members", cohort.members),
+            ("healthy", cohort.healthy),
+            ("required", cohort.required),
+            ("pods", cohort.pods),
+        ]
+        .map(|(state, value)| {
+            let mut labels = labels.clone();
+            labels.push(("state", state.to_owned()));
+            (labels, value as f64)
+        });
+        self.add(SHARD_COHORT_MEMBERS, counts);
+        let lag = lag.into_iter().map(|(pod, bytes)| {
+            let mut labels = labels.clone();
+            labels.push(("pod", pod));
+            (labels, bytes as f64)
+        });
+        self.add(SHARD_REPLICATION_LAG_BYTES, lag);
     }
 
     /// A TopoServer's replicas.
@@ -252,6 +311,28 @@ mod tests {
             assert!(text.contains(expected), "{expected} missing in:\n{text}");
         }
         assert_eq!(text.matches("# TYPE").count(), 3, "{text}");
+    }
+
+    #[test]
+    fn a_shard_cohort_renders_its_counts_and_each_pods_lag() {
+        let mut gauges = StatusGauges::default();
+        let cohort = Cohort {
+            members: 3,
+            healthy: 2,
+            required: 2,
+            pods: 3,
+        };
+        gauges.set_shard_cohort("db", "s", cohort, [("s-1".to_owned(), 3 << 20)]);
+        let text = gauges.render();
+        for expected in [
+            r#"multigres_operator_shard_cohort_members{shard="s",namespace="db",state="members"} 3"#,
+            r#"multigres_operator_shard_cohort_members{shard="s",namespace="db",state="healthy"} 2"#,
+            r#"multigres_operator_shard_cohort_members{shard="s",namespace="db",state="required"} 2"#,
+            r#"multigres_operator_shard_cohort_members{shard="s",namespace="db",state="pods"} 3"#,
+            r#"multigres_operator_shard_replication_lag_bytes{shard="s",namespace="db",pod="s-1"} 3145728"#,
+        ] {
+            assert!(text.contains(expected), "{expected} missing in:\n{text}");
+        }
     }
 
     #[test]

@@ -299,6 +299,10 @@ fn shard_controller(
         settings: base.settings.clone(),
     });
     let shards = &watches.shards;
+    let published = shards.store();
+    multigres_common::status_metrics::register(move |g| {
+        shard::consensus::collect(g, &published);
+    });
     Controller::for_shared_stream(shards.changes(), shards.store())
         .watches_shared_stream(watches.clusters.changes(), children_of(&shards.store()))
         .watches_shared_stream(

@@ -14,7 +14,12 @@
 //! `status.lastBackupTime`, `status.lastBackupType` and the condition `BackupHealthy`, from the
 //! primary's multipooler, at most once a minute.
 //!
-//! Its status fields (`podRoles` and the backup ones) are written together, by a server-side
+//! It also publishes the shard's consensus cohort (see [`consensus`]): `status.cohort`, the
+//! conditions `CohortHealthy` and `FailureTolerant`, and the pod label `multigres.com/cohort`,
+//! read from each pool pod's multipooler; every [`consensus::POLL`] while the cohort is not
+//! healthy, since restarts and scale-downs wait for it.
+//!
+//! Its status fields (`podRoles`, the cohort and the backup ones) are written together, by a server-side
 //! apply with the data-handler's field manager: an apply drops the manager's fields it leaves
 //! out.
 //!
@@ -22,10 +27,11 @@
 //! Nothing is written when the published roles, labels and stamps already match.
 //!
 //! The work is done in steps that return what they found: [`cohort`] (the pooler records),
-//! [`crate::roles`] and [`marks`] (the roles and the pods' marks), [`crate::backup_health`],
+//! [`consensus`] (the multipoolers' view of the consensus cohort), [`crate::roles`] and [`marks`] (the roles and the pods' marks), [`crate::backup_health`],
 //! [`reloads`] and [`crate::switchover`]; only this module writes (status, pods, events).
 
 pub mod cohort;
+pub mod consensus;
 pub mod marks;
 pub mod reloads;
 
@@ -34,6 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -49,7 +56,7 @@ use serde_json::json;
 
 use crate::Settings;
 use crate::backup_health::{self, Published};
-use crate::conditions::Notice;
+use crate::conditions::{self, Notice};
 use crate::reload::{self, DesiredError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::switchover;
@@ -259,10 +266,29 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         .unwrap_or_default();
     let key = shard_key(shard);
     let published = roles::roles(key, &pool_pods, poolers, &previous);
-    // Roles and backup health go out in one apply: a new primary also triggers a backup check.
+    let stored_cohort = consensus::Published::of(shard.status.as_ref());
+    let cohort_next = match consensus::read(shard, key, &pool_pods, poolers).await {
+        Some(answers) => consensus::next(
+            &stored_cohort,
+            &answers,
+            Timestamp::now(),
+            shard.metadata.generation,
+        ),
+        None => stored_cohort.clone(),
+    };
+    // Roles, cohort and backup health go out in one apply: a new primary also triggers a
+    // backup check.
     let checked = backup_health::run(&ctx.backup_checks, shard, key, &pool_pods, poolers).await;
-    write_status(ctx, shard, &previous, &published, checked.as_ref()).await?;
+    let statuses = Statuses {
+        roles: (&previous, &published),
+        cohort: (&stored_cohort, &cohort_next),
+        backups: checked.as_ref(),
+    };
+    write_status(ctx, shard, &statuses).await?;
     let reference = shard.object_ref(&());
+    for notice in conditions::transitions(&stored_cohort.conditions, &cohort_next.conditions) {
+        publish(ctx, &reference, &notice, "Cohort", None).await;
+    }
     if let Some((pod, notice)) = roles::primary_change(&previous, &published) {
         // The pod as the related object: events about different pods form their own series,
         // so a repeated reason never shows an earlier pod's message.
@@ -278,7 +304,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         waits: &ctx.reload_waits,
     };
     let delivery = reloads::deliver(&lent, shard, key, &pods, poolers).await;
-    let stamped = write_marks(ctx, &pods, &published, &delivery.stamps).await?;
+    let stamped = write_marks(ctx, &pods, &published, &cohort_next, &delivery.stamps).await?;
     let lent = switchover::Context {
         switchovers: &ctx.switchovers,
         pods: &ctx.pods,
@@ -286,7 +312,12 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let handover = switchover::run(&lent, shard, key, &pods, poolers).await;
     let unrecorded = write_answers(ctx, &namespace, &reference, handover.answers).await;
     publish_reloads(ctx, &namespace, &reference, stamped, delivery.notices).await;
-    let period = period(&ctx.settings, shard, delivery.retry, handover.pending);
+    let pending = Pending {
+        reload: delivery.retry,
+        switchover: handover.pending,
+        cohort: !cohort_next.healthy(),
+    };
+    let period = period(&ctx.settings, shard, pending);
     match (cohort.failure.map(Error::from))
         .or(delivery.error.map(Error::from))
         .or(unrecorded)
@@ -337,21 +368,28 @@ fn pool_pod(pod: &Pod) -> PoolPod {
     }
 }
 
-/// Applies the status fields of this handler when the roles (`previous` → `published`) or the
-/// backup health (`checked`) changed them. A failed apply forgets the backup check.
-async fn write_status(
-    ctx: &Context,
-    shard: &Shard,
-    previous: &BTreeMap<String, String>,
-    published: &BTreeMap<String, String>,
-    checked: Option<&backup_health::Outcome>,
-) -> Result<(), Error> {
+/// What this handler publishes in a Shard's status, as stored and as found now.
+struct Statuses<'a> {
+    /// Pod roles: stored, published now.
+    roles: (&'a BTreeMap<String, String>, &'a BTreeMap<String, String>),
+    /// The cohort and its conditions: stored, published now.
+    cohort: (&'a consensus::Published, &'a consensus::Published),
+    /// The backup check made now, if any.
+    backups: Option<&'a backup_health::Outcome>,
+}
+
+/// Applies the status fields of this handler when the roles, the cohort or the backup health
+/// changed them. A failed apply forgets the backup check.
+async fn write_status(ctx: &Context, shard: &Shard, statuses: &Statuses<'_>) -> Result<(), Error> {
     let backups = Published::of(shard.status.as_ref());
+    let checked = statuses.backups;
     let next_backups = checked.map_or(&backups, |c| &c.next);
-    if published == previous && *next_backups == backups {
+    let (previous, published) = statuses.roles;
+    let (stored_cohort, cohort) = statuses.cohort;
+    if published == previous && *next_backups == backups && cohort == stored_cohort {
         return Ok(());
     }
-    let body = status_body(published, next_backups);
+    let body = status_body(published, cohort, next_backups);
     ctx.writer
         .apply_status(shard, &body)
         .await
@@ -374,12 +412,13 @@ async fn write_marks(
     ctx: &Context,
     pods: &[Pod],
     published: &BTreeMap<String, String>,
+    cohort: &consensus::Published,
     stamps: &BTreeMap<String, String>,
 ) -> Result<Vec<String>, Error> {
-    let marks = marks::marks(pods, published, stamps);
+    let marks = marks::marks(pods, published, |pod| cohort.label(pod), stamps);
     for mark in &marks {
         ctx.writer
-            .apply_pod_marks(mark.pod, mark.role.as_deref(), mark.stamp)
+            .apply_pod_marks(mark.pod, &mark.labels(), mark.stamp)
             .await
             .map_err(|source| Error::Label {
                 pod: mark.pod.name_any(),
@@ -468,22 +507,29 @@ async fn publish(
     ctx.writer.publish(&ctx.recorder, &event, reference).await;
 }
 
-/// When to read the Shard again: after `roles_period`, sooner while a reload
-/// (`reload_pending`) or a switchover (`switchover_pending`) is pending, or backups are
-/// checked.
-fn period(
-    settings: &Settings,
-    shard: &Shard,
-    reload_pending: bool,
-    switchover_pending: bool,
-) -> Duration {
-    let mut period = if reload_pending {
+/// What is still under way after a pass.
+struct Pending {
+    /// A reload waits to be retried.
+    reload: bool,
+    /// A switchover request waits for its answer.
+    switchover: bool,
+    /// The cohort is not healthy: restarts and scale-downs wait for it.
+    cohort: bool,
+}
+
+/// When to read the Shard again: after `roles_period`, sooner while something is `pending`, or
+/// backups are checked.
+fn period(settings: &Settings, shard: &Shard, pending: Pending) -> Duration {
+    let mut period = if pending.reload {
         settings.roles_period.min(reload::RETRY)
     } else {
         settings.roles_period
     };
-    if switchover_pending {
+    if pending.switchover {
         period = period.min(switchover::POLL);
+    }
+    if pending.cohort {
+        period = period.min(consensus::POLL);
     }
     if shard.spec.backup.is_some() {
         period = period.min(backup_health::PACE);
@@ -504,8 +550,21 @@ fn pod_reference(namespace: &str, name: String) -> ObjectReference {
 
 /// The status fields this handler owns on a Shard, for one server-side apply: `podRoles` and
 /// the backup health ones.
-fn status_body(pod_roles: &BTreeMap<String, String>, backups: &Published) -> serde_json::Value {
+fn status_body(
+    pod_roles: &BTreeMap<String, String>,
+    cohort: &consensus::Published,
+    backups: &Published,
+) -> serde_json::Value {
     let mut body = backups.fields();
+    let mut conditions: Vec<serde_json::Value> = match body.remove("conditions") {
+        Some(serde_json::Value::Array(list)) => list,
+        _ => Vec::new(),
+    };
+    conditions.extend(cohort.conditions.iter().map(|c| json!(c)));
+    body.extend(cohort.fields());
+    if !conditions.is_empty() {
+        body.insert("conditions".to_owned(), json!(conditions));
+    }
     body.insert("podRoles".to_owned(), json!(pod_roles));
     serde_json::Value::Object(body)
 }
@@ -553,17 +612,54 @@ mod tests {
     #[test]
     fn the_status_body_carries_every_field_of_this_handler() {
         let roles = BTreeMap::from([("p-0".to_owned(), roles::PRIMARY.to_owned())]);
-        let body = status_body(&roles, &Published::default());
+        let none = consensus::Published::default();
+        let body = status_body(&roles, &none, &Published::default());
         assert_eq!(body, json!({ "podRoles": { "p-0": "PRIMARY" } }));
         let backups = Published {
             kind: Some(multigres_api::v1alpha1::BackupKind::Full),
+            condition: Some(condition(backup_health::BACKUP_HEALTHY)),
             ..Default::default()
         };
+        let cohort = consensus::Published {
+            cohort: Some(multigres_api::v1alpha1::CohortStatus {
+                summary: "2/2 AT_LEAST_2".into(),
+                ..Default::default()
+            }),
+            conditions: vec![condition(consensus::COHORT_HEALTHY)],
+        };
+        let body = status_body(&BTreeMap::new(), &cohort, &backups);
         assert_eq!(
-            status_body(&BTreeMap::new(), &backups),
-            json!({ "podRoles": {}, "lastBackupType": "full" }),
-            "the roles go along with a backup change, or the apply would drop them"
+            (
+                &body["podRoles"],
+                &body["lastBackupType"],
+                &body["cohort"]["summary"]
+            ),
+            (&json!({}), &json!("full"), &json!("2/2 AT_LEAST_2")),
+            "the roles go along with a backup or cohort change, or the apply would drop them"
         );
+        let types: Vec<&str> = body["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            types,
+            [backup_health::BACKUP_HEALTHY, consensus::COHORT_HEALTHY]
+        );
+    }
+
+    fn condition(type_: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: type_.into(),
+            status: "True".into(),
+            reason: "R".into(),
+            message: "m".into(),
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(0).unwrap(),
+            ),
+        }
     }
 
     #[test]

@@ -3,13 +3,13 @@
 //! that an idle cluster costs no writes. Callers compare with the cached object first and only
 //! call a writer method when something differs.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::Patch;
 use kube::runtime::events::{Event, Recorder};
 use kube::{Api, Resource, ResourceExt};
-use multigres_api::labels::ROLE;
 use multigres_api::postgres::RELOAD_HASH_ANNOTATION;
 use multigres_common::apply::{self, ApplyError};
 use multigres_common::metrics::record_api_write as count;
@@ -85,18 +85,17 @@ impl Writer {
     }
 
     /// Server-side applies what this handler marks on a pool pod, together because an apply
-    /// drops the manager's fields it leaves out: the `multigres.com/role` label and the
-    /// confirmed reload fingerprint annotation (`None` drops either). A pod deleted meanwhile
-    /// is not an error.
+    /// drops the manager's fields it leaves out: the labels (`multigres.com/role`,
+    /// `multigres.com/cohort`) and the confirmed reload fingerprint annotation (`None` drops
+    /// it). A pod deleted meanwhile is not an error.
     pub async fn apply_pod_marks(
         &self,
         pod: &Pod,
-        role: Option<&str>,
+        labels: &BTreeMap<&'static str, &str>,
         reload_hash: Option<&str>,
     ) -> Result<(), kube::Error> {
         let namespace = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
-        let labels = role.map_or_else(|| json!({}), |r| json!({ ROLE: r }));
         let annotations =
             reload_hash.map_or_else(|| json!({}), |h| json!({ RELOAD_HASH_ANNOTATION: h }));
         let body = json!({

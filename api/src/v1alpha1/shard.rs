@@ -117,6 +117,7 @@ pub struct PoolSpec {
     ),
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type=='Available')].status"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Cohort","type":"string","jsonPath":".status.cohort.summary"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -238,6 +239,69 @@ pub struct PostgresConfigStatus {
     pub error: Option<String>,
 }
 
+/// The shard's Multigres consensus cohort: the pool pods whose acknowledgements a commit waits
+/// for under the durability policy, and that can elect a new primary. Read by the data-handler
+/// from each pool pod's multipooler (`Status`), because readiness alone does not tell whether a
+/// restarted pod is back in it, and removing or restarting the wrong pod stops every write.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CohortStatus {
+    /// At a glance: healthy members (the primary, and standbys streaming from it) of all
+    /// members, and the policy, e.g. `3/3 AT_LEAST_2`.
+    pub summary: String,
+
+    /// Durability policy of the current rule, e.g. `AT_LEAST_2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+
+    /// Members (cells, for a `MULTI_CELL_` policy) that must acknowledge a commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<i32>,
+
+    /// The pod whose multipooler leads the current rule (the primary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+
+    /// Members with no pool pod (scaled away or deleted): they still count toward every
+    /// quorum.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+
+    /// Each pool pod of the shard, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pods: BTreeMap<String, CohortPod>,
+}
+
+/// One pool pod as the cohort sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CohortPod {
+    /// Whether it is a member of the current rule's cohort.
+    pub member: bool,
+
+    /// How it replicates.
+    pub replication: Replication,
+
+    /// How far its replay is behind the primary's WAL, in whole MiB; absent below 1 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_mebibytes: Option<i64>,
+}
+
+/// How a pool pod replicates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = crate::schema::field_described)]
+pub enum Replication {
+    /// It is the primary.
+    Primary,
+    /// Its WAL receiver streams from the primary.
+    Streaming,
+    /// It answers but does not stream (starting, restoring, or cut off from the primary).
+    NotStreaming,
+    /// Its multipooler did not answer.
+    #[default]
+    Unreachable,
+}
+
 /// Observed state of a Shard. Several handlers write it, each its own fields and condition
 /// types.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -290,6 +354,12 @@ pub struct ShardStatus {
     /// Database role of each pod, read from the topology: `PRIMARY`, `REPLICA` or `QUARANTINED`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pod_roles: BTreeMap<String, String>,
+
+    /// The Multigres consensus cohort, as the data-handler last read it; absent until a
+    /// multipooler answered (and under `internalTLS`, whose client certificate the data-handler
+    /// does not hold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cohort: Option<CohortStatus>,
 
     /// Ready pool pods across all pools; read by the scale subresource.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,11 +13,11 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use multigres_api::v1alpha1::{Shard, ShardSpec};
+use multigres_api::v1alpha1::{CohortStatus, Shard, ShardSpec};
 
 use super::build::{self, ShardObjects};
 use super::rollout::{self, PodView, Step};
-use super::scale::{self, HeldScaleUp, ScaleDown};
+use super::scale::{self, CohortHold, HeldScaleUp, ScaleDown};
 use super::{Desired, Error, Guard, NAME, pgconfig, switchover};
 use crate::conditions::Cond;
 use crate::controller::{Ctx, owned};
@@ -41,6 +41,8 @@ pub(super) struct Outcome {
     pub held: Vec<HeldScaleUp>,
     /// Pool scale-downs that remove the primary.
     pub downs: Vec<ScaleDown>,
+    /// Pool scale-downs held or stepped for the consensus cohort.
+    pub cohort_holds: Vec<CohortHold>,
 }
 
 /// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
@@ -62,11 +64,14 @@ pub(super) async fn run(
     let tls = crate::tls::reconcile_pgbackrest(ctx, guard, owner, &shard.spec).await?;
     crate::tls::warn_if_new(ctx, guard, observed_conditions, tls.as_ref()).await;
     let handover = switchover::possible(shard);
+    let cohort = shard.status.as_ref().and_then(|s| s.cohort.as_ref());
+    let gates = Gates { handover, cohort };
     let Applied {
         templates_changed,
         held,
         downs,
-    } = apply_workloads(ctx, owner, objects, pods, handover).await?;
+        cohort_holds,
+    } = apply_workloads(ctx, owner, objects, pods, &gates).await?;
     let observed = Observed::read(ctx, ns, objects);
     let resize = resize(ctx, guard, &shard.spec, ns, objects).await?;
     prune(ctx, owner, objects).await?;
@@ -74,7 +79,7 @@ pub(super) async fn run(
     let step = if templates_changed {
         None
     } else {
-        let step = plan_restart(objects, &observed, pods, handover);
+        let step = plan_restart(objects, &observed, pods, &gates);
         restart(ctx, guard, ns, &step).await?;
         Some(step)
     };
@@ -88,7 +93,16 @@ pub(super) async fn run(
         step,
         held,
         downs,
+        cohort_holds,
     })
+}
+
+/// What the shard's disruptive steps wait for.
+struct Gates<'a> {
+    /// Whether a switchover can be asked for.
+    handover: bool,
+    /// The consensus cohort, when the data-handler publishes it.
+    cohort: Option<&'a CohortStatus>,
 }
 
 /// Observed state of the shard's workloads, read from the caches.
@@ -164,16 +178,18 @@ struct Applied {
     held: Vec<HeldScaleUp>,
     /// Pool scale-downs that remove the primary.
     downs: Vec<ScaleDown>,
+    /// Pool scale-downs held or stepped for the consensus cohort.
+    cohort_holds: Vec<CohortHold>,
 }
 
-/// Applies every workload that changed. `pods` (the shard's pool pods) and `handover` (whether
-/// a switchover can be asked for) decide whether a scale-down waits for the primary.
+/// Applies every workload that changed. `pods` (the shard's pool pods) and the `gates` decide
+/// whether a scale-down waits for the cohort and for the primary.
 async fn apply_workloads(
     ctx: &Ctx<Guard>,
     owner: &Owner,
     objects: &ShardObjects,
     pods: &[PodView],
-    handover: bool,
+    gates: &Gates<'_>,
 ) -> Result<Applied, Error> {
     let ns = owner.namespace.as_str();
     let client = &ctx.client;
@@ -216,28 +232,38 @@ async fn apply_workloads(
             .get(&ObjectRef::new(&set.name_any()).within(ns));
         let claim = |name: &str| stores.pvcs.get(&ObjectRef::new(name).within(ns));
         let held = scale::hold(&mut set, current.as_deref(), claim);
-        let down = scale::hold_down(&mut set, current.as_deref(), pods, handover);
+        let cohort_hold = scale::hold_for_cohort(&mut set, current.as_deref(), pods, gates.cohort);
+        // A scale-down held for the cohort asks nobody to hand over yet.
+        let down = match &cohort_hold {
+            Some(CohortHold {
+                waiting: Some(_), ..
+            }) => None,
+            _ => scale::hold_down(&mut set, current.as_deref(), pods, gates.handover),
+        };
         let (_, _, set_written) = futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, p.service.clone()),
             sync::ensure(NAME, &pdbs, &stores.pdbs, p.pdb.clone()),
             sync::ensure_with(NAME, &sets, &stores.statefulsets, set, keep_claim_templates),
         )?;
-        Ok::<_, SyncError>((set_written, held, down))
+        Ok::<_, SyncError>((set_written, held, down, cohort_hold))
     });
     let (_, pools) = futures::try_join!(
         futures::future::try_join_all(multiorch),
         futures::future::try_join_all(pools),
     )?;
-    let templates_changed = pools.iter().any(|(written, _, _)| *written);
-    let (held, downs) = pools
-        .into_iter()
-        .map(|(_, held, down)| (held, down))
-        .unzip::<_, _, Vec<_>, Vec<_>>();
-    Ok(Applied {
+    let templates_changed = pools.iter().any(|(written, ..)| *written);
+    let mut applied = Applied {
         templates_changed,
-        held: held.into_iter().flatten().collect(),
-        downs: downs.into_iter().flatten().collect(),
-    })
+        held: Vec::new(),
+        downs: Vec::new(),
+        cohort_holds: Vec::new(),
+    };
+    for (_, held, down, cohort_hold) in pools {
+        applied.held.extend(held);
+        applied.downs.extend(down);
+        applied.cohort_holds.extend(cohort_hold);
+    }
+    Ok(applied)
 }
 
 /// Grows pool and backup volumes to their requested sizes.
@@ -335,7 +361,7 @@ fn plan_restart(
     objects: &ShardObjects,
     observed: &Observed,
     pods: &[PodView],
-    handover: bool,
+    gates: &Gates<'_>,
 ) -> Step {
     let sets: Vec<_> = objects
         .pools
@@ -350,7 +376,7 @@ fn plan_restart(
             },
         })
         .collect();
-    rollout::plan(&sets, pods, handover)
+    rollout::plan(&sets, pods, gates.handover, gates.cohort.is_some())
 }
 
 /// Carries out a [`Step::Restart`]: deletes the pod (if it is still the one planned) so its

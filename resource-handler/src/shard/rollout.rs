@@ -6,13 +6,21 @@
 //! over: it is asked to hand over first (see [`super::switchover`]), and restarted once it is
 //! a replica; only when no replica can take over (or a switchover cannot be asked for) is it
 //! restarted as the primary, as a failover.
+//!
+//! Once the data-handler publishes the shard's consensus cohort (`status.cohort`), a Ready pod
+//! is restarted (or the primary asked to hand over) only while every other pod is a healthy
+//! cohort member (label `multigres.com/cohort=member`): a pod restarted last is Ready before
+//! multiorch has re-added it, and restarting the next one in that window takes away the
+//! standby every commit waits for. A recreated pod carries no label until it is read again,
+//! so it counts as outside. Without a published cohort (the data-handler cannot call the
+//! multipoolers, e.g. under `internalTLS`) restarts follow readiness alone.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use multigres_api::labels::{ROLE, SWITCHOVER_REQUESTED};
+use multigres_api::labels::{COHORT, COHORT_MEMBER, ROLE, SWITCHOVER_REQUESTED};
 
 /// The label the StatefulSet controller puts on each pod: the revision it was created from.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -57,6 +65,8 @@ pub struct PodView {
     pub role: Role,
     /// Its pending switchover request (the `multigres.com/switchover-requested` value).
     pub switchover: Option<String>,
+    /// A healthy member of the consensus cohort, as its `multigres.com/cohort` label says.
+    pub in_cohort: bool,
 }
 
 impl PodView {
@@ -105,6 +115,8 @@ pub enum Wait {
     PodNotReady(String),
     /// The primary, the last outdated pod, is asked to hand over to a Ready replica first.
     Switchover(String),
+    /// Pods other than the next one to restart are not healthy cohort members (yet).
+    Cohort(Vec<String>),
 }
 
 impl Wait {
@@ -129,6 +141,12 @@ impl Wait {
             Wait::Switchover(pod) => format!(
                 "waiting for the primary {pod} to hand over to a replica before its restart"
             ),
+            Wait::Cohort(pods) => format!(
+                "waiting for {} to rejoin the Multigres cohort and stream from the primary \
+                 (multiorch re-adds a restarted pod once it streams; the Shard's CohortHealthy \
+                 condition says what is missing)",
+                pods.join(", ")
+            ),
         }
     }
 
@@ -137,6 +155,7 @@ impl Wait {
         match self {
             Wait::RolesUnknown | Wait::SeveralPrimaries(_) => "WaitingForRoles",
             Wait::Switchover(_) => "WaitingForSwitchover",
+            Wait::Cohort(_) => "WaitingForCohort",
             Wait::SetNotObserved(_)
             | Wait::PodTerminating(_)
             | Wait::PodMissing { .. }
@@ -191,6 +210,7 @@ pub fn pod_view(pod: &Pod, roles: &BTreeMap<String, String>) -> Option<PodView> 
         revision: pod.labels().get(REVISION_LABEL).cloned(),
         terminating: pod.metadata.deletion_timestamp.is_some(),
         switchover: pod.annotations().get(SWITCHOVER_REQUESTED).cloned(),
+        in_cohort: pod.labels().get(COHORT).map(String::as_str) == Some(COHORT_MEMBER),
         set,
         name,
         ready,
@@ -214,8 +234,9 @@ pub fn set_view(sts: &StatefulSet) -> SetView {
 
 /// Decides the next restart across all pools of one shard (the shard has one primary across
 /// all of them). `switchover`: whether the primary can be asked to hand over (else it is
-/// restarted as the primary, and multiorch fails over).
-pub fn plan(sets: &[SetView], pods: &[PodView], switchover: bool) -> Step {
+/// restarted as the primary, and multiorch fails over); `cohort`: whether the shard's cohort
+/// is published, so Ready pods restart only while every other pod is a healthy member.
+pub fn plan(sets: &[SetView], pods: &[PodView], switchover: bool, cohort: bool) -> Step {
     let by_set: BTreeMap<&str, &SetView> = sets.iter().map(|s| (s.name.as_str(), s)).collect();
     let mut pods: Vec<&PodView> = pods
         .iter()
@@ -288,6 +309,17 @@ pub fn plan(sets: &[SetView], pods: &[PodView], switchover: bool) -> Step {
     if let Some(p) = replicas().find(|p| !p.ready) {
         return restart(p);
     }
+    let next = replicas().next().or(primaries.first());
+    if let Some(next) = next.filter(|_| cohort) {
+        let outside: Vec<String> = pods
+            .iter()
+            .filter(|p| p.name != next.name && !p.in_cohort)
+            .map(|p| p.name.clone())
+            .collect();
+        if !outside.is_empty() {
+            return wait(Wait::Cohort(outside));
+        }
+    }
     if let Some(p) = replicas().next() {
         return restart(p);
     }
@@ -323,6 +355,7 @@ mod tests {
             terminating: false,
             role,
             switchover: None,
+            in_cohort: true,
         }
     }
 
@@ -339,7 +372,7 @@ mod tests {
     fn run_to_completion(sets: &[SetView], mut pods: Vec<PodView>) -> Vec<String> {
         let mut order = Vec::new();
         for _ in 0..20 {
-            match plan(sets, &pods, true) {
+            match plan(sets, &pods, true, false) {
                 Step::UpToDate { .. } => return order,
                 Step::Restart { pod: name, .. } => {
                     let p = pods.iter_mut().find(|p| p.name == name).unwrap();
@@ -385,7 +418,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v2", Role::Replica),
         ];
-        let step = plan(&sets, &pods, true);
+        let step = plan(&sets, &pods, true, false);
         assert_eq!(
             step,
             Step::Wait {
@@ -403,7 +436,7 @@ mod tests {
         pods[0].role = Role::Replica;
         pods[1].role = Role::Primary;
         assert_eq!(
-            plan(&sets, &pods, true),
+            plan(&sets, &pods, true, false),
             Step::Restart {
                 pod: "pool-a-0".into(),
                 uid: "uid-pool-a-0".into(),
@@ -419,7 +452,7 @@ mod tests {
         let sets = [set("pool-a", "v2", 1)];
         let alone = [pod("pool-a-0", "v1", Role::Primary)];
         assert_eq!(
-            plan(&sets, &alone, true),
+            plan(&sets, &alone, true, false),
             Step::Restart {
                 pod: "pool-a-0".into(),
                 uid: "uid-pool-a-0".into(),
@@ -436,13 +469,13 @@ mod tests {
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v2", Role::Unknown),
         ];
-        assert_eq!(restarted(&plan(&sets, &unknown, true)), "pool-a-0");
+        assert_eq!(restarted(&plan(&sets, &unknown, true, false)), "pool-a-0");
         let pods = [
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v2", Role::Replica),
         ];
         assert_eq!(
-            plan(&sets, &pods, false),
+            plan(&sets, &pods, false, false),
             Step::Restart {
                 pod: "pool-a-0".into(),
                 uid: "uid-pool-a-0".into(),
@@ -460,7 +493,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v1", Role::Unknown),
         ];
-        assert_eq!(plan(&sets, &pods, true), Step::UpToDate { pods: 2 });
+        assert_eq!(plan(&sets, &pods, true, false), Step::UpToDate { pods: 2 });
     }
 
     #[test]
@@ -470,7 +503,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Unknown),
             pod("pool-a-1", "v1", Role::Replica),
         ];
-        let step = plan(&sets, &pods, true);
+        let step = plan(&sets, &pods, true, false);
         assert!(
             matches!(
                 &step,
@@ -486,7 +519,7 @@ mod tests {
         for p in &mut pods {
             p.ready = false;
         }
-        assert_eq!(restarted(&plan(&sets, &pods, true)), "pool-a-0");
+        assert_eq!(restarted(&plan(&sets, &pods, true, false)), "pool-a-0");
     }
 
     #[test]
@@ -499,7 +532,7 @@ mod tests {
         ];
         pods[1].ready = false;
         assert_eq!(
-            plan(&sets, &pods, true),
+            plan(&sets, &pods, true, false),
             Step::Wait {
                 wait: Wait::PodNotReady("pool-a-1".into()),
                 outdated: 2,
@@ -508,7 +541,7 @@ mod tests {
         );
         pods[1].terminating = true;
         assert!(matches!(
-            plan(&sets, &pods, true),
+            plan(&sets, &pods, true, false),
             Step::Wait {
                 wait: Wait::PodTerminating(_),
                 ..
@@ -516,7 +549,7 @@ mod tests {
         ));
         let missing = [pods[0].clone(), pods[2].clone()];
         assert!(matches!(
-            plan(&sets, &missing, true),
+            plan(&sets, &missing, true, false),
             Step::Wait {
                 wait: Wait::PodMissing {
                     have: 2,
@@ -537,7 +570,7 @@ mod tests {
             pod("pool-a-2", "v1", Role::Replica),
         ];
         pods[2].ready = false;
-        assert_eq!(restarted(&plan(&sets, &pods, true)), "pool-a-2");
+        assert_eq!(restarted(&plan(&sets, &pods, true, false)), "pool-a-2");
     }
 
     #[test]
@@ -549,13 +582,13 @@ mod tests {
             pod("pool-a-1", "v1", Role::Primary),
         ];
         assert!(matches!(
-            plan(&[stale], &pods, true),
+            plan(&[stale], &pods, true, false),
             Step::Wait {
                 wait: Wait::SetNotObserved(_),
                 ..
             }
         ));
-        let step = plan(&[set("pool-a", "v2", 2)], &pods, true);
+        let step = plan(&[set("pool-a", "v2", 2)], &pods, true, false);
         assert!(
             matches!(&step, Step::Wait { wait: Wait::SeveralPrimaries(p), .. } if p.len() == 2),
             "{step:?}"
@@ -588,5 +621,73 @@ mod tests {
         );
         let roles = BTreeMap::from([("pool-a-0".to_owned(), "PRIMARY".to_owned())]);
         assert_eq!(pod_view(&pod, &roles).unwrap().role, Role::Primary);
+    }
+
+    #[test]
+    fn a_restarted_pod_outside_the_cohort_holds_the_next_restart() {
+        let sets = [set("pool-a", "v2", 3)];
+        let mut pods = vec![
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v2", Role::Replica),
+            pod("pool-a-2", "v1", Role::Replica),
+        ];
+        pods[1].in_cohort = false;
+        let step = plan(&sets, &pods, true, true);
+        let Step::Wait { wait, .. } = &step else {
+            panic!("expected a wait, got {step:?}");
+        };
+        assert_eq!(wait, &Wait::Cohort(vec!["pool-a-1".into()]));
+        assert_eq!(wait.reason(), "WaitingForCohort");
+        assert!(wait.message().contains("pool-a-1"), "{}", wait.message());
+        assert_eq!(
+            restarted(&plan(&sets, &pods, true, false)),
+            "pool-a-2",
+            "without a published cohort, readiness decides"
+        );
+        pods[1].in_cohort = true;
+        assert_eq!(restarted(&plan(&sets, &pods, true, true)), "pool-a-2");
+    }
+
+    #[test]
+    fn the_primary_hands_over_only_once_every_other_pod_is_a_member() {
+        let sets = [set("pool-a", "v2", 3)];
+        let mut pods = vec![
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v2", Role::Replica),
+            pod("pool-a-2", "v2", Role::Replica),
+        ];
+        pods[2].in_cohort = false;
+        assert!(matches!(
+            plan(&sets, &pods, true, true),
+            Step::Wait {
+                wait: Wait::Cohort(_),
+                ..
+            }
+        ));
+        pods[2].in_cohort = true;
+        pods[0].in_cohort = false;
+        assert_eq!(
+            plan(&sets, &pods, true, true),
+            Step::Wait {
+                wait: Wait::Switchover("pool-a-0".into()),
+                outdated: 1,
+                total: 3
+            },
+            "the pod about to restart need not be a member itself"
+        );
+    }
+
+    #[test]
+    fn a_broken_replica_restarts_whatever_the_cohort() {
+        let sets = [set("pool-a", "v2", 3)];
+        let mut pods = vec![
+            pod("pool-a-0", "v1", Role::Primary),
+            pod("pool-a-1", "v1", Role::Replica),
+            pod("pool-a-2", "v1", Role::Replica),
+        ];
+        pods[1].ready = false;
+        pods[1].in_cohort = false;
+        pods[2].in_cohort = false;
+        assert_eq!(restarted(&plan(&sets, &pods, true, true)), "pool-a-1");
     }
 }

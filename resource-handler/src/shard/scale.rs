@@ -14,14 +14,26 @@
 //! primary's ordinal (replicas above it go) until it has handed over (see
 //! [`super::switchover`]); then the scale-down continues. Pods whose role is unknown are not
 //! protected, as in a rollout where nothing serves.
+//!
+//! Once the data-handler publishes the shard's consensus cohort (`status.cohort`), a
+//! scale-down also removes one pod at a time, and each only while every pod that stays is a
+//! healthy cohort member and no pod removed before is still in the cohort: removing a pod
+//! while the one standby a commit waits for is outside the cohort blocks every write, and
+//! multiorch drops one member per cycle. The pod leaves gracefully (its multipooler announces
+//! the shutdown, and multiorch removes it from the cohort).
 
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
+use multigres_api::v1alpha1::CohortStatus;
 
 use super::rollout::{PodView, Role};
+use crate::conditions::{Cond, TRUE};
+
+/// Condition type: a pool scale-down waits for the consensus cohort.
+pub const SCALE_DOWN: &str = "ScaleDown";
 
 /// A pool StatefulSet applied with fewer replicas than wanted, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -180,6 +192,126 @@ pub fn hold_down(
     })
 }
 
+/// What a scale-down held for the consensus cohort waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CohortWait {
+    /// Pods that stay are not healthy cohort members (yet).
+    Outside(Vec<String>),
+    /// Pods removed before are still cohort members: multiorch has not dropped them yet.
+    Leaving(Vec<String>),
+}
+
+/// A pool scale-down held, or stepped one pod at a time, for the consensus cohort.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CohortHold {
+    /// The pool StatefulSet.
+    pub statefulset: String,
+    /// Replicas applied for now.
+    pub replicas: i32,
+    /// Replicas the spec asks for.
+    pub wanted: i32,
+    /// Why it is not lower; `None` while it steps down one pod at a time.
+    pub waiting: Option<CohortWait>,
+}
+
+impl CohortHold {
+    /// What a user reads on the Shard's `ScaleDown` condition.
+    pub fn message(&self) -> String {
+        let (statefulset, replicas, wanted) = (&self.statefulset, self.replicas, self.wanted);
+        match &self.waiting {
+            None => format!(
+                "{statefulset} scales down to {wanted} replicas one pod at a time (now \
+                 {replicas}), each once the cohort has let the last one go"
+            ),
+            Some(CohortWait::Outside(pods)) => format!(
+                "{statefulset} stays at {replicas} replicas (of {wanted}) until every pod that \
+                 stays is a healthy cohort member (not yet: {}): removing a pod now could take \
+                 away the standby every commit waits for",
+                pods.join(", ")
+            ),
+            Some(CohortWait::Leaving(pods)) => format!(
+                "{statefulset} stays at {replicas} replicas (of {wanted}) until multiorch has \
+                 dropped the removed {} from the cohort",
+                pods.join(", ")
+            ),
+        }
+    }
+}
+
+/// The `ScaleDown` condition while scale-downs wait for the cohort or step one pod at a time;
+/// absent otherwise.
+pub fn condition(holds: &[CohortHold]) -> Option<Cond> {
+    if holds.is_empty() {
+        return None;
+    }
+    let reason = if holds.iter().any(|h| h.waiting.is_some()) {
+        "WaitingForCohort"
+    } else {
+        "OnePodAtATime"
+    };
+    let message: Vec<String> = holds.iter().map(CohortHold::message).collect();
+    Some(Cond::new(SCALE_DOWN, TRUE, reason, message.join("; ")))
+}
+
+/// Holds or steps a scale-down of `desired` for the shard's published `cohort` (see the module
+/// documentation); `None` when there is no cohort, no scale-down, or nothing to hold.
+///
+/// `current` is the StatefulSet as it is now; `pods` are all pool pods of the shard.
+pub fn hold_for_cohort(
+    desired: &mut StatefulSet,
+    current: Option<&StatefulSet>,
+    pods: &[PodView],
+    cohort: Option<&CohortStatus>,
+) -> Option<CohortHold> {
+    let cohort = cohort?;
+    let replicas = |set: &StatefulSet| set.spec.as_ref().and_then(|s| s.replicas);
+    let wanted = replicas(desired)?;
+    let from = current.and_then(replicas)?;
+    if wanted >= from {
+        return None;
+    }
+    let statefulset = desired.name_any();
+    let ordinal = |name: &str| -> Option<i32> {
+        name.strip_prefix(statefulset.as_str())?
+            .strip_prefix('-')?
+            .parse()
+            .ok()
+    };
+    let members = cohort
+        .pods
+        .iter()
+        .filter(|(_, p)| p.member)
+        .map(|(name, _)| name)
+        .chain(&cohort.missing);
+    let leaving: Vec<String> = members
+        .filter(|name| ordinal(name).is_some_and(|o| o >= from))
+        .cloned()
+        .collect();
+    let next = from - 1;
+    let outside: Vec<String> = pods
+        .iter()
+        .filter(|p| !p.terminating && !p.in_cohort)
+        .filter(|p| p.set != statefulset || p.ordinal().is_some_and(|o| o < next))
+        .map(|p| p.name.clone())
+        .collect();
+    let (applied, waiting) = if !outside.is_empty() {
+        (from, Some(CohortWait::Outside(outside)))
+    } else if !leaving.is_empty() {
+        (from, Some(CohortWait::Leaving(leaving)))
+    } else if next > wanted {
+        (next, None)
+    } else {
+        return None;
+    };
+    desired.spec.as_mut()?.replicas = Some(applied);
+    Some(CohortHold {
+        statefulset,
+        replicas: applied,
+        wanted,
+        waiting,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,6 +405,7 @@ mod tests {
             terminating: false,
             role,
             switchover: None,
+            in_cohort: true,
         }
     }
 
@@ -378,6 +511,107 @@ mod tests {
             hold_down(&mut desired, Some(&set(2)), &pods, true),
             None,
             "scale-up"
+        );
+    }
+
+    fn cohort(members: &[&str], missing: &[&str]) -> CohortStatus {
+        use multigres_api::v1alpha1::{CohortPod, Replication};
+        CohortStatus {
+            pods: members
+                .iter()
+                .map(|m| {
+                    let pod = CohortPod {
+                        member: true,
+                        replication: Replication::Streaming,
+                        lag_mebibytes: None,
+                    };
+                    ((*m).to_owned(), pod)
+                })
+                .collect(),
+            missing: missing.iter().map(|m| (*m).to_owned()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn with_a_cohort_a_scale_down_removes_one_pod_at_a_time() {
+        let pods = [
+            member("pool-0", Role::Primary),
+            member("pool-1", Role::Replica),
+            member("pool-2", Role::Replica),
+            member("pool-3", Role::Replica),
+        ];
+        let all = cohort(&["pool-0", "pool-1", "pool-2", "pool-3"], &[]);
+        let mut desired = set(1);
+        let hold = hold_for_cohort(&mut desired, Some(&set(4)), &pods, Some(&all)).unwrap();
+        assert_eq!((hold.replicas, &hold.waiting), (3, &None));
+        assert_eq!(desired.spec.unwrap().replicas, Some(3));
+        assert!(hold.message().contains("one pod at a time"));
+        let stepping = condition(std::slice::from_ref(&hold)).unwrap();
+        assert_eq!(
+            (stepping.type_, stepping.reason),
+            (SCALE_DOWN, "OnePodAtATime")
+        );
+        assert_eq!(condition(&[]), None);
+
+        // pool-3 went, but the cohort still lists it: wait for multiorch to drop it.
+        let mut desired = set(1);
+        let hold = hold_for_cohort(&mut desired, Some(&set(3)), &pods[..3], Some(&all)).unwrap();
+        assert_eq!(
+            (hold.replicas, hold.waiting.clone()),
+            (3, Some(CohortWait::Leaving(vec!["pool-3".into()])))
+        );
+        assert!(hold.message().contains("dropped the removed pool-3"));
+        let gone = cohort(&["pool-0", "pool-1", "pool-2"], &["pool-3"]);
+        let mut desired = set(1);
+        let hold = hold_for_cohort(&mut desired, Some(&set(3)), &pods[..3], Some(&gone));
+        assert_eq!(
+            hold.map(|h| h.replicas),
+            Some(3),
+            "still a member, without a pod"
+        );
+
+        // Dropped: the last step is not held.
+        let left = cohort(&["pool-0", "pool-1", "pool-2"], &[]);
+        let mut desired = set(2);
+        assert_eq!(
+            hold_for_cohort(&mut desired, Some(&set(3)), &pods[..3], Some(&left)),
+            None
+        );
+        assert_eq!(desired.spec.unwrap().replicas, Some(2));
+    }
+
+    #[test]
+    fn a_scale_down_waits_for_every_pod_that_stays_to_be_a_member() {
+        let mut pods = vec![
+            member("pool-0", Role::Primary),
+            member("pool-1", Role::Replica),
+            member("pool-2", Role::Replica),
+        ];
+        pods[1].in_cohort = false;
+        let all = cohort(&["pool-0", "pool-2"], &[]);
+        let mut desired = set(2);
+        let hold = hold_for_cohort(&mut desired, Some(&set(3)), &pods, Some(&all)).unwrap();
+        assert_eq!(
+            (hold.replicas, hold.waiting.clone()),
+            (3, Some(CohortWait::Outside(vec!["pool-1".into()])))
+        );
+        assert!(hold.message().contains("(not yet: pool-1)"));
+        assert_eq!(condition(&[hold]).unwrap().reason, "WaitingForCohort");
+        assert_eq!(desired.spec.unwrap().replicas, Some(3));
+
+        // The pod about to go need not be a member; without a cohort nothing is held.
+        pods[1].in_cohort = true;
+        pods[2].in_cohort = false;
+        let mut desired = set(2);
+        assert_eq!(
+            hold_for_cohort(&mut desired, Some(&set(3)), &pods, Some(&all)),
+            None
+        );
+        let mut desired = set(2);
+        assert_eq!(
+            hold_for_cohort(&mut desired, Some(&set(3)), &pods, None),
+            None
         );
     }
 }

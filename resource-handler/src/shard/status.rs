@@ -15,7 +15,7 @@ use multigres_common::status_pacer;
 use super::apply::Outcome;
 use super::build::{self, ShardObjects};
 use super::rollout::{self, PodView, Step};
-use super::scale::HeldScaleUp;
+use super::scale::{self, HeldScaleUp};
 use super::{
     Desired, Error, Guard, NAME, ROLLING_UPDATE, Rejected, labelled_for, pgconfig, switchover,
 };
@@ -86,6 +86,7 @@ pub(super) async fn write(
         pgbackrest_tls: outcome.tls,
         switchover: switchover::condition(outcome.step.as_ref(), &outcome.downs, handover),
         held: outcome.held,
+        scale_down: scale::condition(&outcome.cohort_holds),
         unready: unready_pool_pods(&cached),
         problem: None,
     };
@@ -120,6 +121,8 @@ fn look_again(report: &Report<'_>) -> Option<Duration> {
         // looks each changed claim up in the cache, and a claim deleted by then is not passed
         // on (seen in data_safety: the scale-up waited for good). Look again soon.
         Some(Step::UpToDate { .. }) if !report.held.is_empty() => Some(POLL),
+        // A scale-down waits for the cohort, which the data-handler publishes on its own pace.
+        Some(Step::UpToDate { .. }) if report.scale_down.is_some() => Some(POLL),
         Some(Step::UpToDate { .. }) => None,
         // A restart is under way (or about to be decided once the StatefulSet controller has
         // caught up): look again soon even if no watched object changes.
@@ -171,6 +174,8 @@ pub struct Report<'a> {
     pub switchover: Option<Cond>,
     /// Pool scale-ups waiting for volumes of scaled-away replicas to go.
     pub held: Vec<HeldScaleUp>,
+    /// The `ScaleDown` verdict (none while no scale-down waits for the cohort).
+    pub scale_down: Option<Cond>,
     /// Pool pods that are not Ready, each with why (`<pod>: <reason>`, by name).
     pub unready: Vec<String>,
     /// Why the spec cannot be realised.
@@ -311,11 +316,13 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     };
     let rolling = rolling_condition(report.rollout.as_ref());
     let handing_over = report.switchover.as_ref().is_some_and(Cond::is_true);
-    let healthy = available.is_true() && !rolling.is_true() && !handing_over;
+    let healthy =
+        available.is_true() && !rolling.is_true() && !handing_over && report.scale_down.is_none();
     let mut desired = vec![available, rolling];
     desired.extend(report.storage.clone());
     desired.extend(report.pgbackrest_tls.clone());
     desired.extend(report.switchover.clone());
+    desired.extend(report.scale_down.clone());
     let observed = shard
         .status
         .as_ref()
@@ -437,6 +444,7 @@ mod tests {
             pgbackrest_tls: None,
             switchover: None,
             held: Vec::new(),
+            scale_down: None,
             unready: Vec::new(),
             problem: None,
         };

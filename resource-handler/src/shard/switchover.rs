@@ -264,6 +264,7 @@ mod tests {
             terminating: false,
             role: Role::Primary,
             switchover: request.map(Into::into),
+            in_cohort: true,
         }
     }
 

@@ -79,6 +79,7 @@ pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {
             );
             durability_warning(findings, shard, pool_name, pool);
         }
+        single_loss_warning(findings, shard);
         override_pools_warning(findings, shard);
     }
 }
@@ -167,6 +168,56 @@ fn durability_warning(
     }
 }
 
+/// A shard whose pool pods (or cells, for a `MULTI_CELL_` policy) are exactly as many as the
+/// durability policy needs: every commit waits for all of them, so losing any one (a restart,
+/// a drain, a node failure) stops writes until it is back. Fewer is warned per pool above.
+fn single_loss_warning(findings: &mut Findings, shard: &ShardSite<'_>) {
+    let (by_cells, required) = match shard.durability.strip_prefix("MULTI_CELL_AT_LEAST_") {
+        Some(n) => (true, n),
+        None => match shard.durability.strip_prefix("AT_LEAST_") {
+            Some(n) => (false, n),
+            None => return,
+        },
+    };
+    let Ok(required) = required.parse::<usize>() else {
+        return;
+    };
+    let pools = &shard.resolved.pools;
+    let pods: usize = pools
+        .values()
+        .map(|p| usize::try_from(p.replicas_per_cell.unwrap_or(1)).unwrap_or(0) * p.cells.len())
+        .sum();
+    let cells: BTreeSet<&str> = pools
+        .values()
+        .flat_map(|p| p.cells.iter().map(|c| c.as_str()))
+        .collect();
+    let (have, unit) = if by_cells {
+        (cells.len(), "cells")
+    } else {
+        (pods, "pool pods")
+    };
+    if have != required {
+        return;
+    }
+    let Some(pool_name) = pools.keys().next().map(|n| n.as_str()) else {
+        return;
+    };
+    findings.warning(
+        shard.pool_field(pool_name, "replicasPerCell", |p| {
+            p.replicas_per_cell.is_some()
+        }),
+        format!(
+            "shard {} runs {have} {unit} and durability policy {} needs {required} to \
+             acknowledge every commit: losing any one (a restart, a drain, a node failure) \
+             stops writes until it returns; {} {unit} keep accepting writes through the loss \
+             of one",
+            shard.key,
+            shard.durability,
+            required + 1
+        ),
+    );
+}
+
 fn override_pools_warning(findings: &mut Findings, shard: &ShardSite<'_>) {
     let (Some(path), Some(config), Some((template_name, template))) =
         (&shard.path, shard.config, shard.template)
@@ -200,11 +251,15 @@ mod tests {
         ));
         let findings = validate(&new, None, &Templates::default());
         assert!(findings.allowed());
-        assert_eq!(findings.warnings.len(), 2, "{:?}", findings.warnings);
+        assert_eq!(findings.warnings.len(), 3, "{:?}", findings.warnings);
         assert!(findings.warnings[0].starts_with("spec.pvcDeletionPolicy.whenDeleted: is Delete"));
         assert!(
             findings.warnings[1]
                 .starts_with("spec.globalTopoServer.etcd.replicas: the global etcd has 1 member")
+        );
+        assert!(
+            findings.warnings[2].contains("runs 2 pool pods"),
+            "the default shard's 2 pool pods under AT_LEAST_2"
         );
     }
 
@@ -289,6 +344,36 @@ cells:
         assert!(
             findings.warnings[0].contains("MULTI_CELL_AT_LEAST_2"),
             "{findings:?}"
+        );
+    }
+
+    #[test]
+    fn a_shard_that_cannot_lose_one_pod_says_so_and_what_would_survive_it() {
+        let new = cluster(&shard(
+            "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 2}}}",
+        ));
+        let findings = validate(&new, None, &Templates::default());
+        assert!(findings.allowed());
+        assert_eq!(findings.warnings.len(), 1, "{:?}", findings.warnings);
+        assert!(
+            findings.warnings[0].starts_with(&format!(
+                "{SHARD}.spec.pools[main].replicasPerCell: shard postgres/default/0-inf runs 2 \
+                 pool pods and durability policy AT_LEAST_2 needs 2"
+            )),
+            "{}",
+            findings.warnings[0]
+        );
+        assert!(
+            findings.warnings[0]
+                .ends_with("3 pool pods keep accepting writes through the loss of one")
+        );
+        let three = cluster(&shard(
+            "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 3}}}",
+        ));
+        assert!(
+            validate(&three, None, &Templates::default())
+                .warnings
+                .is_empty()
         );
     }
 }
