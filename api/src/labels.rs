@@ -18,9 +18,8 @@ pub const SHARD: &str = "multigres.com/shard";
 pub const POOL: &str = "multigres.com/pool";
 /// Role of a pool pod (`primary` / `replica`), published by the data-handler from the topology.
 pub const ROLE: &str = "multigres.com/role";
-/// Whether a pool pod is a healthy member of its shard's consensus cohort (`member`: in the
-/// cohort, and the primary or streaming from it; `outside` otherwise), published by the
-/// data-handler. A recreated pod has none until it is read again, so a restart or scale-down
+/// Whether a pool pod takes part in its shard's commits (`member`: the primary, or a member of
+/// the consensus cohort streaming from it; `outside` otherwise), published by the data-handler. A recreated pod has none until it is read again, so a restart or scale-down
 /// gated on it waits for the new pod.
 pub const COHORT: &str = "multigres.com/cohort";
 /// [`COHORT`] value of a healthy member.
@@ -30,6 +29,10 @@ pub const COHORT_OUTSIDE: &str = "outside";
 /// Annotation by which the resource-handler asks for a primary pool pod to hand over before it
 /// removes or restarts the pod on purpose; the value (RFC 3339 time) identifies the request.
 pub const SWITCHOVER_REQUESTED: &str = "multigres.com/switchover-requested";
+/// Annotation by which a person asks for a switchover: set on the primary pool pod (any value),
+/// the operator has it hand over to a replica under the same gates as a rollout, and removes the
+/// annotation once another pod is the primary.
+pub const USER_SWITCHOVER: &str = "multigres.com/switchover";
 /// Annotation by which the data-handler records the request (its value) for which the pod's
 /// multipooler resigned, so each request resigns once.
 pub const SWITCHOVER_RESIGNED: &str = "multigres.com/switchover-resigned";

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
-use multigres_api::v1alpha1::{MultigresCluster, Shard};
+use multigres_api::v1alpha1::{CohortStatus, MultigresCluster, Shard};
 use multigres_e2e::harness::{self, eventually, fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::real::{Endpoint, Session, is_ready, operator_installed, use_local_images};
@@ -362,46 +362,59 @@ async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
         .collect()
 }
 
-/// Waits until the primary's synchronous standbys (`synchronous_standby_names`, which multiorch
-/// sets from the shard's cohort) name every other pool pod; returns how long it took.
-///
-/// A restarted pod rejoins the cohort only when multiorch re-adds it, which can be after it is
-/// Ready and has its role. Removing the one cohort standby before that blocks every write (each
-/// commit waits for a standby that is gone), and the blocked writes then hold every
-/// connection, so multiorch cannot even reach PostgreSQL to repair the cohort. The operator
-/// does not yet wait for this before a scale-down (docs/reliability.md); the test does.
-async fn cohort_settled(
+/// The published cohort once `settled` accepts the Shard's status (the cohort, and its
+/// `CohortHealthy` and `FailureTolerant` conditions as `(status, reason)`), and how long that
+/// took; every pool pod's `multigres.com/cohort` label must match the cohort too.
+async fn cohort_until(
     client: &Client,
     namespace: &str,
-    password: &str,
-    primary: &str,
-) -> Duration {
+    what: &str,
+    settled: impl Fn(&CohortStatus, (&str, &str), (&str, &str)) -> bool,
+) -> (CohortStatus, Duration) {
     let started = Instant::now();
-    let standbys = eventually(
-        &format!("the cohort of {primary} is every other pool pod"),
-        WAIT,
-        || async {
-            let pods = pool_pods(client, namespace).await;
-            let on_primary = pods
+    let cohort = eventually(what, WAIT, || async {
+        let status = shard(client, namespace).await.status.unwrap_or_default();
+        let condition = |type_: &str| {
+            status
+                .conditions
                 .iter()
-                .find(|p| p.name_any() == primary)
-                .and_then(|p| Endpoint::pod(p, password))
-                .ok_or(format!("no pod {primary}"))?;
-            let rows = on_primary.query("SHOW synchronous_standby_names").await?;
-            let names: String = rows.into_iter().flatten().flatten().collect();
-            let quoted = |p: &Pod| format!("{}\"", p.name_any());
-            let others: Vec<&Pod> = pods.iter().filter(|p| p.name_any() != primary).collect();
-            // The list may name the primary itself too (after a re-creation it did).
-            if others.iter().all(|p| names.contains(&quoted(p))) {
-                Ok(names)
+                .find(|c| c.type_ == type_)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+                .unwrap_or_default()
+        };
+        let (health, tolerance) = (condition("CohortHealthy"), condition("FailureTolerant"));
+        let cohort = status.cohort.clone().ok_or("no cohort published")?;
+        let shown = format!("{cohort:?}; CohortHealthy {health:?}, FailureTolerant {tolerance:?}");
+        let health_pair = (health.0.as_str(), health.1.as_str());
+        let tolerance_pair = (tolerance.0.as_str(), tolerance.1.as_str());
+        if !settled(&cohort, health_pair, tolerance_pair) {
+            return Err(shown);
+        }
+        for pod in pool_pods(client, namespace).await {
+            let name = pod.name_any();
+            let want = if cohort.is_healthy(&name) {
+                "member"
             } else {
-                Err(names)
+                "outside"
+            };
+            let label = pod.labels().get(labels::COHORT).map(String::as_str);
+            if label != Some(want) {
+                return Err(format!("{name} labelled {label:?}, not {want}: {shown}"));
             }
-        },
-    )
+        }
+        Ok(cohort)
+    })
     .await;
-    println!("synchronous standbys of {primary}: {standbys}");
-    started.elapsed()
+    println!("cohort ({what}): {cohort:?}");
+    (cohort, started.elapsed())
+}
+
+/// Whether the cohort has exactly `pods` pool pods, each taking part in commits (the primary,
+/// or a member streaming from it), and no member without a pod.
+fn whole(cohort: &CohortStatus, pods: usize) -> bool {
+    cohort.missing.is_empty()
+        && cohort.pods.len() == pods
+        && cohort.pods.keys().all(|p| cohort.is_healthy(p))
 }
 
 /// The Shard's `SwitchoverRequested` events: message -> how often it was published (repeats
@@ -469,9 +482,21 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     assert_eq!(count, [[Some("100".to_owned())]]);
     let mut acknowledged: Vec<i64> = (1..=100).map(|g| -g).collect();
 
-    // 2. Roles from the topology match each PostgreSQL.
+    // 2. Roles from the topology match each PostgreSQL; the cohort of the sample's 2 pods is
+    // whole, and the Shard says that losing either pod stops writes under AT_LEAST_2.
     let (_, roles) = settled_roles(&client, &namespace, &password, 2).await;
     println!("roles: {roles:?}");
+    cohort_until(
+        &client,
+        &namespace,
+        "2 pods in the cohort, not failure tolerant",
+        |cohort, health, tolerance| {
+            whole(cohort, 2)
+                && health == ("True", "CohortComplete")
+                && tolerance == ("False", "OnePodLossStopsWrites")
+        },
+    )
+    .await;
 
     // 4. A reload-class setting: applied by the real multipooler's ReloadConfig, no restart.
     let before = uids(&client, &namespace).await;
@@ -519,6 +544,21 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         }
     })
     .await;
+    let (_, joined) = cohort_until(
+        &client,
+        &namespace,
+        "3 pods in the cohort, failure tolerant",
+        |cohort, health, tolerance| {
+            whole(cohort, 3)
+                && health == ("True", "CohortComplete")
+                && tolerance == ("True", "SurvivesOnePodLoss")
+        },
+    )
+    .await;
+    figure(
+        "new replica holds the rows -> whole cohort of 3 published (s)",
+        format!("{:.1}", joined.as_secs_f64()),
+    );
 
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
     // acknowledged row is lost.
@@ -697,18 +737,15 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     let password = gateway.password.clone();
     assert_eq!(assert_kept(&gateway, &acknowledged).await, stored);
 
-    // 10. Scale 3 -> 2, last (see below): the primary is never the pod removed, and the volume
-    // stays (whenScaled: Retain). Where the primary is on -2, the operator asks it to hand over
+    // 10. Scale 3 -> 2 right after the recreation: the operator holds the scale-down until
+    // every pod that stays is back in the cohort (a recreated pod rejoins only when multiorch
+    // re-adds it), and the removed pod then leaves the cohort. The primary is never the pod
+    // removed, and the volume stays (whenScaled: Retain). Where the primary is on -2, the operator asks it to hand over
     // first; elsewhere the primary stays where it is and nobody is asked. (Failovers cannot be
     // steered onto -2: multiorch prefers the first cohort member among replicas at the same WAL
     // position, so the hand-over path is deterministic only in the fast tier,
     // resource_handler.rs; the same switchover ran on real pods in step 7.)
     let (before, _) = settled_roles(&client, &namespace, &password, 3).await;
-    let rejoined = cohort_settled(&client, &namespace, &password, &before).await;
-    figure(
-        "recreated -> every pod in the primary's cohort (s)",
-        format!("{:.1}", rejoined.as_secs_f64()),
-    );
     let asked_before = switchover_requests(&client, &namespace).await;
     set_shard(&client, &namespace, 2, &config).await;
     let (primary, roles) = settled_roles(&client, &namespace, &password, 2).await;
@@ -740,10 +777,17 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         names.iter().any(|n| n.ends_with("-zone-a-2")),
         "the scaled-down pod's volume is kept: {names:?}"
     );
-    // The removed pod stays in the Multigres cohort: multiorch tries to drop it and the primary
-    // refuses ("cohort cannot achieve durability policy: durability not satisfied: 1 poolers,
-    // required 2"), and reports ShardAtRisk. A failover, or a cluster recreated on these volumes,
-    // then cannot recruit a quorum (ShardStuck), so this step comes last (docs/reliability.md).
+    let (_, left) = cohort_until(
+        &client,
+        &namespace,
+        "the removed pod left the cohort",
+        |cohort, health, _| whole(cohort, 2) && health == ("True", "CohortComplete"),
+    )
+    .await;
+    figure(
+        "scale 3 -> 2 settled -> removed pod out of the cohort (s)",
+        format!("{:.1}", left.as_secs_f64()),
+    );
     let settled = Instant::now();
     let mut id = -2000;
     let write = eventually("a write after the scale-down", WAIT, || {

@@ -24,7 +24,8 @@ use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::{Cell, Shard, TopoServer};
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{
-    FULL_CYCLE, HandlerProcess, WAIT, eventually, fresh_namespace, pool_pods, publish_roles,
+    DATA_HANDLER_STAND_IN, FULL_CYCLE, HandlerProcess, WAIT, eventually, fresh_namespace,
+    pool_pods, publish_roles,
 };
 use multigres_e2e::manifest::{self, Mode};
 use serde_json::json;
@@ -780,6 +781,192 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         has_no_switchover_condition(&shards, name).await,
         "the Switchover condition is gone once nothing waits"
     );
+}
+
+/// Publishes what the data-handler would for a shard whose pods `members` are healthy cohort
+/// members and `primary` the primary: `status.podRoles` and `status.cohort` (one apply, as the
+/// data-handler's is), and each pod's `multigres.com/cohort` label.
+async fn publish_cohort(
+    client: &Client,
+    ns: &str,
+    shard: &str,
+    pods: &[String],
+    primary: &str,
+    members: &[&String],
+) {
+    let roles: BTreeMap<&String, &str> = pods
+        .iter()
+        .map(|p| (p, if p == primary { "PRIMARY" } else { "REPLICA" }))
+        .collect();
+    let cohort: BTreeMap<&String, serde_json::Value> = pods
+        .iter()
+        .map(|p| {
+            let member = members.contains(&p);
+            let replication = if p == primary { "Primary" } else { "Streaming" };
+            (p, json!({"member": member, "replication": replication}))
+        })
+        .collect();
+    let summary = format!("{}/{} AT_LEAST_2", members.len(), members.len());
+    let shards: Api<Shard> = Api::namespaced(client.clone(), ns);
+    shards
+        .patch_status(
+            shard,
+            &PatchParams::apply(DATA_HANDLER_STAND_IN).force(),
+            &Patch::Apply(json!({
+                "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
+                "metadata": {"name": shard},
+                "status": {
+                    "podRoles": roles,
+                    "cohort": {"summary": summary, "policy": "AT_LEAST_2", "required": 2,
+                               "leader": primary, "pods": cohort},
+                },
+            })),
+        )
+        .await
+        .unwrap();
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for pod in pods {
+        let value = if members.contains(&pod) {
+            "member"
+        } else {
+            "outside"
+        };
+        let patch = json!({"metadata": {"labels": {"multigres.com/cohort": value}}});
+        api.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+}
+
+/// The value of annotation `key` on pod `name`.
+async fn annotation(pods: &Api<Pod>, name: &str, key: &str) -> Option<String> {
+    let pod = pods.get(name).await.unwrap();
+    pod.annotations().get(key).cloned()
+}
+
+#[tokio::test]
+async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-cohort").await;
+    let _handler = start_handler(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    let image = "ghcr.io/multigres/multigres:sha-66d2310";
+    let retain = "{whenDeleted: Retain, whenScaled: Retain}";
+    apply_yaml(&client, &ns, &shard("co", &ns, 3, image, retain, "1Gi")).await;
+    let name = "co-postgres-default-0-inf";
+    let set = format!("{name}-pool-main-zone-a");
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> = eventually("three Ready pool pods", WAIT, || async {
+        let now = pool_pods(&client, &ns, "co").await;
+        match now.len() == 3 && now.values().all(|(_, ready)| *ready) {
+            true => Ok(now.into_keys().collect()),
+            false => Err(format!("{now:?}")),
+        }
+    })
+    .await;
+    let (p0, p1) = (format!("{set}-0"), format!("{set}-1"));
+    let all: Vec<&String> = names.iter().collect();
+    publish_cohort(&client, &ns, name, &names, &p1, &all).await;
+    wait_condition(&shards, name, "Available", "True", None, shard_conditions).await;
+
+    // A person asks the primary to hand over: the handler turns it into the request the
+    // data-handler answers, and says so.
+    let ask = json!({"metadata": {"annotations": {"multigres.com/switchover": "now"}}});
+    pods.patch(&p1, &PatchParams::default(), &Patch::Merge(&ask))
+        .await
+        .unwrap();
+    eventually("the primary is asked to hand over", WAIT, || async {
+        match annotation(&pods, &p1, "multigres.com/switchover-requested").await {
+            Some(_) => Ok(()),
+            None => Err("no request yet".to_owned()),
+        }
+    })
+    .await;
+    let s = wait_condition(
+        &shards,
+        name,
+        "Switchover",
+        "True",
+        Some("WaitingForSwitchover"),
+        shard_conditions,
+    )
+    .await;
+    let message = condition(&shard_conditions(&s), "Switchover")
+        .unwrap()
+        .message
+        .clone();
+    assert!(message.contains("as asked for on it"), "{message}");
+
+    // Multiorch promoted pod 0 (published here as the data-handler would): the person's
+    // request is answered and removed, the handler's withdrawn.
+    publish_cohort(&client, &ns, name, &names, &p0, &all).await;
+    eventually("the answered requests are removed", WAIT, || async {
+        let user = annotation(&pods, &p1, "multigres.com/switchover").await;
+        let handler = annotation(&pods, &p1, "multigres.com/switchover-requested").await;
+        match (user, handler) {
+            (None, None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(has_no_switchover_condition(&shards, name).await);
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let done = eventually("a SwitchoverDone event", WAIT, || async {
+        let list = events.list(&ListParams::default()).await.unwrap().items;
+        list.into_iter()
+            .find(|e| e.reason.as_deref() == Some("SwitchoverDone"))
+            .and_then(|e| e.note)
+            .ok_or("none yet".to_owned())
+    })
+    .await;
+    assert!(done.contains(&p1) && done.contains(&p0), "{done}");
+
+    // A scale-down 3 -> 2 while pod 1, which stays, is outside the cohort: held at 3, and the
+    // ScaleDown condition names it; once it is a member, the pod goes.
+    let members: Vec<&String> = names.iter().filter(|p| **p != p1).collect();
+    publish_cohort(&client, &ns, name, &names, &p0, &members).await;
+    patch_spec(
+        &shards,
+        name,
+        json!({"pools": {"main": {"replicasPerCell": 2}}}),
+    )
+    .await;
+    let s = wait_condition(
+        &shards,
+        name,
+        "ScaleDown",
+        "True",
+        Some("WaitingForCohort"),
+        shard_conditions,
+    )
+    .await;
+    let message = condition(&shard_conditions(&s), "ScaleDown")
+        .unwrap()
+        .message
+        .clone();
+    assert!(message.contains(&format!("not yet: {p1}")), "{message}");
+    tokio::time::sleep(FULL_CYCLE).await;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let replicas = |sts: StatefulSet| sts.spec.and_then(|s| s.replicas);
+    assert_eq!(replicas(sets.get(&set).await.unwrap()), Some(3), "held");
+    assert_eq!(pool_pods(&client, &ns, "co").await.len(), 3);
+    publish_cohort(&client, &ns, name, &names, &p0, &all).await;
+    eventually("the scale-down goes on", WAIT, || async {
+        match replicas(sets.get(&set).await.unwrap()) {
+            Some(2) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    eventually("the ScaleDown condition is gone", WAIT, || async {
+        let s = shards.get(name).await.unwrap();
+        match condition(&shard_conditions(&s), "ScaleDown") {
+            None => Ok(()),
+            Some(c) => Err(c.message.clone()),
+        }
+    })
+    .await;
 }
 
 /// Whether the Shard has no `Switchover` condition.

@@ -272,6 +272,17 @@ pub struct CohortStatus {
     pub pods: BTreeMap<String, CohortPod>,
 }
 
+impl CohortStatus {
+    /// Whether `pod` takes part in commits now: the primary (which the current rule may lead
+    /// without being one of its members), or a member streaming from it.
+    pub fn is_healthy(&self, pod: &str) -> bool {
+        self.pods.get(pod).is_some_and(|p| {
+            let takes_part = p.member || self.leader.as_deref() == Some(pod);
+            takes_part && matches!(p.replication, Replication::Primary | Replication::Streaming)
+        })
+    }
+}
+
 /// One pool pod as the cohort sees it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -259,10 +259,7 @@ impl Published {
     /// read.
     pub fn label(&self, pod: &str) -> Option<&'static str> {
         let cohort = self.cohort.as_ref()?;
-        let healthy = cohort.pods.get(pod).is_some_and(|p| {
-            p.member && matches!(p.replication, Replication::Primary | Replication::Streaming)
-        });
-        Some(if healthy {
+        Some(if cohort.is_healthy(pod) {
             COHORT_MEMBER
         } else {
             COHORT_OUTSIDE
@@ -276,20 +273,33 @@ struct Assessed {
     conditions: [Computed; 2],
 }
 
+/// Who takes part in commits under the current rule: its members, and its leader, which the
+/// rule may name without listing it as a member (multiorch never adds the leader).
+struct Participants<'a> {
+    /// The rule's cohort members.
+    members: Vec<Member>,
+    /// The leader, when it is not a member.
+    leader: Option<Member>,
+    /// Those whose pod is the primary or streams from it, the leader first when it is.
+    healthy: Vec<&'a Member>,
+}
+
 /// Reads the answers: the current rule's cohort, each pod's replication, and the conditions.
 /// `None` when no multipooler reported a rule with a durability policy.
 fn assess(answers: &[Answer]) -> Option<Assessed> {
     let rule = current_rule(answers)?;
     let policy = Policy::of(rule)?;
     let leader = rule.leader_id.as_ref().map(|id| id.name.as_str());
-    let members: Vec<Member> = rule
-        .cohort_members
-        .iter()
-        .map(|id| Member {
-            name: id.name.clone(),
-            cell: id.cell.clone(),
-        })
-        .collect();
+    let member = |id: &multigres_proto::topo::Id| Member {
+        name: id.name.clone(),
+        cell: id.cell.clone(),
+    };
+    let members: Vec<Member> = rule.cohort_members.iter().map(member).collect();
+    let outside_leader = rule
+        .leader_id
+        .as_ref()
+        .filter(|id| !members.iter().any(|m| m.name == id.name))
+        .map(member);
     let primary_lsn = answers
         .iter()
         .find(|a| Some(a.pod.name.as_str()) == leader)
@@ -318,36 +328,35 @@ fn assess(answers: &[Answer]) -> Option<Assessed> {
             (answer.pod.name.clone(), pod)
         })
         .collect();
-    let missing: Vec<String> = members
-        .iter()
+    let all = || members.iter().chain(&outside_leader);
+    let missing: Vec<String> = all()
         .filter(|m| !pods.contains_key(&m.name))
         .map(|m| m.name.clone())
         .collect();
-    let healthy: Vec<&Member> = members
-        .iter()
-        .filter(|m| {
-            pods.get(&m.name).is_some_and(|p| {
-                matches!(p.replication, Replication::Primary | Replication::Streaming)
-            })
-        })
-        .collect();
-    let cohort = CohortStatus {
-        summary: format!("{}/{} {}", healthy.len(), members.len(), policy.name),
+    let mut cohort = CohortStatus {
+        summary: String::new(),
         policy: Some(policy.name.clone()),
         required: i32::try_from(policy.required).ok(),
         leader: leader.map(str::to_owned),
         missing,
         pods,
     };
+    let healthy: Vec<&Member> = all().filter(|m| cohort.is_healthy(&m.name)).collect();
+    cohort.summary = format!("{}/{} {}", healthy.len(), all().count(), policy.name);
+    let participants = Participants {
+        members: members.clone(),
+        leader: outside_leader.clone(),
+        healthy,
+    };
     let conditions = [
-        health(&cohort, &healthy, &members),
-        tolerance(&policy, &healthy, members.len()),
+        health(&cohort, &participants),
+        tolerance(&policy, &participants, leader),
     ];
     Some(Assessed { cohort, conditions })
 }
 
-/// `CohortHealthy`: the first thing wrong, or every pod a healthy member.
-fn health(cohort: &CohortStatus, healthy: &[&Member], members: &[Member]) -> Computed {
+/// `CohortHealthy`: the first thing wrong, or every pod a healthy participant.
+fn health(cohort: &CohortStatus, participants: &Participants<'_>) -> Computed {
     let policy = cohort.policy.as_deref().unwrap_or_default();
     if !cohort.missing.is_empty() {
         return Computed::no(
@@ -357,7 +366,7 @@ fn health(cohort: &CohortStatus, healthy: &[&Member], members: &[Member]) -> Com
                 "cohort members {} have no pool pod (scaled away or deleted) and still count \
                  toward every quorum: multiorch may not elect a new primary if the current one \
                  is lost. Bring the pods back (scale the pool up again), or remove them from \
-                 the cohort as docs/runbooks/ShardCohort.md says",
+                 the cohort as docs/runbooks/MultigresShardCohortDegraded.md says",
                 cohort.missing.join(", ")
             ),
         );
@@ -365,7 +374,7 @@ fn health(cohort: &CohortStatus, healthy: &[&Member], members: &[Member]) -> Com
     let outside: Vec<&str> = cohort
         .pods
         .iter()
-        .filter(|(_, p)| !p.member)
+        .filter(|(name, p)| !p.member && cohort.leader.as_ref() != Some(*name))
         .map(|(name, _)| name.as_str())
         .collect();
     if !outside.is_empty() {
@@ -379,12 +388,15 @@ fn health(cohort: &CohortStatus, healthy: &[&Member], members: &[Member]) -> Com
             ),
         );
     }
-    let lagging: Vec<String> = members
+    let lagging: Vec<String> = participants
+        .members
         .iter()
-        .filter(|m| !healthy.contains(m))
+        .chain(&participants.leader)
+        .filter(|m| !participants.healthy.contains(m))
         .map(|m| {
             let how = match cohort.pods.get(&m.name).map(|p| p.replication) {
                 Some(Replication::Unreachable) => "its multipooler does not answer",
+                _ if cohort.leader.as_ref() == Some(&m.name) => "it leads but is not the primary",
                 _ => "it does not stream from the primary",
             };
             format!("{} ({how})", m.name)
@@ -405,36 +417,57 @@ fn health(cohort: &CohortStatus, healthy: &[&Member], members: &[Member]) -> Com
         COHORT_HEALTHY,
         "CohortComplete",
         format!(
-            "all {} pool pods are in the cohort ({policy}) and the primary {} streams to every \
-             standby",
-            members.len(),
+            "all {} pool pods take part in commits ({policy}): the primary {} streams to every \
+             cohort member",
+            cohort.pods.len(),
             cohort.leader.as_deref().unwrap_or("?"),
         ),
     )
 }
 
-/// `FailureTolerant`: whether losing any one healthy member (the primary included) leaves
-/// members that meet the policy and form a majority of the cohort (to elect a new primary).
-fn tolerance(policy: &Policy, healthy: &[&Member], cohort_size: usize) -> Computed {
-    let majority = cohort_size / 2 + 1;
-    let survives = !healthy.is_empty()
-        && (0..healthy.len()).all(|lost| {
-            let rest: Vec<&Member> = healthy
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != lost)
-                .map(|(_, m)| *m)
-                .collect();
-            policy.met_by(&rest) && rest.len() >= majority
-        });
+/// Whether writes go on without `lost`: when it leads, a majority of the cohort must remain to
+/// elect a new primary among the members, which then needs the policy met by the members left;
+/// otherwise the leader and the members left must meet the policy.
+fn survives(
+    policy: &Policy,
+    participants: &Participants<'_>,
+    leader: Option<&str>,
+    lost: &Member,
+) -> bool {
+    let left = |m: &&&Member| m.name != lost.name;
+    let members_left: Vec<&Member> = participants
+        .healthy
+        .iter()
+        .filter(left)
+        .filter(|m| participants.members.contains(m))
+        .copied()
+        .collect();
+    if leader == Some(lost.name.as_str()) || leader.is_none() {
+        let majority = participants.members.len() / 2 + 1;
+        members_left.len() >= majority && policy.met_by(&members_left)
+    } else {
+        let writers: Vec<&Member> = participants.healthy.iter().filter(left).copied().collect();
+        writers.iter().any(|m| Some(m.name.as_str()) == leader) && policy.met_by(&writers)
+    }
+}
+
+/// `FailureTolerant`: whether losing any one healthy participant (the primary included) leaves
+/// a shard that still accepts writes (see [`survives`]).
+fn tolerance(policy: &Policy, participants: &Participants<'_>, leader: Option<&str>) -> Computed {
+    let healthy = &participants.healthy;
+    let tolerant = !healthy.is_empty()
+        && healthy
+            .iter()
+            .all(|m| survives(policy, participants, leader, m));
     let unit = policy.unit();
-    if survives {
+    let size = participants.members.len();
+    if tolerant {
         return Computed::yes(
             FAILURE_TOLERANT,
             "SurvivesOnePodLoss",
             format!(
-                "writes go on if any one pool pod is lost: {} healthy cohort members, {} needs \
-                 {} {unit}",
+                "writes go on if any one pool pod is lost: {} pods take part in commits, {} \
+                 needs {} {unit}",
                 healthy.len(),
                 policy.name,
                 policy.required
@@ -457,9 +490,9 @@ fn tolerance(policy: &Policy, healthy: &[&Member], cohort_size: usize) -> Comput
         FAILURE_TOLERANT,
         "OnePodLossStopsWrites",
         format!(
-            "losing one pool pod stops writes until it returns: {} healthy of {cohort_size} \
-             cohort members, and {} needs {} {unit} plus a majority of the cohort to elect a \
-             primary; {advice}",
+            "losing one pool pod stops writes until it returns: {} pods take part in commits \
+             ({size} cohort members), and {} needs {} {unit} plus a majority of the cohort to \
+             elect a primary; {advice}",
             healthy.len(),
             policy.name,
             policy.required
@@ -486,12 +519,11 @@ pub fn collect(gauges: &mut StatusGauges, shards: &Store<Guarded<Shard>>) {
 
 /// The gauge values of a published cohort: its counts, and each standby's lag in bytes.
 fn counts(cohort: &CohortStatus) -> (gauges::Cohort, Vec<(String, i64)>) {
-    let healthy = |p: &CohortPod| {
-        p.member && matches!(p.replication, Replication::Primary | Replication::Streaming)
-    };
+    let takes_part =
+        |(name, p): &(&String, &CohortPod)| p.member || cohort.leader.as_ref() == Some(*name);
     let counts = gauges::Cohort {
-        members: (cohort.pods.values().filter(|p| p.member).count() + cohort.missing.len()) as i64,
-        healthy: cohort.pods.values().filter(|p| healthy(p)).count() as i64,
+        members: (cohort.pods.iter().filter(takes_part).count() + cohort.missing.len()) as i64,
+        healthy: cohort.pods.keys().filter(|p| cohort.is_healthy(p)).count() as i64,
         required: cohort.required.map_or(0, i64::from),
         pods: cohort.pods.len() as i64,
     };

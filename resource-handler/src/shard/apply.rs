@@ -43,6 +43,8 @@ pub(super) struct Outcome {
     pub downs: Vec<ScaleDown>,
     /// Pool scale-downs held or stepped for the consensus cohort.
     pub cohort_holds: Vec<CohortHold>,
+    /// What people's switchover requests call for.
+    pub users: switchover::UserRequests,
 }
 
 /// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
@@ -83,7 +85,10 @@ pub(super) async fn run(
         restart(ctx, guard, ns, &step).await?;
         Some(step)
     };
-    let asked = switchover::needed(step.as_ref(), &downs);
+    let users = switchover::user_requests(pods, handover, cohort.is_some());
+    let mut asked = switchover::needed(step.as_ref(), &downs);
+    asked.extend(users.ask.clone());
+    switchover::answer_users(ctx, guard, ns, pods, &users.answered).await;
     let changes = switchover::changes(pods, &asked, step.is_some(), Timestamp::now());
     switchover::request(ctx, guard, ns, &changes).await;
     Ok(Outcome {
@@ -94,6 +99,7 @@ pub(super) async fn run(
         held,
         downs,
         cohort_holds,
+        users,
     })
 }
 

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use multigres_api::labels::{COHORT, COHORT_MEMBER, ROLE, SWITCHOVER_REQUESTED};
+use multigres_api::labels::{COHORT, COHORT_MEMBER, ROLE, SWITCHOVER_REQUESTED, USER_SWITCHOVER};
 
 /// The label the StatefulSet controller puts on each pod: the revision it was created from.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -67,6 +67,8 @@ pub struct PodView {
     pub switchover: Option<String>,
     /// A healthy member of the consensus cohort, as its `multigres.com/cohort` label says.
     pub in_cohort: bool,
+    /// A person asked for a switchover on it (annotation `multigres.com/switchover`).
+    pub user_switchover: bool,
 }
 
 impl PodView {
@@ -211,6 +213,7 @@ pub fn pod_view(pod: &Pod, roles: &BTreeMap<String, String>) -> Option<PodView> 
         terminating: pod.metadata.deletion_timestamp.is_some(),
         switchover: pod.annotations().get(SWITCHOVER_REQUESTED).cloned(),
         in_cohort: pod.labels().get(COHORT).map(String::as_str) == Some(COHORT_MEMBER),
+        user_switchover: pod.annotations().contains_key(USER_SWITCHOVER),
         set,
         name,
         ready,
@@ -356,6 +359,7 @@ mod tests {
             role,
             switchover: None,
             in_cohort: true,
+            user_switchover: false,
         }
     }
 

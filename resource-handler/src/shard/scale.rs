@@ -406,6 +406,7 @@ mod tests {
             role,
             switchover: None,
             in_cohort: true,
+            user_switchover: false,
         }
     }
 

@@ -84,7 +84,12 @@ pub(super) async fn write(
         rollout: outcome.step.clone(),
         storage: Some(outcome.resize.condition()),
         pgbackrest_tls: outcome.tls,
-        switchover: switchover::condition(outcome.step.as_ref(), &outcome.downs, handover),
+        switchover: switchover::condition(
+            outcome.step.as_ref(),
+            &outcome.downs,
+            &outcome.users,
+            handover,
+        ),
         held: outcome.held,
         scale_down: scale::condition(&outcome.cohort_holds),
         unready: unready_pool_pods(&cached),
@@ -643,7 +648,7 @@ mod tests {
             orchs: vec![counts(1, 1)],
             pool_pods: pods(3),
             rollout: Some(Step::UpToDate { pods: 3 }),
-            switchover: switchover::condition(None, &[down], true),
+            switchover: switchover::condition(None, &[down], &Default::default(), true),
             ..Report::default()
         };
         let s = with_roles(shard(), &[("zone-a-2", "PRIMARY")]);

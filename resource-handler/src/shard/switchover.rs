@@ -10,6 +10,11 @@
 //! still unanswered after [`RENEW`] is renewed (a new time), so the data-handler tries again;
 //! a request no longer needed is withdrawn.
 //!
+//! A person asks for a switchover by annotating the primary pool pod with
+//! `multigres.com/switchover` ([`user_requests`]): the handler turns it into the same request,
+//! under the gates of a rollout (a Ready replica can take over; with a published cohort, every
+//! other pod is a healthy member), and removes the annotation once another pod is the primary.
+//!
 //! Deciding is pure ([`needed`], [`changes`], [`condition`]); [`request`] writes.
 
 use std::collections::BTreeMap;
@@ -20,13 +25,13 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::Patch;
 use kube::runtime::events::EventType;
-use multigres_api::labels::SWITCHOVER_REQUESTED;
+use multigres_api::labels::{SWITCHOVER_REQUESTED, USER_SWITCHOVER};
 use multigres_api::v1alpha1::Shard;
 use multigres_common::apply::patch_params;
 use multigres_common::telemetry::ErrorChain;
 use serde_json::json;
 
-use super::rollout::{PodView, Step, Wait};
+use super::rollout::{PodView, Role, Step, Wait};
 use super::scale::{Handover, ScaleDown};
 use super::{Guard, NAME};
 use crate::conditions::{Cond, FALSE, TRUE};
@@ -49,11 +54,71 @@ pub fn needed(step: Option<&Step>, downs: &[ScaleDown]) -> BTreeMap<String, Stri
     {
         out.insert(
             pod.clone(),
-            "its restart for the new pod template".to_owned(),
+            "before its restart for the new pod template".to_owned(),
         );
     }
     for down in downs.iter().filter(|d| d.handover == Handover::Requested) {
-        out.insert(down.primary.clone(), down.purpose());
+        out.insert(down.primary.clone(), format!("before {}", down.purpose()));
+    }
+    out
+}
+
+/// What people's switchover requests (annotation `multigres.com/switchover`) call for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UserRequests {
+    /// Primaries to ask to hand over now, with why.
+    pub ask: BTreeMap<String, String>,
+    /// Primaries whose hand-over waits, each with what it waits for.
+    pub waiting: Vec<String>,
+    /// Pods whose request is answered: a replica while another pod is the primary.
+    pub answered: Vec<String>,
+}
+
+/// Reads the requests people put on `pods`. `possible`: whether a switchover can be asked for;
+/// `cohort`: whether the shard's cohort is published (then every other pod must be a healthy
+/// member first). A request on a pod with no known role, or on a replica while no pod is the
+/// primary (a hand-over under way), stays.
+pub fn user_requests(pods: &[PodView], possible: bool, cohort: bool) -> UserRequests {
+    let mut out = UserRequests::default();
+    let primary = pods
+        .iter()
+        .find(|p| p.role == Role::Primary && !p.terminating);
+    for pod in pods.iter().filter(|p| p.user_switchover && !p.terminating) {
+        match pod.role {
+            Role::Replica if primary.is_some() => out.answered.push(pod.name.clone()),
+            Role::Primary => {
+                let name = &pod.name;
+                let outside: Vec<&str> = pods
+                    .iter()
+                    .filter(|p| p.name != *name && !p.terminating && !p.in_cohort)
+                    .map(|p| p.name.as_str())
+                    .collect();
+                if !possible {
+                    out.waiting.push(format!(
+                        "the switchover asked for on the primary {name} cannot be carried out: \
+                         internalTLS is enabled and the data-handler has no client certificate \
+                         for the multipooler to ask it to resign"
+                    ));
+                } else if !pods.iter().any(PodView::can_take_over) {
+                    out.waiting.push(format!(
+                        "the switchover asked for on the primary {name} waits for a Ready \
+                         replica to take over"
+                    ));
+                } else if cohort && !outside.is_empty() {
+                    out.waiting.push(format!(
+                        "the switchover asked for on the primary {name} waits for {} to be \
+                         healthy cohort members",
+                        outside.join(", ")
+                    ));
+                } else {
+                    out.ask.insert(
+                        name.clone(),
+                        "as asked for on it (annotation multigres.com/switchover)".to_owned(),
+                    );
+                }
+            }
+            Role::Replica | Role::Unknown => {}
+        }
     }
     out
 }
@@ -112,7 +177,12 @@ pub fn changes(
 /// The `Switchover` condition: True while a primary must hand over before it goes, False when
 /// one goes without (nobody can take over, or a switchover cannot be asked for), absent when no
 /// primary is about to go. `possible`: whether a switchover can be asked for.
-pub fn condition(step: Option<&Step>, downs: &[ScaleDown], possible: bool) -> Option<Cond> {
+pub fn condition(
+    step: Option<&Step>,
+    downs: &[ScaleDown],
+    user: &UserRequests,
+    possible: bool,
+) -> Option<Cond> {
     let process = "the data-handler has its multipooler resign leadership (annotation \
                    multigres.com/switchover-requested) and multiorch promotes a replica";
     let mut requested = Vec::new();
@@ -149,6 +219,12 @@ pub fn condition(step: Option<&Step>, downs: &[ScaleDown], possible: bool) -> Op
             }
         }
     }
+    for pod in user.ask.keys() {
+        requested.push(format!(
+            "the primary {pod} hands over, as asked for on it (multigres.com/switchover)"
+        ));
+    }
+    no_replica.extend(user.waiting.iter().cloned());
     if !requested.is_empty() || !no_replica.is_empty() {
         let reason = if requested.is_empty() {
             "WaitingForReplica"
@@ -176,6 +252,64 @@ pub fn condition(step: Option<&Step>, downs: &[ScaleDown], possible: bool) -> Op
         without.join("; ")
     );
     Some(Cond::new(SWITCHOVER, FALSE, "WithoutSwitchover", message))
+}
+
+/// Removes the answered requests of people (`answered`, among `pods`) with a Normal event each:
+/// the pod is a replica now, and `primary` the primary. A pod gone or replaced meanwhile is
+/// skipped; a failed write is logged and tried again on the next reconcile.
+pub async fn answer_users(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    ns: &str,
+    pods: &[PodView],
+    answered: &[String],
+) {
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    let primary = pods
+        .iter()
+        .find(|p| p.role == Role::Primary)
+        .map_or("?", |p| p.name.as_str());
+    for pod in pods.iter().filter(|p| answered.contains(&p.name)) {
+        let patch = json!({"metadata": {"uid": pod.uid, "annotations": {USER_SWITCHOVER: null}}});
+        crate::sync::count(NAME, "Pod", "patch");
+        match api
+            .patch(
+                &pod.name,
+                &patch_params(FIELD_MANAGER),
+                &Patch::Merge(patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if [404, 409, 422].contains(&e.code) => continue,
+            Err(error) => {
+                tracing::warn!(pod = %pod.name, error = %ErrorChain(&error), "cannot remove the answered switchover request");
+                continue;
+            }
+        }
+        tracing::info!(pod = %pod.name, %primary, "switchover asked for on the pod is done");
+        let note = format!(
+            "the switchover asked for on pod {} is done: it is a replica, and {primary} is the \
+             primary",
+            pod.name
+        );
+        let related = ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            name: Some(pod.name.clone()),
+            namespace: Some(ns.to_owned()),
+            uid: Some(pod.uid.clone()),
+            ..Default::default()
+        };
+        ctx.event_about(
+            guard,
+            Some(related),
+            EventType::Normal,
+            "SwitchoverDone",
+            note,
+        )
+        .await;
+    }
 }
 
 /// Writes `changes` (a JSON merge patch of the one annotation, carrying the planned pod's UID,
@@ -214,7 +348,7 @@ pub async fn request(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, changes: &[Chang
             (
                 "SwitchoverRenewed",
                 format!(
-                    "the primary {} has not handed over within {} s; asked again before {purpose}",
+                    "the primary {} has not handed over within {} s; asked again {purpose}",
                     change.pod,
                     RENEW.as_secs()
                 ),
@@ -223,7 +357,7 @@ pub async fn request(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, changes: &[Chang
             (
                 "SwitchoverRequested",
                 format!(
-                    "asked the primary {} to hand over to a replica before {purpose}; the \
+                    "asked the primary {} to hand over to a replica {purpose}; the \
                      data-handler has its multipooler resign leadership and multiorch promotes \
                      a replica",
                     change.pod
@@ -265,6 +399,7 @@ mod tests {
             role: Role::Primary,
             switchover: request.map(Into::into),
             in_cohort: true,
+            user_switchover: false,
         }
     }
 
@@ -301,11 +436,11 @@ mod tests {
             BTreeMap::from([
                 (
                     "pool-0".to_owned(),
-                    "its restart for the new pod template".to_owned()
+                    "before its restart for the new pod template".to_owned()
                 ),
                 (
                     "pool-1".to_owned(),
-                    "pool scales down from 3 to 1 replicas".to_owned()
+                    "before pool scales down from 3 to 1 replicas".to_owned()
                 ),
             ])
         );
@@ -362,7 +497,7 @@ mod tests {
     #[test]
     fn the_condition_names_the_pod_and_what_it_waits_for() {
         let step = rollout_wait("pool-0");
-        let c = condition(Some(&step), &[], true).unwrap();
+        let c = condition(Some(&step), &[], &UserRequests::default(), true).unwrap();
         assert_eq!((c.status, c.reason), (TRUE, "WaitingForSwitchover"));
         assert_eq!(
             c.message,
@@ -371,14 +506,26 @@ mod tests {
              multigres.com/switchover-requested) and multiorch promotes a replica"
         );
 
-        let c = condition(None, &[down(Handover::Requested)], true).unwrap();
+        let c = condition(
+            None,
+            &[down(Handover::Requested)],
+            &UserRequests::default(),
+            true,
+        )
+        .unwrap();
         assert!(
             c.message
                 .starts_with("the primary pool-1 hands over before pool scales down from 3 to 1 replicas (held at 2)"),
             "{}",
             c.message
         );
-        let c = condition(None, &[down(Handover::NoReadyReplica)], true).unwrap();
+        let c = condition(
+            None,
+            &[down(Handover::NoReadyReplica)],
+            &UserRequests::default(),
+            true,
+        )
+        .unwrap();
         assert_eq!((c.status, c.reason), (TRUE, "WaitingForReplica"));
         assert!(c.message.contains("no replica that stays is Ready"));
     }
@@ -392,14 +539,20 @@ mod tests {
             outdated: 1,
             total: 1,
         };
-        let c = condition(Some(&restart), &[], true).unwrap();
+        let c = condition(Some(&restart), &[], &UserRequests::default(), true).unwrap();
         assert_eq!((c.status, c.reason), (FALSE, "WithoutSwitchover"));
         assert_eq!(
             c.message,
             "the primary pool-0 restarts without a switchover: no other pool pod is a Ready \
              replica to take over; multiorch fails over"
         );
-        let c = condition(None, &[down(Handover::Unavailable)], false).unwrap();
+        let c = condition(
+            None,
+            &[down(Handover::Unavailable)],
+            &UserRequests::default(),
+            false,
+        )
+        .unwrap();
         assert!(c.message.contains("the primary pool-1 is removed"));
         assert!(c.message.contains("internalTLS is enabled"));
 
@@ -410,10 +563,75 @@ mod tests {
             outdated: 1,
             total: 2,
         };
-        assert_eq!(condition(Some(&replica), &[], true), None);
         assert_eq!(
-            condition(Some(&Step::UpToDate { pods: 2 }), &[], true),
+            condition(Some(&replica), &[], &UserRequests::default(), true),
             None
         );
+        assert_eq!(
+            condition(
+                Some(&Step::UpToDate { pods: 2 }),
+                &[],
+                &UserRequests::default(),
+                true
+            ),
+            None
+        );
+    }
+
+    fn with_role(name: &str, role: Role) -> PodView {
+        PodView {
+            role,
+            ..pod(name, None)
+        }
+    }
+
+    #[test]
+    fn a_person_asks_the_primary_to_hand_over_under_the_rollout_gates() {
+        let mut pods = vec![
+            with_role("pool-0", Role::Primary),
+            with_role("pool-1", Role::Replica),
+        ];
+        pods[0].user_switchover = true;
+        let users = user_requests(&pods, true, true);
+        assert_eq!(users.ask.keys().collect::<Vec<_>>(), ["pool-0"]);
+        assert!(users.waiting.is_empty() && users.answered.is_empty());
+        let c = condition(None, &[], &users, true).unwrap();
+        assert_eq!((c.status, c.reason), (TRUE, "WaitingForSwitchover"));
+        assert!(c.message.contains("as asked for on it"), "{}", c.message);
+
+        pods[1].in_cohort = false;
+        let users = user_requests(&pods, true, true);
+        assert!(users.ask.is_empty());
+        assert!(users.waiting[0].contains("waits for pool-1 to be healthy cohort members"));
+        assert_eq!(
+            user_requests(&pods, true, false).ask.len(),
+            1,
+            "without a published cohort, readiness decides"
+        );
+
+        pods[1].ready = false;
+        let users = user_requests(&pods, true, false);
+        assert!(users.waiting[0].contains("waits for a Ready replica"));
+        let c = condition(None, &[], &users, true).unwrap();
+        assert_eq!(c.reason, "WaitingForReplica");
+        assert!(user_requests(&pods, false, false).waiting[0].contains("internalTLS"));
+    }
+
+    #[test]
+    fn a_request_is_answered_once_another_pod_is_the_primary() {
+        let mut pods = vec![
+            with_role("pool-0", Role::Replica),
+            with_role("pool-1", Role::Replica),
+        ];
+        pods[0].user_switchover = true;
+        assert_eq!(
+            user_requests(&pods, true, true),
+            UserRequests::default(),
+            "no primary yet: the hand-over is under way"
+        );
+        pods[1].role = Role::Primary;
+        let users = user_requests(&pods, true, true);
+        assert_eq!(users.answered, ["pool-0"]);
+        assert!(users.ask.is_empty());
     }
 }

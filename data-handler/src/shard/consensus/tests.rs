@@ -181,6 +181,28 @@ fn a_restarted_pod_not_yet_readded_is_outside_and_gates_on_it() {
 }
 
 #[test]
+fn a_leader_the_rule_does_not_list_as_a_member_takes_part() {
+    // Seen on real pods after a switchover and a re-creation: term 4 led by a-1, cohort
+    // {a-0, a-2}; multiorch never adds the leader.
+    let r = rule(4, "a-1", &["a-0", "a-2"], POLICY);
+    let p = published(&[
+        standby("a-0", &r, "streaming", "0/3000000"),
+        primary("a-1", &r, "0/3000000"),
+        standby("a-2", &r, "streaming", "0/3000000"),
+    ]);
+    let cohort = p.cohort.as_ref().unwrap();
+    assert_eq!(cohort.summary, "3/3 AT_LEAST_2");
+    assert!(!cohort.pods["a-1"].member);
+    assert_condition(&p, COHORT_HEALTHY, TRUE, "CohortComplete");
+    assert_condition(&p, FAILURE_TOLERANT, TRUE, "SurvivesOnePodLoss");
+    for name in ["a-0", "a-1", "a-2"] {
+        assert_eq!(p.label(name), Some(COHORT_MEMBER), "{name}");
+    }
+    let (counts, _) = super::counts(cohort);
+    assert_eq!((counts.members, counts.healthy, counts.pods), (3, 3, 3));
+}
+
+#[test]
 fn a_member_without_a_pod_is_named_as_missing() {
     let r = rule(2, "a-0", &["a-0", "a-1", "a-2"], POLICY);
     let p = published(&[
