@@ -2,8 +2,10 @@
 //! (a managed 3-member etcd, multiadmin, multigateway, multiorch, a pool of PostgreSQL 17 pods
 //! with pgctld and multipooler, filesystem backups) pointed at images built from the Multigres
 //! and pgBackRest snapshots, and what a user of it sees: SQL through multigateway, roles from the
-//! topology, a failover that loses no acknowledged row, restart- and reload-class settings,
-//! scaling, a backup in status, and data that survives deleting and recreating the cluster.
+//! topology and the consensus cohort in the Shard status, a failover that loses no
+//! acknowledged row, a switchover a person asks for, restart- and reload-class settings, a
+//! scale-down at once after a rollout (held until the cohort lets it), a backup in status, and
+//! data that survives deleting and recreating the cluster after that scale-down.
 //!
 //! One cluster, one story: each step starts from the state the previous one left, as a user's
 //! cluster would, and 2 cores hold one such cluster comfortably, not several. The figures
@@ -623,7 +625,56 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     .await;
     println!("Shard events:\n  {}", events.join("\n  "));
 
-    // 7. A restart-class setting: replicas restart first, the primary last, under load, and only
+    // 7. A person asks for a switchover under a steady load (annotation
+    // multigres.com/switchover on the primary pod): it hands over under the rollout's gates,
+    // and the annotation is removed once another pod is the primary.
+    let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
+    cohort_until(
+        &client,
+        &namespace,
+        "a whole cohort before the switchover",
+        |c, h, _| whole(c, 3) && h == ("True", "CohortComplete"),
+    )
+    .await;
+    let load = Load::start(gateway.clone(), 500_001);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked_at = Instant::now();
+    let ask = json!({"metadata": {"annotations": {"multigres.com/switchover": "data-plane"}}});
+    pods.patch(&primary, &PatchParams::default(), &Patch::Merge(&ask))
+        .await
+        .unwrap();
+    let promoted = new_primary(&client, &namespace, &primary).await;
+    let to_moved = asked_at.elapsed();
+    eventually("the answered request is removed", WAIT, || async {
+        let pod = pods.get(&primary).await.map_err(|e| e.to_string())?;
+        match pod.annotations().get("multigres.com/switchover") {
+            None => Ok(()),
+            Some(value) => Err(format!("still asked: {value}")),
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = load.finish().await;
+    println!(
+        "switchover {primary} -> {promoted}: {} ok, {} failed, first errors {:?}",
+        report.ok, report.failed, report.errors
+    );
+    figure(
+        "switchover asked -> new primary in Shard status (s)",
+        format!("{:.1}", to_moved.as_secs_f64()),
+    );
+    figure(
+        "failed statements during the asked-for switchover",
+        format!("{} of {}", report.failed, report.ok + report.failed),
+    );
+    figure(
+        "longest gap between successful statements during the asked-for switchover (s)",
+        format!("{:.1}", report.longest_gap().as_secs_f64()),
+    );
+    acknowledged.extend(&report.acknowledged);
+    assert_kept(&gateway, &acknowledged).await;
+
+    // 8. A restart-class setting: replicas restart first, the primary last, under load, and only
     // after it has handed over (the resource-handler asks, the data-handler has its multipooler
     // resign, multiorch promotes a replica).
     let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
@@ -690,63 +741,24 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         assert_eq!(rows, [[Some("80".to_owned())]], "{}", pod.name_any());
     }
     acknowledged.extend(&report.acknowledged);
-    let stored = assert_kept(&gateway, &acknowledged).await;
+    assert_kept(&gateway, &acknowledged).await;
 
-    // 8. The first backup (taken at bootstrap) shows in the Shard status.
-    let backup = eventually("a backup in the Shard status", WAIT, || async {
-        let status = shard(&client, &namespace).await.status.unwrap_or_default();
-        match (&status.last_backup_time, &status.last_backup_type) {
-            (Some(at), Some(kind)) => Ok(format!("{kind:?} at {}", at.0)),
-            _ => Err(format!("conditions {:?}", status.conditions)),
-        }
-    })
-    .await;
-    println!("last backup: {backup}");
-
-    // 9. Delete the cluster (Retain), recreate it: the same volumes, the same rows.
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
-    let volumes_before: BTreeSet<String> = bound_volumes(&claims).await;
-    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
-    clusters
-        .delete(NAME, &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("the cluster and its pods are gone", WAIT, || async {
-        let left = pool_pods(&client, &namespace).await.len();
-        let cluster = clusters.get_opt(NAME).await.map_err(|e| e.to_string())?;
-        if left == 0 && cluster.is_none() {
-            Ok(())
-        } else {
-            Err(format!("{left} pool pods, cluster {}", cluster.is_some()))
-        }
-    })
-    .await;
-    let sent = apply_sample(&client, &namespace).await;
-    set_shard(&client, &namespace, 3, &config).await;
-    let (_, to_sql) = wait_serving(&client, &namespace, sent).await;
-    figure(
-        "recreate -> first SELECT 1 answered (s)",
-        format!("{:.1}", to_sql.as_secs_f64()),
-    );
-    let volumes_after: BTreeSet<String> = bound_volumes(&claims).await;
-    assert!(
-        volumes_before.is_subset(&volumes_after),
-        "the same volumes are bound again: before {volumes_before:?}, after {volumes_after:?}"
-    );
-    let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
-    let password = gateway.password.clone();
-    assert_eq!(assert_kept(&gateway, &acknowledged).await, stored);
-
-    // 10. Scale 3 -> 2 right after the recreation: the operator holds the scale-down until
-    // every pod that stays is back in the cohort (a recreated pod rejoins only when multiorch
-    // re-adds it), and the removed pod then leaves the cohort. The primary is never the pod
-    // removed, and the volume stays (whenScaled: Retain). Where the primary is on -2, the operator asks it to hand over
-    // first; elsewhere the primary stays where it is and nobody is asked. (Failovers cannot be
-    // steered onto -2: multiorch prefers the first cohort member among replicas at the same WAL
-    // position, so the hand-over path is deterministic only in the fast tier,
-    // resource_handler.rs; the same switchover ran on real pods in step 7.)
-    let (before, _) = settled_roles(&client, &namespace, &password, 3).await;
+    // 9. Scale 3 -> 2 at once after the rollout, under a steady load: the pod restarted last
+    // rejoins the cohort only when multiorch re-adds it, and the operator holds the scale-down
+    // until every pod that stays takes part in commits; the removed pod then leaves the
+    // cohort. The primary is never the pod removed, and the volume stays (whenScaled: Retain).
+    // Where the primary is on -2, the operator asks it to hand over first; elsewhere nobody is
+    // asked. (Multiorch cannot be steered onto -2, so the hand-over path is asserted
+    // deterministically in the fast tier, resource_handler.rs; the same switchover ran here in
+    // steps 7 and 8.)
+    let before = roles
+        .iter()
+        .find(|(_, role)| role.as_str() == "PRIMARY")
+        .map(|(pod, _)| pod.clone())
+        .expect("a primary after the rollout");
     let asked_before = switchover_requests(&client, &namespace).await;
+    let load = Load::start(gateway.clone(), 2_000_001);
+    let started = Instant::now();
     set_shard(&client, &namespace, 2, &config).await;
     let (primary, roles) = settled_roles(&client, &namespace, &password, 2).await;
     assert!(
@@ -765,6 +777,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         assert!(asked.is_empty(), "no hand-over for a replica: {asked:?}");
     }
     println!("scale 3 -> 2 with the primary on {before}: primary now {primary}, asked {asked:?}");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     let names: Vec<String> = claims
         .list(&ListParams::default())
         .await
@@ -777,20 +790,88 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         names.iter().any(|n| n.ends_with("-zone-a-2")),
         "the scaled-down pod's volume is kept: {names:?}"
     );
-    let (_, left) = cohort_until(
+    cohort_until(
         &client,
         &namespace,
         "the removed pod left the cohort",
         |cohort, health, _| whole(cohort, 2) && health == ("True", "CohortComplete"),
     )
     .await;
-    figure(
-        "scale 3 -> 2 settled -> removed pod out of the cohort (s)",
-        format!("{:.1}", left.as_secs_f64()),
+    let scale_down = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = load.finish().await;
+    println!(
+        "scale-down: {} ok, {} failed, first errors {:?}",
+        report.ok, report.failed, report.errors
     );
-    let settled = Instant::now();
+    figure(
+        "scale 3 -> 2 after the rollout -> removed pod out of the cohort (s)",
+        format!("{:.1}", scale_down.as_secs_f64()),
+    );
+    figure(
+        "failed statements during the scale-down",
+        format!("{} of {}", report.failed, report.ok + report.failed),
+    );
+    figure(
+        "longest gap between successful statements during the scale-down (s)",
+        format!("{:.1}", report.longest_gap().as_secs_f64()),
+    );
+    acknowledged.extend(&report.acknowledged);
+    let stored = assert_kept(&gateway, &acknowledged).await;
+
+    // 10. The first backup (taken at bootstrap) shows in the Shard status.
+    let backup = eventually("a backup in the Shard status", WAIT, || async {
+        let status = shard(&client, &namespace).await.status.unwrap_or_default();
+        match (&status.last_backup_time, &status.last_backup_type) {
+            (Some(at), Some(kind)) => Ok(format!("{kind:?} at {}", at.0)),
+            _ => Err(format!("conditions {:?}", status.conditions)),
+        }
+    })
+    .await;
+    println!("last backup: {backup}");
+
+    // 11. Delete the cluster (Retain) after the scale-down, recreate it: the same volumes, a
+    // primary elected from the cohort the scale-down left, the same rows.
+    let volumes_before: BTreeSet<String> = bound_volumes(&claims).await;
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
+    clusters
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the cluster and its pods are gone", WAIT, || async {
+        let left = pool_pods(&client, &namespace).await.len();
+        let cluster = clusters.get_opt(NAME).await.map_err(|e| e.to_string())?;
+        if left == 0 && cluster.is_none() {
+            Ok(())
+        } else {
+            Err(format!("{left} pool pods, cluster {}", cluster.is_some()))
+        }
+    })
+    .await;
+    let sent = apply_sample(&client, &namespace).await;
+    set_shard(&client, &namespace, 2, &config).await;
+    let (_, to_sql) = wait_serving(&client, &namespace, sent).await;
+    figure(
+        "recreate -> first SELECT 1 answered (s)",
+        format!("{:.1}", to_sql.as_secs_f64()),
+    );
+    let volumes_after: BTreeSet<String> = bound_volumes(&claims).await;
+    assert!(
+        volumes_before.is_subset(&volumes_after),
+        "the same volumes are bound again: before {volumes_before:?}, after {volumes_after:?}"
+    );
+    let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
+    assert_eq!(assert_kept(&gateway, &acknowledged).await, stored);
+    cohort_until(
+        &client,
+        &namespace,
+        "the recreated shard's cohort is whole",
+        |cohort, health, _| whole(cohort, 2) && health == ("True", "CohortComplete"),
+    )
+    .await;
+
     let mut id = -2000;
-    let write = eventually("a write after the scale-down", WAIT, || {
+    let write = eventually("a write after the re-creation", WAIT, || {
         id -= 1;
         let sql = format!("INSERT INTO ledger (id) VALUES ({id})");
         let gateway = &gateway;
@@ -798,9 +879,5 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     })
     .await;
     acknowledged.push(write);
-    figure(
-        "scale 3 -> 2 settled -> first write acknowledged (s)",
-        format!("{:.1}", settled.elapsed().as_secs_f64()),
-    );
     assert_kept(&gateway, &acknowledged).await;
 }

@@ -922,10 +922,12 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
     .await;
     assert!(done.contains(&p1) && done.contains(&p0), "{done}");
 
-    // A scale-down 3 -> 2 while pod 1, which stays, is outside the cohort: held at 3, and the
-    // ScaleDown condition names it; once it is a member, the pod goes.
+    // A scale-down 3 -> 2 that removes the primary (pod 2, placed there on purpose) while pod 1,
+    // which stays, is outside the cohort: held at 3, the ScaleDown condition names pod 1, and
+    // nobody is asked to hand over yet.
+    let p2 = format!("{set}-2");
     let members: Vec<&String> = names.iter().filter(|p| **p != p1).collect();
-    publish_cohort(&client, &ns, name, &names, &p0, &members).await;
+    publish_cohort(&client, &ns, name, &names, &p2, &members).await;
     patch_spec(
         &shards,
         name,
@@ -950,9 +952,40 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let replicas = |sts: StatefulSet| sts.spec.and_then(|s| s.replicas);
     assert_eq!(replicas(sets.get(&set).await.unwrap()), Some(3), "held");
-    assert_eq!(pool_pods(&client, &ns, "co").await.len(), 3);
+    assert_eq!(
+        annotation(&pods, &p2, "multigres.com/switchover-requested").await,
+        None,
+        "no hand-over while the cohort is not whole"
+    );
+
+    // Pod 1 is a member again: the primary is asked to hand over before it is removed, and
+    // held at 3 until pod 0 is the primary; then pod 2 goes.
+    publish_cohort(&client, &ns, name, &names, &p2, &all).await;
+    eventually(
+        "the primary is asked to hand over before it is removed",
+        WAIT,
+        || async {
+            match annotation(&pods, &p2, "multigres.com/switchover-requested").await {
+                Some(_) => Ok(()),
+                None => Err("no request yet".to_owned()),
+            }
+        },
+    )
+    .await;
+    let s = wait_condition(&shards, name, "Switchover", "True", None, shard_conditions).await;
+    let message = condition(&shard_conditions(&s), "Switchover")
+        .unwrap()
+        .message
+        .clone();
+    assert!(message.contains("scales down from 3 to 2"), "{message}");
+    tokio::time::sleep(FULL_CYCLE).await;
+    assert_eq!(
+        replicas(sets.get(&set).await.unwrap()),
+        Some(3),
+        "held for the primary"
+    );
     publish_cohort(&client, &ns, name, &names, &p0, &all).await;
-    eventually("the scale-down goes on", WAIT, || async {
+    eventually("the old primary goes", WAIT, || async {
         match replicas(sets.get(&set).await.unwrap()) {
             Some(2) => Ok(()),
             other => Err(format!("{other:?}")),

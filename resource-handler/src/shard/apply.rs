@@ -88,6 +88,9 @@ pub(super) async fn run(
     let users = switchover::user_requests(pods, handover, cohort.is_some());
     let mut asked = switchover::needed(step.as_ref(), &downs);
     asked.extend(users.ask.clone());
+    if handover {
+        asked.extend(scale::leaders_to_hand_over(&cohort_holds));
+    }
     switchover::answer_users(ctx, guard, ns, pods, &users.answered).await;
     let changes = switchover::changes(pods, &asked, step.is_some(), Timestamp::now());
     switchover::request(ctx, guard, ns, &changes).await;

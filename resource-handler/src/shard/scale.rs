@@ -199,6 +199,24 @@ pub enum CohortWait {
     Outside(Vec<String>),
     /// Pods removed before are still cohort members: multiorch has not dropped them yet.
     Leaving(Vec<String>),
+    /// The cohort would keep fewer members than the policy needs, so multiorch could not drop
+    /// the removed one; the primary leads without being a member, and once it hands over,
+    /// multiorch adds it.
+    LeaderOutside {
+        /// The primary.
+        leader: String,
+        /// Members the cohort would keep.
+        left: usize,
+        /// Members the policy needs.
+        required: i32,
+    },
+    /// The cohort would keep fewer members than the policy needs.
+    TooFew {
+        /// Members the cohort would keep.
+        left: usize,
+        /// Members the policy needs.
+        required: i32,
+    },
 }
 
 /// A pool scale-down held, or stepped one pod at a time, for the consensus cohort.
@@ -234,8 +252,42 @@ impl CohortHold {
                  dropped the removed {} from the cohort",
                 pods.join(", ")
             ),
+            Some(CohortWait::LeaderOutside {
+                leader,
+                left,
+                required,
+            }) => format!(
+                "{statefulset} stays at {replicas} replicas (of {wanted}): the cohort would keep \
+                 {left} members and needs {required}, and the primary {leader} leads without \
+                 being one; it is asked to hand over, so that multiorch adds it"
+            ),
+            Some(CohortWait::TooFew { left, required }) => format!(
+                "{statefulset} stays at {replicas} replicas (of {wanted}): the cohort would keep \
+                 {left} members and the durability policy needs {required}, so multiorch could \
+                 not drop the removed pod; keep at least {required} pool pods, or change the \
+                 durability policy"
+            ),
         }
     }
+}
+
+/// The primaries that lead without being cohort members while a scale-down needs the cohort to
+/// keep them (see [`CohortWait::LeaderOutside`]), with why.
+pub fn leaders_to_hand_over(holds: &[CohortHold]) -> Vec<(String, String)> {
+    holds
+        .iter()
+        .filter_map(|h| match &h.waiting {
+            Some(CohortWait::LeaderOutside { leader, .. }) => Some((
+                leader.clone(),
+                format!(
+                    "before {} scales down to {} replicas: it leads without being a cohort \
+                     member, and the cohort must keep it",
+                    h.statefulset, h.wanted
+                ),
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The `ScaleDown` condition while scale-downs wait for the cohort or step one pod at a time;
@@ -251,6 +303,31 @@ pub fn condition(holds: &[CohortHold]) -> Option<Cond> {
     };
     let message: Vec<String> = holds.iter().map(CohortHold::message).collect();
     Some(Cond::new(SCALE_DOWN, TRUE, reason, message.join("; ")))
+}
+
+/// Why removing the pods `removed` would leave the cohort with fewer members than an
+/// `AT_LEAST_N` policy needs (multiorch refuses to drop a member then); `None` when it would not,
+/// or for other policies.
+fn too_few(cohort: &CohortStatus, removed: impl Fn(&str) -> bool) -> Option<CohortWait> {
+    let required = cohort.required?;
+    let by_count = cohort
+        .policy
+        .as_deref()
+        .is_some_and(|p| p.starts_with("AT_LEAST_"));
+    let members = cohort.pods.iter().filter(|(_, p)| p.member).map(|(n, _)| n);
+    let left = members.filter(|name| !removed(name)).count();
+    if !by_count || i32::try_from(left).is_ok_and(|l| l >= required) {
+        return None;
+    }
+    let leader = cohort.leader.as_ref();
+    match leader.and_then(|l| cohort.pods.get(l).map(|p| (l, p.member))) {
+        Some((leader, false)) => Some(CohortWait::LeaderOutside {
+            leader: leader.clone(),
+            left,
+            required,
+        }),
+        _ => Some(CohortWait::TooFew { left, required }),
+    }
 }
 
 /// Holds or steps a scale-down of `desired` for the shard's published `cohort` (see the module
@@ -298,6 +375,8 @@ pub fn hold_for_cohort(
         (from, Some(CohortWait::Outside(outside)))
     } else if !leaving.is_empty() {
         (from, Some(CohortWait::Leaving(leaving)))
+    } else if let Some(short) = too_few(cohort, |name| ordinal(name).is_some_and(|o| o >= next)) {
+        (from, Some(short))
     } else if next > wanted {
         (next, None)
     } else {
@@ -614,5 +693,67 @@ mod tests {
             hold_for_cohort(&mut desired, Some(&set(3)), &pods, None),
             None
         );
+    }
+
+    #[test]
+    fn a_scale_down_never_leaves_the_cohort_below_the_policy() {
+        use multigres_api::v1alpha1::{CohortPod, Replication};
+        let pods = [
+            member("pool-0", Role::Replica),
+            member("pool-1", Role::Primary),
+            member("pool-2", Role::Replica),
+        ];
+        // Seen on real pods: pool-1 leads a rule whose cohort is {pool-0, pool-2}.
+        let mut led = cohort(&["pool-0", "pool-2"], &[]);
+        led.policy = Some("AT_LEAST_2".into());
+        led.required = Some(2);
+        led.leader = Some("pool-1".into());
+        led.pods.insert(
+            "pool-1".into(),
+            CohortPod {
+                member: false,
+                replication: Replication::Primary,
+                lag_mebibytes: None,
+            },
+        );
+        let mut desired = set(2);
+        let hold = hold_for_cohort(&mut desired, Some(&set(3)), &pods, Some(&led)).unwrap();
+        assert_eq!(
+            hold.waiting,
+            Some(CohortWait::LeaderOutside {
+                leader: "pool-1".into(),
+                left: 1,
+                required: 2
+            })
+        );
+        assert_eq!(hold.replicas, 3);
+        assert!(
+            hold.message().contains("asked to hand over"),
+            "{}",
+            hold.message()
+        );
+        let asked = leaders_to_hand_over(&[hold]);
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].0, "pool-1");
+
+        // A cohort of two under AT_LEAST_2 cannot lose a member at all.
+        let mut two = cohort(&["pool-0", "pool-1"], &[]);
+        two.policy = Some("AT_LEAST_2".into());
+        two.required = Some(2);
+        two.leader = Some("pool-0".into());
+        let mut desired = set(1);
+        let hold = hold_for_cohort(&mut desired, Some(&set(2)), &pods[..2], Some(&two)).unwrap();
+        assert_eq!(
+            (hold.replicas, hold.waiting.clone()),
+            (
+                2,
+                Some(CohortWait::TooFew {
+                    left: 1,
+                    required: 2
+                })
+            )
+        );
+        assert!(hold.message().contains("keep at least 2 pool pods"));
+        assert!(leaders_to_hand_over(&[hold]).is_empty());
     }
 }
