@@ -44,6 +44,10 @@ bench *ARGS:
 data-plane-figures:
     MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/run-e2e.sh --test data_plane -- --nocapture 2>&1 | tee target/data-plane.log | grep -E '^\[figure\]|^test result'
 
+# The same story N times (default 5), each figure's value per run with its median and maximum: `just data-plane-runs 5`.
+data-plane-runs N="5":
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/data-plane-runs.sh {{N}}
+
 # Everything: lint, unit + component, end to end.
 test: lint unit e2e
 

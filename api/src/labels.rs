@@ -18,6 +18,8 @@ pub const SHARD: &str = "multigres.com/shard";
 pub const POOL: &str = "multigres.com/pool";
 /// Role of a pool pod (`primary` / `replica`), published by the data-handler from the topology.
 pub const ROLE: &str = "multigres.com/role";
+/// [`ROLE`] value of the primary.
+pub const ROLE_PRIMARY: &str = "primary";
 /// Whether a pool pod takes part in its shard's commits (`member`: the primary, or a member of
 /// the consensus cohort streaming from it; `outside` otherwise), published by the data-handler. A recreated pod has none until it is read again, so a restart or scale-down
 /// gated on it waits for the new pod.

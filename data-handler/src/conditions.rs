@@ -51,6 +51,26 @@ impl Computed {
         Self::new(type_, UNKNOWN, reason, message)
     }
 
+    /// Sets this condition in `conditions` (see [`set_condition`]); whether it changed.
+    pub fn set_on(
+        &self,
+        conditions: &mut Vec<Condition>,
+        generation: Option<i64>,
+        now: Timestamp,
+    ) -> bool {
+        set_condition(
+            conditions,
+            &DesiredCondition {
+                type_: self.type_,
+                status: self.status,
+                reason: self.reason,
+                message: &self.message,
+                observed_generation: generation,
+            },
+            now,
+        )
+    }
+
     fn new(
         type_: &'static str,
         status: &'static str,
@@ -82,17 +102,7 @@ pub fn merge(
         .collect();
     let mut changed = false;
     for c in computed {
-        changed |= set_condition(
-            &mut ours,
-            &DesiredCondition {
-                type_: c.type_,
-                status: c.status,
-                reason: c.reason,
-                message: &c.message,
-                observed_generation: generation,
-            },
-            now,
-        );
+        changed |= c.set_on(&mut ours, generation, now);
     }
     ours.sort_by_key(|c| OWNED.iter().position(|t| *t == c.type_));
     (ours, changed)

@@ -258,6 +258,18 @@ struct LoadReport {
 }
 
 impl LoadReport {
+    /// Prints the failed statements (of all) and the longest gap during `what`.
+    fn figures(&self, what: &str) {
+        figure(
+            &format!("failed statements during {what}"),
+            format!("{} of {}", self.failed, self.ok + self.failed),
+        );
+        figure(
+            &format!("longest gap between successful statements during {what} (s)"),
+            format!("{:.1}", self.longest_gap().as_secs_f64()),
+        );
+    }
+
     /// The longest time between two successful statements: how long clients saw no service
     /// (failed statements are retried every 50 ms, so their count depends on that pace).
     fn longest_gap(&self) -> Duration {
@@ -600,11 +612,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         "primary deleted -> first statement accepted again (s)",
         first_after.map_or("none".to_owned(), |d| format!("{:.1}", d.as_secs_f64())),
     );
-    figure("failed statements during the failover", report.failed);
-    figure(
-        "longest gap between successful statements during the failover (s)",
-        format!("{:.1}", report.longest_gap().as_secs_f64()),
-    );
+    report.figures("the failover");
     acknowledged.extend(&report.acknowledged);
     assert_kept(&gateway, &acknowledged).await;
     settled_roles(&client, &namespace, &password, 3).await;
@@ -663,14 +671,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         "switchover asked -> new primary in Shard status (s)",
         format!("{:.1}", to_moved.as_secs_f64()),
     );
-    figure(
-        "failed statements during the asked-for switchover",
-        format!("{} of {}", report.failed, report.ok + report.failed),
-    );
-    figure(
-        "longest gap between successful statements during the asked-for switchover (s)",
-        format!("{:.1}", report.longest_gap().as_secs_f64()),
-    );
+    report.figures("the asked-for switchover");
     acknowledged.extend(&report.acknowledged);
     assert_kept(&gateway, &acknowledged).await;
 
@@ -727,14 +728,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         "restart-class rollout of 3 pods (s)",
         format!("{:.1}", rollout.as_secs_f64()),
     );
-    figure(
-        "failed statements during the rolling restart",
-        format!("{} of {}", report.failed, report.ok + report.failed),
-    );
-    figure(
-        "longest gap between successful statements during the rolling restart (s)",
-        format!("{:.1}", report.longest_gap().as_secs_f64()),
-    );
+    report.figures("the rolling restart");
     for pod in pool_pods(&client, &namespace).await {
         let endpoint = Endpoint::pod(&pod, &password).unwrap();
         let rows = endpoint.query("SHOW max_connections").await.unwrap();
@@ -808,14 +802,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         "scale 3 -> 2 after the rollout -> removed pod out of the cohort (s)",
         format!("{:.1}", scale_down.as_secs_f64()),
     );
-    figure(
-        "failed statements during the scale-down",
-        format!("{} of {}", report.failed, report.ok + report.failed),
-    );
-    figure(
-        "longest gap between successful statements during the scale-down (s)",
-        format!("{:.1}", report.longest_gap().as_secs_f64()),
-    );
+    report.figures("the scale-down");
     acknowledged.extend(&report.acknowledged);
     let stored = assert_kept(&gateway, &acknowledged).await;
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, PodSpec, Secret, Service,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::Action;
@@ -66,6 +66,8 @@ pub struct Stores {
     pub cell_templates: Store<Guarded<CellTemplate>>,
     /// Templates the resolver reads for multiadmin.
     pub shard_templates: Store<Guarded<ShardTemplate>>,
+    /// Nodes being drained.
+    pub cordoned: crate::cordon::Cordoned,
 }
 
 /// Pool pods: the only pods a reconciler looks at.
@@ -76,11 +78,14 @@ pub fn pool_pods() -> watcher::Config {
     ))
 }
 
-/// Keeps of a pool pod what the reconcilers read (its metadata, status conditions and any
-/// container stuck waiting, see [`crate::unready`]): the spec and the container statuses are
-/// most of a pod's size, and every pool pod is cached.
+/// Keeps of a pool pod what the reconcilers read (its metadata, its node, status conditions
+/// and any container stuck waiting, see [`crate::unready`]): the rest of the spec and the
+/// container statuses are most of a pod's size, and every pool pod is cached.
 pub fn slim_pod(pod: &mut Pod) {
-    pod.spec = None;
+    pod.spec = pod.spec.take().map(|spec| PodSpec {
+        node_name: spec.node_name,
+        ..Default::default()
+    });
     if let Some(status) = pod.status.as_mut() {
         crate::unready::slim_status(status);
     }
@@ -242,7 +247,7 @@ mod tests {
     use crate::shard::rollout::pod_view;
 
     #[test]
-    fn a_slimmed_pool_pod_reads_the_same_and_keeps_no_spec() {
+    fn a_slimmed_pool_pod_reads_the_same_and_keeps_only_its_node() {
         let mut pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {
                 "name": "pool-a-0",
@@ -253,8 +258,8 @@ mod tests {
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
                     "name": "pool-a", "uid": "s-1", "controller": true}],
             },
-            "spec": {"containers": [{"name": "postgres", "image": "postgres:17",
-                "env": [{"name": "PGDATA", "value": "/data"}]}]},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "postgres",
+                "image": "postgres:17", "env": [{"name": "PGDATA", "value": "/data"}]}]},
             "status": {
                 "phase": "Running",
                 "conditions": [{"type": "Ready", "status": "True"}],
@@ -263,13 +268,16 @@ mod tests {
             },
         }))
         .unwrap();
-        let before = pod_view(&pod, &BTreeMap::new());
+        let cordoned = |node: &str| node == "node-a";
+        let before = pod_view(&pod, &BTreeMap::new(), cordoned);
         let metadata = pod.metadata.clone();
         slim_pod(&mut pod);
-        assert_eq!(pod_view(&pod, &BTreeMap::new()), before);
-        assert!(before.is_some_and(|view| view.ready));
+        assert_eq!(pod_view(&pod, &BTreeMap::new(), cordoned), before);
+        assert!(before.is_some_and(|view| view.ready && view.cordoned));
         assert_eq!(pod.metadata, metadata);
-        assert_eq!(pod.spec, None);
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+        assert!(spec.containers.is_empty(), "only the node is kept");
         let status = pod.status.unwrap();
         assert_eq!(status.container_statuses, None);
         assert_eq!(status.conditions.map(|c| c.len()), Some(1));

@@ -9,6 +9,7 @@ pub mod cell;
 pub mod conditions;
 pub mod contract;
 pub mod controller;
+pub mod cordon;
 pub mod env;
 pub mod gauges;
 pub mod multiadmin;
@@ -84,11 +85,19 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         core_templates: core_templates.store(),
         cell_templates: cell_templates.store(),
         shard_templates: shard_templates.store(),
+        cordoned: cordon::Cordoned::default(),
     };
     let shutdown = &handler.shutdown;
     if !running.ready_when_listed(shutdown).await {
         return;
     }
+    let (drains, drained) = futures::channel::mpsc::unbounded();
+    let cordons = cordon::watch(
+        client.clone(),
+        stores.cordoned.clone(),
+        drains,
+        shutdown.clone(),
+    );
     let base = Base {
         client: client.clone(),
         scope,
@@ -127,6 +136,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
             config_maps: config_maps.changes_and_deletions(),
             secrets: secrets.changes_and_deletions(),
             pvcs: pvcs.changes_and_deletions(),
+            cordons: drained,
         },
         shutdown,
     );
@@ -145,6 +155,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     );
     // One task each, so reconciles of different kinds run on different worker threads.
     let controllers = [
+        tokio::spawn(cordons),
         tokio::spawn(topo),
         tokio::spawn(cells),
         tokio::spawn(shards),

@@ -24,6 +24,11 @@ pub fn pool(shard: &str, pool: &str, cell: &str) -> String {
     join(&[shard, "pool", pool, cell], MAX_STATEFULSET)
 }
 
+/// The PodDisruptionBudget of a shard's primary pool pod.
+pub fn primary_pdb(shard: &str) -> String {
+    join(&[shard, "primary"], MAX_DNS_LABEL)
+}
+
 /// The multiorch Deployment and Service of a shard in one cell.
 pub fn multiorch(shard: &str, cell: &str) -> String {
     join(&[shard, "multiorch", cell], MAX_DNS_LABEL)

@@ -281,6 +281,11 @@ impl CohortStatus {
             takes_part && matches!(p.replication, Replication::Primary | Replication::Streaming)
         })
     }
+
+    /// Whether every pool pod takes part in commits and every member has a pod.
+    pub fn is_whole(&self) -> bool {
+        self.missing.is_empty() && self.pods.keys().all(|pod| self.is_healthy(pod))
+    }
 }
 
 /// One pool pod as the cohort sees it.

@@ -25,7 +25,6 @@ use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use multigres_api::labels::{COHORT_MEMBER, COHORT_OUTSIDE};
 use multigres_api::v1alpha1::{CohortPod, CohortStatus, Replication, Shard, ShardStatus};
-use multigres_common::conditions::{DesiredCondition, set_condition};
 use multigres_common::status_metrics::{self as gauges, StatusGauges};
 use multigres_proto::multipooler::multipoolermanagerdata::{
     PostgresStatus, StatusRequest, StatusResponse,
@@ -548,17 +547,7 @@ pub fn next(
 ) -> Published {
     let mut conditions = stored.conditions.clone();
     let set = |conditions: &mut Vec<Condition>, c: &Computed| {
-        set_condition(
-            conditions,
-            &DesiredCondition {
-                type_: c.type_,
-                status: c.status,
-                reason: c.reason,
-                message: &c.message,
-                observed_generation: generation,
-            },
-            now,
-        );
+        c.set_on(conditions, generation, now);
     };
     match assess(answers) {
         Some(assessed) => {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
@@ -85,7 +86,10 @@ pub(super) async fn run(
         restart(ctx, guard, ns, &step).await?;
         Some(step)
     };
-    let users = switchover::user_requests(pods, handover, cohort.is_some());
+    let mut users = switchover::user_requests(pods, handover, cohort.is_some());
+    let drains = switchover::drain_requests(pods, handover, cohort.is_some());
+    users.ask.extend(drains.ask);
+    users.waiting.extend(drains.waiting);
     let mut asked = switchover::needed(step.as_ref(), &downs);
     asked.extend(users.ask.clone());
     if handover {
@@ -104,6 +108,18 @@ pub(super) async fn run(
         cohort_holds,
         users,
     })
+}
+
+/// `pdb`, a pool's replica budget, allowing no eviction while the published `cohort` is not
+/// whole: a drain then never takes away a pod a commit may be waiting for.
+fn replica_budget(pdb: &PodDisruptionBudget, cohort: Option<&CohortStatus>) -> PodDisruptionBudget {
+    let mut pdb = pdb.clone();
+    if cohort.is_some_and(|c| !c.is_whole())
+        && let Some(spec) = pdb.spec.as_mut()
+    {
+        spec.max_unavailable = Some(IntOrString::Int(0));
+    }
+    pdb
 }
 
 /// What the shard's disruptive steps wait for.
@@ -251,14 +267,28 @@ async fn apply_workloads(
         };
         let (_, _, set_written) = futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, p.service.clone()),
-            sync::ensure(NAME, &pdbs, &stores.pdbs, p.pdb.clone()),
+            sync::ensure(
+                NAME,
+                &pdbs,
+                &stores.pdbs,
+                replica_budget(&p.pdb, gates.cohort)
+            ),
             sync::ensure_with(NAME, &sets, &stores.statefulsets, set, keep_claim_templates),
         )?;
         Ok::<_, SyncError>((set_written, held, down, cohort_hold))
     });
-    let (_, pools) = futures::try_join!(
+    let primary = async {
+        match &objects.primary_pdb {
+            Some(pdb) => sync::ensure(NAME, &pdbs, &stores.pdbs, pdb.clone())
+                .await
+                .map(|_| ()),
+            None => Ok(()),
+        }
+    };
+    let (_, pools, ()) = futures::try_join!(
         futures::future::try_join_all(multiorch),
         futures::future::try_join_all(pools),
+        primary,
     )?;
     let templates_changed = pools.iter().any(|(written, ..)| *written);
     let mut applied = Applied {
@@ -341,11 +371,16 @@ async fn prune(ctx: &Ctx<Guard>, owner: &Owner, objects: &ShardObjects) -> Resul
         &pool_names,
     )
     .await?;
+    let budget_names: BTreeSet<String> = pool_names
+        .iter()
+        .cloned()
+        .chain(objects.primary_pdb.iter().map(ResourceExt::name_any))
+        .collect();
     sync::prune(
         NAME,
         &Api::<PodDisruptionBudget>::namespaced(client.clone(), ns),
         &owned(&stores.pdbs, ns, uid),
-        &pool_names,
+        &budget_names,
     )
     .await?;
     sync::prune(
@@ -448,4 +483,47 @@ async fn restart(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, step: &Step) -> Resu
     )
     .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use multigres_api::v1alpha1::{CohortPod, Replication};
+
+    use super::*;
+
+    #[test]
+    fn replicas_may_not_be_evicted_while_the_cohort_is_not_whole() {
+        let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pool"},
+            "spec": {"maxUnavailable": 1},
+        }))
+        .unwrap();
+        let limit = |cohort: Option<&CohortStatus>| {
+            replica_budget(&pdb, cohort).spec.unwrap().max_unavailable
+        };
+        assert_eq!(
+            limit(None),
+            Some(IntOrString::Int(1)),
+            "no cohort published"
+        );
+        let pod = |replication| CohortPod {
+            member: true,
+            replication,
+            lag_mebibytes: None,
+        };
+        let mut cohort = CohortStatus {
+            leader: Some("p-0".into()),
+            pods: [
+                ("p-0".to_owned(), pod(Replication::Primary)),
+                ("p-1".to_owned(), pod(Replication::Streaming)),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        assert_eq!(limit(Some(&cohort)), Some(IntOrString::Int(1)));
+        cohort
+            .pods
+            .insert("p-1".into(), pod(Replication::NotStreaming));
+        assert_eq!(limit(Some(&cohort)), Some(IntOrString::Int(0)));
+    }
 }

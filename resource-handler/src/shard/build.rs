@@ -15,9 +15,11 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use multigres_api::labels::{self, Component, Placement};
+use multigres_api::labels::{self, Component, Placement, ROLE, ROLE_PRIMARY};
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
     BackupConfig, BackupType, CellName, PoolSpec, PvcRetentionPolicyType, ShardSpec, StorageSpec,
@@ -77,7 +79,7 @@ pub struct PoolObjects {
     /// The pool's StatefulSet in this cell.
     pub statefulset: StatefulSet,
     pub service: Service,
-    /// One pod of the pool in this cell down at a time.
+    /// One replica of the pool in this cell down at a time (the primary has its own).
     pub pdb: PodDisruptionBudget,
     /// Labels selecting the pool's pods (and its PVCs).
     pub selector: BTreeMap<String, String>,
@@ -94,6 +96,9 @@ pub struct ShardObjects {
     pub pools: Vec<PoolObjects>,
     /// The filesystem backup repository shared by the shard's pods.
     pub backup: Option<PersistentVolumeClaim>,
+    /// No voluntary eviction of the primary while another pool pod could take over: a drain
+    /// waits until it has handed over (see [`crate::cordon`]). None for a one-pod shard.
+    pub primary_pdb: Option<PodDisruptionBudget>,
 }
 
 fn placement<'a>(
@@ -169,8 +174,52 @@ pub fn build(owner: &Owner, spec: &ShardSpec) -> Result<ShardObjects, String> {
         .collect();
     Ok(ShardObjects {
         multiorch,
+        primary_pdb: primary_pdb(owner, spec),
         pools,
         backup: backup_pvc(owner, spec),
+    })
+}
+
+/// The pool pods of the shard in every pool and cell (a pod's role label picks one of the two
+/// disjoint budgets: a pod matching two could not be evicted at all).
+fn role_selector(selector: BTreeMap<String, String>, primary: bool) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(selector),
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: ROLE.to_owned(),
+            operator: if primary { "In" } else { "NotIn" }.to_owned(),
+            values: Some(vec![ROLE_PRIMARY.to_owned()]),
+        }]),
+    }
+}
+
+/// The shard's primary PodDisruptionBudget (`maxUnavailable: 0`), when it has more than one
+/// pool pod.
+fn primary_pdb(owner: &Owner, spec: &ShardSpec) -> Option<PodDisruptionBudget> {
+    let pods: i32 = spec
+        .pools
+        .values()
+        .map(|p| {
+            let cells = p.cells.len();
+            p.replicas_per_cell
+                .unwrap_or_else(|| defaults::pool_replicas_per_cell(cells))
+                * i32::try_from(cells).unwrap_or(i32::MAX)
+        })
+        .sum();
+    if pods < 2 {
+        return None;
+    }
+    let at = placement(spec, None, None);
+    let labels = labels::labels(&owner.cluster, Component::Pool, &at);
+    let selector = labels::selector(&owner.cluster, Component::Pool, &at);
+    Some(PodDisruptionBudget {
+        metadata: stateless::metadata(&crate::names::primary_pdb(&owner.name), owner, &labels),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(0)),
+            selector: Some(role_selector(selector, true)),
+            ..Default::default()
+        }),
+        status: None,
     })
 }
 
@@ -828,7 +877,7 @@ fn pool_pdb(owner: &Owner, names: &PoolNames) -> PodDisruptionBudget {
         metadata: names.metadata(owner),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(names.match_labels()),
+            selector: Some(role_selector(names.selector.clone(), false)),
             ..Default::default()
         }),
         status: None,

@@ -116,6 +116,8 @@ pub struct Triggers {
     pub secrets: Changes<Secret>,
     /// Pool volumes (a held scale-up continues once a scaled-away replica's claim is gone).
     pub pvcs: Changes<PersistentVolumeClaim>,
+    /// A change of the cordoned nodes (a drain may have begun).
+    pub cordons: futures::channel::mpsc::UnboundedReceiver<()>,
 }
 
 /// Whether `object` (a pool pod or volume, by its labels) belongs to `shard`.
@@ -188,6 +190,7 @@ pub fn run(
         .watches_stream(referenced, referencing)
         .watches_shared_stream(triggers.pods, pods_of)
         .watches_shared_stream(triggers.pvcs, volumes_of)
+        .reconcile_all_on(triggers.cordons)
         .with_config(Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
@@ -308,7 +311,7 @@ fn pod_views(ctx: &Ctx<Guard>, shard: &Shard, ns: &str) -> Vec<PodView> {
         .pods
         .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard))
         .iter()
-        .filter_map(|pod| rollout::pod_view(pod, &roles))
+        .filter_map(|pod| rollout::pod_view(pod, &roles, |node| ctx.stores.cordoned.contains(node)))
         .collect()
 }
 

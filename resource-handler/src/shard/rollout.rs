@@ -69,6 +69,8 @@ pub struct PodView {
     pub in_cohort: bool,
     /// A person asked for a switchover on it (annotation `multigres.com/switchover`).
     pub user_switchover: bool,
+    /// Its node is cordoned: it is about to be drained.
+    pub cordoned: bool,
 }
 
 impl PodView {
@@ -81,9 +83,10 @@ impl PodView {
             .ok()
     }
 
-    /// Whether it could take over as the primary now: a Ready replica staying in place.
+    /// Whether it could take over as the primary now: a Ready replica staying in place, on a
+    /// node that is not being drained.
     pub fn can_take_over(&self) -> bool {
-        self.role == Role::Replica && self.ready && !self.terminating
+        self.role == Role::Replica && self.ready && !self.terminating && !self.cordoned
     }
 }
 
@@ -189,8 +192,12 @@ pub enum Step {
 }
 
 /// A pod's view, with its role from `roles` (the Shard status, keyed by pod name) or else
-/// from its `multigres.com/role` label.
-pub fn pod_view(pod: &Pod, roles: &BTreeMap<String, String>) -> Option<PodView> {
+/// from its `multigres.com/role` label; `cordoned` tells whether a node is cordoned.
+pub fn pod_view(
+    pod: &Pod,
+    roles: &BTreeMap<String, String>,
+    cordoned: impl Fn(&str) -> bool,
+) -> Option<PodView> {
     let set = pod
         .owner_references()
         .iter()
@@ -214,6 +221,11 @@ pub fn pod_view(pod: &Pod, roles: &BTreeMap<String, String>) -> Option<PodView> 
         switchover: pod.annotations().get(SWITCHOVER_REQUESTED).cloned(),
         in_cohort: pod.labels().get(COHORT).map(String::as_str) == Some(COHORT_MEMBER),
         user_switchover: pod.annotations().contains_key(USER_SWITCHOVER),
+        cordoned: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(cordoned),
         set,
         name,
         ready,
@@ -360,6 +372,7 @@ mod tests {
             switchover: None,
             in_cohort: true,
             user_switchover: false,
+            cordoned: false,
         }
     }
 
@@ -612,7 +625,7 @@ mod tests {
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }))
         .unwrap();
-        let view = pod_view(&pod, &BTreeMap::new()).unwrap();
+        let view = pod_view(&pod, &BTreeMap::new(), |_| false).unwrap();
         assert_eq!((view.ordinal(), view.switchover), (Some(0), None));
         assert_eq!(
             (
@@ -624,7 +637,10 @@ mod tests {
             ("pool-a", Some("pool-a-abc"), Role::Replica, true)
         );
         let roles = BTreeMap::from([("pool-a-0".to_owned(), "PRIMARY".to_owned())]);
-        assert_eq!(pod_view(&pod, &roles).unwrap().role, Role::Primary);
+        assert_eq!(
+            pod_view(&pod, &roles, |_| false).unwrap().role,
+            Role::Primary
+        );
     }
 
     #[test]

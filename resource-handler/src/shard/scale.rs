@@ -143,6 +143,14 @@ impl ScaleDown {
     }
 }
 
+/// The replicas `desired` asks for and `current` has, when that is fewer.
+fn scaling_down(desired: &StatefulSet, current: Option<&StatefulSet>) -> Option<(i32, i32)> {
+    let replicas = |set: &StatefulSet| set.spec.as_ref().and_then(|s| s.replicas);
+    let wanted = replicas(desired)?;
+    let from = current.and_then(replicas)?;
+    (wanted < from).then_some((wanted, from))
+}
+
 /// Holds a scale-down of `desired` above the primary's ordinal while it has not handed over.
 ///
 /// `current` is the StatefulSet as it is now; `pods` are all pool pods of the shard (any of
@@ -153,12 +161,7 @@ pub fn hold_down(
     pods: &[PodView],
     switchover: bool,
 ) -> Option<ScaleDown> {
-    let replicas = |set: &StatefulSet| set.spec.as_ref().and_then(|s| s.replicas);
-    let wanted = replicas(desired)?;
-    let from = current.and_then(replicas)?;
-    if wanted >= from {
-        return None;
-    }
+    let (wanted, from) = scaling_down(desired, current)?;
     let statefulset = desired.name_any();
     let leaving = |p: &PodView| p.set == statefulset && p.ordinal().is_some_and(|o| o >= wanted);
     let (ordinal, primary) = pods
@@ -341,12 +344,7 @@ pub fn hold_for_cohort(
     cohort: Option<&CohortStatus>,
 ) -> Option<CohortHold> {
     let cohort = cohort?;
-    let replicas = |set: &StatefulSet| set.spec.as_ref().and_then(|s| s.replicas);
-    let wanted = replicas(desired)?;
-    let from = current.and_then(replicas)?;
-    if wanted >= from {
-        return None;
-    }
+    let (wanted, from) = scaling_down(desired, current)?;
     let statefulset = desired.name_any();
     let ordinal = |name: &str| -> Option<i32> {
         name.strip_prefix(statefulset.as_str())?
@@ -486,6 +484,7 @@ mod tests {
             switchover: None,
             in_cohort: true,
             user_switchover: false,
+            cordoned: false,
         }
     }
 

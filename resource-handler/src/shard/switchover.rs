@@ -87,40 +87,74 @@ pub fn user_requests(pods: &[PodView], possible: bool, cohort: bool) -> UserRequ
         match pod.role {
             Role::Replica if primary.is_some() => out.answered.push(pod.name.clone()),
             Role::Primary => {
-                let name = &pod.name;
-                let outside: Vec<&str> = pods
-                    .iter()
-                    .filter(|p| p.name != *name && !p.terminating && !p.in_cohort)
-                    .map(|p| p.name.as_str())
-                    .collect();
-                if !possible {
-                    out.waiting.push(format!(
-                        "the switchover asked for on the primary {name} cannot be carried out: \
-                         internalTLS is enabled and the data-handler has no client certificate \
-                         for the multipooler to ask it to resign"
-                    ));
-                } else if !pods.iter().any(PodView::can_take_over) {
-                    out.waiting.push(format!(
-                        "the switchover asked for on the primary {name} waits for a Ready \
-                         replica to take over"
-                    ));
-                } else if cohort && !outside.is_empty() {
-                    out.waiting.push(format!(
-                        "the switchover asked for on the primary {name} waits for {} to be \
-                         healthy cohort members",
-                        outside.join(", ")
-                    ));
-                } else {
-                    out.ask.insert(
-                        name.clone(),
-                        "as asked for on it (annotation multigres.com/switchover)".to_owned(),
-                    );
+                let what = format!("the switchover asked for on the primary {}", pod.name);
+                match gate(pods, pod, possible, cohort, &what) {
+                    Ok(()) => {
+                        let purpose = "as asked for on it (annotation multigres.com/switchover)";
+                        out.ask.insert(pod.name.clone(), purpose.to_owned());
+                    }
+                    Err(waiting) => out.waiting.push(waiting),
                 }
             }
             Role::Replica | Role::Unknown => {}
         }
     }
     out
+}
+
+/// The hand-overs a drain calls for: the primary, when its node is cordoned, under the same
+/// gates as a person's request (nothing is ever answered: the drain evicts the pod once it is
+/// a replica).
+pub fn drain_requests(pods: &[PodView], possible: bool, cohort: bool) -> UserRequests {
+    let mut out = UserRequests::default();
+    let draining = pods
+        .iter()
+        .filter(|p| p.role == Role::Primary && p.cordoned && !p.terminating);
+    for pod in draining {
+        let what = format!("the primary {} on a cordoned node", pod.name);
+        match gate(pods, pod, possible, cohort, &what) {
+            Ok(()) => {
+                let purpose = "before its node, cordoned, is drained";
+                out.ask.insert(pod.name.clone(), purpose.to_owned());
+            }
+            Err(waiting) => out.waiting.push(waiting),
+        }
+    }
+    out
+}
+
+/// Whether `primary` may be asked to hand over now (`what` names the request): a switchover can
+/// be asked for, a Ready replica can take over, and (with a published `cohort`) every other pod
+/// takes part in commits; otherwise what it waits for.
+fn gate(
+    pods: &[PodView],
+    primary: &PodView,
+    possible: bool,
+    cohort: bool,
+    what: &str,
+) -> Result<(), String> {
+    let outside: Vec<&str> = pods
+        .iter()
+        .filter(|p| p.name != primary.name && !p.terminating && !p.in_cohort)
+        .map(|p| p.name.as_str())
+        .collect();
+    if !possible {
+        Err(format!(
+            "{what} cannot hand over: internalTLS is enabled and the data-handler has no client \
+             certificate for the multipooler to ask it to resign"
+        ))
+    } else if !pods.iter().any(PodView::can_take_over) {
+        Err(format!(
+            "{what} waits for a Ready replica on a node that is not cordoned to take over"
+        ))
+    } else if cohort && !outside.is_empty() {
+        Err(format!(
+            "{what} waits for {} to be healthy cohort members",
+            outside.join(", ")
+        ))
+    } else {
+        Ok(())
+    }
 }
 
 /// A write of a pod's request annotation.
@@ -219,10 +253,8 @@ pub fn condition(
             }
         }
     }
-    for pod in user.ask.keys() {
-        requested.push(format!(
-            "the primary {pod} hands over, as asked for on it (multigres.com/switchover)"
-        ));
+    for (pod, purpose) in &user.ask {
+        requested.push(format!("the primary {pod} hands over {purpose}"));
     }
     no_replica.extend(user.waiting.iter().cloned());
     if !requested.is_empty() || !no_replica.is_empty() {
@@ -293,14 +325,7 @@ pub async fn answer_users(
              primary",
             pod.name
         );
-        let related = ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Pod".to_owned()),
-            name: Some(pod.name.clone()),
-            namespace: Some(ns.to_owned()),
-            uid: Some(pod.uid.clone()),
-            ..Default::default()
-        };
+        let related = pod_reference(ns, &pod.name, &pod.uid);
         ctx.event_about(
             guard,
             Some(related),
@@ -309,6 +334,18 @@ pub async fn answer_users(
             note,
         )
         .await;
+    }
+}
+
+/// Pod `name` (`uid`) of `ns`, as the related object of an event.
+fn pod_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: Some(name.to_owned()),
+        namespace: Some(ns.to_owned()),
+        uid: Some(uid.to_owned()),
+        ..Default::default()
     }
 }
 
@@ -364,14 +401,7 @@ pub async fn request(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, changes: &[Chang
                 ),
             )
         };
-        let related = ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Pod".to_owned()),
-            name: Some(change.pod.clone()),
-            namespace: Some(ns.to_owned()),
-            uid: Some(change.uid.clone()),
-            ..Default::default()
-        };
+        let related = pod_reference(ns, &change.pod, &change.uid);
         ctx.event_about(guard, Some(related), EventType::Normal, reason, note)
             .await;
     }
@@ -400,6 +430,7 @@ mod tests {
             switchover: request.map(Into::into),
             in_cohort: true,
             user_switchover: false,
+            cordoned: false,
         }
     }
 
@@ -612,6 +643,11 @@ mod tests {
         pods[1].ready = false;
         let users = user_requests(&pods, true, false);
         assert!(users.waiting[0].contains("waits for a Ready replica"));
+        let drained = drain_requests(&pods, true, false);
+        assert!(
+            drained.ask.is_empty() && drained.waiting.is_empty(),
+            "no cordoned node"
+        );
         let c = condition(None, &[], &users, true).unwrap();
         assert_eq!(c.reason, "WaitingForReplica");
         assert!(user_requests(&pods, false, false).waiting[0].contains("internalTLS"));
@@ -633,5 +669,34 @@ mod tests {
         let users = user_requests(&pods, true, true);
         assert_eq!(users.answered, ["pool-0"]);
         assert!(users.ask.is_empty());
+    }
+
+    #[test]
+    fn a_primary_on_a_cordoned_node_hands_over_to_a_replica_elsewhere() {
+        let mut pods = vec![
+            with_role("pool-0", Role::Primary),
+            with_role("pool-1", Role::Replica),
+        ];
+        pods[0].cordoned = true;
+        let drained = drain_requests(&pods, true, true);
+        assert_eq!(
+            drained.ask.get("pool-0").map(String::as_str),
+            Some("before its node, cordoned, is drained")
+        );
+        let c = condition(None, &[], &drained, true).unwrap();
+        assert!(
+            c.message.contains("pool-0 hands over before its node"),
+            "{}",
+            c.message
+        );
+
+        pods[1].cordoned = true;
+        let drained = drain_requests(&pods, true, true);
+        assert!(drained.ask.is_empty());
+        assert!(
+            drained.waiting[0].contains("not cordoned"),
+            "{:?}",
+            drained.waiting
+        );
     }
 }

@@ -394,10 +394,50 @@ fn services_and_pdbs_cover_each_pool_in_each_cell() {
     assert_eq!(svc.selector.as_ref(), Some(&p.selector));
     let pdb = p.pdb.spec.as_ref().unwrap();
     assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
+    let selector = pdb.selector.as_ref().unwrap();
+    assert_eq!(selector.match_labels.as_ref(), Some(&p.selector));
+    let role = |s: &LabelSelector| {
+        let r = &s.match_expressions.as_ref().unwrap()[0];
+        (r.key.clone(), r.operator.clone(), r.values.clone().unwrap())
+    };
     assert_eq!(
-        pdb.selector.as_ref().unwrap().match_labels.as_ref(),
-        Some(&p.selector)
+        role(selector),
+        (
+            ROLE.to_owned(),
+            "NotIn".to_owned(),
+            vec!["primary".to_owned()]
+        ),
+        "replicas only: a pod two budgets select could not be evicted at all"
     );
+
+    // The primary: no eviction while another pod can take over; the budget selects the
+    // shard's pool pods in every pool and cell.
+    let primary = o.primary_pdb.as_ref().unwrap();
+    let spec = primary.spec.as_ref().unwrap();
+    assert_eq!(spec.max_unavailable, Some(IntOrString::Int(0)));
+    let selector = spec.selector.as_ref().unwrap();
+    assert_eq!(
+        role(selector),
+        (ROLE.to_owned(), "In".to_owned(), vec!["primary".to_owned()])
+    );
+    let labels = selector.match_labels.as_ref().unwrap();
+    assert!(
+        !labels.contains_key(multigres_api::labels::CELL)
+            && !labels.contains_key(multigres_api::labels::POOL)
+    );
+    assert_eq!(
+        labels.get(multigres_api::labels::SHARD).map(String::as_str),
+        Some("0-inf")
+    );
+    assert!(kube::ResourceExt::name_any(primary).ends_with("-primary"));
+
+    // A one-pod shard has no one to hand over to: no primary budget.
+    let mut single = fixture();
+    for pool in single.spec.pools.values_mut() {
+        pool.cells.truncate(1);
+        pool.replicas_per_cell = Some(1);
+    }
+    assert!(objects(&single).primary_pdb.is_none());
 }
 
 #[test]

@@ -1,0 +1,110 @@
+//! Nodes being drained. `kubectl drain` (and a cluster's node upgrades) cordon a node
+//! (`spec.unschedulable`) before evicting its pods. A primary pool pod on such a node is asked to
+//! hand over to a Ready replica on another node first, while the shard's primary
+//! PodDisruptionBudget refuses its eviction (see [`crate::shard::build`]); once it is a replica,
+//! the drain evicts it like any other.
+//!
+//! No event tells a Shard about the node of its pods, so the cordoned nodes are listed every
+//! [`PERIOD`], by name only and through a field selector (on a cluster with no drain under way
+//! the answer is empty), and every Shard is reconciled when the set changes. Without the right
+//! to list nodes (a namespaced installation) this logs once and tries again rarely: primaries
+//! are then not moved before a drain, and their PodDisruptionBudget makes the drain wait.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use multigres_common::shutdown::Shutdown;
+use multigres_common::telemetry::ErrorChain;
+
+/// How often the cordoned nodes are listed.
+pub const PERIOD: Duration = Duration::from_secs(10);
+/// How often they are listed while the handler may not list nodes.
+const FORBIDDEN_PERIOD: Duration = Duration::from_secs(300);
+
+/// The names of the cordoned nodes, as last listed.
+#[derive(Clone, Debug, Default)]
+pub struct Cordoned(Arc<RwLock<BTreeSet<String>>>);
+
+impl Cordoned {
+    /// Whether node `name` was cordoned at the last listing.
+    pub fn contains(&self, name: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(name)
+    }
+
+    /// Replaces the set; whether it changed.
+    fn replace(&self, names: BTreeSet<String>) -> bool {
+        let mut set = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        let changed = *set != names;
+        *set = names;
+        changed
+    }
+}
+
+/// Lists the cordoned nodes into `cordoned` every [`PERIOD`] until `shutdown`, sending on
+/// `changed` whenever the set changes.
+pub async fn watch(
+    client: Client,
+    cordoned: Cordoned,
+    changed: UnboundedSender<()>,
+    shutdown: Shutdown,
+) {
+    let nodes: Api<Node> = Api::all(client);
+    let params = ListParams::default().fields("spec.unschedulable=true");
+    let mut told_forbidden = false;
+    while !shutdown.is_triggered() {
+        let pause = match nodes.list_metadata(&params).await {
+            Ok(list) => {
+                let names = list
+                    .items
+                    .into_iter()
+                    .filter_map(|n| n.metadata.name)
+                    .collect();
+                if cordoned.replace(names) {
+                    tracing::info!(nodes = ?cordoned.0.read().unwrap_or_else(PoisonError::into_inner), "cordoned nodes changed");
+                    let _ = changed.unbounded_send(());
+                }
+                told_forbidden = false;
+                PERIOD
+            }
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                if !told_forbidden {
+                    tracing::warn!(message = %status.message, "cannot list nodes: primaries are not moved off nodes being drained (grant `list` on nodes to move them)");
+                    told_forbidden = true;
+                }
+                FORBIDDEN_PERIOD
+            }
+            Err(error) => {
+                tracing::info!(error = %ErrorChain(&error), "cannot list the cordoned nodes now");
+                PERIOD
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = shutdown.wait() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_set_is_a_change_and_the_same_set_is_not() {
+        let cordoned = Cordoned::default();
+        assert!(!cordoned.contains("a"));
+        assert!(cordoned.replace(BTreeSet::from(["a".to_owned()])));
+        assert!(cordoned.contains("a"));
+        assert!(!cordoned.replace(BTreeSet::from(["a".to_owned()])));
+        assert!(cordoned.replace(BTreeSet::new()));
+        assert!(!cordoned.contains("a"));
+    }
+}
