@@ -785,7 +785,7 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
 
 /// Publishes what the data-handler would for a shard whose pods `members` are healthy cohort
 /// members and `primary` the primary: `status.podRoles` and `status.cohort` (one apply, as the
-/// data-handler's is), and each pod's `multigres.com/cohort` label.
+/// data-handler's is), and each pod's `multigres.com/cohort` and `multigres.com/role` labels.
 async fn publish_cohort(
     client: &Client,
     ns: &str,
@@ -831,7 +831,11 @@ async fn publish_cohort(
         } else {
             "outside"
         };
-        let patch = json!({"metadata": {"labels": {"multigres.com/cohort": value}}});
+        let role = if pod == primary { "primary" } else { "replica" };
+        let patch = json!({"metadata": {"labels": {
+            "multigres.com/cohort": value,
+            "multigres.com/role": role,
+        }}});
         api.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .unwrap();
@@ -1000,6 +1004,156 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
         }
     })
     .await;
+}
+
+/// Creates a fake node `name` in zone-id `zone` (kwok runs its pods).
+async fn create_node(client: &Client, name: &str, zone: &str) {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"kubernetes.io/hostname": name, "type": "kwok", ZONE_ID_LABEL: zone},
+        },
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+        },
+    }))
+    .unwrap();
+    Api::<Node>::all(client.clone())
+        .create(&Default::default(), &node)
+        .await
+        .unwrap();
+}
+
+/// The status code of a refused eviction of pod `name`, `None` when it is evicted.
+async fn evict(pods: &Api<Pod>, name: &str) -> Option<u16> {
+    match pods.evict(name, &Default::default()).await {
+        Ok(_) => None,
+        Err(kube::Error::Api(e)) => Some(e.code),
+        Err(e) => panic!("evicting {name}: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-drain").await;
+    let client = cluster.client().unwrap();
+    // Two nodes of the test's own, so a cordon disturbs no other test.
+    let (node_a, node_b) = (format!("{ns}-a"), format!("{ns}-b"));
+    create_node(&client, &node_a, &node_a).await;
+    create_node(&client, &node_b, &node_b).await;
+    // The handler may list nodes cluster-wide, as the chart's ClusterRoleBinding lets it.
+    let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("{ns}-resource-handler")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "multigres-operator-resource-handler"},
+        "subjects": [{"kind": "ServiceAccount", "name": "resource-handler", "namespace": ns}],
+    }))
+    .unwrap();
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
+    bindings
+        .create(&Default::default(), &binding)
+        .await
+        .unwrap();
+    let _handler = start_handler(cluster, &ns).await;
+    let image = "ghcr.io/multigres/multigres:sha-66d2310";
+    let retain = "{whenDeleted: Retain, whenScaled: Retain}";
+    let yaml = shard("dr", &ns, 1, image, retain, "1Gi")
+        .replace("cells: [zone-a]", "cells: [zone-a, zone-b]")
+        .replace(
+            &format!("zone-a: {{{ZONE_ID_LABEL}: zone-a}}"),
+            &format!(
+                "zone-a: {{{ZONE_ID_LABEL}: {node_a}}}\n    zone-b: {{{ZONE_ID_LABEL}: {node_b}}}"
+            ),
+        );
+    apply_yaml(&client, &ns, &yaml).await;
+    let name = "dr-postgres-default-0-inf";
+    let (on_a, on_b) = (
+        format!("{name}-pool-main-zone-a-0"),
+        format!("{name}-pool-main-zone-b-0"),
+    );
+    let names = vec![on_a.clone(), on_b.clone()];
+    eventually("a Ready pool pod on each node", WAIT, || async {
+        let now = pool_pods(&client, &ns, "dr").await;
+        match now.len() == 2 && now.values().all(|(_, ready)| *ready) {
+            true => Ok(()),
+            false => Err(format!("{now:?}")),
+        }
+    })
+    .await;
+    let all: Vec<&String> = names.iter().collect();
+    publish_cohort(&client, &ns, name, &names, &on_a, &all).await;
+
+    // The primary's budget allows no eviction: a drain cannot take it before it hands over.
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    eventually("the primary's budget is in force", WAIT, || async {
+        let pdb = budgets
+            .get(&format!("{name}-primary"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = pdb.status.unwrap_or_default();
+        match (status.expected_pods, status.disruptions_allowed) {
+            (1, 0) => Ok(()),
+            other => Err(format!("expected pods, disruptions allowed: {other:?}")),
+        }
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    assert_eq!(
+        evict(&pods, &on_a).await,
+        Some(429),
+        "the primary is not evicted"
+    );
+
+    // `kubectl drain` cordons the node first: the primary is asked to hand over to the replica
+    // on the other node, and says why.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let cordon = json!({"spec": {"unschedulable": true}});
+    nodes
+        .patch(&node_a, &PatchParams::default(), &Patch::Merge(&cordon))
+        .await
+        .unwrap();
+    eventually(
+        "the primary on the cordoned node is asked to hand over",
+        WAIT,
+        || async {
+            match annotation(&pods, &on_a, "multigres.com/switchover-requested").await {
+                Some(_) => Ok(()),
+                None => Err("no request yet".to_owned()),
+            }
+        },
+    )
+    .await;
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let s = wait_condition(&shards, name, "Switchover", "True", None, shard_conditions).await;
+    let message = condition(&shard_conditions(&s), "Switchover")
+        .unwrap()
+        .message
+        .clone();
+    assert!(
+        message.contains("before its node, cordoned, is drained"),
+        "{message}"
+    );
+
+    // Handed over (published as the data-handler would): the old primary is a replica, and the
+    // drain evicts it.
+    publish_cohort(&client, &ns, name, &names, &on_b, &all).await;
+    eventually("the old primary can be evicted", WAIT, || async {
+        match evict(&pods, &on_a).await {
+            None => Ok(()),
+            Some(code) => Err(format!("refused: {code}")),
+        }
+    })
+    .await;
+    bindings
+        .delete(&format!("{ns}-resource-handler"), &Default::default())
+        .await
+        .unwrap();
+    for node in [&node_a, &node_b] {
+        nodes.delete(node, &Default::default()).await.unwrap();
+    }
 }
 
 /// Whether the Shard has no `Switchover` condition.
