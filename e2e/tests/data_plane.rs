@@ -365,8 +365,8 @@ async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
 /// Waits until the primary's synchronous standbys (`synchronous_standby_names`, which multiorch
 /// sets from the shard's cohort) name every other pool pod; returns how long it took.
 ///
-/// A restarted pod rejoins the cohort only when multiorch re-adds it, which can be after it is
-/// Ready and has its role. Removing the one cohort standby before that blocks every write (each
+/// A new or restarted pod joins the cohort only when multiorch adds it, which can be after it
+/// is Ready and has its role. Removing the one cohort standby before that blocks every write (each
 /// commit waits for a standby that is gone), and the blocked writes then hold every
 /// connection, so multiorch cannot even reach PostgreSQL to repair the cohort. The operator
 /// does not yet wait for this before a scale-down (docs/reliability.md); the test does.
@@ -521,7 +521,15 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     .await;
 
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
-    // acknowledged row is lost.
+    // acknowledged row is lost. First the newcomer must be in the primary's cohort: until
+    // multiorch adds it, the cohort is the two older pods, and without the deleted one no
+    // majority of it is left to elect a new primary, so writes wait until the deleted pod is
+    // back (45-60 s; docs/reliability.md).
+    let joined = cohort_settled(&client, &namespace, &password, &primary).await;
+    figure(
+        "scale 2 -> 3 settled -> the new pod in the primary's cohort (s)",
+        format!("{:.1}", joined.as_secs_f64()),
+    );
     let load = Load::start(gateway.clone(), 1);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
