@@ -575,7 +575,10 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     );
 
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
-    // acknowledged row is lost.
+    // acknowledged row is lost. The newcomer is in the cohort (step 5 waited until the Shard
+    // said so): until multiorch adds it, the cohort is the two older pods, and without the
+    // deleted one no majority of it is left to elect a new primary, so writes wait until the
+    // deleted pod is back (45-60 s; docs/reliability.md).
     let load = Load::start(gateway.clone(), 1);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);

@@ -19,6 +19,17 @@ pub const MULTIADMIN_WEB_REPLICAS: i32 = 1;
 pub const MULTIGATEWAY_REPLICAS: i32 = 1;
 pub const MULTIORCH_REPLICAS: i32 = 1;
 
+/// multiorch's wait before it appoints a new primary: 1 s plus up to 2 s at random (multiorch's
+/// own 4 s plus up to 8 s made switchovers take 6-14 s, longer than multigateway's 10 s buffer
+/// window; docs/performance.md). The random part keeps the multiorchs of several cells apart.
+pub const MULTIORCH_FAILOVER_GRACE_BASE: &str = "1s";
+pub const MULTIORCH_FAILOVER_GRACE_MAX_JITTER: &str = "2s";
+
+/// multigateway buffers every primary change, however soon after the previous one
+/// (multigateway's default, `1m`, let a switchover within a minute of a failover reach clients
+/// as errors).
+pub const GATEWAY_BUFFER_MIN_TIME_BETWEEN_FAILOVERS: &str = "0s";
+
 /// Pool replicas per cell: two when the pool lives in one cell, so the default AT_LEAST_2
 /// durability policy can elect a primary; one per cell otherwise.
 pub fn pool_replicas_per_cell(cells: usize) -> i32 {

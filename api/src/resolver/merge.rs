@@ -95,6 +95,14 @@ impl Overlay for MultiorchSpec {
         self.stateless.overlay(&upper.stateless);
         replace(&mut self.placement, &upper.placement);
         replace_list(&mut self.cells, &upper.cells);
+        replace(
+            &mut self.leader_failover_grace_period_base,
+            &upper.leader_failover_grace_period_base,
+        );
+        replace(
+            &mut self.leader_failover_grace_period_max_jitter,
+            &upper.leader_failover_grace_period_max_jitter,
+        );
     }
 }
 

@@ -25,12 +25,12 @@ use k8s_openapi::api::core::v1::LocalObjectReference;
 use crate::v1alpha1::{
     BackupConfig, BackupType, CellConfig, CellImages, CellName, CellSpec, CellTemplateSpec,
     ComponentLogLevels, ContainerConfig, CoreTemplateSpec, DatabaseConfig, EtcdSpec,
-    ExternalTopoServerSpec, FilesystemBackupConfig, GlobalTopoServerRef, ImagePullPolicy, ImageRef,
-    LocalTopoServerSpec, LogLevel, MultigresCluster, MultigresClusterSpec, ObservabilityConfig,
-    PodPlacementSpec, PoolName, PoolSpec, PoolType, PvcDeletionPolicy, ResolvedTemplates,
-    ShardConfig, ShardImages, ShardResolvedSpec, ShardSpec, ShardTemplateSpec, StatelessSpec,
-    StorageSpec, TableGroupConfig, TableGroupSpec, TemplateDefaults, TemplateRef, TopoServerSpec,
-    TopologyPruningConfig, TopologyReconciliation,
+    ExternalTopoServerSpec, FilesystemBackupConfig, GlobalTopoServerRef, GoDuration,
+    ImagePullPolicy, ImageRef, LocalTopoServerSpec, LogLevel, MultigresCluster,
+    MultigresClusterSpec, ObservabilityConfig, PodPlacementSpec, PoolName, PoolSpec, PoolType,
+    PvcDeletionPolicy, ResolvedTemplates, ShardConfig, ShardImages, ShardResolvedSpec, ShardSpec,
+    ShardTemplateSpec, StatelessSpec, StorageSpec, TableGroupConfig, TableGroupSpec,
+    TemplateDefaults, TemplateRef, TopoServerSpec, TopologyPruningConfig, TopologyReconciliation,
 };
 use crate::{DEFAULT_DATABASE, DEFAULT_POOL, DEFAULT_SHARD, DEFAULT_TABLEGROUP, DEFAULT_TEMPLATE};
 use merge::{Overlay, merge_map, merge_pools, overlay_opt, replace};
@@ -795,6 +795,9 @@ fn resolve_cell(
     );
     let mut buffer = gateway.buffer.take().unwrap_or_default();
     buffer.enabled.get_or_insert(true);
+    buffer.min_time_between_failovers.get_or_insert_with(|| {
+        GoDuration::new(defaults::GATEWAY_BUFFER_MIN_TIME_BETWEEN_FAILOVERS)
+    });
     gateway.buffer = Some(buffer);
 
     let cell_root = defaults::cell_root(cell.name.as_str());
@@ -899,6 +902,12 @@ fn resolve_shard(
     if multiorch.cells.is_empty() {
         multiorch.cells = all_cells.to_vec();
     }
+    multiorch
+        .leader_failover_grace_period_base
+        .get_or_insert_with(|| GoDuration::new(defaults::MULTIORCH_FAILOVER_GRACE_BASE));
+    multiorch
+        .leader_failover_grace_period_max_jitter
+        .get_or_insert_with(|| GoDuration::new(defaults::MULTIORCH_FAILOVER_GRACE_MAX_JITTER));
     if pools.is_empty() {
         pools.insert(PoolName::new(DEFAULT_POOL), PoolSpec::default());
     }

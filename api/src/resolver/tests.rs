@@ -112,6 +112,28 @@ fn built_in_defaults_alone() {
         })
     );
     assert_eq!(shard.multiorch.cells, vec![CellName::new("zone-a")]);
+    let grace = |d: &Option<GoDuration>| d.as_ref().map(|d| d.as_str().to_owned());
+    assert_eq!(
+        (
+            grace(&shard.multiorch.leader_failover_grace_period_base),
+            grace(&shard.multiorch.leader_failover_grace_period_max_jitter)
+        ),
+        (Some("1s".to_owned()), Some("2s".to_owned())),
+        "the operator's failover grace, shorter than multiorch's 4s + 8s"
+    );
+    assert_eq!(
+        grace(
+            &r.cells[0]
+                .spec
+                .multigateway
+                .buffer
+                .as_ref()
+                .unwrap()
+                .min_time_between_failovers
+        ),
+        Some("0s".to_owned()),
+        "every primary change is buffered"
+    );
     assert_eq!(
         shard
             .backup
@@ -218,6 +240,10 @@ spec:
     assert_eq!(b.size, Some(200), "nested struct merged per field");
     assert_eq!(b.window.as_ref().map(|w| w.as_str()), Some("5s"));
     assert_eq!(b.enabled, Some(true), "built-in default fills the rest");
+    assert_eq!(
+        b.min_time_between_failovers.as_ref().map(|d| d.as_str()),
+        Some("0s")
+    );
 }
 
 #[test]
@@ -228,7 +254,7 @@ apiVersion: multigres.com/v1alpha1
 kind: ShardTemplate
 metadata: {name: std}
 spec:
-  multiorch: {replicas: 2}
+  multiorch: {replicas: 2, leaderFailoverGracePeriodBase: 3s, leaderFailoverGracePeriodMaxJitter: 5s}
   postgresConfig: {max_connections: "100", shared_buffers: 128MB}
   pools:
     main: {replicasPerCell: 3, storage: {size: 10Gi, class: fast}}
@@ -245,6 +271,7 @@ spec:
             - name: 0-inf
               shardTemplate: std
               overrides:
+                multiorch: {leaderFailoverGracePeriodMaxJitter: 0s}
                 postgresConfig: {max_connections: "200"}
                 pools:
                   main: {storage: {size: 20Gi}}
@@ -254,6 +281,17 @@ spec:
     let r = resolve(&c, &t).unwrap();
     let s = only_shard(&r);
     assert_eq!(s.multiorch.stateless.replicas, Some(2));
+    let grace = |d: &Option<GoDuration>| d.as_ref().map(|d| d.as_str().to_owned());
+    assert_eq!(
+        grace(&s.multiorch.leader_failover_grace_period_base).as_deref(),
+        Some("3s"),
+        "the template's grace"
+    );
+    assert_eq!(
+        grace(&s.multiorch.leader_failover_grace_period_max_jitter).as_deref(),
+        Some("0s"),
+        "the override's jitter"
+    );
     assert_eq!(s.postgres_config["max_connections"], "200");
     assert_eq!(s.postgres_config["shared_buffers"], "128MB");
     let main = &s.pools[&PoolName::new("main")];

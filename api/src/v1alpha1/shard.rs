@@ -15,7 +15,7 @@ use super::{
     cell::CellTopologyLabels,
     common::{
         BackupConfig, CellName, ComponentLogLevels, ContainerConfig, DatabaseName,
-        GlobalTopoServerRef, InitdbArgs, InternalTlsConfig, ObservabilityConfig, Phase,
+        GlobalTopoServerRef, GoDuration, InitdbArgs, InternalTlsConfig, ObservabilityConfig, Phase,
         PodPlacementSpec, PoolName, PoolType, PostgresConfigRef, PostgresPasswordSecretRef,
         PvcDeletionPolicy, ShardImages, ShardName, StatelessSpec, StorageSpec, TableGroupName,
         TopologyPruningConfig,
@@ -41,6 +41,21 @@ pub struct MultiorchSpec {
     #[schemars(length(max = 50))]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub cells: Vec<CellName>,
+
+    /// Fixed part of the wait before multiorch appoints a new primary once the current one has
+    /// resigned (a planned switchover, a pod shutting down) or failed
+    /// (`--leader-failover-grace-period-base`), a duration such as `1s`. Every switchover and
+    /// failover waits it, so clients wait it too. Default `1s` (multiorch's own default is
+    /// `4s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_failover_grace_period_base: Option<GoDuration>,
+
+    /// Upper bound of the random part added to that wait
+    /// (`--leader-failover-grace-period-max-jitter`, at most `1m`), so that the multiorchs of
+    /// several cells do not start competing elections at the same instant. Default `2s`
+    /// (multiorch's own default is `8s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_failover_grace_period_max_jitter: Option<GoDuration>,
 }
 
 /// A pool: one StatefulSet per cell of pods running PostgreSQL (via pgctld) and multipooler.

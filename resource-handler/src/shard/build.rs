@@ -233,6 +233,25 @@ fn multiorch_service_id(deployment: &str, replicas: i32) -> String {
     }
 }
 
+/// multiorch's wait before it appoints a new primary, as the spec sets it (the resolver fills
+/// in the operator's defaults; a Shard written without them gets multiorch's own).
+fn multiorch_grace_flags(spec: &ShardSpec) -> Vec<String> {
+    let orch = &spec.multiorch;
+    [
+        (
+            "leader-failover-grace-period-base",
+            &orch.leader_failover_grace_period_base,
+        ),
+        (
+            "leader-failover-grace-period-max-jitter",
+            &orch.leader_failover_grace_period_max_jitter,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| value.as_ref().map(|v| flag(name, v.as_str())))
+    .collect()
+}
+
 fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> MultiorchObjects {
     let at = placement(spec, Some(&cell), None);
     let labels = labels::labels(&owner.cluster, Component::Multiorch, &at);
@@ -263,6 +282,7 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
         flag("hostname", "$(POD_IP)"),
         log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multiorch)),
     ]);
+    args.extend(multiorch_grace_flags(spec));
     let pull = pull(spec);
     let mut deployment = stateless::deployment(Workload {
         name: name.clone(),

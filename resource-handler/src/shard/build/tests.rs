@@ -1,6 +1,6 @@
 use k8s_openapi::api::core::v1::Probe;
 use multigres_api::names::MAX_STATEFULSET;
-use multigres_api::v1alpha1::Shard;
+use multigres_api::v1alpha1::{GoDuration, Shard};
 
 use super::*;
 
@@ -487,6 +487,49 @@ fn multiorch_watches_the_shard_with_a_stable_id() {
         .collect();
     assert_eq!(ports, [15300, 15370]);
     assert_eq!(multiorch_service_id("d", 2), "$(POD_NAME)");
+}
+
+#[test]
+fn multiorch_gets_the_failover_grace_the_spec_sets_and_only_that() {
+    let orch_args = |shard: &Shard| {
+        let o = objects(shard);
+        let spec = o.multiorch[0].deployment.spec.clone().unwrap();
+        spec.template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap()
+    };
+    let grace = |args: &[String]| -> Vec<String> {
+        args.iter()
+            .filter(|a| a.starts_with("--leader-failover-grace-period"))
+            .cloned()
+            .collect()
+    };
+    let mut shard = fixture();
+    assert!(
+        grace(&orch_args(&shard)).is_empty(),
+        "unset: multiorch's own"
+    );
+    shard.spec.multiorch.leader_failover_grace_period_base = Some(GoDuration::new("1s"));
+    shard.spec.multiorch.leader_failover_grace_period_max_jitter = Some(GoDuration::new("2s"));
+    let args = orch_args(&shard);
+    assert_eq!(
+        grace(&args),
+        [
+            "--leader-failover-grace-period-base=1s",
+            "--leader-failover-grace-period-max-jitter=2s",
+        ]
+    );
+    assert_eq!(
+        args.last().unwrap(),
+        "--leader-failover-grace-period-max-jitter=2s"
+    );
+    shard.spec.multiorch.leader_failover_grace_period_base = None;
+    assert_eq!(
+        grace(&orch_args(&shard)),
+        ["--leader-failover-grace-period-max-jitter=2s"],
+        "each flag on its own"
+    );
 }
 
 #[test]
