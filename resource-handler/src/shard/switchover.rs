@@ -302,22 +302,8 @@ pub async fn answer_users(
         .find(|p| p.role == Role::Primary)
         .map_or("?", |p| p.name.as_str());
     for pod in pods.iter().filter(|p| answered.contains(&p.name)) {
-        let patch = json!({"metadata": {"uid": pod.uid, "annotations": {USER_SWITCHOVER: null}}});
-        crate::sync::count(NAME, "Pod", "patch");
-        match api
-            .patch(
-                &pod.name,
-                &patch_params(FIELD_MANAGER),
-                &Patch::Merge(patch),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if [404, 409, 422].contains(&e.code) => continue,
-            Err(error) => {
-                tracing::warn!(pod = %pod.name, error = %ErrorChain(&error), "cannot remove the answered switchover request");
-                continue;
-            }
+        if !annotate(&api, &pod.name, &pod.uid, USER_SWITCHOVER, None).await {
+            continue;
         }
         tracing::info!(pod = %pod.name, %primary, "switchover asked for on the pod is done");
         let note = format!(
@@ -334,6 +320,25 @@ pub async fn answer_users(
             note,
         )
         .await;
+    }
+}
+
+/// Sets (`None`: removes) annotation `key` of pod `name`, only if it is still the pod `uid`
+/// (a JSON merge patch carrying the UID, which the API server refuses to change); whether it
+/// was written. A pod gone or replaced meanwhile is skipped; a failed write is logged.
+async fn annotate(api: &Api<Pod>, name: &str, uid: &str, key: &str, value: Option<&str>) -> bool {
+    let patch = json!({"metadata": {"uid": uid, "annotations": {key: value}}});
+    crate::sync::count(NAME, "Pod", "patch");
+    match api
+        .patch(name, &patch_params(FIELD_MANAGER), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => true,
+        Err(kube::Error::Api(e)) if [404, 409, 422].contains(&e.code) => false,
+        Err(error) => {
+            tracing::warn!(pod = %name, annotation = key, error = %ErrorChain(&error), "cannot write the pod's switchover annotation");
+            false
+        }
     }
 }
 
@@ -356,25 +361,9 @@ fn pod_reference(ns: &str, name: &str, uid: &str) -> ObjectReference {
 pub async fn request(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, changes: &[Change]) {
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns);
     for change in changes {
-        let patch = json!({"metadata": {
-            "uid": change.uid,
-            "annotations": {SWITCHOVER_REQUESTED: change.value},
-        }});
-        crate::sync::count(NAME, "Pod", "patch");
-        match pods
-            .patch(
-                &change.pod,
-                &patch_params(FIELD_MANAGER),
-                &Patch::Merge(patch),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if [404, 409, 422].contains(&e.code) => continue,
-            Err(error) => {
-                tracing::warn!(pod = %change.pod, error = %ErrorChain(&error), "cannot write the switchover request");
-                continue;
-            }
+        let value = change.value.as_deref();
+        if !annotate(&pods, &change.pod, &change.uid, SWITCHOVER_REQUESTED, value).await {
+            continue;
         }
         let (Some(at), Some(purpose)) = (&change.value, &change.purpose) else {
             tracing::info!(pod = %change.pod, "switchover request withdrawn");
