@@ -19,16 +19,17 @@
 //! read from each pool pod's multipooler; every [`consensus::POLL`] while the cohort is not
 //! healthy, since restarts and scale-downs wait for it.
 //!
-//! Its status fields (`podRoles`, the cohort and the backup ones) are written together, by a server-side
-//! apply with the data-handler's field manager: an apply drops the manager's fields it leaves
-//! out.
+//! Its status fields (`podRoles`, the cohort and the backup ones) are written together, by a
+//! server-side apply with the data-handler's field manager: an apply drops the manager's fields
+//! it leaves out.
 //!
 //! etcd changes make no Kubernetes event, so each Shard is read again every `roles_period`.
 //! Nothing is written when the published roles, labels and stamps already match.
 //!
 //! The work is done in steps that return what they found: [`cohort`] (the pooler records),
-//! [`consensus`] (the multipoolers' view of the consensus cohort), [`crate::roles`] and [`marks`] (the roles and the pods' marks), [`crate::backup_health`],
-//! [`reloads`] and [`crate::switchover`]; only this module writes (status, pods, events).
+//! [`consensus`] (the multipoolers' view of the consensus cohort), [`crate::roles`] and
+//! [`marks`] (the roles and the pods' marks), [`crate::backup_health`], [`reloads`] and
+//! [`crate::switchover`]; only this module writes (status, pods, events).
 
 pub mod cohort;
 pub mod consensus;
@@ -548,8 +549,8 @@ fn pod_reference(namespace: &str, name: String) -> ObjectReference {
     }
 }
 
-/// The status fields this handler owns on a Shard, for one server-side apply: `podRoles` and
-/// the backup health ones.
+/// The status fields this handler owns on a Shard, for one server-side apply: `podRoles`, the
+/// cohort and the backup health ones, with the conditions of both.
 fn status_body(
     pod_roles: &BTreeMap<String, String>,
     cohort: &consensus::Published,

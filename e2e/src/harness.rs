@@ -439,6 +439,12 @@ where
             (pod, role)
         })
         .collect();
+    publish_status(shards, shard, json!({"podRoles": roles})).await;
+}
+
+/// Server-side applies `status` (the data-handler's fields) on Shard `shard`, with field
+/// manager [`DATA_HANDLER_STAND_IN`]: the fields it leaves out that this manager set go.
+pub async fn publish_status(shards: &Api<Shard>, shard: &str, status: serde_json::Value) {
     shards
         .patch_status(
             shard,
@@ -446,11 +452,11 @@ where
             &Patch::Apply(json!({
                 "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
                 "metadata": {"name": shard},
-                "status": {"podRoles": roles},
+                "status": status,
             })),
         )
         .await
-        .unwrap_or_else(|e| panic!("publishing the roles of {shard}: {e}"));
+        .unwrap_or_else(|e| panic!("publishing the status of {shard}: {e}"));
 }
 
 /// Stands in for multiorch and the data-handler where neither runs (fake nodes, no

@@ -24,8 +24,8 @@ use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::{Cell, Shard, TopoServer};
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{
-    DATA_HANDLER_STAND_IN, FULL_CYCLE, HandlerProcess, WAIT, eventually, fresh_namespace,
-    pool_pods, publish_roles,
+    FULL_CYCLE, HandlerProcess, WAIT, eventually, fresh_namespace, pool_pods, publish_roles,
+    publish_status,
 };
 use multigres_e2e::manifest::{self, Mode};
 use serde_json::json;
@@ -808,22 +808,12 @@ async fn publish_cohort(
         .collect();
     let summary = format!("{}/{} AT_LEAST_2", members.len(), members.len());
     let shards: Api<Shard> = Api::namespaced(client.clone(), ns);
-    shards
-        .patch_status(
-            shard,
-            &PatchParams::apply(DATA_HANDLER_STAND_IN).force(),
-            &Patch::Apply(json!({
-                "apiVersion": "multigres.com/v1alpha1", "kind": "Shard",
-                "metadata": {"name": shard},
-                "status": {
-                    "podRoles": roles,
-                    "cohort": {"summary": summary, "policy": "AT_LEAST_2", "required": 2,
-                               "leader": primary, "pods": cohort},
-                },
-            })),
-        )
-        .await
-        .unwrap();
+    let status = json!({
+        "podRoles": roles,
+        "cohort": {"summary": summary, "policy": "AT_LEAST_2", "required": 2,
+                   "leader": primary, "pods": cohort},
+    });
+    publish_status(&shards, shard, status).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     for pod in pods {
         let value = if members.contains(&pod) {
@@ -840,6 +830,17 @@ async fn publish_cohort(
             .await
             .unwrap();
     }
+}
+
+/// Waits until pod `name` carries the handler's request to hand over (`what` says why).
+async fn asked_to_hand_over(pods: &Api<Pod>, name: &str, what: &str) {
+    eventually(what, WAIT, || async {
+        match annotation(pods, name, "multigres.com/switchover-requested").await {
+            Some(_) => Ok(()),
+            None => Err("no request yet".to_owned()),
+        }
+    })
+    .await;
 }
 
 /// The value of annotation `key` on pod `name`.
@@ -880,13 +881,7 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
     pods.patch(&p1, &PatchParams::default(), &Patch::Merge(&ask))
         .await
         .unwrap();
-    eventually("the primary is asked to hand over", WAIT, || async {
-        match annotation(&pods, &p1, "multigres.com/switchover-requested").await {
-            Some(_) => Ok(()),
-            None => Err("no request yet".to_owned()),
-        }
-    })
-    .await;
+    asked_to_hand_over(&pods, &p1, "the primary is asked to hand over").await;
     let s = wait_condition(
         &shards,
         name,
@@ -965,15 +960,10 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
     // Pod 1 is a member again: the primary is asked to hand over before it is removed, and
     // held at 3 until pod 0 is the primary; then pod 2 goes.
     publish_cohort(&client, &ns, name, &names, &p2, &all).await;
-    eventually(
+    asked_to_hand_over(
+        &pods,
+        &p2,
         "the primary is asked to hand over before it is removed",
-        WAIT,
-        || async {
-            match annotation(&pods, &p2, "multigres.com/switchover-requested").await {
-                Some(_) => Ok(()),
-                None => Err("no request yet".to_owned()),
-            }
-        },
     )
     .await;
     let s = wait_condition(&shards, name, "Switchover", "True", None, shard_conditions).await;
@@ -1100,9 +1090,16 @@ async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
         }
     })
     .await;
+    // Evictions without kube's retries, which wait out a refusal's Retry-After for minutes.
+    let once = {
+        let mut config = cluster.config().clone();
+        config.default_retry = false;
+        Client::try_from(config).unwrap()
+    };
+    let evictions: Api<Pod> = Api::namespaced(once, &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     assert_eq!(
-        evict(&pods, &on_a).await,
+        evict(&evictions, &on_a).await,
         Some(429),
         "the primary is not evicted"
     );
@@ -1115,15 +1112,10 @@ async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
         .patch(&node_a, &PatchParams::default(), &Patch::Merge(&cordon))
         .await
         .unwrap();
-    eventually(
+    asked_to_hand_over(
+        &pods,
+        &on_a,
         "the primary on the cordoned node is asked to hand over",
-        WAIT,
-        || async {
-            match annotation(&pods, &on_a, "multigres.com/switchover-requested").await {
-                Some(_) => Ok(()),
-                None => Err("no request yet".to_owned()),
-            }
-        },
     )
     .await;
     let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
@@ -1141,7 +1133,7 @@ async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
     // drain evicts it.
     publish_cohort(&client, &ns, name, &names, &on_b, &all).await;
     eventually("the old primary can be evicted", WAIT, || async {
-        match evict(&pods, &on_a).await {
+        match evict(&evictions, &on_a).await {
             None => Ok(()),
             Some(code) => Err(format!("refused: {code}")),
         }

@@ -288,13 +288,19 @@ pub struct CohortStatus {
 }
 
 impl CohortStatus {
-    /// Whether `pod` takes part in commits now: the primary (which the current rule may lead
-    /// without being one of its members), or a member streaming from it.
+    /// Whether `pod` is one of the current rule's participants: a member, or the leader (which
+    /// the rule may name without listing it as a member).
+    pub fn takes_part(&self, pod: &str) -> bool {
+        self.leader.as_deref() == Some(pod) || self.pods.get(pod).is_some_and(|p| p.member)
+    }
+
+    /// Whether `pod` takes part in commits now: a participant that is the primary or streams
+    /// from it.
     pub fn is_healthy(&self, pod: &str) -> bool {
-        self.pods.get(pod).is_some_and(|p| {
-            let takes_part = p.member || self.leader.as_deref() == Some(pod);
-            takes_part && matches!(p.replication, Replication::Primary | Replication::Streaming)
-        })
+        self.takes_part(pod)
+            && self.pods.get(pod).is_some_and(|p| {
+                matches!(p.replication, Replication::Primary | Replication::Streaming)
+            })
     }
 
     /// Whether every pool pod takes part in commits and every member has a pod.

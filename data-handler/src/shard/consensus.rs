@@ -9,11 +9,12 @@
 //! restarts and scale-downs on what this step publishes: `status.cohort` and the pod label
 //! `multigres.com/cohort`.
 //!
-//! The current rule is the highest decided rule any multipooler reports. Two conditions come
-//! from it: `CohortHealthy` (every pool pod is a member, every member has a pod and is the
-//! primary or streams from it) and `FailureTolerant` (writes go on if any one healthy member is
-//! lost: what is left still meets the policy and is a majority of the cohort, so it can elect a
-//! new primary). A pass where no multipooler answers changes nothing published and says so in
+//! The current rule is the highest decided rule any multipooler reports. Its participants are
+//! its members and its leader, which the rule may name without listing it as a member. Two
+//! conditions come from it: `CohortHealthy` (every pool pod is a participant, every participant
+//! has a pod and is the primary or streams from it) and `FailureTolerant` (writes go on if any
+//! one healthy participant is lost: what is left still meets the policy, and without the leader
+//! a majority of the members is left to elect a new one). A pass where no multipooler answers changes nothing published and says so in
 //! `CohortHealthy` (`Unknown`). Reading is [`read`]; everything else is pure.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -119,7 +120,7 @@ async fn status(address: &str) -> Result<StatusResponse, RpcError> {
 }
 
 /// A member of the current rule: its pooler name (the pod name, `--service-id`) and cell.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Member {
     name: String,
     cell: String,
@@ -276,10 +277,10 @@ struct Assessed {
 /// rule may name without listing it as a member (multiorch never adds the leader).
 struct Participants<'a> {
     /// The rule's cohort members.
-    members: Vec<Member>,
+    members: &'a [Member],
     /// The leader, when it is not a member.
-    leader: Option<Member>,
-    /// Those whose pod is the primary or streams from it, the leader first when it is.
+    leader: Option<&'a Member>,
+    /// Those whose pod is the primary or streams from it.
     healthy: Vec<&'a Member>,
 }
 
@@ -343,8 +344,8 @@ fn assess(answers: &[Answer]) -> Option<Assessed> {
     let healthy: Vec<&Member> = all().filter(|m| cohort.is_healthy(&m.name)).collect();
     cohort.summary = format!("{}/{} {}", healthy.len(), all().count(), policy.name);
     let participants = Participants {
-        members: members.clone(),
-        leader: outside_leader.clone(),
+        members: &members,
+        leader: outside_leader.as_ref(),
         healthy,
     };
     let conditions = [
@@ -372,9 +373,9 @@ fn health(cohort: &CohortStatus, participants: &Participants<'_>) -> Computed {
     }
     let outside: Vec<&str> = cohort
         .pods
-        .iter()
-        .filter(|(name, p)| !p.member && cohort.leader.as_ref() != Some(*name))
-        .map(|(name, _)| name.as_str())
+        .keys()
+        .filter(|name| !cohort.takes_part(name))
+        .map(String::as_str)
         .collect();
     if !outside.is_empty() {
         return Computed::no(
@@ -390,7 +391,7 @@ fn health(cohort: &CohortStatus, participants: &Participants<'_>) -> Computed {
     let lagging: Vec<String> = participants
         .members
         .iter()
-        .chain(&participants.leader)
+        .chain(participants.leader)
         .filter(|m| !participants.healthy.contains(m))
         .map(|m| {
             let how = match cohort.pods.get(&m.name).map(|p| p.replication) {
@@ -438,7 +439,7 @@ fn survives(
         .healthy
         .iter()
         .filter(left)
-        .filter(|m| participants.members.contains(m))
+        .filter(|m| participants.members.contains(*m))
         .copied()
         .collect();
     if leader == Some(lost.name.as_str()) || leader.is_none() {
@@ -518,10 +519,9 @@ pub fn collect(gauges: &mut StatusGauges, shards: &Store<Guarded<Shard>>) {
 
 /// The gauge values of a published cohort: its counts, and each standby's lag in bytes.
 fn counts(cohort: &CohortStatus) -> (gauges::Cohort, Vec<(String, i64)>) {
-    let takes_part =
-        |(name, p): &(&String, &CohortPod)| p.member || cohort.leader.as_ref() == Some(*name);
+    let takes_part = cohort.pods.keys().filter(|p| cohort.takes_part(p)).count();
     let counts = gauges::Cohort {
-        members: (cohort.pods.iter().filter(takes_part).count() + cohort.missing.len()) as i64,
+        members: (takes_part + cohort.missing.len()) as i64,
         healthy: cohort.pods.keys().filter(|p| cohort.is_healthy(p)).count() as i64,
         required: cohort.required.map_or(0, i64::from),
         pods: cohort.pods.len() as i64,
@@ -546,13 +546,10 @@ pub fn next(
     generation: Option<i64>,
 ) -> Published {
     let mut conditions = stored.conditions.clone();
-    let set = |conditions: &mut Vec<Condition>, c: &Computed| {
-        c.set_on(conditions, generation, now);
-    };
     match assess(answers) {
         Some(assessed) => {
             for condition in &assessed.conditions {
-                set(&mut conditions, condition);
+                condition.set_on(&mut conditions, generation, now);
             }
             Published {
                 cohort: Some(assessed.cohort),
@@ -571,7 +568,7 @@ pub fn next(
                     silent.join(", ")
                 ),
             );
-            set(&mut conditions, &unknown);
+            unknown.set_on(&mut conditions, generation, now);
             Published {
                 cohort: stored.cohort.clone(),
                 conditions,

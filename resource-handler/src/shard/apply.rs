@@ -44,8 +44,8 @@ pub(super) struct Outcome {
     pub downs: Vec<ScaleDown>,
     /// Pool scale-downs held or stepped for the consensus cohort.
     pub cohort_holds: Vec<CohortHold>,
-    /// What people's switchover requests call for.
-    pub users: switchover::UserRequests,
+    /// Hand-overs asked for by people and by drains.
+    pub requests: switchover::Requests,
 }
 
 /// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
@@ -86,16 +86,16 @@ pub(super) async fn run(
         restart(ctx, guard, ns, &step).await?;
         Some(step)
     };
-    let mut users = switchover::user_requests(pods, handover, cohort.is_some());
+    let mut requests = switchover::user_requests(pods, handover, cohort.is_some());
     let drains = switchover::drain_requests(pods, handover, cohort.is_some());
-    users.ask.extend(drains.ask);
-    users.waiting.extend(drains.waiting);
+    requests.ask.extend(drains.ask);
+    requests.waiting.extend(drains.waiting);
     let mut asked = switchover::needed(step.as_ref(), &downs);
-    asked.extend(users.ask.clone());
+    asked.extend(requests.ask.clone());
     if handover {
         asked.extend(scale::leaders_to_hand_over(&cohort_holds));
     }
-    switchover::answer_users(ctx, guard, ns, pods, &users.answered).await;
+    switchover::answer_users(ctx, guard, ns, pods, &requests.answered).await;
     let changes = switchover::changes(pods, &asked, step.is_some(), Timestamp::now());
     switchover::request(ctx, guard, ns, &changes).await;
     Ok(Outcome {
@@ -106,7 +106,7 @@ pub(super) async fn run(
         held,
         downs,
         cohort_holds,
-        users,
+        requests,
     })
 }
 

@@ -87,7 +87,7 @@ pub(super) async fn write(
         switchover: switchover::condition(
             outcome.step.as_ref(),
             &outcome.downs,
-            &outcome.users,
+            &outcome.requests,
             handover,
         ),
         held: outcome.held,

@@ -63,14 +63,15 @@ pub fn needed(step: Option<&Step>, downs: &[ScaleDown]) -> BTreeMap<String, Stri
     out
 }
 
-/// What people's switchover requests (annotation `multigres.com/switchover`) call for.
+/// Hand-overs asked for outside a rollout or scale-down: by a person (annotation
+/// `multigres.com/switchover`, see [`user_requests`]) or by a drain ([`drain_requests`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct UserRequests {
+pub struct Requests {
     /// Primaries to ask to hand over now, with why.
     pub ask: BTreeMap<String, String>,
     /// Primaries whose hand-over waits, each with what it waits for.
     pub waiting: Vec<String>,
-    /// Pods whose request is answered: a replica while another pod is the primary.
+    /// Pods whose person's request is answered: a replica while another pod is the primary.
     pub answered: Vec<String>,
 }
 
@@ -78,8 +79,8 @@ pub struct UserRequests {
 /// `cohort`: whether the shard's cohort is published (then every other pod must be a healthy
 /// member first). A request on a pod with no known role, or on a replica while no pod is the
 /// primary (a hand-over under way), stays.
-pub fn user_requests(pods: &[PodView], possible: bool, cohort: bool) -> UserRequests {
-    let mut out = UserRequests::default();
+pub fn user_requests(pods: &[PodView], possible: bool, cohort: bool) -> Requests {
+    let mut out = Requests::default();
     let primary = pods
         .iter()
         .find(|p| p.role == Role::Primary && !p.terminating);
@@ -105,8 +106,8 @@ pub fn user_requests(pods: &[PodView], possible: bool, cohort: bool) -> UserRequ
 /// The hand-overs a drain calls for: the primary, when its node is cordoned, under the same
 /// gates as a person's request (nothing is ever answered: the drain evicts the pod once it is
 /// a replica).
-pub fn drain_requests(pods: &[PodView], possible: bool, cohort: bool) -> UserRequests {
-    let mut out = UserRequests::default();
+pub fn drain_requests(pods: &[PodView], possible: bool, cohort: bool) -> Requests {
+    let mut out = Requests::default();
     let draining = pods
         .iter()
         .filter(|p| p.role == Role::Primary && p.cordoned && !p.terminating);
@@ -214,7 +215,7 @@ pub fn changes(
 pub fn condition(
     step: Option<&Step>,
     downs: &[ScaleDown],
-    user: &UserRequests,
+    asked: &Requests,
     possible: bool,
 ) -> Option<Cond> {
     let process = "the data-handler has its multipooler resign leadership (annotation \
@@ -253,10 +254,10 @@ pub fn condition(
             }
         }
     }
-    for (pod, purpose) in &user.ask {
+    for (pod, purpose) in &asked.ask {
         requested.push(format!("the primary {pod} hands over {purpose}"));
     }
-    no_replica.extend(user.waiting.iter().cloned());
+    no_replica.extend(asked.waiting.iter().cloned());
     if !requested.is_empty() || !no_replica.is_empty() {
         let reason = if requested.is_empty() {
             "WaitingForReplica"
@@ -517,7 +518,7 @@ mod tests {
     #[test]
     fn the_condition_names_the_pod_and_what_it_waits_for() {
         let step = rollout_wait("pool-0");
-        let c = condition(Some(&step), &[], &UserRequests::default(), true).unwrap();
+        let c = condition(Some(&step), &[], &Requests::default(), true).unwrap();
         assert_eq!((c.status, c.reason), (TRUE, "WaitingForSwitchover"));
         assert_eq!(
             c.message,
@@ -529,7 +530,7 @@ mod tests {
         let c = condition(
             None,
             &[down(Handover::Requested)],
-            &UserRequests::default(),
+            &Requests::default(),
             true,
         )
         .unwrap();
@@ -542,7 +543,7 @@ mod tests {
         let c = condition(
             None,
             &[down(Handover::NoReadyReplica)],
-            &UserRequests::default(),
+            &Requests::default(),
             true,
         )
         .unwrap();
@@ -559,7 +560,7 @@ mod tests {
             outdated: 1,
             total: 1,
         };
-        let c = condition(Some(&restart), &[], &UserRequests::default(), true).unwrap();
+        let c = condition(Some(&restart), &[], &Requests::default(), true).unwrap();
         assert_eq!((c.status, c.reason), (FALSE, "WithoutSwitchover"));
         assert_eq!(
             c.message,
@@ -569,7 +570,7 @@ mod tests {
         let c = condition(
             None,
             &[down(Handover::Unavailable)],
-            &UserRequests::default(),
+            &Requests::default(),
             false,
         )
         .unwrap();
@@ -584,14 +585,14 @@ mod tests {
             total: 2,
         };
         assert_eq!(
-            condition(Some(&replica), &[], &UserRequests::default(), true),
+            condition(Some(&replica), &[], &Requests::default(), true),
             None
         );
         assert_eq!(
             condition(
                 Some(&Step::UpToDate { pods: 2 }),
                 &[],
-                &UserRequests::default(),
+                &Requests::default(),
                 true
             ),
             None
@@ -651,7 +652,7 @@ mod tests {
         pods[0].user_switchover = true;
         assert_eq!(
             user_requests(&pods, true, true),
-            UserRequests::default(),
+            Requests::default(),
             "no primary yet: the hand-over is under way"
         );
         pods[1].role = Role::Primary;
