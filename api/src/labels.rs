@@ -38,6 +38,9 @@ pub const USER_SWITCHOVER: &str = "multigres.com/switchover";
 /// Annotation by which the data-handler records the request (its value) for which the pod's
 /// multipooler resigned, so each request resigns once.
 pub const SWITCHOVER_RESIGNED: &str = "multigres.com/switchover-resigned";
+/// Annotation on a one-pod multigateway or multiorch Deployment (and its pod template) naming
+/// the cordoned node the resource-handler moved its pod off, ahead of the drain.
+pub const DRAINED_NODE: &str = "multigres.com/drained-node";
 
 /// Value of `app.kubernetes.io/name` and `part-of`.
 pub const APP: &str = "multigres";

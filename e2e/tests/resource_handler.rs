@@ -784,8 +784,9 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
 }
 
 /// Publishes what the data-handler would for a shard whose pods `members` are healthy cohort
-/// members and `primary` the primary: `status.podRoles` and `status.cohort` (one apply, as the
-/// data-handler's is), and each pod's `multigres.com/cohort` and `multigres.com/role` labels.
+/// members and `primary` the primary: `status.podRoles`, `status.cohort` and `FailureTolerant`
+/// (true from three members, as under `AT_LEAST_2`; one apply, as the data-handler's is), and
+/// each pod's `multigres.com/cohort` and `multigres.com/role` labels.
 async fn publish_cohort(
     client: &Client,
     ns: &str,
@@ -793,6 +794,20 @@ async fn publish_cohort(
     pods: &[String],
     primary: &str,
     members: &[&String],
+) {
+    let tolerant = members.len() >= 3;
+    publish_cohort_as(client, ns, shard, pods, primary, members, tolerant).await;
+}
+
+/// [`publish_cohort`], saying whether the shard survives losing one pod.
+async fn publish_cohort_as(
+    client: &Client,
+    ns: &str,
+    shard: &str,
+    pods: &[String],
+    primary: &str,
+    members: &[&String],
+    tolerant: bool,
 ) {
     let roles: BTreeMap<&String, &str> = pods
         .iter()
@@ -812,6 +827,7 @@ async fn publish_cohort(
         "podRoles": roles,
         "cohort": {"summary": summary, "policy": "AT_LEAST_2", "required": 2,
                    "leader": primary, "pods": cohort},
+        "conditions": [failure_tolerant(tolerant)],
     });
     publish_status(&shards, shard, status).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -830,6 +846,16 @@ async fn publish_cohort(
             .await
             .unwrap();
     }
+}
+
+/// The data-handler's `FailureTolerant` condition: whether writes survive losing one pod.
+fn failure_tolerant(tolerant: bool) -> serde_json::Value {
+    let (status, reason) = match tolerant {
+        true => ("True", "SurvivesOnePodLoss"),
+        false => ("False", "OnePodLossStopsWrites"),
+    };
+    json!({"type": "FailureTolerant", "status": status, "reason": reason, "message": "",
+           "lastTransitionTime": "2026-01-01T00:00:00Z"})
 }
 
 /// Waits until pod `name` carries the handler's request to hand over (`what` says why).
@@ -1025,15 +1051,54 @@ async fn evict(pods: &Api<Pod>, name: &str) -> Option<u16> {
     }
 }
 
+/// The pods of Deployment `name` not being deleted, each with its node and readiness.
+async fn deployment_pods(client: &Client, ns: &str, name: &str) -> Vec<(String, bool)> {
+    let deployment = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap();
+    let labels = deployment.spec.unwrap().selector.match_labels.unwrap();
+    let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector.join(",")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .map(|pod| {
+            let ready = multigres_e2e::real::is_ready(&pod);
+            (
+                pod.spec.and_then(|s| s.node_name).unwrap_or_default(),
+                ready,
+            )
+        })
+        .collect()
+}
+
+/// Sets `spec.unschedulable` of node `name`, as `kubectl cordon` and `uncordon` do.
+async fn set_cordoned(nodes: &Api<Node>, name: &str, cordoned: bool) {
+    let patch = json!({"spec": {"unschedulable": cordoned}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
-async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
+async fn a_drain_takes_the_primary_only_after_it_hands_over_and_nothing_that_would_stop_writes() {
     let cluster = cluster().await;
     let ns = fresh_namespace(cluster, "rh-drain").await;
     let client = cluster.client().unwrap();
-    // Two nodes of the test's own, so a cordon disturbs no other test.
-    let (node_a, node_b) = (format!("{ns}-a"), format!("{ns}-b"));
+    // Nodes of the test's own, so a cordon disturbs no other test: two in zone A (the second
+    // a spare that multiorch can move to), one in zone B.
+    let (node_a, spare_a, node_b) = (format!("{ns}-a"), format!("{ns}-a2"), format!("{ns}-b"));
     create_node(&client, &node_a, &node_a).await;
+    create_node(&client, &spare_a, &node_a).await;
     create_node(&client, &node_b, &node_b).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    // The spare stays cordoned until zone A's pods run, so they all start on node A.
+    set_cordoned(&nodes, &spare_a, true).await;
     // The handler may list nodes cluster-wide, as the chart's ClusterRoleBinding lets it.
     let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
         "metadata": {"name": format!("{ns}-resource-handler")},
@@ -1060,6 +1125,7 @@ async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
         );
     apply_yaml(&client, &ns, &yaml).await;
     let name = "dr-postgres-default-0-inf";
+    let orch = format!("{name}-multiorch-zone-a");
     let (on_a, on_b) = (
         format!("{name}-pool-main-zone-a-0"),
         format!("{name}-pool-main-zone-b-0"),
@@ -1073,23 +1139,39 @@ async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
         }
     })
     .await;
+    let orch_on = |node: String| {
+        let (client, ns, orch) = (client.clone(), ns.clone(), orch.clone());
+        move || {
+            let (client, ns, orch, node) = (client.clone(), ns.clone(), orch.clone(), node.clone());
+            async move {
+                let pods = deployment_pods(&client, &ns, &orch).await;
+                match pods.as_slice() {
+                    [(on, true)] if *on == node => Ok(()),
+                    other => Err(format!("multiorch pods (node, ready): {other:?}")),
+                }
+            }
+        }
+    };
+    eventually("multiorch Ready on node A", WAIT, orch_on(node_a.clone())).await;
+    set_cordoned(&nodes, &spare_a, false).await;
     let all: Vec<&String> = names.iter().collect();
     publish_cohort(&client, &ns, name, &names, &on_a, &all).await;
 
-    // The primary's budget allows no eviction: a drain cannot take it before it hands over.
+    // Neither the primary's budget nor the only multiorch's allows an eviction.
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
-    eventually("the primary's budget is in force", WAIT, || async {
-        let pdb = budgets
-            .get(&format!("{name}-primary"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = pdb.status.unwrap_or_default();
-        match (status.expected_pods, status.disruptions_allowed) {
-            (1, 0) => Ok(()),
-            other => Err(format!("expected pods, disruptions allowed: {other:?}")),
-        }
-    })
-    .await;
+    for budget in [format!("{name}-primary"), orch.clone()] {
+        eventually("the budget is in force", WAIT, || async {
+            let pdb = budgets.get(&budget).await.map_err(|e| e.to_string())?;
+            let status = pdb.status.unwrap_or_default();
+            match (status.expected_pods, status.disruptions_allowed) {
+                (1, 0) => Ok(()),
+                other => Err(format!(
+                    "{budget}: expected pods, disruptions allowed: {other:?}"
+                )),
+            }
+        })
+        .await;
+    }
     // Evictions without kube's retries, which wait out a refusal's Retry-After for minutes.
     let once = {
         let mut config = cluster.config().clone();
@@ -1105,13 +1187,8 @@ async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
     );
 
     // `kubectl drain` cordons the node first: the primary is asked to hand over to the replica
-    // on the other node, and says why.
-    let nodes: Api<Node> = Api::all(client.clone());
-    let cordon = json!({"spec": {"unschedulable": true}});
-    nodes
-        .patch(&node_a, &PatchParams::default(), &Patch::Merge(&cordon))
-        .await
-        .unwrap();
+    // on the other node, and says why; multiorch, which appoints the new primary, stays.
+    set_cordoned(&nodes, &node_a, true).await;
     asked_to_hand_over(
         &pods,
         &on_a,
@@ -1128,10 +1205,64 @@ async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
         message.contains("before its node, cordoned, is drained"),
         "{message}"
     );
+    let s = wait_condition(
+        &shards,
+        name,
+        "Drain",
+        "True",
+        Some("PrimaryHandingOver"),
+        shard_conditions,
+    )
+    .await;
+    let message = condition(&shard_conditions(&s), "Drain")
+        .unwrap()
+        .message
+        .clone();
+    assert!(message.contains(&on_a), "{message}");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let moved = |d: &Deployment| d.annotations().get("multigres.com/drained-node").cloned();
+    assert_eq!(
+        moved(&deployments.get(&orch).await.unwrap()),
+        None,
+        "multiorch does not move while the primary has not handed over"
+    );
 
-    // Handed over (published as the data-handler would): the old primary is a replica, and the
-    // drain evicts it.
+    // Handed over (published as the data-handler would): the old primary is a replica. Two
+    // pods under AT_LEAST_2 cannot lose one without stopping writes: its eviction is refused,
+    // and the Shard says why and what to do. multiorch moves to the spare node.
     publish_cohort(&client, &ns, name, &names, &on_b, &all).await;
+    let s = wait_condition(
+        &shards,
+        name,
+        "Drain",
+        "True",
+        Some("EvictionWouldStopWrites"),
+        shard_conditions,
+    )
+    .await;
+    let message = condition(&shard_conditions(&s), "Drain")
+        .unwrap()
+        .message
+        .clone();
+    assert!(message.contains("replicasPerCell"), "{message}");
+    assert_eq!(
+        evict(&evictions, &on_a).await,
+        Some(429),
+        "a pod the cohort cannot spare is not evicted"
+    );
+    eventually(
+        "multiorch runs on the spare node",
+        WAIT,
+        orch_on(spare_a.clone()),
+    )
+    .await;
+    assert_eq!(
+        moved(&deployments.get(&orch).await.unwrap()).as_deref(),
+        Some(node_a.as_str())
+    );
+
+    // Once the shard survives losing a pod (the data-handler says so), the drain evicts it.
+    publish_cohort_as(&client, &ns, name, &names, &on_b, &all, true).await;
     eventually("the old primary can be evicted", WAIT, || async {
         match evict(&evictions, &on_a).await {
             None => Ok(()),
@@ -1143,7 +1274,7 @@ async fn a_drained_nodes_primary_hands_over_before_it_is_evicted() {
         .delete(&format!("{ns}-resource-handler"), &Default::default())
         .await
         .unwrap();
-    for node in [&node_a, &node_b] {
+    for node in [&node_a, &spare_a, &node_b] {
         nodes.delete(node, &Default::default()).await.unwrap();
     }
 }

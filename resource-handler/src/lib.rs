@@ -91,11 +91,12 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     if !running.ready_when_listed(shutdown).await {
         return;
     }
-    let (drains, drained) = futures::channel::mpsc::unbounded();
+    let (shard_drains, shards_drained) = futures::channel::mpsc::unbounded();
+    let (cell_drains, cells_drained) = futures::channel::mpsc::unbounded();
     let cordons = cordon::watch(
         client.clone(),
         stores.cordoned.clone(),
-        drains,
+        vec![shard_drains, cell_drains],
         shutdown.clone(),
     );
     let base = Base {
@@ -120,8 +121,12 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     let cells = cell::run(
         base.ctx(cell::NAME),
         cells,
-        deployments.changes_and_deletions(),
-        services.changes_and_deletions(),
+        cell::Triggers {
+            deployments: deployments.changes_and_deletions(),
+            services: services.changes_and_deletions(),
+            pdbs: pdbs.changes_and_deletions(),
+            cordons: cells_drained,
+        },
         shutdown,
     );
     let shards = shard::run(
@@ -136,7 +141,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
             config_maps: config_maps.changes_and_deletions(),
             secrets: secrets.changes_and_deletions(),
             pvcs: pvcs.changes_and_deletions(),
-            cordons: drained,
+            cordons: shards_drained,
         },
         shutdown,
     );

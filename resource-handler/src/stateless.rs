@@ -9,8 +9,10 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
     Toleration,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use multigres_api::labels::merge_user;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use multigres_api::labels::{DRAINED_NODE, merge_user};
 use multigres_api::v1alpha1::StatelessSpec;
 
 use crate::owner::Owner;
@@ -72,6 +74,56 @@ pub fn metadata(name: &str, owner: &Owner, labels: &BTreeMap<String, String>) ->
         owner_references: Some(vec![owner.reference.clone()]),
         ..Default::default()
     }
+}
+
+/// The disruption budget of a stateless workload running `replicas` pods: one pod at a time
+/// while it runs several; none while it runs one, so a drain never takes a cell's only
+/// multigateway or multiorch: the operator moves that pod off the cordoned node first (see
+/// [`moved_off`]). None for a workload scaled to zero.
+pub fn budget(w: &Workload<'_>, replicas: i32) -> Option<PodDisruptionBudget> {
+    (replicas > 0).then(|| PodDisruptionBudget {
+        metadata: metadata(&w.name, w.owner, &w.labels),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(i32::from(replicas > 1))),
+            selector: Some(LabelSelector {
+                match_labels: Some(w.selector.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// Marks `deployment` as moved off `node`, a cordoned node its only pod ran on: the changed
+/// pod template makes the Deployment controller start a pod on another node (first, under
+/// `RollingUpdate`) and remove the old one, which its budget kept a drain from evicting. The
+/// mark is kept on the Deployment (whose cached copy has no pod template) so that later
+/// reconciles write the same template and restart nothing.
+pub fn moved_off(deployment: &mut Deployment, node: &str) {
+    let mark = |meta: &mut ObjectMeta| {
+        meta.annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(DRAINED_NODE.to_owned(), node.to_owned());
+    };
+    mark(&mut deployment.metadata);
+    if let Some(spec) = deployment.spec.as_mut() {
+        mark(
+            spec.template
+                .metadata
+                .get_or_insert_with(ObjectMeta::default),
+        );
+    }
+}
+
+/// The node `observed` was last moved off (see [`moved_off`]).
+pub fn last_moved_off(observed: Option<&Deployment>) -> Option<&str> {
+    observed?
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(DRAINED_NODE)
+        .map(String::as_str)
 }
 
 /// The Deployment of a stateless workload.

@@ -287,6 +287,11 @@ pub struct CohortStatus {
     pub pods: BTreeMap<String, CohortPod>,
 }
 
+/// Shard condition (the data-handler's): losing any one healthy cohort member leaves a shard
+/// that still accepts writes. The resource-handler lets a drain evict a replica only while it
+/// holds.
+pub const FAILURE_TOLERANT: &str = "FailureTolerant";
+
 impl CohortStatus {
     /// Whether `pod` is one of the current rule's participants: a member, or the leader (which
     /// the rule may name without listing it as a member).

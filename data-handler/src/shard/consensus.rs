@@ -41,8 +41,7 @@ use crate::watch::Guarded;
 
 /// Condition: every pool pod is a healthy member and every member has a pod.
 pub const COHORT_HEALTHY: &str = "CohortHealthy";
-/// Condition: losing any one healthy member leaves a cohort that still accepts writes.
-pub const FAILURE_TOLERANT: &str = "FailureTolerant";
+pub use multigres_api::v1alpha1::FAILURE_TOLERANT;
 /// The condition types this step owns.
 pub const OWNED: [&str; 2] = [COHORT_HEALTHY, FAILURE_TOLERANT];
 /// How often the cohort is read while it is not healthy: restarts and scale-downs wait for it.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use multigres_api::labels::{self, Component, Placement};
 use multigres_api::resolver::{REGION_NODE_LABEL, ZONE_ID_NODE_LABEL};
 use multigres_api::v1alpha1::CellSpec;
@@ -31,6 +32,8 @@ pub struct CellObjects {
     pub deployment: Deployment,
     /// The Service clients connect to.
     pub service: Service,
+    /// Keeps a drain from taking the cell's gateways (see [`stateless::budget`]).
+    pub pdb: Option<PodDisruptionBudget>,
 }
 
 /// multigateway's command line: ports, topology, identity, log level and the failover buffer
@@ -98,7 +101,7 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
         spec.images.image_pull_policy,
         &spec.images.image_pull_secrets,
     );
-    let mut deployment = stateless::deployment(Workload {
+    let workload = Workload {
         name: name.clone(),
         owner,
         labels: labels.clone(),
@@ -126,7 +129,14 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
             probes: Probes::multigres(MULTIGATEWAY_HTTP, STARTUP_BUDGET_SECONDS),
         },
         recreate: false,
-    });
+    };
+    let replicas = spec
+        .multigateway
+        .stateless
+        .replicas
+        .unwrap_or(multigres_api::resolver::defaults::MULTIGATEWAY_REPLICAS);
+    let pdb = stateless::budget(&workload, replicas);
+    let mut deployment = stateless::deployment(workload);
     if crate::tls::enabled(spec.internal_tls.as_ref()) {
         let gateway = crate::tls::Process::Multigateway;
         crate::tls::mount_internal_deployment(
@@ -150,6 +160,7 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
     CellObjects {
         deployment,
         service,
+        pdb,
     }
 }
 

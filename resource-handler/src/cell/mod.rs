@@ -9,10 +9,12 @@ use std::sync::Arc;
 use futures::Future;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Cell, CellStatus};
@@ -67,19 +69,32 @@ impl Classify for Error {
 /// cells in flight bring the gateways up sooner.
 const CONCURRENCY: u16 = 8;
 
+/// What makes a Cell reconcile besides its own changes.
+pub struct Triggers {
+    /// Owned multigateway Deployments.
+    pub deployments: Changes<Deployment>,
+    /// Owned Services.
+    pub services: Changes<Service>,
+    /// Owned PodDisruptionBudgets.
+    pub pdbs: Changes<PodDisruptionBudget>,
+    /// A change of the cordoned nodes (a drain may have begun).
+    pub cordons: futures::channel::mpsc::UnboundedReceiver<()>,
+}
+
 /// The controller, ready to be polled until shutdown.
 pub fn run(
     ctx: Arc<Ctx<Guard>>,
     cells: SharedWatch<Guard>,
-    deployments: Changes<Deployment>,
-    services: Changes<Service>,
+    triggers: Triggers,
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
     let controller = Controller::for_shared_stream(cells.changes(), cells.store());
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
     let results = controller
-        .owns_shared_stream(deployments)
-        .owns_shared_stream(services)
+        .owns_shared_stream(triggers.deployments)
+        .owns_shared_stream(triggers.services)
+        .owns_shared_stream(triggers.pdbs)
+        .reconcile_all_on(triggers.cordons)
         .with_config(Config::default().concurrency(CONCURRENCY))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx);
@@ -120,8 +135,26 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         .stores
         .deployments
         .get(&ObjectRef::new(&name).within(ns));
+    let budget_wanted = objects.pdb.is_some();
+    let moving = crate::cordon::move_single_pod(
+        &ctx.client,
+        &ctx.stores.cordoned,
+        &mut objects.deployment,
+        observed_deployment.as_deref(),
+        true,
+    )
+    .await?;
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns);
+    let pdb = async {
+        match objects.pdb {
+            Some(pdb) => sync::ensure(NAME, &pdbs, &ctx.stores.pdbs, pdb)
+                .await
+                .map(|_| ()),
+            None => Ok(()),
+        }
+    };
     futures::try_join!(
         sync::ensure(NAME, &services, &ctx.stores.services, objects.service),
         sync::ensure(
@@ -130,7 +163,16 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             &ctx.stores.deployments,
             objects.deployment,
         ),
+        pdb,
     )?;
+    if let Some(node) = moving {
+        let note = format!(
+            "moving the only multigateway pod off node {node}, which is cordoned: a new pod \
+             starts on another node before the old one stops, and a drain may then go on"
+        );
+        ctx.event(guard, EventType::Normal, "MovingOffCordonedNode", note)
+            .await;
+    }
 
     let keep = BTreeSet::from([name.clone()]);
     let uid = owner.uid();
@@ -148,6 +190,12 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         &keep,
     )
     .await?;
+    let keep_pdb = if budget_wanted {
+        keep.clone()
+    } else {
+        BTreeSet::new()
+    };
+    sync::prune(NAME, &pdbs, &owned(&ctx.stores.pdbs, ns, uid), &keep_pdb).await?;
 
     let counts = readiness::deployment(observed_deployment.as_deref());
     let desired = status(cell, counts, &name, Timestamp::now());

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
@@ -17,6 +16,7 @@ use kube::{Api, ResourceExt};
 use multigres_api::v1alpha1::{CohortStatus, Shard, ShardSpec};
 
 use super::build::{self, ShardObjects};
+use super::drain::{self, Evictions};
 use super::rollout::{self, PodView, Step};
 use super::scale::{self, CohortHold, HeldScaleUp, ScaleDown};
 use super::{Desired, Error, Guard, NAME, pgconfig, switchover};
@@ -46,6 +46,8 @@ pub(super) struct Outcome {
     pub cohort_holds: Vec<CohortHold>,
     /// Hand-overs asked for by people and by drains.
     pub requests: switchover::Requests,
+    /// The `Drain` verdict (none while no pool pod is on a cordoned node).
+    pub drain: Option<Cond>,
 }
 
 /// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
@@ -68,13 +70,27 @@ pub(super) async fn run(
     crate::tls::warn_if_new(ctx, guard, observed_conditions, tls.as_ref()).await;
     let handover = switchover::possible(shard);
     let cohort = shard.status.as_ref().and_then(|s| s.cohort.as_ref());
-    let gates = Gates { handover, cohort };
+    let gates = Gates {
+        handover,
+        cohort,
+        evictions: Evictions::of(shard),
+    };
     let Applied {
         templates_changed,
         held,
         downs,
         cohort_holds,
+        moving,
     } = apply_workloads(ctx, owner, objects, pods, &gates).await?;
+    for (deployment, node) in moving {
+        let note = format!(
+            "moving multiorch {deployment} off node {node}, which is cordoned, now that no \
+             primary is left there: its pod starts again on another node, and a drain may then \
+             go on"
+        );
+        ctx.event(guard, EventType::Normal, "MovingOffCordonedNode", note)
+            .await;
+    }
     let observed = Observed::read(ctx, ns, objects);
     let resize = resize(ctx, guard, &shard.spec, ns, objects).await?;
     prune(ctx, owner, objects).await?;
@@ -107,19 +123,8 @@ pub(super) async fn run(
         downs,
         cohort_holds,
         requests,
+        drain: drain::condition(pods, gates.evictions, cohort),
     })
-}
-
-/// `pdb`, a pool's replica budget, allowing no eviction while the published `cohort` is not
-/// whole: a drain then never takes away a pod a commit may be waiting for.
-fn replica_budget(pdb: &PodDisruptionBudget, cohort: Option<&CohortStatus>) -> PodDisruptionBudget {
-    let mut pdb = pdb.clone();
-    if cohort.is_some_and(|c| !c.is_whole())
-        && let Some(spec) = pdb.spec.as_mut()
-    {
-        spec.max_unavailable = Some(IntOrString::Int(0));
-    }
-    pdb
 }
 
 /// What the shard's disruptive steps wait for.
@@ -128,6 +133,8 @@ struct Gates<'a> {
     handover: bool,
     /// The consensus cohort, when the data-handler publishes it.
     cohort: Option<&'a CohortStatus>,
+    /// Whether a drain may evict a replica.
+    evictions: Evictions,
 }
 
 /// Observed state of the shard's workloads, read from the caches.
@@ -205,6 +212,8 @@ struct Applied {
     downs: Vec<ScaleDown>,
     /// Pool scale-downs held or stepped for the consensus cohort.
     cohort_holds: Vec<CohortHold>,
+    /// multiorch Deployments whose only pod starts leaving a cordoned node, with the node.
+    moving: Vec<(String, String)>,
 }
 
 /// Applies every workload that changed. `pods` (the shard's pool pods) and the `gates` decide
@@ -239,16 +248,37 @@ async fn apply_workloads(
     // Independent objects are applied together: under load each write (a Service's above
     // all, which allocates a cluster IP) takes a round trip and a watch event to settle, and
     // one after another they would add up for every shard.
+    // multiorch appoints the primary a drain's hand-over asks for: it moves only once no
+    // primary is left on a cordoned node.
+    let primary_stranded = pods
+        .iter()
+        .any(|p| p.role == rollout::Role::Primary && p.cordoned && !p.terminating);
     let multiorch = objects.multiorch.iter().map(|m| async {
+        let mut deployment = m.deployment.clone();
+        let name = deployment.name_any();
+        let observed = stores.deployments.get(&ObjectRef::new(&name).within(ns));
+        let moving = crate::cordon::move_single_pod(
+            client,
+            &stores.cordoned,
+            &mut deployment,
+            observed.as_deref(),
+            !primary_stranded,
+        )
+        .await?;
+        let budget = async {
+            match &m.pdb {
+                Some(pdb) => sync::ensure(NAME, &pdbs, &stores.pdbs, pdb.clone())
+                    .await
+                    .map(|_| ()),
+                None => Ok(()),
+            }
+        };
         futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, m.service.clone()),
-            sync::ensure(
-                NAME,
-                &deployments,
-                &stores.deployments,
-                m.deployment.clone()
-            ),
-        )
+            sync::ensure(NAME, &deployments, &stores.deployments, deployment),
+            budget,
+        )?;
+        Ok::<_, SyncError>(moving.map(|node| (name, node)))
     });
     let pools = objects.pools.iter().map(|p| async {
         let mut set = p.statefulset.clone();
@@ -271,7 +301,7 @@ async fn apply_workloads(
                 NAME,
                 &pdbs,
                 &stores.pdbs,
-                replica_budget(&p.pdb, gates.cohort)
+                drain::replica_budget(&p.pdb, gates.evictions)
             ),
             sync::ensure_with(NAME, &sets, &stores.statefulsets, set, keep_claim_templates),
         )?;
@@ -285,7 +315,7 @@ async fn apply_workloads(
             None => Ok(()),
         }
     };
-    let (_, pools, ()) = futures::try_join!(
+    let (moving, pools, ()) = futures::try_join!(
         futures::future::try_join_all(multiorch),
         futures::future::try_join_all(pools),
         primary,
@@ -296,6 +326,7 @@ async fn apply_workloads(
         held: Vec::new(),
         downs: Vec::new(),
         cohort_holds: Vec::new(),
+        moving: moving.into_iter().flatten().collect(),
     };
     for (_, held, down, cohort_hold) in pools {
         applied.held.extend(held);
@@ -375,6 +406,12 @@ async fn prune(ctx: &Ctx<Guard>, owner: &Owner, objects: &ShardObjects) -> Resul
         .iter()
         .cloned()
         .chain(objects.primary_pdb.iter().map(ResourceExt::name_any))
+        .chain(
+            objects
+                .multiorch
+                .iter()
+                .filter_map(|m| m.pdb.as_ref().map(ResourceExt::name_any)),
+        )
         .collect();
     sync::prune(
         NAME,
@@ -483,47 +520,4 @@ async fn restart(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, step: &Step) -> Resu
     )
     .await;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use multigres_api::v1alpha1::{CohortPod, Replication};
-
-    use super::*;
-
-    #[test]
-    fn replicas_may_not_be_evicted_while_the_cohort_is_not_whole() {
-        let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "pool"},
-            "spec": {"maxUnavailable": 1},
-        }))
-        .unwrap();
-        let limit = |cohort: Option<&CohortStatus>| {
-            replica_budget(&pdb, cohort).spec.unwrap().max_unavailable
-        };
-        assert_eq!(
-            limit(None),
-            Some(IntOrString::Int(1)),
-            "no cohort published"
-        );
-        let pod = |replication| CohortPod {
-            member: true,
-            replication,
-            lag_mebibytes: None,
-        };
-        let mut cohort = CohortStatus {
-            leader: Some("p-0".into()),
-            pods: [
-                ("p-0".to_owned(), pod(Replication::Primary)),
-                ("p-1".to_owned(), pod(Replication::Streaming)),
-            ]
-            .into(),
-            ..Default::default()
-        };
-        assert_eq!(limit(Some(&cohort)), Some(IntOrString::Int(1)));
-        cohort
-            .pods
-            .insert("p-1".into(), pod(Replication::NotStreaming));
-        assert_eq!(limit(Some(&cohort)), Some(IntOrString::Int(0)));
-    }
 }

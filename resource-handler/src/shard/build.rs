@@ -67,6 +67,8 @@ pub struct MultiorchObjects {
     /// The multiorch Deployment.
     pub deployment: Deployment,
     pub service: Service,
+    /// Keeps a drain from taking the cell's multiorch (see [`stateless::budget`]).
+    pub pdb: Option<PodDisruptionBudget>,
 }
 
 /// One pool in one cell.
@@ -284,7 +286,7 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
     ]);
     args.extend(multiorch_grace_flags(spec));
     let pull = pull(spec);
-    let mut deployment = stateless::deployment(Workload {
+    let workload = Workload {
         name: name.clone(),
         owner,
         labels: labels.clone(),
@@ -311,7 +313,9 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
             probes: Probes::multigres(MULTIORCH_HTTP, MULTIORCH_STARTUP_SECONDS),
         },
         recreate: true,
-    });
+    };
+    let pdb = stateless::budget(&workload, replicas);
+    let mut deployment = stateless::deployment(workload);
     if crate::tls::enabled(spec.internal_tls.as_ref()) {
         let orch = crate::tls::Process::Multiorch;
         crate::tls::mount_internal_deployment(
@@ -335,6 +339,7 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
         cell,
         deployment,
         service,
+        pdb,
     }
 }
 

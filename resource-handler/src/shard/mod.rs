@@ -9,6 +9,7 @@
 
 mod apply;
 pub mod build;
+pub mod drain;
 pub mod pgconfig;
 pub mod rollout;
 pub mod scale;

@@ -92,6 +92,7 @@ pub(super) async fn write(
         ),
         held: outcome.held,
         scale_down: scale::condition(&outcome.cohort_holds),
+        drain: outcome.drain,
         unready: unready_pool_pods(&cached),
         problem: None,
     };
@@ -128,6 +129,8 @@ fn look_again(report: &Report<'_>) -> Option<Duration> {
         Some(Step::UpToDate { .. }) if !report.held.is_empty() => Some(POLL),
         // A scale-down waits for the cohort, which the data-handler publishes on its own pace.
         Some(Step::UpToDate { .. }) if report.scale_down.is_some() => Some(POLL),
+        // So does a drain that waits for the cohort.
+        Some(Step::UpToDate { .. }) if report.drain.is_some() => Some(POLL),
         Some(Step::UpToDate { .. }) => None,
         // A restart is under way (or about to be decided once the StatefulSet controller has
         // caught up): look again soon even if no watched object changes.
@@ -181,6 +184,8 @@ pub struct Report<'a> {
     pub held: Vec<HeldScaleUp>,
     /// The `ScaleDown` verdict (none while no scale-down waits for the cohort).
     pub scale_down: Option<Cond>,
+    /// The `Drain` verdict (none while no pool pod is on a cordoned node).
+    pub drain: Option<Cond>,
     /// Pool pods that are not Ready, each with why (`<pod>: <reason>`, by name).
     pub unready: Vec<String>,
     /// Why the spec cannot be realised.
@@ -328,6 +333,7 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     desired.extend(report.pgbackrest_tls.clone());
     desired.extend(report.switchover.clone());
     desired.extend(report.scale_down.clone());
+    desired.extend(report.drain.clone());
     let observed = shard
         .status
         .as_ref()
@@ -450,6 +456,7 @@ mod tests {
             switchover: None,
             held: Vec::new(),
             scale_down: None,
+            drain: None,
             unready: Vec::new(),
             problem: None,
         };

@@ -234,3 +234,46 @@ fn internal_tls_mounts_the_gateway_certificate_and_adds_its_flags() {
         crate::tls::flags(crate::tls::Process::Multigateway, &cluster, &ns)
     );
 }
+
+#[test]
+fn the_gateways_budget_never_lets_a_drain_take_the_only_gateway() {
+    let mut cell = fixture();
+    let max_unavailable = |cell: &Cell| {
+        objects(cell)
+            .pdb
+            .map(|pdb| pdb.spec.unwrap().max_unavailable.unwrap())
+    };
+    cell.spec.multigateway.stateless.replicas = Some(1);
+    assert_eq!(max_unavailable(&cell), Some(IntOrString::Int(0)));
+    cell.spec.multigateway.stateless.replicas = Some(3);
+    assert_eq!(max_unavailable(&cell), Some(IntOrString::Int(1)));
+    let objects = objects(&cell);
+    let pdb = objects.pdb.unwrap();
+    assert_eq!(
+        pdb.spec.unwrap().selector.unwrap().match_labels,
+        objects.deployment.spec.unwrap().selector.match_labels,
+        "the budget selects exactly the gateway's pods"
+    );
+    cell.spec.multigateway.stateless.replicas = Some(0);
+    assert_eq!(max_unavailable(&cell), None, "nothing to protect");
+}
+
+#[test]
+fn a_gateway_moved_off_a_cordoned_node_keeps_its_mark() {
+    let mut deployment = objects(&fixture()).deployment;
+    assert_eq!(stateless::last_moved_off(Some(&deployment)), None);
+    stateless::moved_off(&mut deployment, "node-a");
+    assert_eq!(stateless::last_moved_off(Some(&deployment)), Some("node-a"));
+    let template = &deployment.spec.as_ref().unwrap().template;
+    assert_eq!(
+        template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap()[multigres_api::labels::DRAINED_NODE],
+        "node-a",
+        "the pod template changes, so the Deployment starts a pod elsewhere"
+    );
+}
