@@ -3,9 +3,10 @@
 //! with pgctld and multipooler, filesystem backups) pointed at images built from the Multigres
 //! and pgBackRest snapshots, and what a user of it sees: SQL through multigateway, roles from the
 //! topology and the consensus cohort in the Shard status, a failover that loses no
-//! acknowledged row, a switchover a person asks for, restart- and reload-class settings, a
-//! scale-down at once after a rollout (held until the cohort lets it), a backup in status, and
-//! data that survives deleting and recreating the cluster after that scale-down.
+//! acknowledged row, a switchover a person asks for, `kubectl drain` of the primary's node,
+//! restart- and reload-class settings, a scale-down at once after a rollout (held until the
+//! cohort lets it), a backup in status, and data that survives deleting and recreating the
+//! cluster after that scale-down.
 //!
 //! One cluster, one story: each step starts from the state the previous one left, as a user's
 //! cluster would, and 2 cores hold one such cluster comfortably, not several. The figures
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -677,6 +679,88 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     report.figures("the asked-for switchover");
     acknowledged.extend(&report.acknowledged);
     assert_kept(&gateway, &acknowledged).await;
+
+    // 7b. `kubectl drain` of the primary's node under a steady load, as a user runs it. The
+    // primary hands over before its eviction, the node's multiorch and multigateway move first
+    // (their budgets refuse evicting the only ones), the old primary is evicted once the cohort
+    // can spare it, and the drain completes. Pool pods and etcd members keep their volumes on
+    // that node, so they wait Pending until it is uncordoned.
+    let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
+    cohort_until(
+        &client,
+        &namespace,
+        "a whole, failure-tolerant cohort before the drain",
+        |c, h, t| whole(c, 3) && h == ("True", "CohortComplete") && t.0 == "True",
+    )
+    .await;
+    let node = pods
+        .get(&primary)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.node_name)
+        .expect("the primary runs on a node");
+    let load = Load::start(gateway.clone(), 750_001);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let drain_started = Instant::now();
+    let drained = cluster
+        .kubectl(&[
+            "drain",
+            &node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=400s",
+        ])
+        .await;
+    let drain_took = drain_started.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = load.finish().await;
+    let drained = drained.unwrap_or_else(|e| panic!("kubectl drain {node}: {e}"));
+    println!("kubectl drain {node}:\n{drained}");
+    println!(
+        "drain of {node}: {} ok, {} failed, first errors {:?}",
+        report.ok, report.failed, report.errors
+    );
+    figure(
+        "kubectl drain of the primary's node (s)",
+        format!("{:.1}", drain_took.as_secs_f64()),
+    );
+    report.figures("the drain");
+    acknowledged.extend(&report.acknowledged);
+    let promoted = new_primary(&client, &namespace, &primary).await;
+    let on = pods
+        .get(&promoted)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.node_name);
+    assert_ne!(
+        on.as_deref(),
+        Some(node.as_str()),
+        "the new primary is elsewhere"
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    for deployment in deployments.list(&ListParams::default()).await.unwrap() {
+        if let Some(moved) = deployment.annotations().get(labels::DRAINED_NODE) {
+            println!("{} moved off {moved}", deployment.name_any());
+        }
+    }
+    assert_kept(&gateway, &acknowledged).await;
+    cluster
+        .kubectl(&["uncordon", &node])
+        .await
+        .unwrap_or_else(|e| panic!("kubectl uncordon {node}: {e}"));
+    let (_, back) = cohort_until(
+        &client,
+        &namespace,
+        "the drained pods back in a whole cohort after the uncordon",
+        |c, h, _| whole(c, 3) && h == ("True", "CohortComplete"),
+    )
+    .await;
+    figure(
+        "uncordon -> whole cohort of 3 again (s)",
+        format!("{:.1}", back.as_secs_f64()),
+    );
 
     // 8. A restart-class setting: replicas restart first, the primary last, under load, and only
     // after it has handed over (the resource-handler asks, the data-handler has its multipooler

@@ -2,11 +2,15 @@
 //! ports, environment, pull settings and the writable scratch volume that lets root
 //! filesystems stay read-only.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{
-    Capabilities, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, LocalObjectReference,
-    ObjectFieldSelector, PodSecurityContext, Probe, SeccompProfile, SecurityContext, ServicePort,
-    Volume, VolumeMount,
+    Affinity, Capabilities, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    LocalObjectReference, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity,
+    PodSecurityContext, Probe, SeccompProfile, SecurityContext, ServicePort, Volume, VolumeMount,
+    WeightedPodAffinityTerm,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use multigres_api::v1alpha1::ImagePullPolicy;
 
@@ -292,4 +296,36 @@ mod tests {
         assert_eq!(s.policy(), "Always");
         assert_eq!(s.secrets().unwrap()[0].name, "regcred");
     }
+}
+
+/// Node label naming each node, the unit one drain or one node failure takes away.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// `affinity` when the user gave one, else a preference for placing the pods `selector` picks
+/// on different nodes: a node drained or lost then takes one pool pod or etcd member of a
+/// shard or topology server, not several. Only preferred, so a cluster with fewer nodes still
+/// schedules them all.
+pub fn spread_across_nodes(
+    affinity: Option<Affinity>,
+    selector: &BTreeMap<String, String>,
+) -> Affinity {
+    affinity.unwrap_or_else(|| Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: Some(LabelSelector {
+                            match_labels: Some(selector.clone()),
+                            ..Default::default()
+                        }),
+                        topology_key: HOSTNAME_LABEL.to_owned(),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
 }

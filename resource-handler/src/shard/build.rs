@@ -34,7 +34,7 @@ use crate::contract::{
 use crate::owner::Owner;
 use crate::podspec::{
     POSTGRES_ID, Probes, PullSettings, RunAs, container_port, container_security, env, mount,
-    pod_identity_env, pod_security, service_port,
+    pod_identity_env, pod_security, service_port, spread_across_nodes,
 };
 use crate::stateless::{self, Process, Workload};
 use crate::toposerver::build::retention;
@@ -694,7 +694,8 @@ fn pool_objects(
 }
 
 /// The pod of a pool whose headless Service is `service`, in `cell`: pgctld (a native
-/// sidecar) and multipooler sharing the pool volumes.
+/// sidecar) and multipooler sharing the pool volumes, on a node of its own among the shard's
+/// pool pods unless the pool gives an affinity.
 fn pool_pod(
     owner: &Owner,
     spec: &ShardSpec,
@@ -721,7 +722,14 @@ fn pool_pod(
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         image_pull_secrets: pull.secrets(),
-        affinity: pool.affinity.clone(),
+        affinity: Some(spread_across_nodes(
+            pool.affinity.clone(),
+            &labels::selector(
+                &owner.cluster,
+                Component::Pool,
+                &placement(spec, None, None),
+            ),
+        )),
         tolerations: (!pool.tolerations.is_empty()).then(|| pool.tolerations.clone()),
         node_selector: Some(cell_node_selector(spec, cell)).filter(|s| !s.is_empty()),
         termination_grace_period_seconds: Some(POOL_TERMINATION_GRACE_SECONDS),

@@ -30,7 +30,7 @@ use crate::contract::{
 use crate::owner::Owner;
 use crate::podspec::{
     Probes, PullSettings, RunAs, TMP_DIR, TMP_VOLUME, container_port, container_security,
-    env_from_field, mount, pod_security, service_port, tmp_volume,
+    env_from_field, mount, pod_security, service_port, spread_across_nodes, tmp_volume,
 };
 
 /// Name of the data volume claim template (PVCs are `data-<pod>`).
@@ -130,7 +130,7 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
     let owner = input.owner;
     let names = Names::of(input);
     let args = etcd_args(owner, &names, replicas);
-    let pod = etcd_pod(input, etcd_container(etcd, input.pull, args));
+    let pod = etcd_pod(input, &names, etcd_container(etcd, input.pull, args));
     let (storage_size, claim) = data_claim(etcd, &names.labels);
     Ok(TopoObjects {
         statefulset: etcd_statefulset(input, etcd, &names, replicas, pod, claim),
@@ -270,8 +270,9 @@ fn etcd_container(etcd: &EtcdSpec, pull: &PullSettings, args: Vec<String>) -> Co
     }
 }
 
-/// The etcd pod of `container`, placed as the spec says.
-fn etcd_pod(input: &TopoInput<'_>, container: Container) -> PodSpec {
+/// The etcd pod of `container`, placed as the spec says (members on different nodes unless
+/// the spec gives an affinity).
+fn etcd_pod(input: &TopoInput<'_>, names: &Names, container: Container) -> PodSpec {
     let placement = input.spec.placement.clone().unwrap_or_default();
     PodSpec {
         containers: vec![container],
@@ -281,7 +282,7 @@ fn etcd_pod(input: &TopoInput<'_>, container: Container) -> PodSpec {
         enable_service_links: Some(false),
         image_pull_secrets: input.pull.secrets(),
         node_selector: (!placement.node_selector.is_empty()).then_some(placement.node_selector),
-        affinity: placement.affinity,
+        affinity: Some(spread_across_nodes(placement.affinity, &names.selector)),
         tolerations: (!placement.tolerations.is_empty()).then_some(placement.tolerations),
         topology_spread_constraints: (!placement.topology_spread_constraints.is_empty())
             .then_some(placement.topology_spread_constraints),

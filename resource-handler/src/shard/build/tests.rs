@@ -681,3 +681,43 @@ fn backups_without_a_named_secret_use_the_generated_pgbackrest_certificates() {
     let pgctld = &pool_pod.init_containers.as_ref().unwrap()[0];
     assert!(args(pgctld).iter().all(|a| !a.starts_with("--pgbackrest")));
 }
+
+#[test]
+fn pool_pods_without_an_affinity_prefer_a_node_each_across_the_shard() {
+    let mut shard = fixture();
+    for pool in shard.spec.pools.values_mut() {
+        pool.affinity = None;
+    }
+    let o = objects(&shard);
+    let anti = pod(pool(&o, "zone-b"))
+        .affinity
+        .clone()
+        .unwrap()
+        .pod_anti_affinity
+        .unwrap();
+    let preferred = anti
+        .preferred_during_scheduling_ignored_during_execution
+        .unwrap();
+    let term = &preferred[0].pod_affinity_term;
+    assert_eq!(term.topology_key, "kubernetes.io/hostname");
+    let selects = term
+        .label_selector
+        .as_ref()
+        .unwrap()
+        .match_labels
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        selects["multigres.com/shard"],
+        shard.spec.shard_name.as_str()
+    );
+    assert!(
+        !selects.contains_key("multigres.com/cell") && !selects.contains_key("multigres.com/pool"),
+        "every pool pod of the shard, in every cell: {selects:?}"
+    );
+    assert!(
+        anti.required_during_scheduling_ignored_during_execution
+            .is_none(),
+        "only preferred: fewer nodes than pods still schedule"
+    );
+}
