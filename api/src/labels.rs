@@ -39,7 +39,8 @@ pub const USER_SWITCHOVER: &str = "multigres.com/switchover";
 /// multipooler resigned, so each request resigns once.
 pub const SWITCHOVER_RESIGNED: &str = "multigres.com/switchover-resigned";
 /// Annotation on a one-pod multigateway or multiorch Deployment (and its pod template) naming
-/// the cordoned node the resource-handler moved its pod off, ahead of the drain.
+/// the pod the resource-handler last moved off a cordoned node, ahead of the drain, as
+/// `<node>/<pod>`.
 pub const DRAINED_NODE: &str = "multigres.com/drained-node";
 
 /// Value of `app.kubernetes.io/name` and `part-of`.

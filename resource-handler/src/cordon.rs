@@ -65,8 +65,8 @@ impl Cordoned {
     }
 }
 
-/// The cordoned node one of the pods `selector` picks in `namespace` runs on (and is not
-/// leaving), if any. Pods are listed only while some node is cordoned.
+/// The first pod `selector` picks in `namespace` that runs on a cordoned node (and is not
+/// leaving), as `<node>/<pod>`. Pods are listed only while some node is cordoned.
 pub async fn stranded_on(
     client: &Client,
     namespace: &str,
@@ -84,13 +84,18 @@ pub async fn stranded_on(
         .items
         .into_iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-        .filter_map(|pod| pod.spec?.node_name)
-        .find(|node| cordoned.contains(node)))
+        .find_map(|pod| {
+            let node = pod.spec?.node_name?;
+            cordoned
+                .contains(&node)
+                .then(|| format!("{node}/{}", pod.metadata.name.unwrap_or_default()))
+        }))
 }
 
 /// Moves `deployment`'s only pod off a cordoned node (when `may_move`), and keeps the mark of
-/// an earlier move (see [`stateless::moved_off`]). Returns the node its pod starts leaving
-/// now, for an event.
+/// an earlier move (see [`stateless::moved_off`]). The mark names the pod as well as the node,
+/// so a later pod on the same node, cordoned again, is moved too. Returns the `<node>/<pod>`
+/// that starts moving now, for an event.
 pub async fn move_single_pod(
     client: &Client,
     cordoned: &Cordoned,
@@ -119,10 +124,10 @@ pub async fn move_single_pod(
     } else {
         None
     };
-    if let Some(node) = stranded.as_deref().or(last.as_deref()) {
-        stateless::moved_off(deployment, node);
+    if let Some(mark) = stranded.as_deref().or(last.as_deref()) {
+        stateless::moved_off(deployment, mark);
     }
-    Ok(stranded.filter(|node| Some(node) != last.as_ref()))
+    Ok(stranded.filter(|mark| Some(mark) != last.as_ref()))
 }
 
 /// Lists the cordoned nodes into `cordoned` every [`PERIOD`] until `shutdown`, sending on

@@ -246,6 +246,38 @@ pub fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
+/// Node label naming each node, the unit one drain or one node failure takes away.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// `affinity` when the user gave one, else a preference for placing the pods `selector` picks
+/// on different nodes: a node drained or lost then takes one pool pod or etcd member of a
+/// shard or topology server, not several. Only preferred, so a cluster with fewer nodes still
+/// schedules them all.
+pub fn spread_across_nodes(
+    affinity: Option<Affinity>,
+    selector: &BTreeMap<String, String>,
+) -> Affinity {
+    affinity.unwrap_or_else(|| Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: Some(LabelSelector {
+                            match_labels: Some(selector.clone()),
+                            ..Default::default()
+                        }),
+                        topology_key: HOSTNAME_LABEL.to_owned(),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,36 +328,4 @@ mod tests {
         assert_eq!(s.policy(), "Always");
         assert_eq!(s.secrets().unwrap()[0].name, "regcred");
     }
-}
-
-/// Node label naming each node, the unit one drain or one node failure takes away.
-const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
-
-/// `affinity` when the user gave one, else a preference for placing the pods `selector` picks
-/// on different nodes: a node drained or lost then takes one pool pod or etcd member of a
-/// shard or topology server, not several. Only preferred, so a cluster with fewer nodes still
-/// schedules them all.
-pub fn spread_across_nodes(
-    affinity: Option<Affinity>,
-    selector: &BTreeMap<String, String>,
-) -> Affinity {
-    affinity.unwrap_or_else(|| Affinity {
-        pod_anti_affinity: Some(PodAntiAffinity {
-            preferred_during_scheduling_ignored_during_execution: Some(vec![
-                WeightedPodAffinityTerm {
-                    weight: 100,
-                    pod_affinity_term: PodAffinityTerm {
-                        label_selector: Some(LabelSelector {
-                            match_labels: Some(selector.clone()),
-                            ..Default::default()
-                        }),
-                        topology_key: HOSTNAME_LABEL.to_owned(),
-                        ..Default::default()
-                    },
-                },
-            ]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
 }

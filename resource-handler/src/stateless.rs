@@ -95,16 +95,16 @@ pub fn budget(w: &Workload<'_>, replicas: i32) -> Option<PodDisruptionBudget> {
     })
 }
 
-/// Marks `deployment` as moved off `node`, a cordoned node its only pod ran on: the changed
-/// pod template makes the Deployment controller start a pod on another node (first, under
-/// `RollingUpdate`) and remove the old one, which its budget kept a drain from evicting. The
-/// mark is kept on the Deployment (whose cached copy has no pod template) so that later
-/// reconciles write the same template and restart nothing.
-pub fn moved_off(deployment: &mut Deployment, node: &str) {
+/// Marks `deployment` as moved off a cordoned node its only pod ran on (`mark`:
+/// `<node>/<pod>`): the changed pod template makes the Deployment controller start a pod on
+/// another node (first, under `RollingUpdate`) and remove the old one, which its budget kept a
+/// drain from evicting. The mark is kept on the Deployment (whose cached copy has no pod
+/// template) so that later reconciles write the same template and restart nothing.
+pub fn moved_off(deployment: &mut Deployment, mark: &str) {
     let mark = |meta: &mut ObjectMeta| {
         meta.annotations
             .get_or_insert_with(BTreeMap::new)
-            .insert(DRAINED_NODE.to_owned(), node.to_owned());
+            .insert(DRAINED_NODE.to_owned(), mark.to_owned());
     };
     mark(&mut deployment.metadata);
     if let Some(spec) = deployment.spec.as_mut() {
@@ -116,7 +116,7 @@ pub fn moved_off(deployment: &mut Deployment, node: &str) {
     }
 }
 
-/// The node `observed` was last moved off (see [`moved_off`]).
+/// The `<node>/<pod>` `observed` was last moved off (see [`moved_off`]).
 pub fn last_moved_off(observed: Option<&Deployment>) -> Option<&str> {
     observed?
         .metadata

@@ -165,9 +165,9 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         ),
         pdb,
     )?;
-    if let Some(node) = moving {
+    if let Some(moved) = moving {
         let note = format!(
-            "moving the only multigateway pod off node {node}, which is cordoned: a new pod \
+            "moving the only multigateway pod off its cordoned node ({moved}): a new pod \
              starts on another node before the old one stops, and a drain may then go on"
         );
         ctx.event(guard, EventType::Normal, "MovingOffCordonedNode", note)

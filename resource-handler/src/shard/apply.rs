@@ -82,11 +82,10 @@ pub(super) async fn run(
         cohort_holds,
         moving,
     } = apply_workloads(ctx, owner, objects, pods, &gates).await?;
-    for (deployment, node) in moving {
+    for (deployment, moved) in moving {
         let note = format!(
-            "moving multiorch {deployment} off node {node}, which is cordoned, now that no \
-             primary is left there: its pod starts again on another node, and a drain may then \
-             go on"
+            "moving multiorch {deployment} off its cordoned node ({moved}) now that no primary \
+             is left there: its pod starts again on another node, and a drain may then go on"
         );
         ctx.event(guard, EventType::Normal, "MovingOffCordonedNode", note)
             .await;
@@ -212,7 +211,8 @@ struct Applied {
     downs: Vec<ScaleDown>,
     /// Pool scale-downs held or stepped for the consensus cohort.
     cohort_holds: Vec<CohortHold>,
-    /// multiorch Deployments whose only pod starts leaving a cordoned node, with the node.
+    /// multiorch Deployments whose only pod starts leaving a cordoned node, with its
+    /// `<node>/<pod>`.
     moving: Vec<(String, String)>,
 }
 

@@ -262,8 +262,11 @@ fn the_gateways_budget_never_lets_a_drain_take_the_only_gateway() {
 fn a_gateway_moved_off_a_cordoned_node_keeps_its_mark() {
     let mut deployment = objects(&fixture()).deployment;
     assert_eq!(stateless::last_moved_off(Some(&deployment)), None);
-    stateless::moved_off(&mut deployment, "node-a");
-    assert_eq!(stateless::last_moved_off(Some(&deployment)), Some("node-a"));
+    stateless::moved_off(&mut deployment, "node-a/gw-1");
+    assert_eq!(
+        stateless::last_moved_off(Some(&deployment)),
+        Some("node-a/gw-1")
+    );
     let template = &deployment.spec.as_ref().unwrap().template;
     assert_eq!(
         template
@@ -273,7 +276,7 @@ fn a_gateway_moved_off_a_cordoned_node_keeps_its_mark() {
             .annotations
             .as_ref()
             .unwrap()[multigres_api::labels::DRAINED_NODE],
-        "node-a",
+        "node-a/gw-1",
         "the pod template changes, so the Deployment starts a pod elsewhere"
     );
 }
