@@ -1520,10 +1520,23 @@ async fn pool_volumes_are_kept_or_removed_as_the_policy_says_and_grow_but_never_
         "2Gi"
     );
 
-    // whenScaled: Delete removes the volume of the removed pod; Retain keeps it.
+    // whenScaled: Delete removes the volume of the removed pod, once the consensus cohort no
+    // longer counts it; Retain keeps it.
+    let keep_shard = "keep-postgres-default-0-inf";
+    let keep_pods: Vec<String> = (0..3).map(|i| format!("{keep_set}-{i}")).collect();
+    let members: Vec<&String> = keep_pods.iter().collect();
+    publish_cohort(
+        &client,
+        &ns,
+        keep_shard,
+        &keep_pods,
+        &keep_pods[0],
+        &members,
+    )
+    .await;
     patch_spec(
         &shards,
-        "keep-postgres-default-0-inf",
+        keep_shard,
         json!({"pools": {"main": {"replicasPerCell": 2, "storage": {"size": "2Gi"}}}}),
     )
     .await;
@@ -1533,6 +1546,34 @@ async fn pool_volumes_are_kept_or_removed_as_the_policy_says_and_grow_but_never_
         json!({"pools": {"main": {"replicasPerCell": 1}}}),
     )
     .await;
+    eventually("the keep pool scales to two pods", WAIT, || async {
+        let pods = pool_pods(&client, &ns, "keep").await;
+        match pods.len() {
+            2 => Ok(()),
+            _ => Err(format!("{pods:?}")),
+        }
+    })
+    .await;
+    // The removed pod is still a member (multiorch has not dropped it yet): its volume stays.
+    let streaming = json!({"member": true, "replication": "Streaming"});
+    let counted = |missing: Vec<&String>| {
+        json!({"summary": "2/3 AT_LEAST_2", "policy": "AT_LEAST_2", "required": 2,
+               "leader": keep_pods[0], "missing": missing,
+               "pods": {&keep_pods[0]: {"member": true, "replication": "Primary"},
+                        &keep_pods[1]: streaming}})
+    };
+    let roles = json!({&keep_pods[0]: "PRIMARY", &keep_pods[1]: "REPLICA"});
+    let status = json!({"podRoles": roles, "cohort": counted(vec![&keep_pods[2]])});
+    publish_status(&shards, keep_shard, status).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        pvc_names(&client, &ns, keep_sel)
+            .await
+            .contains(&format!("data-{keep_set}-2")),
+        "the volume of a pod the cohort still counts is kept"
+    );
+    let status = json!({"podRoles": roles, "cohort": counted(vec![])});
+    publish_status(&shards, keep_shard, status).await;
     eventually("the scaled-down keep volume is deleted", WAIT, || async {
         let names = pvc_names(&client, &ns, keep_sel).await;
         let want = [format!("data-{keep_set}-0"), format!("data-{keep_set}-1")];

@@ -93,6 +93,7 @@ pub(super) async fn run(
     let observed = Observed::read(ctx, ns, objects);
     let resize = resize(ctx, guard, &shard.spec, ns, objects).await?;
     prune(ctx, owner, objects).await?;
+    delete_scaled_away_claims(ctx, guard, ns, objects, &observed, pods, cohort).await?;
 
     let step = if templates_changed {
         None
@@ -434,6 +435,82 @@ async fn prune(ctx: &Ctx<Guard>, owner: &Owner, objects: &ShardObjects) -> Resul
         &service_names,
     )
     .await?;
+    Ok(())
+}
+
+/// Deletes the claims of scaled-away replicas of pools under `whenScaled: Delete`, each once
+/// its pod is gone and out of the consensus cohort (see [`scale::scaled_away`]).
+async fn delete_scaled_away_claims(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    ns: &str,
+    objects: &ShardObjects,
+    observed: &Observed,
+    pods: &[PodView],
+    cohort: Option<&CohortStatus>,
+) -> Result<(), Error> {
+    let api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
+    for p in objects.pools.iter().filter(|p| p.delete_scaled_claims) {
+        let name = p.statefulset.name_any();
+        let Some(replicas) = observed
+            .sets
+            .get(&name)
+            .and_then(|s| s.spec.as_ref()?.replicas)
+        else {
+            continue;
+        };
+        let templates: Vec<String> = p
+            .statefulset
+            .spec
+            .iter()
+            .flat_map(|s| s.volume_claim_templates.iter().flatten())
+            .map(ResourceExt::name_any)
+            .collect();
+        let claims = ctx.stores.pvcs.state_filter(|pvc| {
+            pvc.namespace().as_deref() == Some(ns)
+                && p.selector
+                    .iter()
+                    .all(|(k, v)| pvc.labels().get(k) == Some(v))
+        });
+        let found = scale::scaled_away(
+            &name,
+            &templates,
+            replicas,
+            claims.iter().map(|c| &**c),
+            pods,
+            cohort,
+        );
+        for (claim, pod) in &found.waiting {
+            tracing::debug!(%claim, %pod, "keeping a scaled-away replica's claim while the cohort counts its pod");
+        }
+        for (claim, uid) in found.delete {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            crate::sync::count(NAME, "PersistentVolumeClaim", "delete");
+            match api.delete(&claim, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => continue,
+                Err(source) => {
+                    return Err(Error::Sync(SyncError::Delete {
+                        kind: "PersistentVolumeClaim".to_owned(),
+                        name: claim,
+                        source,
+                    }));
+                }
+            }
+            let note = format!(
+                "deleted PersistentVolumeClaim {claim} of a scaled-away replica of {name} \
+                 (whenScaled: Delete): its pod is gone and out of the consensus cohort"
+            );
+            ctx.event(guard, EventType::Normal, "ScaledAwayVolumeDeleted", note)
+                .await;
+        }
+    }
     Ok(())
 }
 

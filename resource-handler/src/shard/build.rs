@@ -22,7 +22,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use multigres_api::labels::{self, Component, Placement, ROLE, ROLE_PRIMARY};
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
-    BackupConfig, BackupType, CellName, PoolSpec, PvcRetentionPolicyType, ShardSpec, StorageSpec,
+    BackupConfig, BackupType, CellName, PoolSpec, PvcDeletionPolicy, PvcRetentionPolicyType,
+    ShardSpec, StorageSpec,
 };
 
 use crate::contract::{
@@ -87,6 +88,10 @@ pub struct PoolObjects {
     pub selector: BTreeMap<String, String>,
     /// Size each data volume should request.
     pub storage_size: String,
+    /// `whenScaled: Delete`: the handler deletes a scaled-away replica's claims itself, once
+    /// its pod is gone and out of the consensus cohort (see [`super::scale::scaled_away`]); the
+    /// StatefulSet always retains them, since its controller would delete them with the pod.
+    pub delete_scaled_claims: bool,
 }
 
 /// Everything a Shard runs.
@@ -682,6 +687,8 @@ fn pool_objects(
     let statefulset = pool_statefulset(owner, spec, pool, &names, pod, claim);
     let service = pool_service(owner, &names);
     let pdb = pool_pdb(owner, &names);
+    let delete_scaled_claims = pool_pvc_policy(spec, pool).and_then(|p| p.when_scaled)
+        == Some(PvcRetentionPolicyType::Delete);
     PoolObjects {
         pool: pool_name.to_owned(),
         cell: cell.to_owned(),
@@ -690,6 +697,7 @@ fn pool_objects(
         pdb,
         selector: names.selector,
         storage_size,
+        delete_scaled_claims,
     }
 }
 
@@ -842,6 +850,13 @@ fn data_claim(
     (size, claim)
 }
 
+/// The volume policy of `pool`: its own, else the shard's.
+fn pool_pvc_policy<'a>(spec: &'a ShardSpec, pool: &'a PoolSpec) -> Option<&'a PvcDeletionPolicy> {
+    pool.pvc_deletion_policy
+        .as_ref()
+        .or(spec.pvc_deletion_policy.as_ref())
+}
+
 /// The pool's StatefulSet of `pod`s, each with a `claim` volume; pods are replaced only when
 /// deleted (by the ordered restart).
 fn pool_statefulset(
@@ -852,10 +867,8 @@ fn pool_statefulset(
     pod: PodSpec,
     claim: PersistentVolumeClaim,
 ) -> StatefulSet {
-    let policy = pool
-        .pvc_deletion_policy
-        .as_ref()
-        .or(spec.pvc_deletion_policy.as_ref());
+    let mut retention = retention(pool_pvc_policy(spec, pool));
+    retention.when_scaled = Some("Retain".to_owned());
     StatefulSet {
         metadata: names.metadata(owner),
         spec: Some(StatefulSetSpec {
@@ -870,7 +883,7 @@ fn pool_statefulset(
                 type_: Some("OnDelete".to_owned()),
                 ..Default::default()
             }),
-            persistent_volume_claim_retention_policy: Some(retention(policy)),
+            persistent_volume_claim_retention_policy: Some(retention),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(names.labels.clone()),

@@ -1,13 +1,13 @@
-//! Scale-ups that wait for the volumes of scaled-away replicas to go, and scale-downs that wait
-//! for the primary to hand over.
+//! Scale-ups that wait for the volumes of scaled-away replicas to go, scale-downs that wait
+//! for the primary to hand over, and the claims a scale-down leaves behind.
 //!
-//! Under `whenScaled: Delete` the StatefulSet controller makes a scaled-away replica's pod the
-//! owner of its claims, and the garbage collector deletes them once the pod is gone. A scale-up
-//! that reaches that ordinal while such a claim still exists finds it stale, skips the pod and
-//! never looks again: that controller watches no claims, so nothing wakes it when the claim
-//! finally goes, and the pool stays short of replicas until something else touches it. This
-//! handler does watch claims, so it holds the StatefulSet below the first such ordinal and
-//! raises it once the claim is gone.
+//! Pool StatefulSets always retain the claims of scaled-away replicas: under `whenScaled:
+//! Delete` the StatefulSet controller would have the claim deleted with the pod, while the
+//! consensus cohort may still count that pod, and scaling back up would then bring the member
+//! back empty. This handler deletes such a claim itself once the pod is gone and out of the
+//! cohort ([`scaled_away`]). A scale-up that reaches the ordinal of a claim still on its way out
+//! would find it stale and skip the pod for good (the StatefulSet controller watches no claims),
+//! so the StatefulSet is held below the first such ordinal and raised once the claim is gone.
 //!
 //! A scale-down removes the highest ordinals, whichever pod is the primary. When one of them is
 //! the primary and a pod that stays could take over, the StatefulSet is held just above the
@@ -60,7 +60,8 @@ impl HeldScaleUp {
 }
 
 /// Whether `claim` is about to be deleted: marked for deletion, or handed to a scaled-away pod
-/// (the only claims the StatefulSet controller gives a Pod owner).
+/// (the only claims the StatefulSet controller gives a Pod owner: claims of StatefulSets
+/// written before they always retained them).
 pub fn leaving(claim: &PersistentVolumeClaim) -> bool {
     claim.metadata.deletion_timestamp.is_some()
         || claim.owner_references().iter().any(|o| o.kind == "Pod")
@@ -387,6 +388,60 @@ pub fn hold_for_cohort(
         wanted,
         waiting,
     })
+}
+
+/// Claims of a pool's scaled-away replicas under `whenScaled: Delete`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScaledAway {
+    /// Claims to delete now, by name, with their UIDs.
+    pub delete: Vec<(String, String)>,
+    /// Claims kept for now, each with the pod the consensus cohort still counts.
+    pub waiting: Vec<(String, String)>,
+}
+
+/// Which claims of StatefulSet `statefulset` (claim templates `templates`, now at `replicas`)
+/// belong to scaled-away replicas and may go: a claim is deleted only once its pod is gone and
+/// no longer a member of the published `cohort` (a member without a pod still counts toward
+/// every quorum, and scaling back up brings it back with its data). Without a published
+/// cohort, as soon as the pod is gone.
+pub fn scaled_away<'a>(
+    statefulset: &str,
+    templates: &[String],
+    replicas: i32,
+    claims: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
+    pods: &[PodView],
+    cohort: Option<&CohortStatus>,
+) -> ScaledAway {
+    let mut found = ScaledAway::default();
+    for claim in claims {
+        if claim.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = claim.name_any();
+        let ordinal = templates.iter().find_map(|template| {
+            name.strip_prefix(template.as_str())?
+                .strip_prefix('-')?
+                .strip_prefix(statefulset)?
+                .strip_prefix('-')?
+                .parse::<i32>()
+                .ok()
+        });
+        let Some(ordinal) = ordinal.filter(|o| *o >= replicas) else {
+            continue;
+        };
+        let pod = format!("{statefulset}-{ordinal}");
+        if pods.iter().any(|p| p.name == pod) {
+            continue;
+        }
+        if cohort.is_some_and(|c| c.takes_part(&pod) || c.missing.contains(&pod)) {
+            found.waiting.push((name, pod));
+        } else {
+            found
+                .delete
+                .push((name, claim.metadata.uid.clone().unwrap_or_default()));
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -754,5 +809,60 @@ mod tests {
         );
         assert!(hold.message().contains("keep at least 2 pool pods"));
         assert!(leaders_to_hand_over(&[hold]).is_empty());
+    }
+
+    #[test]
+    fn a_scaled_away_claim_goes_only_once_its_pod_is_gone_and_out_of_the_cohort() {
+        let templates = ["data".to_owned()];
+        let claims = [
+            claim("metadata: {name: data-pool-0, uid: u0}"),
+            claim("metadata: {name: data-pool-1, uid: u1}"),
+            claim("metadata: {name: data-pool-2, uid: u2}"),
+            claim("metadata: {name: data-pool-3, uid: u3}"),
+            claim(
+                "metadata: {name: data-pool-4, uid: u4, deletionTimestamp: '2026-01-01T00:00:00Z'}",
+            ),
+            claim("metadata: {name: backup-pool-2, uid: b2}"),
+            claim("metadata: {name: data-other-2, uid: o2}"),
+        ];
+        let pods = [
+            member("pool-0", Role::Primary),
+            member("pool-1", Role::Replica),
+            {
+                let mut leaving = member("pool-2", Role::Replica);
+                leaving.terminating = true;
+                leaving
+            },
+        ];
+        let found = |cohort: Option<&CohortStatus>, pods: &[PodView]| {
+            scaled_away(
+                "pool",
+                &templates,
+                2,
+                claims.iter().map(|c| &**c),
+                pods,
+                cohort,
+            )
+        };
+        // Without a published cohort: as soon as the pod is gone (pool-2 still terminates).
+        assert_eq!(
+            found(None, &pods).delete,
+            [("data-pool-3".to_owned(), "u3".to_owned())]
+        );
+        // pool-3 is still a member without a pod: kept until multiorch drops it.
+        let counted = cohort(&["pool-0", "pool-1"], &["pool-3"]);
+        let now = found(Some(&counted), &pods[..2]);
+        assert_eq!(
+            now.waiting,
+            [("data-pool-3".to_owned(), "pool-3".to_owned())]
+        );
+        assert_eq!(
+            now.delete,
+            [("data-pool-2".to_owned(), "u2".to_owned())],
+            "pool-2 is gone and not a member"
+        );
+        let dropped = cohort(&["pool-0", "pool-1"], &[]);
+        assert_eq!(found(Some(&dropped), &pods[..2]).delete.len(), 2);
+        assert!(found(Some(&dropped), &pods[..2]).waiting.is_empty());
     }
 }

@@ -334,8 +334,12 @@ fn volumes_storage_and_retention_follow_the_pool() {
             retention.when_deleted.as_deref(),
             retention.when_scaled.as_deref()
         ),
-        (Some("Retain"), Some("Delete")),
-        "the pool's policy wins over the shard's"
+        (Some("Retain"), Some("Retain")),
+        "the StatefulSet keeps scaled-away claims: the handler deletes them"
+    );
+    assert!(
+        p.delete_scaled_claims,
+        "the pool's policy (whenScaled: Delete) wins over the shard's"
     );
     let claim = &spec.volume_claim_templates.as_ref().unwrap()[0];
     assert_eq!(
