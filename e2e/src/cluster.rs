@@ -41,6 +41,9 @@ const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
 const NO_PROXY: &str = "127.0.0.1,localhost";
 /// How long a component gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Zones of the shared real-node cluster's nodes: one per zone, and a second in `zone-a`, so
+/// that a cell's pods have somewhere to go when a node is drained.
+pub const REAL_NODE_ZONES: [&str; 4] = ["zone-a", "zone-b", "zone-c", "zone-a"];
 /// Lines of log quoted in startup errors.
 const LOG_TAIL_LINES: usize = 40;
 /// Every request at level Metadata (who, verb, object, response code; no bodies), logged when
@@ -246,17 +249,10 @@ impl LocalCluster {
             config,
             components: Vec::new(),
             restarted_apiservers: Mutex::new(Vec::new()),
-            node_names: opts
-                .zones
-                .iter()
-                .map(|zone| {
-                    if opts.real_nodes {
-                        format!("node-{zone}")
-                    } else {
-                        format!("kwok-node-{zone}")
-                    }
-                })
-                .collect(),
+            node_names: crate::nodes::unique_names(
+                if opts.real_nodes { "node" } else { "kwok-node" },
+                &opts.zones,
+            ),
             startup: Duration::ZERO,
             audit_log,
             real_nodes: Mutex::new(None),
@@ -323,8 +319,8 @@ impl LocalCluster {
         start_shared(&SHARED, ClusterOptions::default(), stop_shared).await
     }
 
-    /// Like [`LocalCluster::shared`], with real nodes (one per zone): for the test binaries of
-    /// the real-node tier.
+    /// Like [`LocalCluster::shared`], with real nodes ([`REAL_NODE_ZONES`]): for the test
+    /// binaries of the real-node tier.
     pub async fn shared_real_nodes() -> Result<&'static LocalCluster, &'static ClusterError> {
         static SHARED: SharedCluster = tokio::sync::OnceCell::const_new();
         extern "C" fn stop_shared() {
@@ -334,6 +330,7 @@ impl LocalCluster {
         }
         let opts = ClusterOptions {
             real_nodes: true,
+            zones: REAL_NODE_ZONES.map(String::from).to_vec(),
             ..ClusterOptions::default()
         };
         start_shared(&SHARED, opts, stop_shared).await

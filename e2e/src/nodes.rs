@@ -49,6 +49,23 @@ const PROVISIONER: &str = "e2e.multigres.com/local-path";
 /// How long a component gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
+/// One name per entry of `zones`: `<prefix>-<zone>`, and `<prefix>-<zone>-<n>` for the `n`th
+/// node of a zone that has several.
+pub fn unique_names(prefix: &str, zones: &[String]) -> Vec<String> {
+    let mut seen = BTreeMap::<&str, usize>::new();
+    zones
+        .iter()
+        .map(|zone| {
+            let n = seen.entry(zone.as_str()).or_default();
+            *n += 1;
+            match *n {
+                1 => format!("{prefix}-{zone}"),
+                n => format!("{prefix}-{zone}-{n}"),
+            }
+        })
+        .collect()
+}
+
 /// Errors starting or stopping real nodes.
 #[derive(Debug, thiserror::Error)]
 pub enum NodesError {
@@ -256,15 +273,13 @@ impl RealNodes {
             nodes: zones
                 .iter()
                 .enumerate()
-                .map(|(index, zone)| {
-                    let name = format!("node-{zone}");
-                    RealNode {
-                        dir: state.join("nodes").join(&name),
-                        name,
-                        zone: zone.clone(),
-                        ip: node_ip(index),
-                        index,
-                    }
+                .zip(unique_names("node", zones))
+                .map(|((index, zone), name)| RealNode {
+                    dir: state.join("nodes").join(&name),
+                    name,
+                    zone: zone.clone(),
+                    ip: node_ip(index),
+                    index,
                 })
                 .collect(),
             images,

@@ -26,7 +26,7 @@ pub const MULTIGRES_IMAGE_PREFIX: &str = "localhost/multigres/multigres:";
 /// pgctld with PostgreSQL 17 and pgBackRest.
 pub const PGCTLD_IMAGE_PREFIX: &str = "localhost/multigres/pgctld:";
 
-/// The control plane with three real nodes shared by the tests of this process.
+/// The control plane with real nodes (`REAL_NODE_ZONES`) shared by the tests of this process.
 pub async fn real_cluster() -> &'static LocalCluster {
     LocalCluster::shared_real_nodes()
         .await

@@ -3,7 +3,7 @@
 //! with pgctld and multipooler, filesystem backups) pointed at images built from the Multigres
 //! and pgBackRest snapshots, and what a user of it sees: SQL through multigateway, roles from the
 //! topology and the consensus cohort in the Shard status, a failover that loses no
-//! acknowledged row, a switchover a person asks for, `kubectl drain` of the primary's node,
+//! acknowledged row, a switchover a person asks for, `kubectl drain` of each node the pool runs on,
 //! restart- and reload-class settings, a scale-down at once after a rollout (held until the
 //! cohort lets it), a backup in status, and data that survives deleting and recreating the
 //! cluster after that scale-down.
@@ -23,6 +23,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
 use multigres_api::v1alpha1::{CohortStatus, MultigresCluster, Shard};
+use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{self, eventually, fresh_namespace, repo_path};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::real::{Endpoint, Session, is_ready, operator_installed, use_local_images};
@@ -467,6 +468,127 @@ async fn new_switchover_requests(
         .collect()
 }
 
+/// What a drain under load did: the load's report, and kubectl's output or error.
+struct Drained {
+    acknowledged: Vec<i64>,
+    drain: Result<String, String>,
+}
+
+/// Runs `kubectl drain <node>` (evicting, as a user runs it, for at most 120 s) under a steady
+/// load whose ids start at `first_id`; prints the figures, checks that the primary is not on
+/// `node` afterwards, and names the Deployments moved off it. Returns how long it ran.
+async fn drain_under_load(
+    cluster: &LocalCluster,
+    client: &Client,
+    namespace: &str,
+    gateway: &Endpoint,
+    node: &str,
+    what: &str,
+    first_id: i64,
+) -> (Duration, Drained) {
+    let roles = shard(client, namespace)
+        .await
+        .status
+        .unwrap_or_default()
+        .pod_roles;
+    let primary = roles
+        .iter()
+        .find(|(_, r)| r.as_str() == "PRIMARY")
+        .map(|(p, _)| p.clone())
+        .expect("a primary before the drain");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let primary_node = pods
+        .get(&primary)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.node_name);
+    let load = Load::start(gateway.clone(), first_id);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let started = Instant::now();
+    let drain = cluster
+        .kubectl(&[
+            "drain",
+            node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=120s",
+        ])
+        .await
+        .map_err(|e| e.to_string());
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = load.finish().await;
+    let held_primary = primary_node.as_deref() == Some(node);
+    let what = format!(
+        "the drain of {what}{}",
+        if held_primary { " (the primary's)" } else { "" }
+    );
+    println!(
+        "{what}, {node}: {} ok, {} failed, first errors {:?}; kubectl: {drain:?}",
+        report.ok, report.failed, report.errors
+    );
+    figure(&format!("{what} (s)"), format!("{:.1}", took.as_secs_f64()));
+    report.figures(&what);
+    if held_primary {
+        let promoted = new_primary(client, namespace, &primary).await;
+        let on = pods
+            .get(&promoted)
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.node_name);
+        assert_ne!(on.as_deref(), Some(node), "the new primary is elsewhere");
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    for deployment in deployments.list(&ListParams::default()).await.unwrap() {
+        if let Some(moved) = deployment.annotations().get(labels::DRAINED_NODE) {
+            println!("{} moved off {moved}", deployment.name_any());
+        }
+    }
+    let drained = Drained {
+        acknowledged: report.acknowledged,
+        drain,
+    };
+    (took, drained)
+}
+
+/// `kubectl uncordon <node>`, then waits until the pods that waited for it are back: a whole
+/// cohort of 3 and every etcd member Ready.
+async fn uncordon_and_settle(cluster: &LocalCluster, client: &Client, namespace: &str, node: &str) {
+    cluster
+        .kubectl(&["uncordon", node])
+        .await
+        .unwrap_or_else(|e| panic!("kubectl uncordon {node}: {e}"));
+    let (_, back) = cohort_until(
+        client,
+        namespace,
+        &format!("the pods of {node} back in a whole cohort"),
+        |c, h, _| whole(c, 3) && h == ("True", "CohortComplete"),
+    )
+    .await;
+    figure(
+        "uncordon -> whole cohort of 3 again (s)",
+        format!("{:.1}", back.as_secs_f64()),
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let topo = ListParams::default().labels(&format!("multigres.com/cluster={NAME}"));
+    eventually("every etcd member Ready again", WAIT, || async {
+        let list = pods.list(&topo).await.map_err(|e| e.to_string())?;
+        let waiting: Vec<String> = list
+            .items
+            .iter()
+            .filter(|p| p.name_any().contains("global-topo") && !is_ready(p))
+            .map(|p| p.name_any())
+            .collect();
+        match waiting.is_empty() {
+            true => Ok(()),
+            false => Err(format!("not Ready: {waiting:?}")),
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() {
     let cluster = operator_installed().await;
@@ -680,87 +802,90 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     acknowledged.extend(&report.acknowledged);
     assert_kept(&gateway, &acknowledged).await;
 
-    // 7b. `kubectl drain` of the primary's node under a steady load, as a user runs it. The
-    // primary hands over before its eviction, the node's multiorch and multigateway move first
-    // (their budgets refuse evicting the only ones), the old primary is evicted once the cohort
-    // can spare it, and the drain completes. Pool pods and etcd members keep their volumes on
-    // that node, so they wait Pending until it is uncordoned.
-    let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
+    // 7b. `kubectl drain` under a steady load, as a user runs it, of each of zone-a's two
+    // nodes in turn: the cell's three pool pods spread over them, two and one. The primary, on
+    // whichever node is drained, hands over before its eviction; the node's multiorch and
+    // multigateway move first (their budgets refuse evicting the only ones). Pool pods keep
+    // their volumes on their node and wait Pending until it is uncordoned, so draining the node
+    // with two takes one and refuses the second (the cohort would no longer be whole), with the
+    // Shard saying why; draining the node with one completes.
     cohort_until(
         &client,
         &namespace,
-        "a whole, failure-tolerant cohort before the drain",
+        "a whole, failure-tolerant cohort before the drains",
         |c, h, t| whole(c, 3) && h == ("True", "CohortComplete") && t.0 == "True",
     )
     .await;
-    let node = pods
-        .get(&primary)
-        .await
-        .unwrap()
-        .spec
-        .and_then(|s| s.node_name)
-        .expect("the primary runs on a node");
-    let load = Load::start(gateway.clone(), 750_001);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let drain_started = Instant::now();
-    let drained = cluster
-        .kubectl(&[
-            "drain",
-            &node,
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--timeout=400s",
-        ])
-        .await;
-    let drain_took = drain_started.elapsed();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let report = load.finish().await;
-    let drained = drained.unwrap_or_else(|e| panic!("kubectl drain {node}: {e}"));
-    println!("kubectl drain {node}:\n{drained}");
-    println!(
-        "drain of {node}: {} ok, {} failed, first errors {:?}",
-        report.ok, report.failed, report.errors
-    );
-    figure(
-        "kubectl drain of the primary's node (s)",
-        format!("{:.1}", drain_took.as_secs_f64()),
-    );
-    report.figures("the drain");
-    acknowledged.extend(&report.acknowledged);
-    let promoted = new_primary(&client, &namespace, &primary).await;
-    let on = pods
-        .get(&promoted)
-        .await
-        .unwrap()
-        .spec
-        .and_then(|s| s.node_name);
-    assert_ne!(
-        on.as_deref(),
-        Some(node.as_str()),
-        "the new primary is elsewhere"
-    );
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-    for deployment in deployments.list(&ListParams::default()).await.unwrap() {
-        if let Some(moved) = deployment.annotations().get(labels::DRAINED_NODE) {
-            println!("{} moved off {moved}", deployment.name_any());
-        }
+    let mut placed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pod in pool_pods(&client, &namespace).await {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        placed
+            .entry(node.expect("a Ready pod has a node"))
+            .or_default()
+            .push(pod.name_any());
     }
-    assert_kept(&gateway, &acknowledged).await;
-    cluster
-        .kubectl(&["uncordon", &node])
-        .await
-        .unwrap_or_else(|e| panic!("kubectl uncordon {node}: {e}"));
-    let (_, back) = cohort_until(
+    println!("pool pods by node: {placed:?}");
+    assert_eq!(
+        placed.len(),
+        2,
+        "the pool pods spread over zone-a's two nodes"
+    );
+    let by_count = |n: usize| {
+        placed
+            .iter()
+            .find(|(_, pods)| pods.len() == n)
+            .map(|(node, _)| node.clone())
+            .expect("two pool pods on one node, one on the other")
+    };
+    let (crowded, lone) = (by_count(2), by_count(1));
+    let (_, refused) = drain_under_load(
+        cluster,
         &client,
         &namespace,
-        "the drained pods back in a whole cohort after the uncordon",
-        |c, h, _| whole(c, 3) && h == ("True", "CohortComplete"),
+        &gateway,
+        &crowded,
+        "a node with two pool pods",
+        800_001,
     )
     .await;
-    figure(
-        "uncordon -> whole cohort of 3 again (s)",
-        format!("{:.1}", back.as_secs_f64()),
+    acknowledged.extend(&refused.acknowledged);
+    let message = refused
+        .drain
+        .expect_err("the second pool pod of the node is not evicted");
+    assert!(message.contains("disruption budget"), "{message}");
+    let status = shard(&client, &namespace).await.status.unwrap_or_default();
+    let drain = status.conditions.iter().find(|c| c.type_ == "Drain");
+    println!("Drain condition: {drain:?}");
+    assert_eq!(
+        drain.map(|c| c.reason.as_str()),
+        Some("WaitingForCohort"),
+        "the Shard says what the drain waits for"
     );
+    let left: Vec<String> = pool_pods(&client, &namespace)
+        .await
+        .into_iter()
+        .filter(|p| placed[&crowded].contains(&p.name_any()) && is_ready(p))
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(left.len(), 1, "one pool pod of {crowded} is left: {left:?}");
+    assert_kept(&gateway, &acknowledged).await;
+    uncordon_and_settle(cluster, &client, &namespace, &crowded).await;
+    let (_, completed) = drain_under_load(
+        cluster,
+        &client,
+        &namespace,
+        &gateway,
+        &lone,
+        "a node with one pool pod",
+        900_001,
+    )
+    .await;
+    acknowledged.extend(&completed.acknowledged);
+    completed
+        .drain
+        .unwrap_or_else(|e| panic!("kubectl drain {lone}: {e}"));
+    assert_kept(&gateway, &acknowledged).await;
+    uncordon_and_settle(cluster, &client, &namespace, &lone).await;
 
     // 8. A restart-class setting: replicas restart first, the primary last, under load, and only
     // after it has handed over (the resource-handler asks, the data-handler has its multipooler
