@@ -27,6 +27,7 @@ use crate::readiness::{self, Counts};
 use crate::storage::{self, ResizeOutcome};
 use crate::sync::{self, SyncError};
 use crate::toposerver::keep_claim_templates;
+use multigres_common::telemetry::ErrorChain;
 
 /// What applying did, for the status.
 pub(super) struct Outcome {
@@ -48,6 +49,8 @@ pub(super) struct Outcome {
     pub requests: switchover::Requests,
     /// The `Drain` verdict (none while no pool pod is on a cordoned node).
     pub drain: Option<Cond>,
+    /// Claims of scaled-away replicas wait for the cohort to drop their pods.
+    pub claims_waiting: bool,
 }
 
 /// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
@@ -93,7 +96,6 @@ pub(super) async fn run(
     let observed = Observed::read(ctx, ns, objects);
     let resize = resize(ctx, guard, &shard.spec, ns, objects).await?;
     prune(ctx, owner, objects).await?;
-    delete_scaled_away_claims(ctx, guard, ns, objects, &observed, pods, cohort).await?;
 
     let step = if templates_changed {
         None
@@ -114,6 +116,8 @@ pub(super) async fn run(
     switchover::answer_users(ctx, guard, ns, pods, &requests.answered).await;
     let changes = switchover::changes(pods, &asked, step.is_some(), Timestamp::now());
     switchover::request(ctx, guard, ns, &changes).await;
+    let claims_waiting =
+        delete_scaled_away_claims(ctx, guard, ns, objects, &observed, pods, cohort).await;
     Ok(Outcome {
         observed,
         tls,
@@ -124,6 +128,7 @@ pub(super) async fn run(
         cohort_holds,
         requests,
         drain: drain::condition(pods, gates.evictions, cohort),
+        claims_waiting,
     })
 }
 
@@ -439,7 +444,9 @@ async fn prune(ctx: &Ctx<Guard>, owner: &Owner, objects: &ShardObjects) -> Resul
 }
 
 /// Deletes the claims of scaled-away replicas of pools under `whenScaled: Delete`, each once
-/// its pod is gone and out of the consensus cohort (see [`scale::scaled_away`]).
+/// its pod is gone and out of the consensus cohort (see [`scale::scaled_away`]); whether some
+/// wait for the cohort. A failed deletion is announced and retried at the next reconcile: it
+/// holds back nothing else.
 async fn delete_scaled_away_claims(
     ctx: &Ctx<Guard>,
     guard: &Guard,
@@ -448,8 +455,9 @@ async fn delete_scaled_away_claims(
     observed: &Observed,
     pods: &[PodView],
     cohort: Option<&CohortStatus>,
-) -> Result<(), Error> {
+) -> bool {
     let api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
+    let mut waiting = false;
     for p in objects.pools.iter().filter(|p| p.delete_scaled_claims) {
         let name = p.statefulset.name_any();
         let Some(replicas) = observed
@@ -480,6 +488,7 @@ async fn delete_scaled_away_claims(
             pods,
             cohort,
         );
+        waiting |= !found.waiting.is_empty();
         for (claim, pod) in &found.waiting {
             tracing::debug!(%claim, %pod, "keeping a scaled-away replica's claim while the cohort counts its pod");
         }
@@ -492,26 +501,34 @@ async fn delete_scaled_away_claims(
                 ..DeleteParams::default()
             };
             crate::sync::count(NAME, "PersistentVolumeClaim", "delete");
-            match api.delete(&claim, &params).await {
-                Ok(_) => {}
+            let (type_, reason, note) = match api.delete(&claim, &params).await {
+                Ok(_) => (
+                    EventType::Normal,
+                    "ScaledAwayVolumeDeleted",
+                    format!(
+                        "deleted PersistentVolumeClaim {claim} of a scaled-away replica of \
+                         {name} (whenScaled: Delete): its pod is gone and out of the consensus \
+                         cohort"
+                    ),
+                ),
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => continue,
-                Err(source) => {
-                    return Err(Error::Sync(SyncError::Delete {
-                        kind: "PersistentVolumeClaim".to_owned(),
-                        name: claim,
-                        source,
-                    }));
+                Err(error) => {
+                    tracing::warn!(%claim, error = %ErrorChain(&error), "cannot delete a scaled-away replica's claim");
+                    (
+                        EventType::Warning,
+                        "ScaledAwayVolumeNotDeleted",
+                        format!(
+                            "cannot delete PersistentVolumeClaim {claim} of a scaled-away \
+                             replica of {name} (whenScaled: Delete): {error}; retried at the \
+                             next reconcile"
+                        ),
+                    )
                 }
-            }
-            let note = format!(
-                "deleted PersistentVolumeClaim {claim} of a scaled-away replica of {name} \
-                 (whenScaled: Delete): its pod is gone and out of the consensus cohort"
-            );
-            ctx.event(guard, EventType::Normal, "ScaledAwayVolumeDeleted", note)
-                .await;
+            };
+            ctx.event(guard, type_, reason, note).await;
         }
     }
-    Ok(())
+    waiting
 }
 
 /// The next step of the ordered restart of the pool pods.

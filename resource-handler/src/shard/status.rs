@@ -93,6 +93,7 @@ pub(super) async fn write(
         held: outcome.held,
         scale_down: scale::condition(&outcome.cohort_holds),
         drain: outcome.drain,
+        claims_waiting: outcome.claims_waiting,
         unready: unready_pool_pods(&cached),
         problem: None,
     };
@@ -129,8 +130,10 @@ fn look_again(report: &Report<'_>) -> Option<Duration> {
         Some(Step::UpToDate { .. }) if !report.held.is_empty() => Some(POLL),
         // A scale-down waits for the cohort, which the data-handler publishes on its own pace.
         Some(Step::UpToDate { .. }) if report.scale_down.is_some() => Some(POLL),
-        // So does a drain that waits for the cohort.
-        Some(Step::UpToDate { .. }) if report.drain.is_some() => Some(POLL),
+        // So do a drain and a scaled-away replica's claim that wait for it.
+        Some(Step::UpToDate { .. }) if report.drain.is_some() || report.claims_waiting => {
+            Some(POLL)
+        }
         Some(Step::UpToDate { .. }) => None,
         // A restart is under way (or about to be decided once the StatefulSet controller has
         // caught up): look again soon even if no watched object changes.
@@ -186,6 +189,8 @@ pub struct Report<'a> {
     pub scale_down: Option<Cond>,
     /// The `Drain` verdict (none while no pool pod is on a cordoned node).
     pub drain: Option<Cond>,
+    /// Claims of scaled-away replicas wait for the cohort to drop their pods.
+    pub claims_waiting: bool,
     /// Pool pods that are not Ready, each with why (`<pod>: <reason>`, by name).
     pub unready: Vec<String>,
     /// Why the spec cannot be realised.
@@ -457,6 +462,7 @@ mod tests {
             held: Vec::new(),
             scale_down: None,
             drain: None,
+            claims_waiting: false,
             unready: Vec::new(),
             problem: None,
         };
