@@ -3,7 +3,7 @@
 //! with pgctld and multipooler, filesystem backups) pointed at images built from the Multigres
 //! and pgBackRest snapshots, and what a user of it sees: SQL through multigateway, roles from the
 //! topology and the consensus cohort in the Shard status, a failover that loses no
-//! acknowledged row, a switchover a person asks for, `kubectl drain` of each node the pool runs on,
+//! acknowledged row, a switchover a person asks for, `kubectl drain` of each node of the cell,
 //! restart- and reload-class settings, a scale-down at once after a rollout (held until the
 //! cohort lets it), a backup in status, and data that survives deleting and recreating the
 //! cluster after that scale-down.
@@ -468,15 +468,14 @@ async fn new_switchover_requests(
         .collect()
 }
 
-/// What a drain under load did: the load's report, and kubectl's output or error.
+/// What a drain under load did: the acknowledged ids, and kubectl's output or error.
 struct Drained {
     acknowledged: Vec<i64>,
     drain: Result<String, String>,
 }
 
 /// Runs `kubectl drain <node>` (evicting, as a user runs it, for at most 120 s) under a steady
-/// load whose ids start at `first_id`; prints the figures, checks that the primary is not on
-/// `node` afterwards, and names the Deployments moved off it. Returns how long it ran.
+/// load whose ids start at `first_id`, prints the figures and the Deployments moved off a node.
 async fn drain_under_load(
     cluster: &LocalCluster,
     client: &Client,
@@ -485,24 +484,7 @@ async fn drain_under_load(
     node: &str,
     what: &str,
     first_id: i64,
-) -> (Duration, Drained) {
-    let roles = shard(client, namespace)
-        .await
-        .status
-        .unwrap_or_default()
-        .pod_roles;
-    let primary = roles
-        .iter()
-        .find(|(_, r)| r.as_str() == "PRIMARY")
-        .map(|(p, _)| p.clone())
-        .expect("a primary before the drain");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let primary_node = pods
-        .get(&primary)
-        .await
-        .unwrap()
-        .spec
-        .and_then(|s| s.node_name);
+) -> Drained {
     let load = Load::start(gateway.clone(), first_id);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let started = Instant::now();
@@ -519,38 +501,52 @@ async fn drain_under_load(
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let report = load.finish().await;
-    let held_primary = primary_node.as_deref() == Some(node);
-    let what = format!(
-        "the drain of {what}{}",
-        if held_primary { " (the primary's)" } else { "" }
-    );
+    let what = format!("the drain of {what}");
     println!(
         "{what}, {node}: {} ok, {} failed, first errors {:?}; kubectl: {drain:?}",
         report.ok, report.failed, report.errors
     );
     figure(&format!("{what} (s)"), format!("{:.1}", took.as_secs_f64()));
     report.figures(&what);
-    if held_primary {
-        let promoted = new_primary(client, namespace, &primary).await;
-        let on = pods
-            .get(&promoted)
-            .await
-            .unwrap()
-            .spec
-            .and_then(|s| s.node_name);
-        assert_ne!(on.as_deref(), Some(node), "the new primary is elsewhere");
-    }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     for deployment in deployments.list(&ListParams::default()).await.unwrap() {
         if let Some(moved) = deployment.annotations().get(labels::DRAINED_NODE) {
             println!("{} moved off {moved}", deployment.name_any());
         }
     }
-    let drained = Drained {
+    Drained {
         acknowledged: report.acknowledged,
         drain,
-    };
-    (took, drained)
+    }
+}
+
+/// Waits until the cluster's only multigateway pod is Ready on `node`.
+async fn gateway_on(client: &Client, namespace: &str, node: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let gateways = ListParams::default().labels("app.kubernetes.io/component=multigateway");
+    eventually(
+        &format!("the multigateway Ready on {node}"),
+        WAIT,
+        || async {
+            let list = pods.list(&gateways).await.map_err(|e| e.to_string())?;
+            let at: Vec<(Option<String>, bool)> = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .map(|p| {
+                    (
+                        p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                        is_ready(p),
+                    )
+                })
+                .collect();
+            match at.as_slice() {
+                [(Some(on), true)] if on == node => Ok(()),
+                _ => Err(format!("multigateway pods (node, ready): {at:?}")),
+            }
+        },
+    )
+    .await;
 }
 
 /// `kubectl uncordon <node>`, then waits until the pods that waited for it are back: a whole
@@ -803,12 +799,11 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     assert_kept(&gateway, &acknowledged).await;
 
     // 7b. `kubectl drain` under a steady load, as a user runs it, of each of zone-a's two
-    // nodes in turn: the cell's three pool pods spread over them, two and one. The primary, on
-    // whichever node is drained, hands over before its eviction; the node's multiorch and
-    // multigateway move first (their budgets refuse evicting the only ones). Pool pods keep
-    // their volumes on their node and wait Pending until it is uncordoned, so draining the node
-    // with two takes one and refuses the second (the cohort would no longer be whole), with the
-    // Shard saying why; draining the node with one completes.
+    // nodes. The sample's filesystem backups live on one ReadWriteOnce volume that every pool
+    // pod mounts, so the pool runs on that volume's node: draining it, the primary has no
+    // replica elsewhere to hand over to, and its budget refuses the eviction (the database
+    // stays up; the Shard says why), while the only multigateway moves to the other node
+    // before its old pod stops. Draining the other node then completes: the gateway moves back.
     cohort_until(
         &client,
         &namespace,
@@ -816,76 +811,81 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         |c, h, t| whole(c, 3) && h == ("True", "CohortComplete") && t.0 == "True",
     )
     .await;
-    let mut placed: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for pod in pool_pods(&client, &namespace).await {
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        placed
-            .entry(node.expect("a Ready pod has a node"))
-            .or_default()
-            .push(pod.name_any());
-    }
-    println!("pool pods by node: {placed:?}");
-    assert_eq!(
-        placed.len(),
-        2,
-        "the pool pods spread over zone-a's two nodes"
-    );
-    let by_count = |n: usize| {
-        placed
-            .iter()
-            .find(|(_, pods)| pods.len() == n)
-            .map(|(node, _)| node.clone())
-            .expect("two pool pods on one node, one on the other")
+    let nodes: BTreeSet<String> = pool_pods(&client, &namespace)
+        .await
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    let pool_node = match Vec::from_iter(nodes).as_slice() {
+        [node] => node.clone(),
+        other => panic!("the pool pods share the backup volume's node, not {other:?}"),
     };
-    let (crowded, lone) = (by_count(2), by_count(1));
-    let (_, refused) = drain_under_load(
+    let other_node = cluster
+        .real_nodes()
+        .into_iter()
+        .find(|n| n.zone == "zone-a" && n.name != pool_node)
+        .expect("a second node in zone-a")
+        .name;
+    let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
+    let refused = drain_under_load(
         cluster,
         &client,
         &namespace,
         &gateway,
-        &crowded,
-        "a node with two pool pods",
+        &pool_node,
+        "the pool's node",
         800_001,
     )
     .await;
     acknowledged.extend(&refused.acknowledged);
     let message = refused
         .drain
-        .expect_err("the second pool pod of the node is not evicted");
+        .expect_err("the primary with no replica elsewhere is not evicted");
     assert!(message.contains("disruption budget"), "{message}");
     let status = shard(&client, &namespace).await.status.unwrap_or_default();
-    let drain = status.conditions.iter().find(|c| c.type_ == "Drain");
-    println!("Drain condition: {drain:?}");
-    assert_eq!(
-        drain.map(|c| c.reason.as_str()),
-        Some("WaitingForCohort"),
-        "the Shard says what the drain waits for"
+    let said = |type_: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    println!(
+        "Drain: {:?}; Switchover: {:?}",
+        said("Drain"),
+        said("Switchover")
     );
-    let left: Vec<String> = pool_pods(&client, &namespace)
-        .await
-        .into_iter()
-        .filter(|p| placed[&crowded].contains(&p.name_any()) && is_ready(p))
-        .map(|p| p.name_any())
-        .collect();
-    assert_eq!(left.len(), 1, "one pool pod of {crowded} is left: {left:?}");
+    assert_eq!(
+        said("Drain").map(|(reason, _)| reason).as_deref(),
+        Some("PrimaryHandingOver")
+    );
+    let (_, waiting) = said("Switchover").expect("a Switchover condition");
+    assert!(waiting.contains("not cordoned"), "{waiting}");
+    assert_eq!(
+        settled_roles(&client, &namespace, &password, 3).await.0,
+        primary,
+        "the primary stayed"
+    );
+    gateway_on(&client, &namespace, &other_node).await;
     assert_kept(&gateway, &acknowledged).await;
-    uncordon_and_settle(cluster, &client, &namespace, &crowded).await;
-    let (_, completed) = drain_under_load(
+    uncordon_and_settle(cluster, &client, &namespace, &pool_node).await;
+    let moved = drain_under_load(
         cluster,
         &client,
         &namespace,
         &gateway,
-        &lone,
-        "a node with one pool pod",
+        &other_node,
+        "the gateway's node",
         900_001,
     )
     .await;
-    acknowledged.extend(&completed.acknowledged);
-    completed
+    acknowledged.extend(&moved.acknowledged);
+    moved
         .drain
-        .unwrap_or_else(|e| panic!("kubectl drain {lone}: {e}"));
+        .unwrap_or_else(|e| panic!("kubectl drain {other_node}: {e}"));
+    gateway_on(&client, &namespace, &pool_node).await;
     assert_kept(&gateway, &acknowledged).await;
-    uncordon_and_settle(cluster, &client, &namespace, &lone).await;
+    uncordon_and_settle(cluster, &client, &namespace, &other_node).await;
 
     // 8. A restart-class setting: replicas restart first, the primary last, under load, and only
     // after it has handed over (the resource-handler asks, the data-handler has its multipooler
