@@ -261,10 +261,12 @@ templateDefaults: {shardTemplate: default}
         assert!(findings.allowed(), "{findings:?}");
         assert_eq!(
             findings.warnings.len(),
-            1,
-            "only that the default shard's 2 pool pods cannot lose one: {findings:?}"
+            2,
+            "only that the default shard's 2 pool pods cannot lose one, and share the default \
+             backup volume's node: {findings:?}"
         );
         assert!(findings.warnings[0].contains("losing any one"));
+        assert!(findings.warnings[1].contains("without ReadWriteMany"));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use multigres_api::resolver::GlobalTopo;
-use multigres_api::v1alpha1::{PoolSpec, ShardConfig};
+use multigres_api::v1alpha1::{BackupType, PoolSpec, ShardConfig};
 
 use super::view::{ShardSite, View};
 use crate::rules;
@@ -80,6 +80,7 @@ pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {
             durability_warning(findings, shard, pool_name, pool);
         }
         single_loss_warning(findings, shard);
+        shared_backup_volume_warning(findings, view, shard);
         override_pools_warning(findings, shard);
     }
 }
@@ -218,6 +219,46 @@ fn single_loss_warning(findings: &mut Findings, shard: &ShardSite<'_>) {
     );
 }
 
+/// Filesystem backups on a volume that only one node can mount (no `ReadWriteMany`): every
+/// pool pod mounts it, so the whole pool runs on that node. A node failure then takes every
+/// pod, and a drain finds no replica elsewhere for the primary to hand over to.
+fn shared_backup_volume_warning(findings: &mut Findings, view: &View<'_>, shard: &ShardSite<'_>) {
+    let Some(backup) = shard.resolved.backup.as_ref() else {
+        return;
+    };
+    if backup.type_ != BackupType::Filesystem {
+        return;
+    }
+    let storage = backup.filesystem.as_ref().and_then(|f| f.storage.as_ref());
+    if storage.is_some_and(|s| s.access_modes.iter().any(|m| m == "ReadWriteMany")) {
+        return;
+    }
+    let pods: i32 = shard
+        .resolved
+        .pools
+        .values()
+        .map(|p| p.replicas_per_cell.unwrap_or(1) * i32::try_from(p.cells.len()).unwrap_or(0))
+        .sum();
+    if pods < 2 {
+        return;
+    }
+    findings.warning(
+        shard.backup_field(view.spec, "filesystem.storage.accessModes", |b| {
+            b.filesystem
+                .as_ref()
+                .and_then(|f| f.storage.as_ref())
+                .is_some_and(|s| !s.access_modes.is_empty())
+        }),
+        format!(
+            "shard {} keeps filesystem backups on one volume without ReadWriteMany, which all \
+             {pods} pool pods mount: they all run on the one node that holds it, so losing that \
+             node stops the shard and a drain of it cannot move the primary; use accessModes \
+             [ReadWriteMany] (a storage class that offers it) or S3 backups",
+            shard.key
+        ),
+    );
+}
+
 fn override_pools_warning(findings: &mut Findings, shard: &ShardSite<'_>) {
     let (Some(path), Some(config), Some((template_name, template))) =
         (&shard.path, shard.config, shard.template)
@@ -251,7 +292,7 @@ mod tests {
         ));
         let findings = validate(&new, None, &Templates::default());
         assert!(findings.allowed());
-        assert_eq!(findings.warnings.len(), 3, "{:?}", findings.warnings);
+        assert_eq!(findings.warnings.len(), 4, "{:?}", findings.warnings);
         assert!(findings.warnings[0].starts_with("spec.pvcDeletionPolicy.whenDeleted: is Delete"));
         assert!(
             findings.warnings[1]
@@ -348,13 +389,48 @@ cells:
     }
 
     #[test]
+    fn filesystem_backups_on_a_volume_one_node_mounts_warn_that_the_pool_shares_that_node() {
+        let warned = |backup: &str| {
+            let new = cluster(&format!(
+                "{}{backup}",
+                shard("spec: {pools: {main: {cells: [zone-a], replicasPerCell: 3}}}")
+            ));
+            validate(&new, None, &Templates::default())
+                .warnings
+                .into_iter()
+                .find(|w| w.contains("ReadWriteMany"))
+        };
+        let default = warned("").expect("the default filesystem backups warn");
+        assert!(
+            default.starts_with(
+                "spec.backup.filesystem.storage.accessModes (default): shard \
+                 postgres/default/0-inf keeps filesystem backups on one volume without \
+                 ReadWriteMany, which all 3 pool pods mount"
+            ),
+            "{default}"
+        );
+        let shared =
+            "backup: {type: filesystem, filesystem: {storage: {accessModes: [ReadWriteMany]}}}\n";
+        assert_eq!(warned(shared), None);
+        let once =
+            "backup: {type: filesystem, filesystem: {storage: {accessModes: [ReadWriteOnce]}}}\n";
+        assert!(
+            warned(once)
+                .unwrap()
+                .starts_with("spec.backup.filesystem.storage.accessModes: shard")
+        );
+        let s3 = "backup: {type: s3, s3: {bucket: b, region: r}}\n";
+        assert_eq!(warned(s3), None);
+    }
+
+    #[test]
     fn a_shard_that_cannot_lose_one_pod_says_so_and_what_would_survive_it() {
         let new = cluster(&shard(
             "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 2}}}",
         ));
         let findings = validate(&new, None, &Templates::default());
         assert!(findings.allowed());
-        assert_eq!(findings.warnings.len(), 1, "{:?}", findings.warnings);
+        assert_eq!(findings.warnings.len(), 2, "{:?}", findings.warnings);
         assert!(
             findings.warnings[0].starts_with(&format!(
                 "{SHARD}.spec.pools[main].replicasPerCell: shard postgres/default/0-inf runs 2 \
@@ -370,10 +446,10 @@ cells:
         let three = cluster(&shard(
             "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 3}}}",
         ));
+        let warnings = validate(&three, None, &Templates::default()).warnings;
         assert!(
-            validate(&three, None, &Templates::default())
-                .warnings
-                .is_empty()
+            warnings.iter().all(|w| !w.contains("losing any one")),
+            "{warnings:?}"
         );
     }
 }
