@@ -502,9 +502,17 @@ async fn drain_under_load(
     tokio::time::sleep(Duration::from_secs(3)).await;
     let report = load.finish().await;
     let what = format!("the drain of {what}");
+    // kubectl repeats each refusal every 5 s: its last lines say how the drain ended.
+    let ending = |text: &String| {
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(4)..].join("\n")
+    };
     println!(
-        "{what}, {node}: {} ok, {} failed, first errors {:?}; kubectl: {drain:?}",
-        report.ok, report.failed, report.errors
+        "{what}, {node}: {} ok, {} failed, first errors {:?}; kubectl: {:?}",
+        report.ok,
+        report.failed,
+        report.errors,
+        drain.as_ref().map(ending).map_err(ending)
     );
     figure(&format!("{what} (s)"), format!("{:.1}", took.as_secs_f64()));
     report.figures(&what);

@@ -901,6 +901,19 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
     publish_cohort(&client, &ns, name, &names, &p1, &all).await;
     wait_condition(&shards, name, "Available", "True", None, shard_conditions).await;
 
+    // The pool's replica budget, as the disruption controller reads it, lets a drain take one
+    // of the two replicas of this three-pod StatefulSet (whose primary it does not select).
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    eventually("one replica may be evicted", WAIT, || async {
+        let pdb = budgets.get(&set).await.map_err(|e| e.to_string())?;
+        let status = pdb.status.unwrap_or_default();
+        match (status.expected_pods, status.disruptions_allowed) {
+            (2, 1) => Ok(()),
+            other => Err(format!("expected pods, disruptions allowed: {other:?}")),
+        }
+    })
+    .await;
+
     // A person asks the primary to hand over: the handler turns it into the request the
     // data-handler answers, and says so.
     let ask = json!({"metadata": {"annotations": {"multigres.com/switchover": "now"}}});

@@ -307,7 +307,7 @@ async fn apply_workloads(
                 NAME,
                 &pdbs,
                 &stores.pdbs,
-                drain::replica_budget(&p.pdb, gates.evictions)
+                drain::replica_budget(&p.pdb, &p.statefulset.name_any(), pods, gates.evictions)
             ),
             sync::ensure_with(NAME, &sets, &stores.statefulsets, set, keep_claim_templates),
         )?;

@@ -922,7 +922,7 @@ fn pool_pdb(owner: &Owner, names: &PoolNames) -> PodDisruptionBudget {
     PodDisruptionBudget {
         metadata: names.metadata(owner),
         spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
+            // How many replicas must stay depends on the pods (see `drain::replica_budget`).
             selector: Some(role_selector(names.selector.clone(), false)),
             ..Default::default()
         }),

@@ -53,13 +53,26 @@ impl Evictions {
     }
 }
 
-/// `pdb`, a pool's replica budget (one pod at a time), closed unless `evictions` are allowed.
-pub fn replica_budget(pdb: &PodDisruptionBudget, evictions: Evictions) -> PodDisruptionBudget {
+/// `pdb`, the replica budget of pool StatefulSet `set`: one of its replicas (of `pods`, the
+/// shard's pool pods) at a time, none unless `evictions` are allowed. It is a `minAvailable`
+/// count of the replicas there are: with `maxUnavailable` the disruption controller expects
+/// the StatefulSet's whole scale, primary included, which this budget does not select, so it
+/// would never allow an eviction.
+pub fn replica_budget(
+    pdb: &PodDisruptionBudget,
+    set: &str,
+    pods: &[PodView],
+    evictions: Evictions,
+) -> PodDisruptionBudget {
+    let replicas = pods
+        .iter()
+        .filter(|p| p.set == set && p.role != Role::Primary)
+        .count();
+    let keep = replicas.saturating_sub(usize::from(evictions.allowed()));
     let mut pdb = pdb.clone();
-    if !evictions.allowed()
-        && let Some(spec) = pdb.spec.as_mut()
-    {
-        spec.max_unavailable = Some(IntOrString::Int(0));
+    if let Some(spec) = pdb.spec.as_mut() {
+        spec.max_unavailable = None;
+        spec.min_available = Some(IntOrString::Int(i32::try_from(keep).unwrap_or(i32::MAX)));
     }
     pdb
 }
@@ -150,28 +163,44 @@ mod tests {
     fn replicas_may_be_evicted_only_while_the_shard_survives_losing_one() {
         let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "pool"},
-            "spec": {"maxUnavailable": 1},
+            "spec": {"selector": {"matchLabels": {"pool": "p"}}},
         }))
         .unwrap();
+        // Three pods in set `p`, the primary among them, and one of another set.
+        let pods = [
+            pod("p-0", Role::Primary, false),
+            pod("p-1", Role::Replica, false),
+            pod("p-2", Role::Unknown, false),
+            PodView {
+                set: "q".into(),
+                ..pod("q-0", Role::Replica, false)
+            },
+        ];
         let evictions = |status| Evictions::of(&shard(status));
         let limit = |status| {
-            replica_budget(&pdb, evictions(status))
+            let spec = replica_budget(&pdb, "p", &pods, evictions(status))
                 .spec
-                .unwrap()
-                .max_unavailable
+                .unwrap();
+            assert_eq!(spec.max_unavailable, None);
+            spec.min_available
         };
-        let one = Some(IntOrString::Int(1));
-        let none = Some(IntOrString::Int(0));
-        assert_eq!(limit(serde_json::Value::Null), one, "no status yet");
-        assert_eq!(limit(serde_json::json!({})), one, "no cohort published");
+        // Of the two replicas of `p`, one must stay, or both.
+        let one_may_go = Some(IntOrString::Int(1));
+        let none_may_go = Some(IntOrString::Int(2));
+        assert_eq!(limit(serde_json::Value::Null), one_may_go, "no status yet");
+        assert_eq!(
+            limit(serde_json::json!({})),
+            one_may_go,
+            "no cohort published"
+        );
         let status =
             |cohort, conditions| serde_json::json!({"cohort": cohort, "conditions": conditions});
-        assert_eq!(limit(status(whole(), vec![tolerant("True")])), one);
+        assert_eq!(limit(status(whole(), vec![tolerant("True")])), one_may_go);
         assert_eq!(
             evictions(status(whole(), vec![tolerant("False")])),
             Evictions::WouldStopWrites
         );
-        assert_eq!(limit(status(whole(), vec![tolerant("False")])), none);
+        assert_eq!(limit(status(whole(), vec![tolerant("False")])), none_may_go);
         assert_eq!(
             evictions(status(whole(), vec![])),
             Evictions::WouldStopWrites,
@@ -183,7 +212,7 @@ mod tests {
             evictions(status(part.clone(), vec![tolerant("True")])),
             Evictions::CohortNotWhole
         );
-        assert_eq!(limit(status(part, vec![tolerant("True")])), none);
+        assert_eq!(limit(status(part, vec![tolerant("True")])), none_may_go);
     }
 
     fn pod(name: &str, role: Role, cordoned: bool) -> PodView {

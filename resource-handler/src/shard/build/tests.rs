@@ -397,7 +397,11 @@ fn services_and_pdbs_cover_each_pool_in_each_cell() {
     assert_eq!(ports, [15200, 15270, 5432]);
     assert_eq!(svc.selector.as_ref(), Some(&p.selector));
     let pdb = p.pdb.spec.as_ref().unwrap();
-    assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(
+        (&pdb.max_unavailable, &pdb.min_available),
+        (&None, &None),
+        "filled in from the pods"
+    );
     let selector = pdb.selector.as_ref().unwrap();
     assert_eq!(selector.match_labels.as_ref(), Some(&p.selector));
     let role = |s: &LabelSelector| {
