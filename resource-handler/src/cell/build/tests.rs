@@ -45,6 +45,7 @@ fn multigateway_runs_with_the_exact_flags() {
             "--service-id=$(POD_NAME)",
             "--hostname=$(POD_IP)",
             "--log-level=debug",
+            "--lameduck-period=5s",
             "--buffer-enabled=true",
             "--buffer-window=5s",
             "--buffer-size=500",
