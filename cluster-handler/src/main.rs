@@ -76,8 +76,11 @@ impl ImageArgs {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    multigres_common::process::run(async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let images = cli.images.defaults();
     let scope = cli.scope.scope();

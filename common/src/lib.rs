@@ -16,6 +16,7 @@ pub mod grpc;
 pub mod guard;
 pub mod leader;
 pub mod metrics;
+pub mod process;
 pub mod runtime;
 pub mod servers;
 pub mod shared_watch;

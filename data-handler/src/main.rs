@@ -72,8 +72,11 @@ impl From<TopologyArgs> for Settings {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    multigres_common::process::run(async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let scope = cli.scope.scope();
     let settings = Settings::from(cli.topology);

@@ -28,8 +28,11 @@ struct Cli {
     scope: ScopeArgs,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    multigres_common::process::run(async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let scope = cli.scope.scope();
     // Read once: the fallback of every cluster's data-plane telemetry.

@@ -141,8 +141,11 @@ impl WebhookArgs {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    multigres_common::process::run(async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     let webhook = cli.webhook;
