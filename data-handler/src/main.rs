@@ -10,6 +10,7 @@ use multigres_common::HandlerRuntime;
 use multigres_common::cli::{
     self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs, parse_duration,
 };
+use multigres_common::process::Threads;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: data_handler::NAME,
@@ -73,7 +74,7 @@ impl From<TopologyArgs> for Settings {
 }
 
 fn main() -> anyhow::Result<()> {
-    multigres_common::process::run(async_main())
+    multigres_common::process::run(Threads::One, async_main())
 }
 
 async fn async_main() -> anyhow::Result<()> {

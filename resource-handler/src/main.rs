@@ -7,6 +7,7 @@ use clap::Parser;
 use multigres_api::observability::InheritedEnv;
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs};
+use multigres_common::process::Threads;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: "resource-handler",
@@ -29,7 +30,7 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
-    multigres_common::process::run(async_main())
+    multigres_common::process::run(Threads::One, async_main())
 }
 
 async fn async_main() -> anyhow::Result<()> {
