@@ -33,11 +33,12 @@ pub fn run<F: Future>(threads: Threads, main: F) -> F::Output {
 
 /// Makes every thread allocate from glibc's one main arena. By default glibc gives threads
 /// arenas of their own (up to eight per CPU) so they do not wait on each other's lock, and
-/// each arena keeps its own free pages resident; a handler's threads take turns on the same
-/// objects (a watch caches what one thread read, a reconcile on another reads and frees it),
-/// and allocation is a small share of their work, so one lock costs little. Measured by
-/// `bench` (docs/performance.md, session 15): the three controllers' peaks 1.5 MiB lower
-/// together at 10 clusters and 2.6 MiB at 100. `MALLOC_ARENA_MAX` still overrides it.
+/// each arena keeps its own free pages resident: the webhook-server's workers, and in every
+/// handler the blocking pool's threads (name lookups, credential refreshes). Allocation is a
+/// small share of a handler's work, so one lock costs little. Measured by `bench`
+/// (docs/performance.md, session 15) while the controllers still had two workers: their
+/// peaks 1.5 MiB lower together at 10 clusters and 2.6 MiB at 100. `MALLOC_ARENA_MAX` still
+/// overrides it.
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
