@@ -9,6 +9,7 @@ use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{ComponentImages, ImageRef, ImageUpdateStrategy};
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs};
+use multigres_common::process::Threads;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: cluster_handler::NAME,
@@ -76,8 +77,11 @@ impl ImageArgs {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    multigres_common::process::run(Threads::One, async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let images = cli.images.defaults();
     let scope = cli.scope.scope();

@@ -2,8 +2,9 @@
 //! health and HandlerInfo server, the Kubernetes client, leader election, graceful shutdown,
 //! and the small helpers every controller needs (server-side apply, conditions, backoff).
 //!
-//! A binary's `main.rs` parses its flags with [`cli::parse`], starts a [`HandlerRuntime`] and
-//! hands it the work to run.
+//! A binary's `main` runs on [`process::run`] (the allocator's settings, then the runtime),
+//! parses its flags with [`cli::parse`], starts a [`HandlerRuntime`] and hands it the work to
+//! run.
 
 pub mod apply;
 pub mod backoff;
@@ -16,6 +17,7 @@ pub mod grpc;
 pub mod guard;
 pub mod leader;
 pub mod metrics;
+pub mod process;
 pub mod runtime;
 pub mod servers;
 pub mod shared_watch;

@@ -10,6 +10,7 @@ use multigres_common::HandlerRuntime;
 use multigres_common::cli::{
     self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs, parse_duration,
 };
+use multigres_common::process::Threads;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: data_handler::NAME,
@@ -72,8 +73,11 @@ impl From<TopologyArgs> for Settings {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    multigres_common::process::run(Threads::One, async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let scope = cli.scope.scope();
     let settings = Settings::from(cli.topology);

@@ -7,6 +7,7 @@ use clap::Parser;
 use multigres_api::observability::InheritedEnv;
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs};
+use multigres_common::process::Threads;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: "resource-handler",
@@ -28,8 +29,11 @@ struct Cli {
     scope: ScopeArgs,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    multigres_common::process::run(Threads::One, async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let scope = cli.scope.scope();
     // Read once: the fallback of every cluster's data-plane telemetry.

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{ArgAction, Args, Parser};
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, parse_duration, parse_listen_addr};
+use multigres_common::process::Threads;
 use webhook_server::rules::children::{Operators, ServiceAccount};
 use webhook_server::server::{RunningWebhook, WebhookOptions};
 use webhook_server::tls::manager::{CertificateSource, ManagedCertificates};
@@ -141,8 +142,11 @@ impl WebhookArgs {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    multigres_common::process::run(Threads::PerCpu, async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     let cli: Cli = cli::parse(&SPEC);
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     let webhook = cli.webhook;
