@@ -158,7 +158,8 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         },
         shutdown,
     );
-    // One task each, so reconciles of different kinds run on different worker threads.
+    // One task each: the runtime polls each controller on its own, so one with many reconciles
+    // in flight does not hold back the others' streams.
     let controllers = [
         tokio::spawn(cordons),
         tokio::spawn(topo),
