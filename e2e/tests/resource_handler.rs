@@ -371,6 +371,7 @@ async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() 
             "--service-id=$(POD_NAME)".to_owned(),
             "--hostname=$(POD_IP)".to_owned(),
             "--log-level=info".to_owned(),
+            "--lameduck-period=5s".to_owned(),
             "--buffer-enabled=true".to_owned(),
         ]
     );
