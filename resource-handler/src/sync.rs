@@ -180,6 +180,19 @@ pub async fn ensure<K: Child>(
     ensure_with(controller, api, cache, desired, |_, _| {}).await
 }
 
+/// [`ensure`] for an object only some specs want (`None`: nothing to write).
+pub async fn ensure_wanted<K: Child>(
+    controller: &'static str,
+    api: &Api<K>,
+    cache: &impl ChildCache<K>,
+    desired: Option<K>,
+) -> Result<(), SyncError> {
+    match desired {
+        Some(desired) => ensure(controller, api, cache, desired).await.map(|_| ()),
+        None => Ok(()),
+    }
+}
+
 /// [`ensure`], first copying from the existing object what cannot change once created
 /// (`keep(desired, existing)`, e.g. StatefulSet claim templates). The hash covers what the
 /// builder produced, so a kept field never counts as a change.

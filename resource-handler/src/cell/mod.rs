@@ -147,14 +147,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
     let pdbs = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns);
-    let pdb = async {
-        match objects.pdb {
-            Some(pdb) => sync::ensure(NAME, &pdbs, &ctx.stores.pdbs, pdb)
-                .await
-                .map(|_| ()),
-            None => Ok(()),
-        }
-    };
+    let pdb = sync::ensure_wanted(NAME, &pdbs, &ctx.stores.pdbs, objects.pdb);
     futures::try_join!(
         sync::ensure(NAME, &services, &ctx.stores.services, objects.service),
         sync::ensure(

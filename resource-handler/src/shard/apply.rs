@@ -271,14 +271,7 @@ async fn apply_workloads(
             !primary_stranded,
         )
         .await?;
-        let budget = async {
-            match &m.pdb {
-                Some(pdb) => sync::ensure(NAME, &pdbs, &stores.pdbs, pdb.clone())
-                    .await
-                    .map(|_| ()),
-                None => Ok(()),
-            }
-        };
+        let budget = sync::ensure_wanted(NAME, &pdbs, &stores.pdbs, m.pdb.clone());
         futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, m.service.clone()),
             sync::ensure(NAME, &deployments, &stores.deployments, deployment),
@@ -313,14 +306,7 @@ async fn apply_workloads(
         )?;
         Ok::<_, SyncError>((set_written, held, down, cohort_hold))
     });
-    let primary = async {
-        match &objects.primary_pdb {
-            Some(pdb) => sync::ensure(NAME, &pdbs, &stores.pdbs, pdb.clone())
-                .await
-                .map(|_| ()),
-            None => Ok(()),
-        }
-    };
+    let primary = sync::ensure_wanted(NAME, &pdbs, &stores.pdbs, objects.primary_pdb.clone());
     let (moving, pools, ()) = futures::try_join!(
         futures::future::try_join_all(multiorch),
         futures::future::try_join_all(pools),

@@ -217,17 +217,8 @@ mod tests {
 
     fn pod(name: &str, role: Role, cordoned: bool) -> PodView {
         PodView {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            set: "p".into(),
-            revision: None,
-            ready: true,
-            terminating: false,
-            role,
-            switchover: None,
-            in_cohort: true,
-            user_switchover: false,
             cordoned,
+            ..PodView::ready(name, role)
         }
     }
 

@@ -90,6 +90,27 @@ impl PodView {
     }
 }
 
+#[cfg(test)]
+impl PodView {
+    /// A Ready pod `name` (`<set>-<ordinal>`) with `role`, a healthy cohort member, on a node
+    /// that is not cordoned: the pod most tests start from.
+    pub fn ready(name: &str, role: Role) -> PodView {
+        PodView {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            set: name.rsplit_once('-').unwrap().0.into(),
+            revision: None,
+            ready: true,
+            terminating: false,
+            role,
+            switchover: None,
+            in_cohort: true,
+            user_switchover: false,
+            cordoned: false,
+        }
+    }
+}
+
 /// What the planner needs to know about one pool StatefulSet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetView {
@@ -362,17 +383,8 @@ mod tests {
 
     fn pod(name: &str, revision: &str, role: Role) -> PodView {
         PodView {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            set: name.rsplit_once('-').unwrap().0.into(),
             revision: Some(revision.into()),
-            ready: true,
-            terminating: false,
-            role,
-            switchover: None,
-            in_cohort: true,
-            user_switchover: false,
-            cordoned: false,
+            ..PodView::ready(name, role)
         }
     }
 

@@ -528,19 +528,7 @@ mod tests {
     }
 
     fn member(name: &str, role: Role) -> PodView {
-        PodView {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            set: name.rsplit_once('-').unwrap().0.into(),
-            revision: None,
-            ready: true,
-            terminating: false,
-            role,
-            switchover: None,
-            in_cohort: true,
-            user_switchover: false,
-            cordoned: false,
-        }
+        PodView::ready(name, role)
     }
 
     #[test]
