@@ -157,6 +157,8 @@ const TOPO_SERVER: &str = "resource-handler: the TopoServer etcd StatefulSet";
 const TOPO_CLIENT: &str = "data-handler and pod --topo-* flags";
 const BACKUP: &str =
     "resource-handler: backup volume and env; data-handler: topology backup_location";
+const BACKUP_SCHEDULE: &str = "data-handler: MultipoolerManager.Backup on a replica when due, \
+     then ExpireBackups with retainFull; status.scheduledBackups (docs/backups.md)";
 const TEMPLATES: &str = "resolver: template selection";
 const CELL: &str = "resource-handler: the cell's multigateway Deployment";
 const SHARD: &str = "resource-handler: the shard's multiorch and pool pods";
@@ -369,11 +371,13 @@ pub static FIELDS: &[Field] = &[
     done(Mgc, "spec.backup.s3", BACKUP),
     done(Mgc, "spec.backup.encryption", BACKUP),
     done(Mgc, "spec.backup.pgbackrestTLS", PGBACKREST_TLS),
+    done(Mgc, "spec.backup.schedule", BACKUP_SCHEDULE),
     done(Mgc, "spec.databases[].backup.type", BACKUP),
     done(Mgc, "spec.databases[].backup.filesystem", BACKUP),
     done(Mgc, "spec.databases[].backup.s3", BACKUP),
     done(Mgc, "spec.databases[].backup.encryption", BACKUP),
     done(Mgc, "spec.databases[].backup.pgbackrestTLS", PGBACKREST_TLS),
+    done(Mgc, "spec.databases[].backup.schedule", BACKUP_SCHEDULE),
     done(Mgc, "spec.databases[].tablegroups[].backup.type", BACKUP),
     done(
         Mgc,
@@ -390,6 +394,11 @@ pub static FIELDS: &[Field] = &[
         Mgc,
         "spec.databases[].tablegroups[].backup.pgbackrestTLS",
         PGBACKREST_TLS,
+    ),
+    done(
+        Mgc,
+        "spec.databases[].tablegroups[].backup.schedule",
+        BACKUP_SCHEDULE,
     ),
     done(
         Mgc,
@@ -415,6 +424,11 @@ pub static FIELDS: &[Field] = &[
         Mgc,
         "spec.databases[].tablegroups[].shards[].backup.pgbackrestTLS",
         PGBACKREST_TLS,
+    ),
+    done(
+        Mgc,
+        "spec.databases[].tablegroups[].shards[].backup.schedule",
+        BACKUP_SCHEDULE,
     ),
     // MultigresCluster: databases, table groups and shards.
     done(

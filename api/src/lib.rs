@@ -1,6 +1,7 @@
 //! The `multigres.com/v1alpha1` API: CRD types, generated CustomResourceDefinitions and the
 //! well-known names Multigres imposes. Pure: no I/O.
 
+pub mod backup_schedule;
 pub mod crd;
 pub mod field_support;
 pub mod labels;

@@ -30,9 +30,13 @@ pub const SHARD_COHORT_MEMBERS: &str = "multigres_operator_shard_cohort_members"
 /// How far a pool pod's replay is behind its primary (`shard`, `namespace`, `pod`), in whole
 /// MiB as the Shard status publishes it (0 below 1 MiB).
 pub const SHARD_REPLICATION_LAG_BYTES: &str = "multigres_operator_shard_replication_lag_bytes";
+/// When a shard's newest complete backup completed, in seconds since the epoch (`shard`,
+/// `namespace`): an alert takes its age as `time() - ...`.
+pub const SHARD_LAST_BACKUP_TIMESTAMP: &str =
+    "multigres_operator_shard_last_backup_timestamp_seconds";
 
 /// Every family, with its HELP text, in the order rendered.
-pub const FAMILIES: [(&str, &str); 8] = [
+pub const FAMILIES: [(&str, &str); 9] = [
     (
         CLUSTER_INFO,
         "MultigresCluster phase: 1 for the cluster's current phase.",
@@ -58,6 +62,10 @@ pub const FAMILIES: [(&str, &str); 8] = [
     (
         SHARD_REPLICATION_LAG_BYTES,
         "How far a pool pod's replay is behind the primary, in whole MiB (0 below 1 MiB).",
+    ),
+    (
+        SHARD_LAST_BACKUP_TIMESTAMP,
+        "When the newest complete backup of a Shard completed, in seconds since the epoch.",
     ),
 ];
 
@@ -208,6 +216,15 @@ impl StatusGauges {
         self.add(SHARD_REPLICATION_LAG_BYTES, lag);
     }
 
+    /// When a Shard's newest complete backup completed (seconds since the epoch).
+    pub fn set_shard_last_backup(&mut self, namespace: &str, shard: &str, completed: i64) {
+        let labels = vec![
+            ("shard", shard.to_owned()),
+            ("namespace", namespace.to_owned()),
+        ];
+        self.add(SHARD_LAST_BACKUP_TIMESTAMP, [(labels, completed as f64)]);
+    }
+
     /// A TopoServer's replicas.
     pub fn set_toposerver(&mut self, namespace: &str, name: &str, replicas: Replicas) {
         let labels = vec![
@@ -333,6 +350,15 @@ mod tests {
         ] {
             assert!(text.contains(expected), "{expected} missing in:\n{text}");
         }
+    }
+
+    #[test]
+    fn a_shards_last_backup_renders_as_a_timestamp() {
+        let mut gauges = StatusGauges::default();
+        gauges.set_shard_last_backup("db", "s", 1_795_629_420);
+        assert!(gauges.render().contains(
+            r#"multigres_operator_shard_last_backup_timestamp_seconds{shard="s",namespace="db"} 1795629420"#
+        ));
     }
 
     #[test]

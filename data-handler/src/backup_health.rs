@@ -29,8 +29,12 @@ use k8s_openapi::jiff::civil::DateTime;
 use k8s_openapi::jiff::tz::TimeZone;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
-use multigres_api::v1alpha1::{BackupKind, Shard, ShardStatus};
+use kube::runtime::reflector::Store;
+use multigres_api::v1alpha1::{
+    BackupKind, ScheduledBackupAttempt, ScheduledBackupsStatus, Shard, ShardStatus,
+};
 use multigres_common::conditions::{DesiredCondition, FALSE, TRUE, set_condition};
+use multigres_common::status_metrics::StatusGauges;
 use multigres_common::telemetry::ErrorChain;
 use multigres_proto::multipooler::multipoolermanagerdata::backup_metadata::Status;
 use multigres_proto::multipooler::multipoolermanagerdata::{BackupMetadata, GetBackupsRequest};
@@ -40,6 +44,7 @@ use crate::conditions::{Computed, Notice};
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::topo::PoolerRecord;
+use crate::watch::Guarded;
 
 /// The condition type.
 pub const BACKUP_HEALTHY: &str = "BackupHealthy";
@@ -49,6 +54,8 @@ pub const RECENT: &str = "BackupRecent";
 pub const STALE: &str = "BackupStale";
 /// Reason: the repository holds no complete backup.
 pub const NONE: &str = "NoBackup";
+/// Reason: the last scheduled backup failed, after the newest complete one.
+pub const FAILED: &str = "BackupFailed";
 /// Age beyond which the newest complete backup is stale (upstream's `BackupStaleThreshold`: a
 /// daily schedule plus an hour of slack).
 pub const STALE_AFTER: SignedDuration = SignedDuration::from_hours(25);
@@ -182,8 +189,34 @@ fn hours(age: SignedDuration) -> i64 {
     age.as_secs().max(0) / 3600
 }
 
-/// `BackupHealthy` for the newest complete backup `found`, at `now`.
-pub fn assess(found: Option<&Newest>, now: Timestamp) -> Computed {
+/// `BackupHealthy` for the newest complete backup `found` and the last failed scheduled
+/// backup `failure`, at `now`: a failure after the newest backup makes it `BackupFailed`.
+pub fn assess(
+    found: Option<&Newest>,
+    failure: Option<&ScheduledBackupAttempt>,
+    now: Timestamp,
+) -> Computed {
+    let failed_at = failure.and_then(|f| Some((f, f.end_time.as_ref()?.0)));
+    if let Some((failure, at)) = failed_at.filter(|(_, at)| found.is_none_or(|n| *at > n.completed))
+    {
+        let newest = found.map_or("there is no backup".to_owned(), |n| {
+            format!(
+                "the newest backup is {} ({}h old)",
+                n.id,
+                hours(now.duration_since(n.completed))
+            )
+        });
+        return Computed::no(
+            BACKUP_HEALTHY,
+            FAILED,
+            format!(
+                "The scheduled backup on pod {} failed at {at}: {}; {newest}. It is tried again; \
+                 check the pod's multipooler log and the backup repository",
+                failure.pod,
+                failure.message.as_deref().unwrap_or("no reason given")
+            ),
+        );
+    }
     let Some(newest) = found else {
         return Computed::no(BACKUP_HEALTHY, NONE, "No backups found");
     };
@@ -229,6 +262,10 @@ pub struct Published {
     pub kind: Option<BackupKind>,
     /// The `BackupHealthy` condition.
     pub condition: Option<Condition>,
+    /// `status.retainedBackups`.
+    pub retained: Vec<String>,
+    /// `status.scheduledBackups` (see [`crate::backup_schedule`]).
+    pub schedule: Option<ScheduledBackupsStatus>,
 }
 
 impl Published {
@@ -245,6 +282,8 @@ impl Published {
                 .iter()
                 .find(|c| c.type_ == BACKUP_HEALTHY)
                 .cloned(),
+            retained: status.retained_backups.clone(),
+            schedule: status.scheduled_backups.clone(),
         }
     }
 
@@ -262,20 +301,28 @@ impl Published {
         if let Some(condition) = &self.condition {
             out.insert("conditions".into(), json!([condition]));
         }
+        if !self.retained.is_empty() {
+            out.insert("retainedBackups".into(), json!(self.retained));
+        }
+        if let Some(schedule) = &self.schedule {
+            out.insert("scheduledBackups".into(), json!(schedule));
+        }
         out
     }
 }
 
 /// What to publish after a check found `found` (the newest complete backup, or none) at `now`,
 /// over the `stored` values: the backup's time and kind (the previous ones when there is no
-/// backup), and `BackupHealthy`, whose `lastTransitionTime` moves only when its status does.
+/// backup), and `BackupHealthy` (see [`assess`]), whose `lastTransitionTime` moves only when
+/// its status does. The retained backups and the schedule's status stay as stored.
 pub fn next(
     stored: &Published,
     found: Option<&Newest>,
+    failure: Option<&ScheduledBackupAttempt>,
     now: Timestamp,
     generation: Option<i64>,
 ) -> Published {
-    let computed = assess(found, now);
+    let computed = assess(found, failure, now);
     let mut conditions: Vec<Condition> = stored.condition.iter().cloned().collect();
     set_condition(
         &mut conditions,
@@ -294,6 +341,8 @@ pub fn next(
             .or_else(|| stored.time.clone()),
         kind: found.map_or(stored.kind, |n| n.kind),
         condition: conditions.pop(),
+        retained: stored.retained.clone(),
+        schedule: stored.schedule.clone(),
     }
 }
 
@@ -356,11 +405,13 @@ pub struct Outcome {
     pub notice: Option<Notice>,
 }
 
-/// Checks `shard`'s backups when due (see the module documentation): `None` when not due, not
-/// applicable, or without an answer (logged).
+/// Checks `shard`'s backups when due (see the module documentation), over the `stored` values
+/// (with the schedule step's news): `None` when not due, not applicable, or without an answer
+/// (logged).
 pub async fn run(
     checks: &Checks,
     shard: &Shard,
+    stored: &Published,
     key: ShardKey<'_>,
     pods: &[PoolPod],
     poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
@@ -383,7 +434,7 @@ pub async fn run(
         tracing::debug!(shard = %slot, record = %record.key, "backup health not checked: the primary's pooler record names no gRPC address");
         return None;
     };
-    let found = match check(&address).await {
+    let (found, retained) = match check(&address).await {
         Ok(found) => found,
         Err(error) => {
             if error.is_invalid() {
@@ -395,19 +446,25 @@ pub async fn run(
         }
     };
     tracing::debug!(shard = %slot, newest = ?found, "backups checked");
-    let stored = Published::of(shard.status.as_ref());
-    let next = next(
-        &stored,
+    let failure = stored
+        .schedule
+        .as_ref()
+        .and_then(|s| s.last_failure.as_ref());
+    let mut next = next(
+        stored,
         found.as_ref(),
+        failure,
         Timestamp::now(),
         shard.metadata.generation,
     );
+    next.retained = retained;
     let notice = transition(stored.condition.as_ref(), next.condition.as_ref());
     Some(Outcome { next, notice })
 }
 
-/// Asks the multipooler at `address` for its backups and finds the newest complete one.
-async fn check(address: &str) -> Result<Option<Newest>, CheckError> {
+/// Asks the multipooler at `address` for its backups; finds the newest complete one and the
+/// labels of all complete ones.
+async fn check(address: &str) -> Result<(Option<Newest>, Vec<String>), CheckError> {
     let backups = reload::connect(address, CALL_TIMEOUT)
         .await?
         .get_backups(GetBackupsRequest { limit: LIMIT })
@@ -418,7 +475,37 @@ async fn check(address: &str) -> Result<Option<Newest>, CheckError> {
             address: address.to_owned(),
             source,
         })?;
-    newest(&backups)
+    Ok((newest(&backups)?, retained(&backups)))
+}
+
+/// The labels of the complete backups among `backups`, oldest first (by completion, then
+/// label).
+pub fn retained(backups: &[BackupMetadata]) -> Vec<String> {
+    let mut complete: Vec<(Option<Timestamp>, &str)> = backups
+        .iter()
+        .filter(|b| b.status() == Status::Complete)
+        .map(|b| (completed_at(b), b.backup_id.as_str()))
+        .collect();
+    complete.sort();
+    complete.into_iter().map(|(_, id)| id.to_owned()).collect()
+}
+
+/// Sets the last-backup gauge of every Shard in `shards` whose status has a backup time.
+pub fn collect(gauges: &mut StatusGauges, shards: &Store<Guarded<Shard>>) {
+    for shard in shards.state() {
+        let Ok(shard) = &shard.0 else { continue };
+        if let Some(time) = shard
+            .status
+            .as_ref()
+            .and_then(|s| s.last_backup_time.as_ref())
+        {
+            gauges.set_shard_last_backup(
+                &shard.namespace().unwrap_or_default(),
+                &shard.name_any(),
+                time.0.as_second(),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -561,6 +648,45 @@ mod tests {
             None,
             "incomplete ones do not count"
         );
+        assert_eq!(
+            retained(&backups),
+            [
+                "20261123-010000F",
+                "20261124-120000F",
+                "20261123-010000F_20261125-010000I"
+            ],
+            "the complete ones, oldest first"
+        );
+    }
+
+    #[test]
+    fn a_scheduled_backup_that_failed_after_the_newest_one_is_reported() {
+        let now = at("2026-11-27T02:30:00Z");
+        let failure = ScheduledBackupAttempt {
+            start_time: Time(at("2026-11-27T02:00:00Z")),
+            end_time: Some(Time(at("2026-11-27T02:01:00Z"))),
+            pod: "pool-2".into(),
+            backup: None,
+            message: Some("Backup at http://pool-2:15200 failed: repository unreachable".into()),
+        };
+        let older = found("2026-11-26T02:10:00Z", Some(BackupKind::Full));
+        let failed = assess(Some(&older), Some(&failure), now);
+        assert_eq!((failed.status, failed.reason), (FALSE, FAILED));
+        assert_eq!(
+            failed.message,
+            "The scheduled backup on pod pool-2 failed at 2026-11-27T02:01:00Z: Backup at \
+             http://pool-2:15200 failed: repository unreachable; the newest backup is \
+             20261125-175640F (24h old). It is tried again; check the pod's multipooler log and \
+             the backup repository"
+        );
+        let since = found("2026-11-27T02:20:00Z", Some(BackupKind::Full));
+        let recovered = assess(Some(&since), Some(&failure), now);
+        assert_eq!(
+            (recovered.status, recovered.reason),
+            (TRUE, RECENT),
+            "a backup completed after the failure"
+        );
+        assert_eq!(assess(None, Some(&failure), now).reason, FAILED);
     }
 
     #[test]
@@ -594,6 +720,7 @@ mod tests {
         let now = at("2026-11-26T19:00:00Z");
         let recent = assess(
             Some(&found("2026-11-26T15:30:00Z", Some(BackupKind::Full))),
+            None,
             now,
         );
         assert_eq!((recent.status, recent.reason), (TRUE, RECENT));
@@ -601,7 +728,7 @@ mod tests {
             recent.message,
             "Last full backup 20261125-175640F completed 3h ago"
         );
-        let edge = assess(Some(&found("2026-11-25T18:00:00Z", None)), now);
+        let edge = assess(Some(&found("2026-11-25T18:00:00Z", None)), None, now);
         assert_eq!((edge.status, edge.reason), (TRUE, RECENT), "exactly 25h");
         assert_eq!(
             edge.message,
@@ -609,6 +736,7 @@ mod tests {
         );
         let stale = assess(
             Some(&found("2026-11-25T17:59:59Z", Some(BackupKind::Incr))),
+            None,
             now,
         );
         assert_eq!((stale.status, stale.reason), (FALSE, STALE));
@@ -621,6 +749,7 @@ mod tests {
         );
         let fresh = assess(
             Some(&found("2026-11-26T19:00:05Z", Some(BackupKind::Diff))),
+            None,
             now,
         );
         assert_eq!(
@@ -631,7 +760,7 @@ mod tests {
             ),
             "a clock ahead of ours is not an error"
         );
-        let none = assess(None, now);
+        let none = assess(None, None, now);
         assert_eq!(
             (none.status, none.reason, none.message.as_str()),
             (FALSE, NONE, "No backups found")
@@ -644,6 +773,7 @@ mod tests {
         let healthy = next(
             &Published::default(),
             Some(&found("2026-11-26T18:00:00Z", Some(BackupKind::Full))),
+            None,
             t0,
             Some(3),
         );
@@ -660,6 +790,7 @@ mod tests {
         let again = next(
             &healthy,
             Some(&found("2026-11-26T18:00:00Z", Some(BackupKind::Full))),
+            None,
             at("2026-11-26T19:01:00Z"),
             Some(3),
         );
@@ -669,6 +800,7 @@ mod tests {
         let later = next(
             &healthy,
             Some(&found("2026-11-26T18:00:00Z", Some(BackupKind::Full))),
+            None,
             at("2026-11-26T20:00:00Z"),
             Some(3),
         );
@@ -676,7 +808,7 @@ mod tests {
         assert!(c.message.ends_with("completed 2h ago"), "{}", c.message);
         assert_eq!(c.last_transition_time, Time(t0));
 
-        let gone = next(&healthy, None, at("2026-11-26T21:00:00Z"), Some(3));
+        let gone = next(&healthy, None, None, at("2026-11-26T21:00:00Z"), Some(3));
         assert_eq!((gone.time, gone.kind), (healthy.time.clone(), healthy.kind));
         let c = gone.condition.unwrap();
         assert_eq!((c.status.as_str(), c.reason.as_str()), (FALSE, NONE));
@@ -685,6 +817,7 @@ mod tests {
         let unknown_kind = next(
             &healthy,
             Some(&found("2026-11-26T22:00:00Z", None)),
+            None,
             at("2026-11-26T22:00:00Z"),
             Some(3),
         );

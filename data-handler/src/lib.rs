@@ -15,6 +15,7 @@
 //! pure decisions in [`desired`], [`target`], [`conditions`], [`deletion`] and [`roles`].
 
 pub mod backup_health;
+pub mod backup_schedule;
 pub mod cell;
 pub mod cluster;
 pub mod conditions;
@@ -294,6 +295,7 @@ fn shard_controller(
         reload_waits: Default::default(),
         switchovers: Default::default(),
         backup_checks: Default::default(),
+        backup_runs: Default::default(),
         state: base.state.clone(),
         backoff: base.settings.backoff(),
         settings: base.settings.clone(),
@@ -302,6 +304,7 @@ fn shard_controller(
     let published = shards.store();
     multigres_common::status_metrics::register(move |g| {
         shard::consensus::collect(g, &published);
+        backup_health::collect(g, &published);
     });
     Controller::for_shared_stream(shards.changes(), shards.store())
         .watches_shared_stream(watches.clusters.changes(), children_of(&shards.store()))

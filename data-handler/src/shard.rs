@@ -57,6 +57,7 @@ use serde_json::json;
 
 use crate::Settings;
 use crate::backup_health::{self, Published};
+use crate::backup_schedule;
 use crate::conditions::{self, Notice};
 use crate::reload::{self, DesiredError};
 use crate::roles::{self, PoolPod, ShardKey};
@@ -179,6 +180,8 @@ pub struct Context {
     pub switchovers: switchover::Attempts,
     /// When each shard's backups were last checked.
     pub backup_checks: backup_health::Checks,
+    /// The scheduled backups running now.
+    pub backup_runs: backup_schedule::Runs,
     /// Reconcile counts for `HandlerInfo` and metrics.
     pub state: HandlerState,
     /// Retry delays of failing Shards.
@@ -277,13 +280,35 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         ),
         None => stored_cohort.clone(),
     };
-    // Roles, cohort and backup health go out in one apply: a new primary also triggers a
-    // backup check.
-    let checked = backup_health::run(&ctx.backup_checks, shard, key, &pool_pods, poolers).await;
+    // Roles, cohort, scheduled backups and backup health go out in one apply: a new primary
+    // or a finished backup also triggers a backup check.
+    let stored_backups = Published::of(shard.status.as_ref());
+    let newest = stored_backups.time.as_ref().map(|t| t.0);
+    let scheduled = backup_schedule::run(&ctx.backup_runs, shard, key, &pool_pods, poolers, newest);
+    if scheduled.finished {
+        ctx.backup_checks.forget(&slot(shard));
+    }
+    let scheduled_backups = Published {
+        schedule: scheduled.status.clone(),
+        ..stored_backups.clone()
+    };
+    let checked = backup_health::run(
+        &ctx.backup_checks,
+        shard,
+        &scheduled_backups,
+        key,
+        &pool_pods,
+        poolers,
+    )
+    .await;
     let statuses = Statuses {
         roles: (&previous, &published),
         cohort: (&stored_cohort, &cohort_next),
-        backups: checked.as_ref(),
+        backups: (
+            &stored_backups,
+            checked.as_ref().map_or(&scheduled_backups, |c| &c.next),
+            checked.is_some(),
+        ),
     };
     write_status(ctx, shard, &statuses).await?;
     let reference = shard.object_ref(&());
@@ -295,6 +320,9 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         // so a repeated reason never shows an earlier pod's message.
         let about = pod_reference(&namespace, pod);
         publish(ctx, &reference, &notice, "Roles", Some(about)).await;
+    }
+    for notice in &scheduled.notices {
+        publish(ctx, &reference, notice, "BackupSchedule", None).await;
     }
     if let Some(notice) = checked.and_then(|c| c.notice) {
         publish(ctx, &reference, &notice, "BackupHealth", None).await;
@@ -317,6 +345,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         reload: delivery.retry,
         switchover: handover.pending,
         cohort: !cohort_next.healthy(),
+        backup: scheduled.running,
     };
     let period = period(&ctx.settings, shard, pending);
     match (cohort.failure.map(Error::from))
@@ -375,19 +404,17 @@ struct Statuses<'a> {
     roles: (&'a BTreeMap<String, String>, &'a BTreeMap<String, String>),
     /// The cohort and its conditions: stored, published now.
     cohort: (&'a consensus::Published, &'a consensus::Published),
-    /// The backup check made now, if any.
-    backups: Option<&'a backup_health::Outcome>,
+    /// Backups: stored, published now, and whether a backup check was made now.
+    backups: (&'a Published, &'a Published, bool),
 }
 
 /// Applies the status fields of this handler when the roles, the cohort or the backup health
 /// changed them. A failed apply forgets the backup check.
 async fn write_status(ctx: &Context, shard: &Shard, statuses: &Statuses<'_>) -> Result<(), Error> {
-    let backups = Published::of(shard.status.as_ref());
-    let checked = statuses.backups;
-    let next_backups = checked.map_or(&backups, |c| &c.next);
+    let (backups, next_backups, checked) = statuses.backups;
     let (previous, published) = statuses.roles;
     let (stored_cohort, cohort) = statuses.cohort;
-    if published == previous && *next_backups == backups && cohort == stored_cohort {
+    if published == previous && next_backups == backups && cohort == stored_cohort {
         return Ok(());
     }
     let body = status_body(published, cohort, next_backups);
@@ -395,13 +422,9 @@ async fn write_status(ctx: &Context, shard: &Shard, statuses: &Statuses<'_>) -> 
         .apply_status(shard, &body)
         .await
         .map_err(|source| {
-            if checked.is_some() {
+            if checked {
                 // Checked again at the next reconcile rather than in a minute.
-                ctx.backup_checks.forget(&format!(
-                    "{}/{}",
-                    shard.namespace().unwrap_or_default(),
-                    shard.name_any()
-                ));
+                ctx.backup_checks.forget(&slot(shard));
             }
             Error::Status(source)
         })
@@ -516,6 +539,8 @@ struct Pending {
     switchover: bool,
     /// The cohort is not healthy: restarts and scale-downs wait for it.
     cohort: bool,
+    /// A scheduled backup runs: its end is published when seen.
+    backup: bool,
 }
 
 /// When to read the Shard again: after `roles_period`, sooner while something is `pending`, or
@@ -532,10 +557,22 @@ fn period(settings: &Settings, shard: &Shard, pending: Pending) -> Duration {
     if pending.cohort {
         period = period.min(consensus::POLL);
     }
+    if pending.backup {
+        period = period.min(backup_schedule::POLL);
+    }
     if shard.spec.backup.is_some() {
         period = period.min(backup_health::PACE);
     }
     period
+}
+
+/// The key of `shard` in the backup steps' memories: `namespace/name`.
+fn slot(shard: &Shard) -> String {
+    format!(
+        "{}/{}",
+        shard.namespace().unwrap_or_default(),
+        shard.name_any()
+    )
 }
 
 /// A reference to pod `name`, the related object of an event about it.

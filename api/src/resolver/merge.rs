@@ -200,6 +200,7 @@ impl Overlay for BackupConfig {
         overlay_opt(&mut self.s3, &upper.s3);
         replace(&mut self.pgbackrest_tls, &upper.pgbackrest_tls);
         replace(&mut self.encryption, &upper.encryption);
+        replace(&mut self.schedule, &upper.schedule);
     }
 }
 
@@ -361,6 +362,7 @@ mod tests {
             s3: None,
             pgbackrest_tls: None,
             encryption: None,
+            schedule: None,
         };
         let s3 = BackupConfig {
             type_: BackupType::S3,
@@ -372,6 +374,7 @@ mod tests {
             }),
             pgbackrest_tls: None,
             encryption: None,
+            schedule: None,
         };
         let mut merged = fs.clone();
         merged.overlay(&s3);

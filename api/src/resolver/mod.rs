@@ -969,6 +969,7 @@ fn default_backup() -> BackupConfig {
         s3: None,
         pgbackrest_tls: None,
         encryption: None,
+        schedule: None,
     }
 }
 

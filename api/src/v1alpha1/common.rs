@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::schema::{constrained_string, embedded, embedded_list};
+use crate::v1alpha1::BackupKind;
 
 /// Pattern of a DNS label (RFC 1123): lowercase letters, digits and `-`, starting and ending with a
 /// letter or digit. Multigres names (cells, databases, tablegroups, shards, pools) use it; it also
@@ -310,6 +311,38 @@ pub struct BackupConfig {
     /// creation, since existing backups would become unreadable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<BackupEncryptionConfig>,
+
+    /// Backups taken on a schedule. Multigres itself takes one backup, when a shard is
+    /// created; without a schedule no other backup is ever taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<BackupScheduleConfig>,
+}
+
+/// A recurring backup of each shard the backup configuration applies to, taken on a replica
+/// through Multigres (`MultipoolerManager.Backup`), then old backups expired by `retainFull`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupScheduleConfig {
+    /// When, as a five-field cron expression in UTC (minute, hour, day of month, month, day of
+    /// week), e.g. `0 2 * * *` for 02:00 every day.
+    #[schemars(length(min = 1, max = 100))]
+    pub cron: String,
+
+    /// Kind of backup: `full` (default), `diff` (changes since the last full backup) or `incr`
+    /// (changes since the last backup).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<BackupKind>,
+
+    /// Full backups to keep, 1 to 7 (default 7); after each scheduled backup, older full
+    /// backups expire with the differential and incremental backups built on them. At most 7:
+    /// Multigres's pgBackRest expires down to 7 full backups after every backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 7))]
+    pub retain_full: Option<u32>,
+
+    /// Take no scheduled backup while true; the schedule and its status stay.
+    #[serde(default, skip_serializing_if = "crate::schema::is_false")]
+    pub suspend: bool,
 }
 
 /// Client-side pgBackRest encryption.

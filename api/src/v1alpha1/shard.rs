@@ -237,6 +237,50 @@ pub enum BackupKind {
     Incr,
 }
 
+/// Backups taken on the shard's schedule, as the data-handler took them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduledBackupsStatus {
+    /// When the schedule next asks for a backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_time: Option<Time>,
+
+    /// The backup running now, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<ScheduledBackupAttempt>,
+
+    /// The last scheduled backup that completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success: Option<ScheduledBackupAttempt>,
+
+    /// The last scheduled backup that failed, with the reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<ScheduledBackupAttempt>,
+}
+
+/// One scheduled backup.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduledBackupAttempt {
+    /// When it started.
+    pub start_time: Time,
+
+    /// When it ended (absent while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<Time>,
+
+    /// The pool pod whose multipooler took it.
+    pub pod: String,
+
+    /// The backup's label, once complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
+
+    /// Why it failed, or which backups expired after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
 /// Rollout state of the rendered postgresql.conf.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -392,6 +436,15 @@ pub struct ShardStatus {
     /// Kind of the last completed backup: `full`, `diff` or `incr`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_type: Option<BackupKind>,
+
+    /// Labels of the complete backups the repository holds, oldest first (e.g.
+    /// `20261127-020000F`): what a restore can start from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retained_backups: Vec<String>,
+
+    /// Backups taken on `spec.backup.schedule`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_backups: Option<ScheduledBackupsStatus>,
 
     /// Database role of each pod, read from the topology: `PRIMARY`, `REPLICA` or `QUARANTINED`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use multigres_api::backup_schedule::Schedule;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
     BackupConfig, CellConfig, EtcdSpec, ExternalServiceConfig, MultigresClusterSpec, PoolSpec,
@@ -326,6 +327,11 @@ fn backup_block(findings: &mut Findings, path: &str, backup: Option<&BackupConfi
         .and_then(|f| f.storage.as_ref())
         .and_then(|s| s.size.as_deref());
     rules::storage_size(findings, &format!("{path}.filesystem.storage.size"), size);
+    if let Some(schedule) = backup.and_then(|b| b.schedule.as_ref())
+        && let Err(message) = Schedule::parse(&schedule.cron)
+    {
+        findings.violation(format!("{path}.schedule.cron"), message);
+    }
 }
 
 fn durability(findings: &mut Findings, path: &str, policy: Option<&str>) {
@@ -504,6 +510,31 @@ databases:
             findings.violations[2]
                 .message
                 .contains("use one of AT_LEAST_2, MULTI_CELL_AT_LEAST_2")
+        );
+    }
+
+    #[test]
+    fn a_backup_schedule_needs_a_cron_expression() {
+        let new = cluster(&with(
+            "
+backup: {type: s3, s3: {bucket: b, region: r}, schedule: {cron: '0 2 * *'}}
+databases:
+- name: postgres
+  default: true
+  tablegroups:
+  - name: default
+    default: true
+    backup: {type: s3, s3: {bucket: b, region: r}, schedule: {cron: '*/30 * * * *'}}
+",
+        ));
+        let findings = validate(&new, None, &Templates::default());
+        assert_eq!(fields(&findings), ["spec.backup.schedule.cron"]);
+        assert!(
+            findings.violations[0]
+                .message
+                .starts_with("\"0 2 * *\" is not a cron expression"),
+            "{}",
+            findings.violations[0].message
         );
     }
 

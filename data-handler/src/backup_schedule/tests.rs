@@ -1,0 +1,243 @@
+use multigres_proto::topo::{Multipooler, RoutingRole, RoutingState};
+
+use super::*;
+
+fn at(text: &str) -> Timestamp {
+    text.parse().unwrap()
+}
+
+fn daily() -> BackupScheduleConfig {
+    BackupScheduleConfig {
+        cron: "0 2 * * *".into(),
+        type_: None,
+        retain_full: None,
+        suspend: false,
+    }
+}
+
+fn attempt(start: &str, end: &str) -> ScheduledBackupAttempt {
+    ScheduledBackupAttempt {
+        start_time: Time(at(start)),
+        end_time: Some(Time(at(end))),
+        pod: "pool-1".into(),
+        backup: None,
+        message: None,
+    }
+}
+
+#[test]
+fn the_first_scheduled_time_after_the_newest_backup_starts_one() {
+    let bootstrap = Some(at("2026-11-26T15:00:00Z"));
+    assert_eq!(
+        decide(&daily(), None, bootstrap, at("2026-11-27T01:59:00Z")),
+        Decision::Wait {
+            until: Some(at("2026-11-27T02:00:00Z"))
+        }
+    );
+    assert_eq!(
+        decide(&daily(), None, bootstrap, at("2026-11-27T02:00:00Z")),
+        Decision::Start
+    );
+    assert_eq!(
+        decide(&daily(), None, bootstrap, at("2026-11-29T09:00:00Z")),
+        Decision::Start,
+        "missed times are made up once, not once each"
+    );
+}
+
+#[test]
+fn before_the_shards_first_backup_nothing_is_scheduled() {
+    assert_eq!(
+        decide(&daily(), None, None, at("2026-11-27T02:00:00Z")),
+        Decision::Wait { until: None }
+    );
+}
+
+#[test]
+fn a_completed_scheduled_backup_counts_even_before_the_repository_check_sees_it() {
+    let stored = ScheduledBackupsStatus {
+        last_success: Some(attempt("2026-11-27T02:00:00Z", "2026-11-27T02:03:00Z")),
+        ..Default::default()
+    };
+    assert_eq!(
+        decide(
+            &daily(),
+            Some(&stored),
+            Some(at("2026-11-26T15:00:00Z")),
+            at("2026-11-27T02:04:00Z")
+        ),
+        Decision::Wait {
+            until: Some(at("2026-11-28T02:00:00Z"))
+        }
+    );
+}
+
+#[test]
+fn a_failed_backup_is_tried_again_after_the_retry_delay() {
+    let stored = ScheduledBackupsStatus {
+        last_failure: Some(attempt("2026-11-27T02:00:00Z", "2026-11-27T02:01:00Z")),
+        ..Default::default()
+    };
+    let newest = Some(at("2026-11-26T15:00:00Z"));
+    assert_eq!(
+        decide(&daily(), Some(&stored), newest, at("2026-11-27T02:05:00Z")),
+        Decision::Wait {
+            until: Some(at("2026-11-27T02:11:00Z"))
+        }
+    );
+    assert_eq!(
+        decide(&daily(), Some(&stored), newest, at("2026-11-27T02:11:00Z")),
+        Decision::Start
+    );
+    let succeeded_since = ScheduledBackupsStatus {
+        last_success: Some(attempt("2026-11-27T02:11:00Z", "2026-11-27T02:12:00Z")),
+        ..stored
+    };
+    assert_eq!(
+        decide(
+            &daily(),
+            Some(&succeeded_since),
+            newest,
+            at("2026-11-27T02:13:00Z")
+        ),
+        Decision::Wait {
+            until: Some(at("2026-11-28T02:00:00Z"))
+        },
+        "an older failure no longer delays anything"
+    );
+}
+
+#[test]
+fn a_suspended_or_unparsable_schedule_takes_nothing() {
+    let newest = Some(at("2026-11-26T15:00:00Z"));
+    let now = at("2026-11-28T00:00:00Z");
+    let suspended = BackupScheduleConfig {
+        suspend: true,
+        ..daily()
+    };
+    assert_eq!(
+        decide(&suspended, None, newest, now),
+        Decision::Wait { until: None }
+    );
+    let bad = BackupScheduleConfig {
+        cron: "daily".into(),
+        ..daily()
+    };
+    assert!(matches!(
+        decide(&bad, None, newest, now),
+        Decision::Invalid(message) if message.contains("five fields")
+    ));
+}
+
+fn record(pod: &str, primary: bool, serving: PoolerServingStatus) -> PoolerRecord {
+    let role = if primary {
+        RoutingRole::Primary
+    } else {
+        RoutingRole::Replica
+    };
+    let mut pooler = Multipooler {
+        hostname: format!("{pod}.pool"),
+        port_map: [("grpc".to_owned(), 15200)].into(),
+        shard_key: Some(multigres_proto::topo::ShardKey {
+            database: "postgres".into(),
+            table_group: "default".into(),
+            shard: "0-inf".into(),
+        }),
+        routing_state: Some(RoutingState {
+            role: role as i32,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    pooler.set_serving_status(serving);
+    PoolerRecord {
+        key: format!("poolers/{pod}"),
+        id: format!("multipooler-zone-a-{pod}"),
+        pooler,
+    }
+}
+
+const KEY: ShardKey<'static> = ShardKey {
+    database: "postgres",
+    table_group: "default",
+    shard: "0-inf",
+};
+
+fn pods(names: &[&str]) -> Vec<PoolPod> {
+    names
+        .iter()
+        .map(|n| PoolPod {
+            name: (*n).to_owned(),
+            cell: Some("zone-a".into()),
+        })
+        .collect()
+}
+
+#[test]
+fn backups_are_taken_on_a_serving_replica_and_on_the_primary_only_when_it_is_alone() {
+    let poolers = |records: Vec<PoolerRecord>| BTreeMap::from([("zone-a".into(), Some(records))]);
+    let three = pods(&["p-0", "p-1", "p-2"]);
+    let all = poolers(vec![
+        record("p-0", true, PoolerServingStatus::Serving),
+        record("p-1", false, PoolerServingStatus::Disabled),
+        record("p-2", false, PoolerServingStatus::Serving),
+    ]);
+    let (pod, address, on_primary) = source(KEY, &three, &all).unwrap();
+    assert_eq!(
+        (pod.name.as_str(), address.as_str(), on_primary),
+        ("p-2", "http://p-2.pool:15200", false)
+    );
+    let no_serving_replica = poolers(vec![
+        record("p-0", true, PoolerServingStatus::Serving),
+        record("p-1", false, PoolerServingStatus::Disabled),
+    ]);
+    assert!(
+        source(KEY, &three, &no_serving_replica).is_none(),
+        "not on the primary while the shard has replicas"
+    );
+    let alone = pods(&["p-0"]);
+    let only = poolers(vec![record("p-0", true, PoolerServingStatus::Serving)]);
+    let (pod, _, on_primary) = source(KEY, &alone, &only).unwrap();
+    assert_eq!((pod.name.as_str(), on_primary), ("p-0", true));
+}
+
+#[test]
+fn a_finished_backup_is_published_with_its_expiry() {
+    let mut status = ScheduledBackupsStatus::default();
+    let done = Finished {
+        attempt: attempt("2026-11-27T02:00:00Z", "2026-11-27T02:03:00Z"),
+        result: Ok(Done {
+            backup: "20261127-020001F".into(),
+            expired: vec!["20261120-020001F".into()],
+            expiry_error: None,
+        }),
+    };
+    let notice = done.notice();
+    assert_eq!(notice.reason, COMPLETED);
+    assert_eq!(
+        notice.message,
+        "scheduled backup 20261127-020001F completed on pod pool-1; expired 20261120-020001F"
+    );
+    done.record(&mut status);
+    let success = status.last_success.as_ref().unwrap();
+    assert_eq!(success.backup.as_deref(), Some("20261127-020001F"));
+    assert_eq!(success.message.as_deref(), Some("expired 20261120-020001F"));
+
+    let failed = Finished {
+        attempt: attempt("2026-11-28T02:00:00Z", "2026-11-28T02:00:05Z"),
+        result: Err("Backup at http://p:1 failed: no space left".into()),
+    };
+    let notice = failed.notice();
+    assert_eq!(notice.reason, FAILED);
+    assert!(
+        notice.message.contains("no space left"),
+        "{}",
+        notice.message
+    );
+    failed.record(&mut status);
+    assert!(status.last_success.is_some(), "the last success stays");
+    assert_eq!(
+        status.last_failure.unwrap().message.as_deref(),
+        Some("Backup at http://p:1 failed: no space left")
+    );
+}
