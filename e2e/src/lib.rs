@@ -14,5 +14,6 @@ pub mod poolers;
 pub mod ports;
 pub mod process;
 pub mod real;
+pub mod s3;
 pub mod sample;
 pub mod toolchain;
