@@ -110,16 +110,34 @@ impl Load {
     }
 }
 
-/// Every acknowledged id is in the table (read through the gateway).
-pub async fn assert_kept(gateway: &Endpoint, acknowledged: &[i64]) -> usize {
-    let rows = eventually("the ledger reads back", WAIT, || async {
-        gateway.query("SELECT id FROM ledger").await
-    })
-    .await;
-    let stored: BTreeSet<i64> = rows
+/// Creates the table the [`Load`] writes to, with 100 rows (ids -1 to -100) written and read
+/// back through `gateway`; their ids.
+pub async fn create_ledger(gateway: &Endpoint) -> Vec<i64> {
+    gateway
+        .query("CREATE TABLE ledger (id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
+        .await
+        .unwrap();
+    gateway
+        .query("INSERT INTO ledger (id) SELECT -g FROM generate_series(1, 100) g")
+        .await
+        .unwrap();
+    let count = gateway.query("SELECT count(*) FROM ledger").await.unwrap();
+    assert_eq!(count, [[Some("100".to_owned())]]);
+    (1..=100).map(|g| -g).collect()
+}
+
+/// The ids in the ledger of the PostgreSQL at `endpoint` (the gateway or one pod).
+pub async fn ledger(endpoint: &Endpoint) -> Result<BTreeSet<i64>, String> {
+    let rows = endpoint.query("SELECT id FROM ledger").await?;
+    Ok(rows
         .iter()
         .filter_map(|r| r[0].as_deref()?.parse().ok())
-        .collect();
+        .collect())
+}
+
+/// Every acknowledged id is in the table (read through the gateway).
+pub async fn assert_kept(gateway: &Endpoint, acknowledged: &[i64]) -> usize {
+    let stored = eventually("the ledger reads back", WAIT, || ledger(gateway)).await;
     let lost: Vec<&i64> = acknowledged
         .iter()
         .filter(|id| !stored.contains(id))

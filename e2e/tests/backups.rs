@@ -7,14 +7,14 @@
 //! One cluster, one story, as in `data_plane.rs`; the figures (`[figure] …`) are printed, not
 //! asserted.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{DeleteParams, LogParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_e2e::harness::{eventually, fresh_namespace};
-use multigres_e2e::load::{Load, assert_kept, figure};
+use multigres_e2e::load::{Load, assert_kept, create_ledger, figure, ledger};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::s3::{self, Object, S3Server};
 use multigres_e2e::sample::{
@@ -58,15 +58,6 @@ fn own_claims(pod: &Pod) -> Vec<String> {
         .map(|c| c.claim_name.clone())
         .filter(|claim| claim.ends_with(&name))
         .collect()
-}
-
-/// The ids in the `ledger` table of the PostgreSQL at `endpoint`.
-async fn ledger(endpoint: &Endpoint) -> Result<BTreeSet<i64>, String> {
-    let rows = endpoint.query("SELECT id FROM ledger").await?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| r[0].as_deref()?.parse().ok())
-        .collect())
 }
 
 /// Applies the sample with S3 backups to `s3` under the key prefix `namespace`, and 3 pool pods.
@@ -118,15 +109,7 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     );
     let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
     let password = gateway.password.clone();
-    gateway
-        .query("CREATE TABLE ledger (id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
-        .await
-        .unwrap();
-    gateway
-        .query("INSERT INTO ledger (id) SELECT -g FROM generate_series(1, 100) g")
-        .await
-        .unwrap();
-    let mut acknowledged: Vec<i64> = (1..=100).map(|g| -g).collect();
+    let mut acknowledged = create_ledger(&gateway).await;
 
     let (backups, segments, objects) =
         eventually("a full backup and WAL in the bucket", WAIT, || async {

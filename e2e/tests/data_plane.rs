@@ -23,7 +23,7 @@ use multigres_api::labels;
 use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{self, eventually, fresh_namespace};
-use multigres_e2e::load::{Load, assert_kept, figure};
+use multigres_e2e::load::{Load, assert_kept, create_ledger, figure};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
     NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, wait_serving, whole,
@@ -286,17 +286,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     );
     let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
     let password = gateway.password.clone();
-    gateway
-        .query("CREATE TABLE ledger (id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
-        .await
-        .unwrap();
-    gateway
-        .query("INSERT INTO ledger (id) SELECT -g FROM generate_series(1, 100) g")
-        .await
-        .unwrap();
-    let count = gateway.query("SELECT count(*) FROM ledger").await.unwrap();
-    assert_eq!(count, [[Some("100".to_owned())]]);
-    let mut acknowledged: Vec<i64> = (1..=100).map(|g| -g).collect();
+    let mut acknowledged = create_ledger(&gateway).await;
 
     // 2. Roles from the topology match each PostgreSQL; the cohort of the sample's 2 pods is
     // whole, and the Shard says that losing either pod stops writes under AT_LEAST_2.
