@@ -876,9 +876,11 @@ fn unmount_under(dir: &Path) {
 }
 
 /// Gives every claim of the [`STORAGE_CLASS`] a hostPath volume on the node the scheduler picked
-/// (`volume.kubernetes.io/selected-node`), in `<volumes>/<namespace>-<claim>`, owned by the user
-/// of the pod that mounts it (hostPath ignores `fsGroup`). Volumes are never deleted: the class
-/// retains them, as the operator's default `pvcDeletionPolicy` expects of real storage.
+/// (`volume.kubernetes.io/selected-node`), in `<volumes>/<namespace>-<claim>-<claim uid>`, owned by
+/// the user of the pod that mounts it (hostPath ignores `fsGroup`). Volumes are never deleted: the
+/// class retains them, as the operator's default `pvcDeletionPolicy` expects of real storage. The
+/// uid in the path gives a claim made again under a deleted one's name (a StatefulSet replacing a
+/// lost volume) an empty volume, as real storage would, not the deleted claim's data.
 async fn provision_loop(config: Config, volumes: PathBuf, stop: Arc<AtomicBool>) {
     let Ok(client) = Client::try_from(config) else {
         return;
@@ -922,7 +924,7 @@ async fn provision(
         return Ok(());
     }
     let (user, group) = claim_owner(pods, &namespace, &name).await?;
-    let path = volumes.join(format!("{namespace}-{name}"));
+    let path = volumes.join(format!("{namespace}-{name}-{uid}"));
     if let Err(error) = std::fs::create_dir_all(&path) {
         tracing::warn!(%error, path = %path.display(), "creating a local volume directory");
         return Ok(());

@@ -13,8 +13,6 @@
 //! (`[figure] …` lines) are printed, not asserted: `just data-plane-figures` shows them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -22,174 +20,15 @@ use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
-use multigres_api::v1alpha1::{CohortStatus, MultigresCluster, Shard};
+use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::cluster::LocalCluster;
-use multigres_e2e::harness::{self, eventually, fresh_namespace, repo_path};
-use multigres_e2e::manifest::{self, Mode};
-use multigres_e2e::real::{Endpoint, Session, is_ready, operator_installed, use_local_images};
+use multigres_e2e::harness::{self, eventually, fresh_namespace};
+use multigres_e2e::load::{Load, assert_kept, create_ledger, figure};
+use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
+use multigres_e2e::sample::{
+    NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, wait_serving, whole,
+};
 use serde_json::json;
-use tokio::task::JoinHandle;
-
-/// The sample's cluster name.
-const NAME: &str = "minimal";
-/// The pool pods' selector.
-const POOL_PODS: &str = "app.kubernetes.io/component=shard-pool,multigres.com/cluster=minimal";
-/// Real images unpack, PostgreSQL initializes, the first backup is taken and restored, and a
-/// leader is appointed, on 2 shared cores.
-const WAIT: Duration = Duration::from_secs(420);
-
-fn figure(what: &str, value: impl std::fmt::Display) {
-    println!("[figure] {what}: {value}");
-}
-
-/// Applies the minimal sample with the local images; the time it was sent.
-async fn apply_sample(client: &Client, namespace: &str) -> Instant {
-    let path = repo_path("deploy/samples/minimal.yaml");
-    let sent = Instant::now();
-    for mut doc in manifest::read_documents(&path).unwrap() {
-        if doc
-            .types
-            .as_ref()
-            .is_some_and(|t| t.kind == "MultigresCluster")
-        {
-            use_local_images(&mut doc.data);
-        }
-        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
-            .await
-            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
-    }
-    sent
-}
-
-fn available(cluster: &MultigresCluster) -> Option<(String, String)> {
-    let c = cluster
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Available")?;
-    Some((c.status.clone(), c.message.clone()))
-}
-
-/// Polls until the cluster is Available and `SELECT 1` is answered through the gateway;
-/// returns (time to Available, time to the first answer) since `sent`, and checks that once
-/// Available is True the gateway answers within a few seconds (Available means SQL is served).
-async fn wait_serving(client: &Client, namespace: &str, sent: Instant) -> (Duration, Duration) {
-    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
-    let deadline = sent + WAIT;
-    let (mut to_available, mut to_sql) = (None, None);
-    let mut last = String::new();
-    while to_available.is_none() || to_sql.is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "not serving within {WAIT:?}: Available {to_available:?}, SQL {to_sql:?}; last: {last}"
-        );
-        if to_available.is_none()
-            && let Ok(c) = clusters.get(NAME).await
-        {
-            match available(&c) {
-                Some((status, _)) if status == "True" => to_available = Some(sent.elapsed()),
-                other => last = format!("Available: {other:?}"),
-            }
-        }
-        if to_sql.is_none() {
-            // Each attempt is cut at 2 s: one stuck in a connect or query timeout must not
-            // delay the next attempt (and so the first answer) by up to 15 s.
-            let answer = tokio::time::timeout(Duration::from_secs(2), async {
-                let gateway = Endpoint::gateway(client, namespace, NAME).await?;
-                gateway.query("SELECT 1").await
-            })
-            .await
-            .unwrap_or_else(|_| Err("SELECT 1: no answer within 2 s".to_owned()));
-            match answer {
-                Ok(rows) if rows == [[Some("1".to_owned())]] => to_sql = Some(sent.elapsed()),
-                Ok(rows) => last = format!("SELECT 1 answered {rows:?}"),
-                Err(e) => last = format!("SELECT 1: {e}"),
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let (to_available, to_sql) = (to_available.unwrap(), to_sql.unwrap());
-    assert!(
-        to_sql <= to_available + Duration::from_secs(5),
-        "Available at {to_available:?} but SQL only at {to_sql:?}: Available must mean served; \
-         the last failed attempt: {last}"
-    );
-    (to_available, to_sql)
-}
-
-async fn shard(client: &Client, namespace: &str) -> Shard {
-    let shards: Api<Shard> = Api::namespaced(client.clone(), namespace);
-    let list = shards.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(list.len(), 1, "the sample has one shard");
-    list.into_iter().next().unwrap()
-}
-
-async fn pool_pods(client: &Client, namespace: &str) -> Vec<Pod> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    pods.list(&ListParams::default().labels(POOL_PODS))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect()
-}
-
-/// The roles the data-handler published, once every pool pod is Ready and has one, exactly one
-/// PRIMARY among them, `expected` pods in all; each checked against the pod's own PostgreSQL
-/// (`pg_is_in_recovery`) and the pod's role label. Returns (primary, roles).
-async fn settled_roles(
-    client: &Client,
-    namespace: &str,
-    password: &str,
-    expected: usize,
-) -> (String, BTreeMap<String, String>) {
-    eventually(
-        &format!("{expected} Ready pool pods, one PRIMARY, roles matching PostgreSQL"),
-        WAIT,
-        || async {
-            let pods = pool_pods(client, namespace).await;
-            let roles = shard(client, namespace)
-                .await
-                .status
-                .map(|s| s.pod_roles)
-                .unwrap_or_default();
-            if pods.len() != expected || !pods.iter().all(is_ready) {
-                return Err(format!("{} pods, roles {roles:?}", pods.len()));
-            }
-            let primaries: Vec<&String> = roles
-                .iter()
-                .filter(|(_, r)| r.as_str() == "PRIMARY")
-                .map(|(p, _)| p)
-                .collect();
-            if primaries.len() != 1 || roles.len() != expected {
-                return Err(format!("roles {roles:?}"));
-            }
-            for pod in &pods {
-                let name = pod.name_any();
-                let role = roles.get(&name).ok_or(format!("{name} has no role"))?;
-                let label = pod.labels().get(labels::ROLE).cloned();
-                if label.as_deref() != Some(role.to_ascii_lowercase().as_str()) {
-                    return Err(format!("{name}: role {role}, label {label:?}"));
-                }
-                let endpoint = Endpoint::pod(pod, password).ok_or("no pod IP")?;
-                let recovery = endpoint
-                    .query("SELECT pg_is_in_recovery()")
-                    .await
-                    .map_err(|e| format!("{name}: {e}"))?;
-                let standby = recovery == [[Some("t".to_owned())]];
-                if standby != (role != "PRIMARY") {
-                    return Err(format!(
-                        "{name} is {role} but pg_is_in_recovery = {recovery:?}"
-                    ));
-                }
-            }
-            Ok((primaries[0].clone(), roles.clone()))
-        },
-    )
-    .await
-}
 
 /// The primary the data-handler publishes once it is a pod other than `old`.
 async fn new_primary(client: &Client, namespace: &str, old: &str) -> String {
@@ -241,116 +80,6 @@ async fn set_shard(
         .unwrap_or_else(|e| panic!("editing the shard: {e}"));
 }
 
-/// A steady client: one statement every 50 ms through the gateway until stopped, reconnecting
-/// after errors. Counts successes and failures; keeps the ids of acknowledged inserts.
-struct Load {
-    stop: Arc<AtomicBool>,
-    task: JoinHandle<LoadReport>,
-}
-
-#[derive(Debug, Default)]
-struct LoadReport {
-    ok: usize,
-    failed: usize,
-    /// Ids whose INSERT was acknowledged.
-    acknowledged: Vec<i64>,
-    /// When each success happened, to find the first after an event.
-    successes: Vec<Instant>,
-    /// The first few errors, for the log.
-    errors: Vec<String>,
-}
-
-impl LoadReport {
-    /// Prints the failed statements (of all) and the longest gap during `what`.
-    fn figures(&self, what: &str) {
-        figure(
-            &format!("failed statements during {what}"),
-            format!("{} of {}", self.failed, self.ok + self.failed),
-        );
-        figure(
-            &format!("longest gap between successful statements during {what} (s)"),
-            format!("{:.1}", self.longest_gap().as_secs_f64()),
-        );
-    }
-
-    /// The longest time between two successful statements: how long clients saw no service
-    /// (failed statements are retried every 50 ms, so their count depends on that pace).
-    fn longest_gap(&self) -> Duration {
-        self.successes
-            .windows(2)
-            .map(|w| w[1].duration_since(w[0]))
-            .max()
-            .unwrap_or_default()
-    }
-}
-
-impl Load {
-    /// Alternates `INSERT INTO ledger (id) VALUES (<n>)` (ids from `first_id`) and a read.
-    fn start(gateway: Endpoint, first_id: i64) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut session = Session::new(gateway);
-            let mut report = LoadReport::default();
-            let mut id = first_id;
-            while !flag.load(Ordering::Relaxed) {
-                let write = id % 2 == 0;
-                let sql = if write {
-                    format!("INSERT INTO ledger (id) VALUES ({id})")
-                } else {
-                    "SELECT count(*) FROM ledger".to_owned()
-                };
-                match session.run(&sql).await {
-                    Ok(_) => {
-                        report.ok += 1;
-                        report.successes.push(Instant::now());
-                        if write {
-                            report.acknowledged.push(id);
-                        }
-                    }
-                    Err(e) => {
-                        report.failed += 1;
-                        if report.errors.len() < 5 {
-                            report.errors.push(e);
-                        }
-                    }
-                }
-                id += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            report
-        });
-        Load { stop, task }
-    }
-
-    async fn finish(self) -> LoadReport {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap()
-    }
-}
-
-/// Every acknowledged id is in the table (read through the gateway).
-async fn assert_kept(gateway: &Endpoint, acknowledged: &[i64]) -> usize {
-    let rows = eventually("the ledger reads back", WAIT, || async {
-        gateway.query("SELECT id FROM ledger").await
-    })
-    .await;
-    let stored: BTreeSet<i64> = rows
-        .iter()
-        .filter_map(|r| r[0].as_deref()?.parse().ok())
-        .collect();
-    let lost: Vec<&i64> = acknowledged
-        .iter()
-        .filter(|id| !stored.contains(id))
-        .collect();
-    assert!(
-        lost.is_empty(),
-        "{} acknowledged rows lost: {lost:?}",
-        lost.len()
-    );
-    stored.len()
-}
-
 /// The pool pods' UIDs by name: a changed UID is a restarted pod.
 async fn uids(client: &Client, namespace: &str) -> BTreeMap<String, String> {
     harness::pool_pods(client, namespace, NAME)
@@ -377,61 +106,6 @@ async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// The published cohort once `settled` accepts the Shard's status (the cohort, and its
-/// `CohortHealthy` and `FailureTolerant` conditions as `(status, reason)`), and how long that
-/// took; every pool pod's `multigres.com/cohort` label must match the cohort too.
-async fn cohort_until(
-    client: &Client,
-    namespace: &str,
-    what: &str,
-    settled: impl Fn(&CohortStatus, (&str, &str), (&str, &str)) -> bool,
-) -> (CohortStatus, Duration) {
-    let started = Instant::now();
-    let cohort = eventually(what, WAIT, || async {
-        let status = shard(client, namespace).await.status.unwrap_or_default();
-        let condition = |type_: &str| {
-            status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == type_)
-                .map(|c| (c.status.clone(), c.reason.clone()))
-                .unwrap_or_default()
-        };
-        let (health, tolerance) = (condition("CohortHealthy"), condition("FailureTolerant"));
-        let cohort = status.cohort.clone().ok_or("no cohort published")?;
-        let shown = format!("{cohort:?}; CohortHealthy {health:?}, FailureTolerant {tolerance:?}");
-        let health_pair = (health.0.as_str(), health.1.as_str());
-        let tolerance_pair = (tolerance.0.as_str(), tolerance.1.as_str());
-        if !settled(&cohort, health_pair, tolerance_pair) {
-            return Err(shown);
-        }
-        for pod in pool_pods(client, namespace).await {
-            let name = pod.name_any();
-            let want = if cohort.is_healthy(&name) {
-                "member"
-            } else {
-                "outside"
-            };
-            let label = pod.labels().get(labels::COHORT).map(String::as_str);
-            if label != Some(want) {
-                return Err(format!("{name} labelled {label:?}, not {want}: {shown}"));
-            }
-        }
-        Ok(cohort)
-    })
-    .await;
-    println!("cohort ({what}): {cohort:?}");
-    (cohort, started.elapsed())
-}
-
-/// Whether the cohort has exactly `pods` pool pods, each taking part in commits (the primary,
-/// or a member streaming from it), and no member without a pod.
-fn whole(cohort: &CohortStatus, pods: usize) -> bool {
-    cohort.missing.is_empty()
-        && cohort.pods.len() == pods
-        && cohort.pods.keys().all(|p| cohort.is_healthy(p))
 }
 
 /// The Shard's `SwitchoverRequested` events: message -> how often it was published (repeats
@@ -600,7 +274,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     let namespace = fresh_namespace(cluster, "data-plane").await;
 
     // 1. Apply → Available → SQL.
-    let sent = apply_sample(&client, &namespace).await;
+    let sent = apply_sample(&client, &namespace, |_| ()).await;
     let (to_available, to_sql) = wait_serving(&client, &namespace, sent).await;
     figure(
         "apply -> Available (s)",
@@ -612,17 +286,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     );
     let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
     let password = gateway.password.clone();
-    gateway
-        .query("CREATE TABLE ledger (id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
-        .await
-        .unwrap();
-    gateway
-        .query("INSERT INTO ledger (id) SELECT -g FROM generate_series(1, 100) g")
-        .await
-        .unwrap();
-    let count = gateway.query("SELECT count(*) FROM ledger").await.unwrap();
-    assert_eq!(count, [[Some("100".to_owned())]]);
-    let mut acknowledged: Vec<i64> = (1..=100).map(|g| -g).collect();
+    let mut acknowledged = create_ledger(&gateway).await;
 
     // 2. Roles from the topology match each PostgreSQL; the cohort of the sample's 2 pods is
     // whole, and the Shard says that losing either pod stops writes under AT_LEAST_2.
@@ -1057,7 +721,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         }
     })
     .await;
-    let sent = apply_sample(&client, &namespace).await;
+    let sent = apply_sample(&client, &namespace, |_| ()).await;
     set_shard(&client, &namespace, 2, &config).await;
     let (_, to_sql) = wait_serving(&client, &namespace, sent).await;
     figure(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real control-plane binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, etcd, kwok, helm) and the real-node binaries (kubelet, kube-proxy, CoreDNS) from the Go
-# module proxy into a cache outside the repository, keyed by version, so a machine builds them
+# kubectl, etcd, kwok, helm) and the real-node binaries (kubelet, kube-proxy, CoreDNS, SeaweedFS's
+# `weed` as the S3 server of backups) from the Go module proxy into a cache outside the repository, keyed by version, so a machine builds them
 # once. Prints the binary directory on stdout.
 set -euo pipefail
 
@@ -10,12 +10,13 @@ ETCD_VERSION=v3.6.14
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.21.4
 COREDNS_VERSION=v1.15.0
+# SeaweedFS publishes no Go module versions; the pseudo-version in seaweedfs/go.mod pins a commit.
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache_root=${MULTIGRES_TOOLCHAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigres-operator}
 bin="$cache_root/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin"
 k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
-wanted=("${k8s_cmds[@]}" etcd kwok helm coredns)
+wanted=("${k8s_cmds[@]}" etcd kwok helm coredns weed)
 
 missing=()
 for b in "${wanted[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
@@ -62,6 +63,10 @@ fi
 if [ ! -x "$bin/coredns" ]; then
   log "building CoreDNS $COREDNS_VERSION"
   (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$bin/coredns" github.com/coredns/coredns)
+fi
+if [ ! -x "$bin/weed" ]; then
+  log "building SeaweedFS weed (first time on this machine: ~10 minutes)"
+  (cd "$here/seaweedfs" && go build -trimpath -ldflags "-s -w" -o "$bin/weed" github.com/seaweedfs/seaweedfs/weed)
 fi
 # kwok's stage files ship in its module; keep a copy beside the binaries so the harness needs no Go.
 if [ ! -d "$stages" ]; then

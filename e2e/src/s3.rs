@@ -1,0 +1,246 @@
+//! An S3 server for backups on real nodes: SeaweedFS's `weed mini` (master, volume server,
+//! filer and S3 gateway in one process), built by `e2e/toolchain/build.sh`.
+//!
+//! It listens on the control plane's address, which pods reach as they reach the API server,
+//! serves S3 over TLS (pgBackRest speaks only HTTPS to S3) with SigV4 for one identity (a
+//! request without its keys is refused), and pre-creates one bucket. The tests read what landed
+//! in the bucket through the filer's JSON listing, which needs no S3 client.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::nodes::CONTROL_PLANE_IP;
+use crate::process::Supervised;
+use crate::real::real_cluster;
+use crate::toolchain;
+
+/// The bucket created at startup.
+pub const BUCKET: &str = "multigres-backups";
+/// The region the clients sign for (SeaweedFS accepts any).
+pub const REGION: &str = "us-east-1";
+/// The one identity's access key id.
+pub const ACCESS_KEY_ID: &str = "multigres-e2e";
+/// The one identity's secret key.
+pub const SECRET_ACCESS_KEY: &str = "multigres-e2e-backup-secret";
+
+/// SeaweedFS's default ports. Each gRPC port is 10000 above (18333 and so on): all stay below
+/// the range `crate::ports` hands out (20000-30000) and the ephemeral range, so nothing the
+/// harness starts later can collide with them on the control plane's address.
+const S3_PORT: u16 = 8333;
+const FILER_PORT: u16 = 8888;
+const MASTER_PORT: u16 = 9333;
+const VOLUME_PORT: u16 = 9340;
+/// `weed mini` starts its admin server even without its UI; its gRPC port is set explicitly,
+/// since the default (admin + 10000 = 22535) lies in the range `crate::ports` hands out.
+const ADMIN_PORT: u16 = 12535;
+const ADMIN_GRPC_PORT: u16 = 12545;
+/// How long startup (the filer's store, the bucket) may take on 2 shared cores.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The running server.
+#[derive(Debug)]
+pub struct S3Server {
+    process: Supervised,
+}
+
+/// An object in the bucket: its key and size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Object {
+    /// Key within the bucket (no leading slash).
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// The S3 server for this test process, started on first use (after the real-node control
+/// plane, whose address it listens on) and stopped when the process exits.
+pub async fn server() -> &'static S3Server {
+    static SERVER: tokio::sync::OnceCell<S3Server> = tokio::sync::OnceCell::const_new();
+    extern "C" fn stop() {
+        if let Some(server) = SERVER.get() {
+            server.process.stop(Duration::from_secs(10));
+        }
+    }
+    SERVER
+        .get_or_init(|| async {
+            let cluster = real_cluster().await;
+            let server = S3Server::start(cluster.dir(), cluster.pki())
+                .await
+                .unwrap_or_else(|e| panic!("starting the S3 server: {e}"));
+            // SAFETY: registers a plain `extern "C" fn()` with the C runtime; it only touches
+            // a static that is initialised by then.
+            unsafe {
+                libc::atexit(stop);
+            }
+            server
+        })
+        .await
+}
+
+impl S3Server {
+    /// Starts `weed mini` with its data under `<state>/s3` and its logs under `<state>/logs`,
+    /// serving S3 with a certificate for the control plane's address issued by the cluster's
+    /// CA; returns once the bucket exists.
+    async fn start(state: &Path, pki: &crate::pki::Pki) -> Result<S3Server, String> {
+        let dir = state.join("s3");
+        let logs = state.join("logs");
+        for d in [&dir, &logs] {
+            std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+        }
+        let (cert, key) = pki
+            .serving("s3", CONTROL_PLANE_IP)
+            .map_err(|e| e.to_string())?;
+        let identities = json!({"identities": [{
+            "name": "backups",
+            "credentials": [{"accessKey": ACCESS_KEY_ID, "secretKey": SECRET_ACCESS_KEY}],
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        }]});
+        let config = dir.join("s3.json");
+        std::fs::write(&config, identities.to_string())
+            .map_err(|e| format!("writing {}: {e}", config.display()))?;
+        let path = |p: &Path| p.display().to_string();
+        let args: Vec<String> = vec![
+            // glog's files go with the other logs, not to /tmp.
+            format!("-logdir={}", path(&logs)),
+            "mini".into(),
+            format!("-dir={}", path(&dir.join("data"))),
+            format!("-ip={CONTROL_PLANE_IP}"),
+            format!("-ip.bind={CONTROL_PLANE_IP}"),
+            format!("-master.port={MASTER_PORT}"),
+            format!("-volume.port={VOLUME_PORT}"),
+            format!("-filer.port={FILER_PORT}"),
+            format!("-s3.port={S3_PORT}"),
+            format!("-admin.port={ADMIN_PORT}"),
+            format!("-admin.port.grpc={ADMIN_GRPC_PORT}"),
+            "-admin.port.legacy=0".into(),
+            "-admin.ui=false".into(),
+            "-webdav=false".into(),
+            "-s3.port.iceberg=0".into(),
+            "-s3.port.lance=0".into(),
+            "-master.telemetry=false".into(),
+            format!("-s3.config={}", path(&config)),
+            format!("-s3.cert.file={}", path(&cert)),
+            format!("-s3.key.file={}", path(&key)),
+            format!("-bucket={BUCKET}"),
+            // Unix sockets default to /tmp, shared with anything else running there.
+            format!("-filer.localSocket={}", path(&dir.join("filer.sock"))),
+            format!("-s3.localSocket={}", path(&dir.join("s3.sock"))),
+        ];
+        let program = toolchain::binary("weed").map_err(|e| e.to_string())?;
+        let process = Supervised::spawn("weed", &program, &args, &[], &logs.join("weed.log"))
+            .map_err(|e| e.to_string())?;
+        let server = S3Server { process };
+        let started = Instant::now();
+        let bucket = format!("/buckets/{BUCKET}/");
+        loop {
+            // The filer answers 404 until the bucket exists.
+            let error = match get(CONTROL_PLANE_IP, FILER_PORT, &bucket).await {
+                Ok((200, _)) => break,
+                Ok((status, body)) => format!("HTTP {status}: {body}"),
+                Err(e) => e,
+            };
+            match error {
+                e if !server.process.is_running() || started.elapsed() > START_TIMEOUT => {
+                    return Err(format!(
+                        "the bucket is not listed ({e}); weed log:\n{}",
+                        server.process.log_tail(40)
+                    ));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+        tracing::info!(took = ?started.elapsed(), "S3 server ready");
+        Ok(server)
+    }
+
+    /// The endpoint a client is given (`repo1-s3-endpoint`): host and port, no scheme, since
+    /// pgBackRest always speaks HTTPS to S3.
+    pub fn endpoint(&self) -> String {
+        format!("{CONTROL_PLANE_IP}:{S3_PORT}")
+    }
+
+    /// Every object whose key starts with `prefix/` (a directory of the bucket), found by
+    /// walking the filer's directories; an empty list while nothing is there.
+    pub async fn objects(&self, prefix: &str) -> Result<Vec<Object>, String> {
+        let root = format!("/buckets/{BUCKET}/");
+        let mut directories = vec![format!("{root}{}", prefix.trim_matches('/'))];
+        let mut objects = Vec::new();
+        while let Some(directory) = directories.pop() {
+            let mut after: Option<String> = None;
+            loop {
+                let page = self
+                    .list(&format!("{directory}/"), after.as_deref())
+                    .await?;
+                for entry in page["Entries"].as_array().into_iter().flatten() {
+                    let full = entry["FullPath"]
+                        .as_str()
+                        .ok_or("an entry without FullPath")?;
+                    // Go's os.ModeDir, the top bit of the mode.
+                    if entry["Mode"].as_u64().unwrap_or(0) & (1 << 31) != 0 {
+                        directories.push(full.to_owned());
+                    } else {
+                        objects.push(Object {
+                            key: full.trim_start_matches(&root).to_owned(),
+                            size: entry["FileSize"].as_u64().unwrap_or(0),
+                        });
+                    }
+                }
+                match (
+                    page["ShouldDisplayLoadMore"].as_bool(),
+                    page["LastFileName"].as_str(),
+                ) {
+                    (Some(true), Some(last)) => after = Some(last.to_owned()),
+                    _ => break,
+                }
+            }
+        }
+        objects.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(objects)
+    }
+
+    /// One page of the filer's JSON listing of `directory` (ending in `/`), the entries after
+    /// `after`; a missing directory lists as empty.
+    async fn list(&self, directory: &str, after: Option<&str>) -> Result<Value, String> {
+        let query = after.map_or_else(String::new, |name| format!("?lastFileName={name}"));
+        let (status, body) =
+            get(CONTROL_PLANE_IP, FILER_PORT, &format!("{directory}{query}")).await?;
+        match status {
+            200 => serde_json::from_str(&body).map_err(|e| format!("{directory}: {e}: {body}")),
+            404 => Ok(json!({})),
+            _ => Err(format!("{directory}: HTTP {status}: {body}")),
+        }
+    }
+}
+
+/// One HTTP/1.0 `GET` asking for JSON (1.0, so the answer is never chunked), bounded to 10 s:
+/// the status code and the body.
+async fn get(ip: Ipv4Addr, port: u16, target: &str) -> Result<(u16, String), String> {
+    let exchange = async {
+        let mut stream = TcpStream::connect((ip, port)).await?;
+        let request = format!(
+            "GET {target} HTTP/1.0\r\nHost: {ip}:{port}\r\nAccept: application/json\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .map_err(|_| format!("GET {target}: no answer within 10 s"))?
+        .map_err(|e| format!("GET {target}: {e}"))?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("GET {target}: no header end in {response:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("GET {target}: no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
+}

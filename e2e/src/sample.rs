@@ -1,0 +1,235 @@
+//! The minimal sample (`deploy/samples/minimal.yaml`) on real nodes, as the real-node test files
+//! drive it: applied with the local images, served once Available, and its one shard's pool
+//! pods, roles and consensus cohort as the Shard status publishes them, each checked against
+//! what the pods themselves say.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use multigres_api::labels;
+use multigres_api::v1alpha1::{CohortStatus, MultigresCluster, Shard};
+use serde_json::Value;
+
+use crate::harness::{eventually, repo_path};
+use crate::manifest::{self, Mode};
+use crate::real::{Endpoint, is_ready, use_local_images};
+
+/// The sample's cluster name.
+pub const NAME: &str = "minimal";
+/// The pool pods' selector.
+pub const POOL_PODS: &str = "app.kubernetes.io/component=shard-pool,multigres.com/cluster=minimal";
+/// Real images unpack, PostgreSQL initializes, the first backup is taken and restored, and a
+/// leader is appointed, on 2 shared cores.
+pub const WAIT: Duration = Duration::from_secs(420);
+
+/// Applies the minimal sample with the local images and `edit` applied to its
+/// MultigresCluster; the time it was sent.
+pub async fn apply_sample(client: &Client, namespace: &str, edit: impl Fn(&mut Value)) -> Instant {
+    let path = repo_path("deploy/samples/minimal.yaml");
+    let sent = Instant::now();
+    for mut doc in manifest::read_documents(&path).unwrap() {
+        if doc
+            .types
+            .as_ref()
+            .is_some_and(|t| t.kind == "MultigresCluster")
+        {
+            use_local_images(&mut doc.data);
+            edit(&mut doc.data);
+        }
+        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+    }
+    sent
+}
+
+/// The cluster's `Available` condition as (status, message).
+fn available(cluster: &MultigresCluster) -> Option<(String, String)> {
+    let c = cluster
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Available")?;
+    Some((c.status.clone(), c.message.clone()))
+}
+
+/// Polls until the cluster is Available and `SELECT 1` is answered through the gateway;
+/// returns (time to Available, time to the first answer) since `sent`, and checks that once
+/// Available is True the gateway answers within a few seconds (Available means SQL is served).
+pub async fn wait_serving(client: &Client, namespace: &str, sent: Instant) -> (Duration, Duration) {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let deadline = sent + WAIT;
+    let (mut to_available, mut to_sql) = (None, None);
+    let mut last = String::new();
+    while to_available.is_none() || to_sql.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "not serving within {WAIT:?}: Available {to_available:?}, SQL {to_sql:?}; last: {last}"
+        );
+        if to_available.is_none()
+            && let Ok(c) = clusters.get(NAME).await
+        {
+            match available(&c) {
+                Some((status, _)) if status == "True" => to_available = Some(sent.elapsed()),
+                other => last = format!("Available: {other:?}"),
+            }
+        }
+        if to_sql.is_none() {
+            // Each attempt is cut at 2 s: one stuck in a connect or query timeout must not
+            // delay the next attempt (and so the first answer) by up to 15 s.
+            let answer = tokio::time::timeout(Duration::from_secs(2), async {
+                let gateway = Endpoint::gateway(client, namespace, NAME).await?;
+                gateway.query("SELECT 1").await
+            })
+            .await
+            .unwrap_or_else(|_| Err("SELECT 1: no answer within 2 s".to_owned()));
+            match answer {
+                Ok(rows) if rows == [[Some("1".to_owned())]] => to_sql = Some(sent.elapsed()),
+                Ok(rows) => last = format!("SELECT 1 answered {rows:?}"),
+                Err(e) => last = format!("SELECT 1: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (to_available, to_sql) = (to_available.unwrap(), to_sql.unwrap());
+    assert!(
+        to_sql <= to_available + Duration::from_secs(5),
+        "Available at {to_available:?} but SQL only at {to_sql:?}: Available must mean served; \
+         the last failed attempt: {last}"
+    );
+    (to_available, to_sql)
+}
+
+/// The sample's one Shard.
+pub async fn shard(client: &Client, namespace: &str) -> Shard {
+    let shards: Api<Shard> = Api::namespaced(client.clone(), namespace);
+    let list = shards.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(list.len(), 1, "the sample has one shard");
+    list.into_iter().next().unwrap()
+}
+
+/// The pool pods not being deleted.
+pub async fn pool_pods(client: &Client, namespace: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods.list(&ListParams::default().labels(POOL_PODS))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+/// The roles the data-handler published, once every pool pod is Ready and has one, exactly one
+/// PRIMARY among them, `expected` pods in all; each checked against the pod's own PostgreSQL
+/// (`pg_is_in_recovery`) and the pod's role label. Returns (primary, roles).
+pub async fn settled_roles(
+    client: &Client,
+    namespace: &str,
+    password: &str,
+    expected: usize,
+) -> (String, BTreeMap<String, String>) {
+    eventually(
+        &format!("{expected} Ready pool pods, one PRIMARY, roles matching PostgreSQL"),
+        WAIT,
+        || async {
+            let pods = pool_pods(client, namespace).await;
+            let roles = shard(client, namespace)
+                .await
+                .status
+                .map(|s| s.pod_roles)
+                .unwrap_or_default();
+            if pods.len() != expected || !pods.iter().all(is_ready) {
+                return Err(format!("{} pods, roles {roles:?}", pods.len()));
+            }
+            let primaries: Vec<&String> = roles
+                .iter()
+                .filter(|(_, r)| r.as_str() == "PRIMARY")
+                .map(|(p, _)| p)
+                .collect();
+            if primaries.len() != 1 || roles.len() != expected {
+                return Err(format!("roles {roles:?}"));
+            }
+            for pod in &pods {
+                let name = pod.name_any();
+                let role = roles.get(&name).ok_or(format!("{name} has no role"))?;
+                let label = pod.labels().get(labels::ROLE).cloned();
+                if label.as_deref() != Some(role.to_ascii_lowercase().as_str()) {
+                    return Err(format!("{name}: role {role}, label {label:?}"));
+                }
+                let endpoint = Endpoint::pod(pod, password).ok_or("no pod IP")?;
+                let recovery = endpoint
+                    .query("SELECT pg_is_in_recovery()")
+                    .await
+                    .map_err(|e| format!("{name}: {e}"))?;
+                let standby = recovery == [[Some("t".to_owned())]];
+                if standby != (role != "PRIMARY") {
+                    return Err(format!(
+                        "{name} is {role} but pg_is_in_recovery = {recovery:?}"
+                    ));
+                }
+            }
+            Ok((primaries[0].clone(), roles.clone()))
+        },
+    )
+    .await
+}
+
+/// The published cohort once `settled` accepts the Shard's status (the cohort, and its
+/// `CohortHealthy` and `FailureTolerant` conditions as `(status, reason)`), and how long that
+/// took; every pool pod's `multigres.com/cohort` label must match the cohort too.
+pub async fn cohort_until(
+    client: &Client,
+    namespace: &str,
+    what: &str,
+    settled: impl Fn(&CohortStatus, (&str, &str), (&str, &str)) -> bool,
+) -> (CohortStatus, Duration) {
+    let started = Instant::now();
+    let cohort = eventually(what, WAIT, || async {
+        let status = shard(client, namespace).await.status.unwrap_or_default();
+        let condition = |type_: &str| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == type_)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+                .unwrap_or_default()
+        };
+        let (health, tolerance) = (condition("CohortHealthy"), condition("FailureTolerant"));
+        let cohort = status.cohort.clone().ok_or("no cohort published")?;
+        let shown = format!("{cohort:?}; CohortHealthy {health:?}, FailureTolerant {tolerance:?}");
+        let health_pair = (health.0.as_str(), health.1.as_str());
+        let tolerance_pair = (tolerance.0.as_str(), tolerance.1.as_str());
+        if !settled(&cohort, health_pair, tolerance_pair) {
+            return Err(shown);
+        }
+        for pod in pool_pods(client, namespace).await {
+            let name = pod.name_any();
+            let want = if cohort.is_healthy(&name) {
+                "member"
+            } else {
+                "outside"
+            };
+            let label = pod.labels().get(labels::COHORT).map(String::as_str);
+            if label != Some(want) {
+                return Err(format!("{name} labelled {label:?}, not {want}: {shown}"));
+            }
+        }
+        Ok(cohort)
+    })
+    .await;
+    println!("cohort ({what}): {cohort:?}");
+    (cohort, started.elapsed())
+}
+
+/// Whether the cohort has exactly `pods` pool pods, each taking part in commits (the primary,
+/// or a member streaming from it), and no member without a pod.
+pub fn whole(cohort: &CohortStatus, pods: usize) -> bool {
+    cohort.missing.is_empty()
+        && cohort.pods.len() == pods
+        && cohort.pods.keys().all(|p| cohort.is_healthy(p))
+}
