@@ -52,9 +52,14 @@ if [ $# -gt 0 ]; then
   exit "$status"
 fi
 # All of them: first the images themselves, run in a throwaway containerd (e2e/images/test.sh),
-# then every test file in one `cargo test` (one invocation, so the handler builds the tests make
-# share the test build's artifacts; `--no-fail-fast`, so one failing file does not hide the
-# others' results), each file's time summarised at the end.
+# then every test binary, each in its own sandbox, each file's time summarised at the end. A
+# failing file does not stop the others.
+#
+# The binaries run directly, not through `cargo test` (which holds the build directory's lock
+# while tests run), so two can run at once: the real-node files that replay timings users judge
+# (failover, switchover, drains: data_plane.rs and the small real-node files) run alone; the
+# S3 backups file, which waits mostly on pgBackRest and S3, runs beside the kwok-tier files.
+# The handlers the tests start are built first, so no test builds them.
 failed=()
 phase "start image checks"
 if MULTIGRES_OPERATOR_PROFILE=dev bash e2e/sandbox.sh bash e2e/images/test.sh; then
@@ -63,19 +68,51 @@ else
   phase "FAILED image checks"
   failed+=(image-checks)
 fi
+cargo build -p cluster-handler -p resource-handler -p data-handler -p webhook-server
+alone=(data_plane real_nodes real_teardown)
+beside=(backups)
+kwok=() first=() last=()
+while read -r kind name src exe; do
+  entry="$name|$src|$exe"
+  if [[ " ${alone[*]} " == *" $name "* && $kind == test ]]; then
+    last+=("$entry")
+  elif [[ " ${beside[*]} " == *" $name "* && $kind == test ]]; then
+    first+=("$entry")
+  else
+    kwok+=("$entry")
+  fi
+done < <(cargo test -p multigres-e2e --no-run --message-format=json 2>/dev/null |
+  jq -r 'select(.reason == "compiler-artifact" and .profile.test == true and .executable != null)
+         | "\(.target.kind[0]) \(.target.name) \(.target.src_path) \(.executable)"' | sort -k2)
+[ ${#last[@]} -eq ${#alone[@]} ] && [ ${#first[@]} -eq ${#beside[@]} ] ||
+  { echo "run-e2e.sh: a real-node test file is missing: ${first[*]} ${last[*]}" >&2; exit 1; }
+
+# Runs each "name|source|executable" in its own sandbox from the crate's directory, as cargo
+# would, with a `Running <source>` line for the summary; fails if any failed.
+run_binaries() {
+  local status=0 entry name src exe
+  for entry in "$@"; do
+    IFS='|' read -r name src exe <<<"$entry"
+    echo "     Running ${src#"$repo/e2e/"} ($exe)"
+    (cd "$repo/e2e" && bash sandbox.sh "$exe" --show-output) || status=1
+  done
+  return "$status"
+}
 log=$(mktemp)
-phase "start the end-to-end tests"
-if run_tests --no-fail-fast 2>&1 | tee "$log"; then
-  phase "passed the end-to-end tests"
-else
-  phase "FAILED the end-to-end tests"
-  failed+=(tests)
-fi
+kwok_log=$(mktemp)
+phase "start the end-to-end tests: ${first[*]%%|*} beside the kwok tier, then ${last[*]%%|*}"
+run_binaries "${kwok[@]}" >"$kwok_log" 2>&1 &
+kwok_pid=$!
+run_binaries "${first[@]}" 2>&1 | tee "$log" || failed+=(backups)
+wait "$kwok_pid" || failed+=(kwok-tier)
+cat "$kwok_log" | tee -a "$log"
+phase "the kwok tier and ${first[*]%%|*} done"
+run_binaries "${last[@]}" 2>&1 | tee -a "$log" || failed+=(real-nodes)
 awk '/^ *Running /{ file = $2 } /^test result:/{ printf "[e2e] %-28s %s %s\n", file, $3, $NF }' "$log" >&2
 # A long run's log is cut before it reaches CI's summary; repeat each panic (with the lines
 # after it, where the message continues) at the very end so a failure's cause is never lost.
 grep -A6 -- "panicked at" "$log" | sed 's/^/[e2e] /' >&2 || true
-rm -f "$log"
+rm -f "$log" "$kwok_log"
 if [ ${#failed[@]} -gt 0 ]; then
   phase "failed: ${failed[*]}"
   exit 1

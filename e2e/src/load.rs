@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use tokio::task::JoinHandle;
 
 use crate::harness::eventually;
@@ -34,6 +35,8 @@ pub struct LoadReport {
     pub failed: usize,
     /// Ids whose INSERT was acknowledged.
     pub acknowledged: Vec<i64>,
+    /// When each of them was acknowledged (wall clock, to compare with times in a status).
+    pub acknowledged_at: Vec<Timestamp>,
     /// When each success happened, to find the first after an event.
     pub successes: Vec<Instant>,
     /// The first few errors, for the log.
@@ -86,6 +89,7 @@ impl Load {
                         report.successes.push(Instant::now());
                         if write {
                             report.acknowledged.push(id);
+                            report.acknowledged_at.push(Timestamp::now());
                         }
                     }
                     Err(e) => {

@@ -1,8 +1,11 @@
 //! Backups to S3 on real nodes: the minimal sample with `backup.type: s3` against a real S3
 //! server (SeaweedFS over TLS, SigV4 with the keys of a Secret; `multigres_e2e::s3`), three
-//! pool pods, and what a user sees: the bootstrap backup and the WAL archive in the bucket
-//! under the cluster's key prefix, the backup in the Shard status, and a replica whose volume
-//! is lost rebuilt from that repository while a client keeps writing, holding every row.
+//! pool pods, and what a user sees, under a steady writer: the bootstrap backup and the WAL
+//! archive in the bucket under the cluster's key prefix, the backup in the Shard status;
+//! backups on a schedule (`backup.schedule`), taken on a replica and expired by `retainFull`
+//! in the bucket and the status; a replica whose volume is lost rebuilt from that repository,
+//! holding every row; and the whole shard recovered from the bucket after every volume of the
+//! namespace is deleted with the cluster.
 //!
 //! One cluster, one story, as in `data_plane.rs`; the figures (`[figure] …`) are printed, not
 //! asserted.
@@ -10,9 +13,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
-use kube::api::{DeleteParams, LogParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Secret};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::harness::{eventually, fresh_namespace};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure, ledger};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
@@ -20,7 +24,7 @@ use multigres_e2e::s3::{self, Object, S3Server};
 use multigres_e2e::sample::{
     NAME, WAIT, apply_sample, cohort_until, settled_roles, shard, wait_serving, whole,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The Secret with the S3 keys, as `credentialsSecret` names it.
 const CREDENTIALS: &str = "backup-credentials";
@@ -60,8 +64,8 @@ fn own_claims(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
-/// Applies the sample with S3 backups to `s3` under the key prefix `namespace`, and 3 pool pods.
-async fn apply_with_s3(client: &Client, namespace: &str, s3: &S3Server) -> Instant {
+/// Creates the Secret with the S3 keys that `credentialsSecret` names.
+async fn create_credentials(client: &Client, namespace: &str) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": CREDENTIALS},
@@ -75,6 +79,10 @@ async fn apply_with_s3(client: &Client, namespace: &str, s3: &S3Server) -> Insta
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
+}
+
+/// Applies the sample with S3 backups to `s3` under the key prefix `namespace`, and 3 pool pods.
+async fn apply_with_s3(client: &Client, namespace: &str, s3: &S3Server) -> Instant {
     let endpoint = s3.endpoint();
     apply_sample(client, namespace, |cluster| {
         cluster["spec"]["backup"] = json!({"type": "s3", "s3": {
@@ -91,6 +99,218 @@ async fn apply_with_s3(client: &Client, namespace: &str, s3: &S3Server) -> Insta
     .await
 }
 
+/// Sets `spec.backup.schedule` (merged into the S3 backup settings).
+async fn set_schedule(client: &Client, namespace: &str, schedule: Value) {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({"spec": {"backup": {"schedule": schedule}}});
+    clusters
+        .patch(NAME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("setting the backup schedule: {e}"));
+}
+
+/// Step b: a schedule of a full backup every minute keeping two, under a steady writer, until
+/// the bootstrap backup (`bootstrap`, the bucket's only one so far) has expired; then
+/// suspended. Extends `acknowledged`; returns the ids acknowledged before the last scheduled
+/// backup started, which that backup holds.
+async fn scheduled_backups(
+    client: &Client,
+    namespace: &str,
+    bootstrap: &[String],
+    acknowledged: &mut Vec<i64>,
+) -> Vec<i64> {
+    let s3 = s3::server().await;
+    let gateway = Endpoint::gateway(client, namespace, NAME).await.unwrap();
+    let load = Load::start(gateway, 1_000_000);
+    let started = Instant::now();
+    set_schedule(
+        client,
+        namespace,
+        json!({"cron": "* * * * *", "retainFull": 2}),
+    )
+    .await;
+    let status = eventually(
+        "two scheduled backups kept, the bootstrap one expired",
+        WAIT,
+        || async {
+            let status = shard(client, namespace).await.status.unwrap_or_default();
+            let scheduled = status.scheduled_backups.clone().unwrap_or_default();
+            let retained = &status.retained_backups;
+            let expired = bootstrap.iter().all(|b| !retained.contains(b));
+            match &scheduled.last_success {
+                Some(success) if retained.len() == 2 && expired && scheduled.running.is_none() => {
+                    Ok((status.clone(), success.clone()))
+                }
+                _ => Err(format!("retained {retained:?}, scheduled {scheduled:?}")),
+            }
+        },
+    )
+    .await;
+    let (status, last) = status;
+    let to_expired = started.elapsed();
+    let label = last
+        .backup
+        .clone()
+        .expect("the label of the last scheduled backup");
+    assert!(status.retained_backups.contains(&label), "{status:?}");
+    assert_eq!(
+        status.pod_roles.get(&last.pod).map(String::as_str),
+        Some("REPLICA"),
+        "taken on a replica: {last:?}, roles {:?}",
+        status.pod_roles
+    );
+    let in_bucket = eventually(
+        "the bucket holds the retained backups only",
+        WAIT,
+        || async {
+            let mut full = repository(&s3.objects(namespace).await?).0;
+            full.sort();
+            let mut retained = status.retained_backups.clone();
+            retained.sort();
+            if full == retained {
+                Ok(full)
+            } else {
+                Err(format!("bucket {full:?}, status {retained:?}"))
+            }
+        },
+    )
+    .await;
+    set_schedule(
+        client,
+        namespace,
+        json!({"cron": "* * * * *", "retainFull": 2, "suspend": true}),
+    )
+    .await;
+    let report = load.finish().await;
+    let before_last: Vec<i64> = report
+        .acknowledged
+        .iter()
+        .zip(&report.acknowledged_at)
+        .filter(|(_, at)| **at < last.start_time.0)
+        .map(|(id, _)| *id)
+        .collect();
+    acknowledged.extend(&report.acknowledged);
+    let events = shard_events(client, namespace).await;
+    for reason in ["ScheduledBackupStarted", "ScheduledBackupCompleted"] {
+        assert!(
+            events.iter().any(|e| e.starts_with(reason)),
+            "{reason} in {events:?}"
+        );
+    }
+    let took = last
+        .end_time
+        .as_ref()
+        .map(|end| end.0.duration_since(last.start_time.0).as_secs_f64());
+    println!(
+        "scheduled backups: last {label} on {} ({}), bucket {in_bucket:?}",
+        last.pod,
+        last.message.as_deref().unwrap_or("nothing expired")
+    );
+    figure(
+        "schedule set -> bootstrap backup expired, 2 scheduled kept (s)",
+        format!("{:.1}", to_expired.as_secs_f64()),
+    );
+    figure(
+        "scheduled full backup on a replica, start to end as published (s)",
+        format!("{:.0}", took.unwrap_or_default()),
+    );
+    report.figures("scheduled backups");
+    before_last
+}
+
+/// Step e: deletes the cluster and every claim of `namespace`, applies the cluster again and
+/// checks that the ids of `in_backup` are all back; prints how many of `acknowledged` are.
+async fn recover_from_the_bucket(
+    client: &Client,
+    namespace: &str,
+    s3: &S3Server,
+    in_backup: &[i64],
+    acknowledged: &[i64],
+) {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    clusters
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the cluster and its pods are gone", WAIT, || async {
+        let left = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        let cluster = clusters.get_opt(NAME).await.map_err(|e| e.to_string())?;
+        match (left, cluster) {
+            (0, None) => Ok(()),
+            (left, cluster) => Err(format!("{left} pods, cluster {}", cluster.is_some())),
+        }
+    })
+    .await;
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    eventually("every claim is gone", WAIT, || async {
+        let left = claims
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let names: Vec<String> = left.items.iter().map(ResourceExt::name_any).collect();
+        if names.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("claims {names:?}"))
+        }
+    })
+    .await;
+    let sent = apply_with_s3(client, namespace, s3).await;
+    let (_, to_sql) = wait_serving(client, namespace, sent).await;
+    let gateway = Endpoint::gateway(client, namespace, NAME).await.unwrap();
+    let ids = eventually("the recovered ledger reads back", WAIT, || ledger(&gateway)).await;
+    let lost: Vec<&i64> = in_backup.iter().filter(|id| !ids.contains(id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} rows acknowledged before the last backup are not back: {lost:?}",
+        lost.len(),
+        in_backup.len()
+    );
+    let back = acknowledged.iter().filter(|id| ids.contains(id)).count();
+    figure(
+        "every volume lost, cluster applied again -> first SELECT 1 answered (s)",
+        format!("{:.1}", to_sql.as_secs_f64()),
+    );
+    figure(
+        "rows back after recovery from the bucket (acknowledged before the last backup / all acknowledged)",
+        format!(
+            "{} of {} / {back} of {}",
+            in_backup.len(),
+            in_backup.len(),
+            acknowledged.len()
+        ),
+    );
+}
+
+/// The reasons and messages of the Shard's events (`<reason>: <message>`).
+async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    events
+        .list(&ListParams::default().fields("involvedObject.kind=Shard"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     let began = Instant::now();
@@ -101,6 +321,7 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
 
     // a. The cluster serves SQL; its bootstrap backup and the WAL archive are in the bucket
     // under the key prefix, and the Shard status shows the backup.
+    create_credentials(&client, &namespace).await;
     let sent = apply_with_s3(&client, &namespace, s3).await;
     let (_, to_sql) = wait_serving(&client, &namespace, sent).await;
     figure(
@@ -148,7 +369,12 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     .await;
     println!("Shard: lastBackupTime {backup_time}, BackupHealthy: {healthy}");
 
-    // b. A replica loses its volume (its claim, then its pod, deleted under a steady writer):
+    // b. Scheduled backups under a steady writer: every minute, two full backups kept. Each is
+    // taken on a replica; once two are, the bootstrap backup expires from the bucket and from
+    // `status.retainedBackups`. Then the schedule is suspended.
+    let before_schedule = scheduled_backups(&client, &namespace, &backups, &mut acknowledged).await;
+
+    // c. A replica loses its volume (its claim, then its pod, deleted under a steady writer):
     // the StatefulSet makes both again, the new pod restores the newest backup from the
     // bucket, streams from the primary, and holds every acknowledged row.
     let (primary, roles) = settled_roles(&client, &namespace, &password, 3).await;
@@ -285,9 +511,15 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     figure("rows checked on the rebuilt replica", held);
     report.figures("the replica's rebuild");
 
-    // c. Every acknowledged row is there through the gateway.
+    // d. Every acknowledged row is there through the gateway.
     let stored = assert_kept(&gateway, &acknowledged).await;
     println!("{stored} rows through the gateway");
+
+    // e. Disaster: the cluster is deleted and every claim of the namespace with it (the
+    // PostgreSQL volumes and the topology's); the bucket survives. The same cluster applied
+    // again restores from the repository: every row acknowledged before the last scheduled
+    // backup started is back, and the rows the WAL archive holds beyond it.
+    recover_from_the_bucket(&client, &namespace, s3, &before_schedule, &acknowledged).await;
     figure(
         "backups.rs, start to end (s)",
         format!("{:.1}", began.elapsed().as_secs_f64()),
