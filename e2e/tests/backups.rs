@@ -22,7 +22,7 @@ use multigres_e2e::load::{Load, assert_kept, create_ledger, figure, ledger};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::s3::{self, Object, S3Server};
 use multigres_e2e::sample::{
-    NAME, WAIT, apply_sample, cohort_until, settled_roles, shard, wait_serving, whole,
+    NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, wait_serving, whole,
 };
 use serde_json::{Value, json};
 
@@ -390,7 +390,18 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
         .find(|(_, role)| role.as_str() == "REPLICA")
         .map(|(pod, _)| pod.clone())
         .unwrap_or_else(|| panic!("a replica among {roles:?}"));
-    println!("primary {primary}; rebuilding replica {replica}");
+    // No shared backup volume holds the pool to one node: the scheduler may spread it.
+    let nodes: Vec<(String, Option<String>)> = pool_pods(&client, &namespace)
+        .await
+        .iter()
+        .map(|p| {
+            (
+                p.name_any(),
+                p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            )
+        })
+        .collect();
+    println!("pool pods on nodes {nodes:?}; primary {primary}; rebuilding replica {replica}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     let old = pods.get(&replica).await.unwrap();
