@@ -49,3 +49,99 @@ fn limit_malloc_arenas() {
         }
     }
 }
+
+/// Gives back the memory only start-up needed, once a handler has filled its caches: the free
+/// pages of the heap (`malloc_trim`) and the resident pages of its code. Start-up runs code
+/// nothing runs again (argument parsing, kubeconfig and TLS set-up, the first lists), and the
+/// kernel maps code 64 KiB around every page touched, so most of the binary's `.text` is
+/// resident by then. Unmapping the code pages drops them from the process only: they stay in
+/// the page cache, and the pages still in use come back on their next call as minor faults.
+/// Only code mappings without a private copy of any page are unmapped, so what comes back is
+/// what was there (a library whose code the loader relocated would lose its relocations).
+pub fn release_startup_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+            return;
+        };
+        for (start, end) in unchanged_code(&smaps) {
+            // SAFETY: the range is a whole read-only, executable private mapping of a file
+            // with no page of it written, so dropping its pages loses nothing: the next access
+            // reads the same bytes back from the file.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+            }
+        }
+    }
+}
+
+/// The address ranges in `smaps` (the text of `/proc/self/smaps`) that map a file's code
+/// (`r-xp`, not the kernel's own `[vdso]`) without any private, written page
+/// (`Anonymous: 0 kB`).
+fn unchanged_code(smaps: &str) -> Vec<(usize, usize)> {
+    let mut found = Vec::new();
+    let mut current = None;
+    for line in smaps.lines() {
+        if let Some(anonymous) = line.strip_prefix("Anonymous:") {
+            if let Some(range) = current.take()
+                && anonymous.trim() == "0 kB"
+            {
+                found.push(range);
+            }
+        } else if let Some(range) = header(line) {
+            current = range;
+        }
+    }
+    found
+}
+
+/// For a mapping's header line: `Some(Some(range))` when it maps a file's code, `Some(None)`
+/// for any other mapping; `None` for the lines of fields that follow a header.
+fn header(line: &str) -> Option<Option<(usize, usize)>> {
+    let mut fields = line.split_whitespace();
+    let (start, end) = fields.next()?.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    let perms = fields.next()?;
+    let file = fields.nth(3).is_some_and(|path| path.starts_with('/'));
+    Some((perms == "r-xp" && file && start < end).then_some((start, end)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_unwritten_code_mappings_of_files_are_released() {
+        let smaps = "\
+55d0c0a00000-55d0c1200000 r-xp 00600000 fd:01 1234 /usr/bin/resource-handler
+Rss:                7000 kB
+Anonymous:             0 kB
+55d0c1200000-55d0c1300000 r--p 00e00000 fd:01 1234 /usr/bin/resource-handler
+Anonymous:             0 kB
+7f0000100000-7f0000200000 r-xp 00010000 fd:01 99 /usr/lib/librelocated.so
+Anonymous:             4 kB
+7f0000000000-7f0000001000 r-xp 00000000 00:00 0
+Anonymous:             0 kB
+7ffd1b5f0000-7ffd1b5f2000 r-xp 00000000 00:00 0                          [vdso]
+Anonymous:             0 kB
+";
+        assert_eq!(
+            unchanged_code(smaps),
+            [(0x55d0_c0a0_0000, 0x55d0_c120_0000)]
+        );
+    }
+
+    #[test]
+    fn this_process_keeps_running_after_releasing_its_code() {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        assert!(!unchanged_code(&smaps).is_empty(), "the test binary's code");
+        release_startup_memory();
+        assert_eq!(header("not a mapping"), None);
+    }
+}

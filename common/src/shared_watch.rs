@@ -295,7 +295,8 @@ impl RunningWatches {
 
 impl RunningWatches {
     /// Waits until every cache holds its first list, then reports the handler's work ready
-    /// (SERVING once it acts). False when shutdown came first or a watch stopped: the work
+    /// (SERVING once it acts) and gives back what start-up alone needed
+    /// ([`crate::process::release_startup_memory`]). False when shutdown came first or a watch stopped: the work
     /// is then never ready.
     pub async fn ready_when_listed(&mut self, shutdown: &Shutdown) -> bool {
         let listed = tokio::select! {
@@ -305,6 +306,7 @@ impl RunningWatches {
         if listed {
             self.state.set_ready(true).await;
             tracing::info!("caches synced; serving");
+            crate::process::release_startup_memory();
         }
         listed
     }

@@ -27,7 +27,7 @@ use multigres_common::status_pacer::StatusPacer;
 use multigres_common::telemetry::ErrorChain;
 use multigres_common::watch::Scope;
 
-use crate::workload_cache::WorkloadStore;
+use crate::slim_cache::SlimStore;
 
 /// Name under which events are reported: the field manager, as every handler reports.
 pub const REPORTER: &str = crate::sync::FIELD_MANAGER;
@@ -43,13 +43,13 @@ pub fn managed() -> watcher::Config {
 #[derive(Clone)]
 pub struct Stores {
     /// etcd and pool StatefulSets, without pod templates.
-    pub statefulsets: WorkloadStore<StatefulSet>,
+    pub statefulsets: SlimStore<StatefulSet>,
     /// multigateway, multiorch and multiadmin Deployments, without pod templates.
-    pub deployments: WorkloadStore<Deployment>,
-    /// Every Service this handler creates.
-    pub services: Store<Service>,
-    /// etcd and pool PodDisruptionBudgets.
-    pub pdbs: Store<PodDisruptionBudget>,
+    pub deployments: SlimStore<Deployment>,
+    /// Every Service this handler creates, with only the type of its spec.
+    pub services: SlimStore<Service>,
+    /// etcd and pool PodDisruptionBudgets, without spec and status.
+    pub pdbs: SlimStore<PodDisruptionBudget>,
     /// Data and backup volumes (for growth).
     pub pvcs: Store<PersistentVolumeClaim>,
     /// Pool pods only (what the ordered restarts need).

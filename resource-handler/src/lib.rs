@@ -18,13 +18,13 @@ pub mod owner;
 pub mod podspec;
 pub mod readiness;
 pub mod shard;
+pub mod slim_cache;
 pub mod stateless;
 pub mod storage;
 pub mod sync;
 pub mod tls;
 pub mod toposerver;
 pub mod unready;
-pub mod workload_cache;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
@@ -40,7 +40,7 @@ use multigres_common::guard::Guarded;
 use controller::{Base, Stores, managed, pool_pods, recorder, slim_pod};
 use multigres_common::shared_watch::Watches;
 use multigres_common::watch::Scope;
-use workload_cache::{WorkloadStore, trim_template};
+use slim_cache::{SlimStore, slim, slim_budget, slim_deployment};
 
 /// Fills every cache, reports SERVING, then runs every controller until shutdown.
 ///
@@ -58,25 +58,25 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     let core_templates = watches.share::<Guarded<CoreTemplate>>(all());
     let cell_templates = watches.share::<Guarded<CellTemplate>>(all());
     let shard_templates = watches.share::<Guarded<ShardTemplate>>(all());
-    let statefulsets = watches.share_trimmed::<StatefulSet>(managed(), trim_template);
-    let deployments = watches.share_trimmed::<Deployment>(managed(), trim_template);
+    let statefulsets = watches.share_trimmed::<StatefulSet>(managed(), slim);
+    let deployments = watches.share_trimmed::<Deployment>(managed(), slim_deployment);
     let caches = gauges::Caches {
         statefulsets: statefulsets.store(),
         deployments: deployments.store(),
     };
     multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
-    let services = watches.share::<Service>(managed());
-    let pdbs = watches.share::<PodDisruptionBudget>(managed());
+    let services = watches.share_trimmed::<Service>(managed(), slim);
+    let pdbs = watches.share_trimmed::<PodDisruptionBudget>(managed(), slim_budget);
     let pods = watches.share_trimmed::<Pod>(pool_pods(), slim_pod);
     let pvcs = watches.share::<PersistentVolumeClaim>(managed());
     let secrets = watches.share::<Secret>(managed());
     let config_maps = watches.share::<ConfigMap>(managed());
     let mut running = watches.start();
     let stores = Stores {
-        statefulsets: WorkloadStore::new(statefulsets.store()),
-        deployments: WorkloadStore::new(deployments.store()),
-        services: services.store(),
-        pdbs: pdbs.store(),
+        statefulsets: SlimStore::new(statefulsets.store()),
+        deployments: SlimStore::new(deployments.store()),
+        services: SlimStore::new(services.store()),
+        pdbs: SlimStore::new(pdbs.store()),
         pvcs: pvcs.store(),
         pods: pods.store(),
         secrets: secrets.store(),

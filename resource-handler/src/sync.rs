@@ -1,8 +1,8 @@
 //! Writing only what changed: a child is applied when it is missing, when what this handler
 //! would send differs from what it sent last time (a hash of the desired object stored in an
 //! annotation, which also catches fields that were removed from the desired object), or when
-//! someone changed a field this handler sets (for workloads cached without their pod templates,
-//! see [`crate::workload_cache`]). A status is applied only when one of this
+//! someone changed a field this handler sets (for children cached without the parts no reconciler
+//! reads, see [`crate::slim_cache`]). A status is applied only when one of this
 //! handler's status fields or conditions differs from what is stored, and then at most once per
 //! pacing interval while the object converges ([`multigres_common::status_pacer`]).
 

@@ -1,0 +1,498 @@
+//! Children cached without the parts of them no reconciler reads: the pod templates of
+//! StatefulSets and Deployments (and a Deployment's selector and strategy), the specs of
+//! Services (but their type) and of PodDisruptionBudgets. Those parts are most of the cached bytes (about 4,000 children at 100
+//! clusters) and only the write-skipping check reads them, so the cache keeps a digest of what
+//! it dropped instead, and remembers which (applied hash, digest) pairs were checked against a
+//! full copy from the API server. A dropped part whose digest is not remembered (after a
+//! restart, or because someone edited it) is fetched and compared once; a drifted one is
+//! written back as before.
+
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{PodTemplateSpec, Service, ServiceSpec};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::sync::{APPLIED_HASH, Child, ChildCache, Verdict, fnv1a64, is_subset};
+
+/// Annotation on a cached copy only (never sent to the API server): the digest of the part
+/// the cache dropped.
+pub const CACHED_DIGEST: &str = "multigres.com/cached-digest";
+
+/// A kind cached without a part of it (see the module's documentation).
+pub trait Slimmed: Child {
+    /// The part the cache drops, as JSON (what its digest is taken of).
+    fn dropped(&self) -> Vec<u8>;
+    /// Removes that part, leaving what reconcilers read.
+    fn drop_part(&mut self);
+}
+
+impl Slimmed for StatefulSet {
+    fn dropped(&self) -> Vec<u8> {
+        json(&self.spec.as_ref().map(|s| &s.template))
+    }
+
+    fn drop_part(&mut self) {
+        if let Some(spec) = self.spec.as_mut() {
+            spec.template = PodTemplateSpec::default();
+        }
+    }
+}
+
+/// The pod template, the selector and the update strategy: readers take the replicas of the
+/// spec only.
+impl Slimmed for Deployment {
+    fn dropped(&self) -> Vec<u8> {
+        json(
+            &self
+                .spec
+                .as_ref()
+                .map(|s| (&s.template, &s.selector, &s.strategy)),
+        )
+    }
+
+    fn drop_part(&mut self) {
+        if let Some(spec) = self.spec.as_mut() {
+            spec.template = PodTemplateSpec::default();
+            spec.selector = LabelSelector::default();
+            spec.strategy = None;
+        }
+    }
+}
+
+/// Everything of the spec but its type, which the cluster's external endpoint is read from
+/// (`crate::multiadmin::external`); the status stays.
+impl Slimmed for Service {
+    fn dropped(&self) -> Vec<u8> {
+        json(&self.spec)
+    }
+
+    fn drop_part(&mut self) {
+        self.spec = self.spec.take().map(|spec| ServiceSpec {
+            type_: spec.type_,
+            ..ServiceSpec::default()
+        });
+    }
+}
+
+/// The whole spec. The status is not read either, and is no part of what the handler sets:
+/// [`slim`] drops it without a digest.
+impl Slimmed for PodDisruptionBudget {
+    fn dropped(&self) -> Vec<u8> {
+        json(&self.spec)
+    }
+
+    fn drop_part(&mut self) {
+        self.spec = None;
+    }
+}
+
+fn json(part: &impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(part).unwrap_or_default()
+}
+
+/// Digest of `obj`'s dropped part, as [`slim`] records it.
+fn digest<K: Slimmed>(obj: &K) -> String {
+    format!("{:016x}", fnv1a64(&obj.dropped()))
+}
+
+/// Drops the part of an object about to be cached that reconcilers do not read and records
+/// its digest in [`CACHED_DIGEST`]; everything else stays.
+pub fn slim<K: Slimmed>(obj: &mut K) {
+    let digest = digest(obj);
+    obj.drop_part();
+    obj.annotations_mut()
+        .insert(CACHED_DIGEST.to_owned(), digest);
+}
+
+/// [`slim`], and the status too, which no reconciler reads of a PodDisruptionBudget.
+pub fn slim_budget(pdb: &mut PodDisruptionBudget) {
+    slim(pdb);
+    pdb.status = None;
+}
+
+/// [`slim`], and the status's conditions too, which no reconciler reads of a Deployment (its
+/// replica counts and observed generation are read).
+pub fn slim_deployment(deployment: &mut Deployment) {
+    slim(deployment);
+    if let Some(status) = deployment.status.as_mut() {
+        status.conditions = None;
+    }
+}
+
+/// An object's applied hash and dropped part's digest, once a full copy of it was up to date.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Verified {
+    applied_hash: String,
+    digest: String,
+}
+
+/// A cache of slimmed children (see [`slim`]) and the checks of their dropped parts that
+/// passed, shared by every controller that writes the kind.
+pub struct SlimStore<K: Slimmed> {
+    store: Store<K>,
+    /// One entry per object at most; entries of objects gone from the cache are dropped
+    /// once the map holds [`PRUNE_SLACK`] more than twice as many entries as the cache has
+    /// objects.
+    verified: Arc<Mutex<HashMap<ObjectRef<K>, Verified>>>,
+}
+
+/// How many more entries than twice the cached objects the verified map may hold before the
+/// entries of objects no longer cached are dropped. An object the handler just created is
+/// remembered before its watch event reaches the cache, so while many are being created the
+/// map is ahead of the cache: dropping at once every entry the cache does not show yet (as
+/// when the map could only be one larger than the cache) dropped theirs too, and each such
+/// object cost a read on its next reconcile.
+const PRUNE_SLACK: usize = 64;
+
+impl<K: Slimmed> Clone for SlimStore<K> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            verified: self.verified.clone(),
+        }
+    }
+}
+
+impl<K: Slimmed> SlimStore<K> {
+    /// Wraps a cache filled through [`slim`].
+    pub fn new(store: Store<K>) -> Self {
+        Self {
+            store,
+            verified: Arc::default(),
+        }
+    }
+}
+
+impl<K: Slimmed> Deref for SlimStore<K> {
+    type Target = Store<K>;
+
+    fn deref(&self) -> &Store<K> {
+        &self.store
+    }
+}
+
+/// The key of `obj` in the verified map, without the resource version and uid
+/// [`ObjectRef::from_obj`] would keep.
+fn key_of<K: Slimmed>(obj: &K) -> ObjectRef<K> {
+    let key = ObjectRef::new(&obj.name_any());
+    match obj.namespace() {
+        Some(namespace) => key.within(&namespace),
+        None => key,
+    }
+}
+
+/// Whether every field `desired` sets outside its dropped part has that value in `cached`,
+/// under the same applied hash.
+fn up_to_date_but_dropped<K: Slimmed>(desired: &K, cached: &K) -> bool {
+    let hash = |obj: &K| obj.annotations().get(APPLIED_HASH).cloned();
+    if hash(desired).is_none() || hash(desired) != hash(cached) {
+        return false;
+    }
+    let mut desired = desired.clone();
+    desired.drop_part();
+    match (serde_json::to_value(&desired), serde_json::to_value(cached)) {
+        (Ok(desired), Ok(cached)) => is_subset(&desired, &cached),
+        _ => false,
+    }
+}
+
+impl<K: Slimmed> ChildCache<K> for SlimStore<K> {
+    fn store(&self) -> &Store<K> {
+        &self.store
+    }
+
+    fn verdict(&self, desired: &K, cached: &K) -> Verdict {
+        if !up_to_date_but_dropped(desired, cached) {
+            return Verdict::Stale;
+        }
+        let verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = verified.get(&key_of(cached)).is_some_and(|v| {
+            desired.annotations().get(APPLIED_HASH) == Some(&v.applied_hash)
+                && cached.annotations().get(CACHED_DIGEST) == Some(&v.digest)
+        });
+        if known {
+            Verdict::UpToDate
+        } else {
+            Verdict::Unverified
+        }
+    }
+
+    fn remember(&self, stored: &K) {
+        let Some(applied_hash) = stored.annotations().get(APPLIED_HASH).cloned() else {
+            return;
+        };
+        let key = key_of(stored);
+        let entry = Verified {
+            applied_hash,
+            digest: digest(stored),
+        };
+        let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        if verified.len() >= 2 * self.store.len() + PRUNE_SLACK {
+            verified.retain(|k, _| *k == key || self.store.get(k).is_some());
+        }
+        verified.insert(key, entry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    use super::*;
+    use crate::sync::{stamp, up_to_date};
+
+    /// A pool StatefulSet as the handler builds it, stamped.
+    fn desired(image: &str, replicas: i32) -> StatefulSet {
+        let mut sts: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": "pool-a", "namespace": "ns", "labels": {"app": "pool"}},
+            "spec": {
+                "replicas": replicas,
+                "serviceName": "pool-a",
+                "selector": {"matchLabels": {"app": "pool"}},
+                "template": {
+                    "metadata": {"labels": {"app": "pool"}},
+                    "spec": {"containers": [{"name": "postgres", "image": image}]},
+                },
+            },
+        }))
+        .unwrap();
+        stamp(&mut sts);
+        sts
+    }
+
+    /// `desired` as the API server stores it: defaults and status added.
+    fn stored(desired: &StatefulSet) -> StatefulSet {
+        let mut sts = desired.clone();
+        sts.metadata.resource_version = Some("7".into());
+        sts.metadata.uid = Some("u-1".into());
+        let spec = sts.spec.as_mut().unwrap();
+        spec.pod_management_policy = Some("OrderedReady".into());
+        let pod = spec.template.spec.as_mut().unwrap();
+        pod.restart_policy = Some("Always".into());
+        pod.containers[0].image_pull_policy = Some("IfNotPresent".into());
+        sts.status =
+            Some(serde_json::from_value(json!({"replicas": 3, "readyReplicas": 2})).unwrap());
+        sts
+    }
+
+    fn trimmed(full: &StatefulSet) -> StatefulSet {
+        let mut sts = full.clone();
+        slim(&mut sts);
+        sts
+    }
+
+    /// A workload cache holding `objects` (trimmed) and nothing verified yet.
+    fn cache(objects: &[&StatefulSet]) -> (SlimStore<StatefulSet>, Writer<StatefulSet>) {
+        let mut writer = Writer::<StatefulSet>::default();
+        for object in objects {
+            writer.apply_watcher_event(&Event::Apply(trimmed(object)));
+        }
+        (SlimStore::new(writer.as_reader()), writer)
+    }
+
+    #[test]
+    fn the_trim_drops_the_template_records_its_digest_and_keeps_the_rest() {
+        let full = stored(&desired("postgres:17", 3));
+        let cached = trimmed(&full);
+        assert_eq!(
+            cached.spec.as_ref().unwrap().template,
+            PodTemplateSpec::default()
+        );
+        assert_eq!(
+            cached.annotations().get(CACHED_DIGEST),
+            Some(&digest(&full))
+        );
+        let mut restored = cached.clone();
+        restored.annotations_mut().remove(CACHED_DIGEST);
+        restored.spec.as_mut().unwrap().template = full.spec.clone().unwrap().template;
+        assert_eq!(restored, full, "only the template and the digest differ");
+
+        let other = trimmed(&stored(&desired("postgres:18", 3)));
+        assert_ne!(
+            other.annotations().get(CACHED_DIGEST),
+            cached.annotations().get(CACHED_DIGEST),
+            "another template, another digest"
+        );
+    }
+
+    #[test]
+    fn a_template_is_trusted_only_once_a_full_copy_was_checked() {
+        let want = desired("postgres:17", 3);
+        let full = stored(&want);
+        let (cache, _writer) = cache(&[&full]);
+        let cached = cache.get(&key_of(&full)).unwrap();
+
+        // The handler now wants something else: a write, no fetch.
+        assert_eq!(
+            cache.verdict(&desired("postgres:18", 3), &cached),
+            Verdict::Stale
+        );
+        // Same hash, but no full copy was checked (e.g. after a restart): fetch it.
+        assert_eq!(cache.verdict(&want, &cached), Verdict::Unverified);
+        // The fetched copy is up to date: remembered, and the cache alone says so from now on.
+        assert!(up_to_date(&want, &full));
+        cache.remember(&full);
+        assert_eq!(cache.verdict(&want, &cached), Verdict::UpToDate);
+
+        // A field outside the template edited by hand: a write, whatever was remembered.
+        let mut scaled = full.clone();
+        scaled.spec.as_mut().unwrap().replicas = Some(5);
+        assert_eq!(cache.verdict(&want, &trimmed(&scaled)), Verdict::Stale);
+    }
+
+    #[test]
+    fn an_edited_template_is_fetched_and_written_back_only_if_it_drifted() {
+        let want = desired("postgres:17", 3);
+        let full = stored(&want);
+        let (cache, _writer) = cache(&[&full]);
+        cache.remember(&full);
+
+        // Someone changed the image: the digest changed, so the full copy is fetched, and it
+        // is not up to date (the handler applies).
+        let mut edited = full.clone();
+        edited
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .image = Some("evil:1".into());
+        assert_eq!(cache.verdict(&want, &trimmed(&edited)), Verdict::Unverified);
+        assert!(!up_to_date(&want, &edited));
+
+        // Someone added an annotation the handler does not set (e.g. `kubectl rollout
+        // restart`): fetched once, up to date, remembered; no write.
+        let mut restarted = full.clone();
+        restarted
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .metadata
+            .as_mut()
+            .unwrap()
+            .annotations = Some([("restartedAt".to_owned(), "now".to_owned())].into());
+        let cached = trimmed(&restarted);
+        assert_eq!(cache.verdict(&want, &cached), Verdict::Unverified);
+        assert!(up_to_date(&want, &restarted));
+        cache.remember(&restarted);
+        assert_eq!(cache.verdict(&want, &cached), Verdict::UpToDate);
+    }
+
+    #[test]
+    fn entries_of_objects_just_written_are_kept_and_of_gone_ones_dropped() {
+        let named = |name: &str| {
+            let mut sts = stored(&desired("postgres:17", 3));
+            sts.metadata.name = Some(name.to_owned());
+            sts
+        };
+        let (cache, mut writer) = cache(&[]);
+        // Written, their watch events not in the cache yet: all remembered.
+        for i in 0..PRUNE_SLACK {
+            cache.remember(&named(&format!("pool-{i}")));
+        }
+        assert_eq!(cache.verified.lock().unwrap().len(), PRUNE_SLACK);
+        // Only the first is cached, the others are gone: kept until the map holds the slack
+        // more than twice the cache, then dropped.
+        writer.apply_watcher_event(&Event::Apply(trimmed(&named("pool-0"))));
+        cache.remember(&named("pool-b"));
+        cache.remember(&named("pool-c"));
+        assert_eq!(cache.verified.lock().unwrap().len(), 2 + PRUNE_SLACK);
+        cache.remember(&named("pool-d"));
+        let verified = cache.verified.lock().unwrap();
+        let mut keys: Vec<_> = verified.keys().map(|k| k.name.clone()).collect();
+        keys.sort();
+        assert_eq!(keys, ["pool-0", "pool-d"]);
+    }
+
+    /// A Service as the handler builds it (stamped) and as the API server stores it.
+    fn service(port: i32) -> (Service, Service) {
+        let mut desired: Service = serde_json::from_value(json!({
+            "metadata": {"name": "gw", "namespace": "ns", "labels": {"app": "gw"}},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "gw"}, "ports": [{"port": port}]},
+        }))
+        .unwrap();
+        stamp(&mut desired);
+        let mut full = desired.clone();
+        full.metadata.uid = Some("u-2".into());
+        let spec = full.spec.as_mut().unwrap();
+        spec.cluster_ip = Some("10.0.0.1".into());
+        spec.session_affinity = Some("None".into());
+        full.status = Some(
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}))
+                .unwrap(),
+        );
+        (desired, full)
+    }
+
+    #[test]
+    fn a_service_keeps_its_type_and_status_and_its_spec_is_checked_once() {
+        let (want, full) = service(5432);
+        let mut cached = full.clone();
+        slim(&mut cached);
+        assert_eq!(
+            cached.spec,
+            Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                ..ServiceSpec::default()
+            })
+        );
+        assert_eq!(cached.status, full.status);
+        let mut writer = Writer::<Service>::default();
+        writer.apply_watcher_event(&Event::Apply(cached.clone()));
+        let cache = SlimStore::new(writer.as_reader());
+        assert_eq!(cache.verdict(&want, &cached), Verdict::Unverified);
+        cache.remember(&full);
+        assert_eq!(cache.verdict(&want, &cached), Verdict::UpToDate);
+
+        // A port edited by hand: another digest, so the full copy is fetched (and found
+        // drifted).
+        let (_, mut edited) = service(5433);
+        edited.metadata = full.metadata.clone();
+        let mut edited_cached = edited.clone();
+        slim(&mut edited_cached);
+        assert_eq!(cache.verdict(&want, &edited_cached), Verdict::Unverified);
+        assert!(!up_to_date(&want, &edited));
+        // Another type wanted: a write, no fetch.
+        let (mut internal, _) = service(5432);
+        internal.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
+        stamp(&mut internal);
+        assert_eq!(cache.verdict(&internal, &cached), Verdict::Stale);
+    }
+
+    #[test]
+    fn a_budget_is_cached_without_spec_and_status() {
+        let mut desired: PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": "pool-a", "namespace": "ns"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pool"}}},
+        }))
+        .unwrap();
+        stamp(&mut desired);
+        let mut full = desired.clone();
+        full.status = Some(
+            serde_json::from_value(json!({"currentHealthy": 2, "desiredHealthy": 1,
+                "disruptionsAllowed": 1, "expectedPods": 2}))
+            .unwrap(),
+        );
+        let mut cached = full.clone();
+        slim_budget(&mut cached);
+        assert_eq!((cached.spec.as_ref(), cached.status.as_ref()), (None, None));
+        let mut writer = Writer::<PodDisruptionBudget>::default();
+        writer.apply_watcher_event(&Event::Apply(cached.clone()));
+        let cache = SlimStore::new(writer.as_reader());
+        assert_eq!(cache.verdict(&desired, &cached), Verdict::Unverified);
+        cache.remember(&full);
+        assert_eq!(cache.verdict(&desired, &cached), Verdict::UpToDate);
+    }
+}
