@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
@@ -232,4 +232,24 @@ pub fn whole(cohort: &CohortStatus, pods: usize) -> bool {
     cohort.missing.is_empty()
         && cohort.pods.len() == pods
         && cohort.pods.keys().all(|p| cohort.is_healthy(p))
+}
+
+/// The Shards' events of `namespace`, each `<type> <reason>: <message>`.
+pub async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    events
+        .list(&ListParams::default().fields("involvedObject.kind=Shard"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| {
+            format!(
+                "{} {}: {}",
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect()
 }

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::MultigresCluster;
@@ -22,7 +22,8 @@ use multigres_e2e::load::{Load, assert_kept, create_ledger, figure, ledger};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::s3::{self, Object, S3Server};
 use multigres_e2e::sample::{
-    NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, wait_serving, whole,
+    NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, shard_events,
+    wait_serving, whole,
 };
 use serde_json::{Value, json};
 
@@ -290,25 +291,6 @@ async fn recover_from_the_bucket(
             acknowledged.len()
         ),
     );
-}
-
-/// The reasons and messages of the Shard's events (`<reason>: <message>`).
-async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
-    events
-        .list(&ListParams::default().fields("involvedObject.kind=Shard"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|e| {
-            format!(
-                "{}: {}",
-                e.reason.unwrap_or_default(),
-                e.message.unwrap_or_default()
-            )
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,8 @@ use multigres_e2e::harness::{self, eventually, fresh_namespace};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
-    NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, wait_serving, whole,
+    NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, shard_events,
+    wait_serving, whole,
 };
 use serde_json::json;
 
@@ -86,25 +87,6 @@ async fn uids(client: &Client, namespace: &str) -> BTreeMap<String, String> {
         .await
         .into_iter()
         .map(|(pod, (uid, _))| (pod, uid))
-        .collect()
-}
-
-async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
-    events
-        .list(&ListParams::default().fields("involvedObject.kind=Shard"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|e| {
-            format!(
-                "{} {}: {}",
-                e.type_.unwrap_or_default(),
-                e.reason.unwrap_or_default(),
-                e.message.unwrap_or_default()
-            )
-        })
         .collect()
 }
 
