@@ -193,8 +193,9 @@ async fn scheduled_backups(
     acknowledged.extend(&report.acknowledged);
     let events = shard_events(client, namespace).await;
     for reason in ["ScheduledBackupStarted", "ScheduledBackupCompleted"] {
+        let told = format!("Normal {reason}: ");
         assert!(
-            events.iter().any(|e| e.starts_with(reason)),
+            events.iter().any(|e| e.starts_with(&told)),
             "{reason} in {events:?}"
         );
     }
