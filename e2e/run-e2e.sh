@@ -105,7 +105,7 @@ run_binaries "${kwok[@]}" >"$kwok_log" 2>&1 &
 kwok_pid=$!
 run_binaries "${first[@]}" 2>&1 | tee "$log" || failed+=(backups)
 wait "$kwok_pid" || failed+=(kwok-tier)
-cat "$kwok_log" | tee -a "$log"
+tee -a "$log" <"$kwok_log"
 phase "the kwok tier and ${first[*]%%|*} done"
 run_binaries "${last[@]}" 2>&1 | tee -a "$log" || failed+=(real-nodes)
 awk '/^ *Running /{ file = $2 } /^test result:/{ printf "[e2e] %-28s %s %s\n", file, $3, $NF }' "$log" >&2

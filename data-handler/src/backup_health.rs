@@ -418,11 +418,7 @@ pub async fn run(
 ) -> Option<Outcome> {
     shard.spec.backup.as_ref()?;
     let (pod, record) = roles::primary(key, pods, poolers)?;
-    let slot = format!(
-        "{}/{}",
-        shard.namespace().unwrap_or_default(),
-        shard.name_any()
-    );
+    let slot = slot(shard);
     if !checks.due(&slot, &pod.name, Instant::now()) {
         return None;
     }
@@ -460,6 +456,15 @@ pub async fn run(
     next.retained = retained;
     let notice = transition(stored.condition.as_ref(), next.condition.as_ref());
     Some(Outcome { next, notice })
+}
+
+/// The key of `shard` in the backup steps' memories: `namespace/name`.
+pub fn slot(shard: &Shard) -> String {
+    format!(
+        "{}/{}",
+        shard.namespace().unwrap_or_default(),
+        shard.name_any()
+    )
 }
 
 /// Asks the multipooler at `address` for its backups; finds the newest complete one and the

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::ResourceExt;
 use multigres_api::backup_schedule::Schedule;
 use multigres_api::v1alpha1::{
     BackupKind, BackupScheduleConfig, ScheduledBackupAttempt, ScheduledBackupsStatus, Shard,
@@ -28,6 +27,7 @@ use multigres_common::telemetry::ErrorChain;
 use multigres_proto::multipooler::multipoolermanagerdata::{BackupRequest, ExpireBackupsRequest};
 use multigres_proto::topo::PoolerServingStatus;
 
+use crate::backup_health;
 use crate::conditions::Notice;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
@@ -174,11 +174,7 @@ pub fn run(
     poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
     newest: Option<Timestamp>,
 ) -> Outcome {
-    let slot = format!(
-        "{}/{}",
-        shard.namespace().unwrap_or_default(),
-        shard.name_any()
-    );
+    let slot = backup_health::slot(shard);
     let stored = shard
         .status
         .as_ref()

@@ -286,7 +286,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let newest = stored_backups.time.as_ref().map(|t| t.0);
     let scheduled = backup_schedule::run(&ctx.backup_runs, shard, key, &pool_pods, poolers, newest);
     if scheduled.finished {
-        ctx.backup_checks.forget(&slot(shard));
+        ctx.backup_checks.forget(&backup_health::slot(shard));
     }
     let scheduled_backups = Published {
         schedule: scheduled.status.clone(),
@@ -424,7 +424,7 @@ async fn write_status(ctx: &Context, shard: &Shard, statuses: &Statuses<'_>) -> 
         .map_err(|source| {
             if checked {
                 // Checked again at the next reconcile rather than in a minute.
-                ctx.backup_checks.forget(&slot(shard));
+                ctx.backup_checks.forget(&backup_health::slot(shard));
             }
             Error::Status(source)
         })
@@ -564,15 +564,6 @@ fn period(settings: &Settings, shard: &Shard, pending: Pending) -> Duration {
         period = period.min(backup_health::PACE);
     }
     period
-}
-
-/// The key of `shard` in the backup steps' memories: `namespace/name`.
-fn slot(shard: &Shard) -> String {
-    format!(
-        "{}/{}",
-        shard.namespace().unwrap_or_default(),
-        shard.name_any()
-    )
 }
 
 /// A reference to pod `name`, the related object of an event about it.
