@@ -1,8 +1,8 @@
 //! Children cached without the parts of them no reconciler reads: the pod templates of
 //! StatefulSets and Deployments (and a Deployment's selector and strategy), the specs of
-//! Services (but their type) and of PodDisruptionBudgets. Those parts are most of the cached bytes (about 4,000 children at 100
-//! clusters) and only the write-skipping check reads them, so the cache keeps a digest of what
-//! it dropped instead, and remembers which (applied hash, digest) pairs were checked against a
+//! Services (but their type) and of PodDisruptionBudgets. Those parts are much of the cached
+//! bytes (about 4,000 children at 100 clusters) and only the write-skipping check reads them,
+//! so the cache keeps a digest of what it dropped instead, and remembers which (applied hash, digest) pairs were checked against a
 //! full copy from the API server. A dropped part whose digest is not remembered (after a
 //! restart, or because someone edited it) is fetched and compared once; a drifted one is
 //! written back as before.
