@@ -5,7 +5,9 @@
 //! ended later) has come, the data-handler asks a serving replica's multipooler for a backup
 //! (`MultipoolerManager.Backup`, as multiadmin does; the primary only when the shard has no
 //! other pod), and after it completes, for the expiry of old backups with the schedule's
-//! `retainFull` (`ExpireBackups`). A failed backup is tried again after [`RETRY_AFTER`]. The
+//! `retainFull` (`ExpireBackups`). A failed backup is tried again at the schedule's next time, or
+//! [`RETRY_AFTER`] after it failed when that is sooner (a daily schedule should not wait a day
+//! after a passing fault, such as a WAL segment archived late). The
 //! calls run in a task of their own; the Shard's `status.scheduledBackups` shows the running
 //! one, the last success and the last failure with its reason, and the schedule's next time.
 //! Everything the decision needs is in that status, so a restarted data-handler carries on
@@ -39,7 +41,7 @@ pub const STARTED: &str = "ScheduledBackupStarted";
 pub const COMPLETED: &str = "ScheduledBackupCompleted";
 /// Event reason: a scheduled backup failed.
 pub const FAILED: &str = "ScheduledBackupFailed";
-/// Time before a failed backup is tried again.
+/// The longest time before a failed backup is tried again.
 pub const RETRY_AFTER: SignedDuration = SignedDuration::from_mins(10);
 /// How often a running backup is looked at.
 pub const POLL: Duration = Duration::from_secs(10);
@@ -90,7 +92,12 @@ pub fn decide(
         .and_then(ended)
         .filter(|failed| *failed >= anchor);
     let due = match failed {
-        Some(failed) => next.max(failed + RETRY_AFTER),
+        Some(failed) => {
+            let retry = schedule
+                .next_after(failed)
+                .map_or(failed + RETRY_AFTER, |t| t.min(failed + RETRY_AFTER));
+            next.max(retry)
+        }
         None => next,
     };
     if due <= now {
@@ -248,8 +255,9 @@ impl Finished {
             Err(message) => Notice::warning(
                 FAILED,
                 format!(
-                    "scheduled backup on pod {pod} failed: {message}; it is tried again in {} \
-                     minutes; see the multipooler's log of that pod",
+                    "scheduled backup on pod {pod} failed: {message}; it is tried again at the \
+                     schedule's next time, within {} minutes; see the multipooler's log of that \
+                     pod",
                     RETRY_AFTER.as_mins()
                 ),
             ),

@@ -10,13 +10,14 @@
 //! One cluster, one story, as in `data_plane.rs`; the figures (`[figure] …`) are printed, not
 //! asserted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use multigres_api::v1alpha1::MultigresCluster;
+use multigres_api::v1alpha1::{MultigresCluster, ShardStatus};
 use multigres_e2e::harness::{eventually, fresh_namespace};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure, ledger};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
@@ -110,6 +111,26 @@ async fn set_schedule(client: &Client, namespace: &str, schedule: Value) {
         .unwrap_or_else(|e| panic!("setting the backup schedule: {e}"));
 }
 
+/// The end of the primary's pgBackRest archive-push log, which says why a backup waited for a
+/// WAL segment in vain.
+async fn archive_push_log(namespace: &str, status: &ShardStatus) -> String {
+    let Some(primary) = status
+        .pod_roles
+        .iter()
+        .find(|(_, role)| role.as_str() == "PRIMARY")
+        .map(|(pod, _)| pod.as_str())
+    else {
+        return format!("no primary in {:?}", status.pod_roles);
+    };
+    let tail = "tail -n 40 /var/lib/pooler/pgbackrest/log/*archive-push*.log";
+    let cluster = operator_installed().await;
+    let args = ["exec", "-n", namespace, primary, "-c", "postgres", "--", "sh", "-c", tail];
+    match cluster.kubectl(&args).await {
+        Ok(log) => format!("archive-push log of {primary}:\n{log}"),
+        Err(e) => format!("archive-push log of {primary}: {e}"),
+    }
+}
+
 /// Step b: a schedule of a full backup every minute keeping two, under a steady writer, until
 /// the bootstrap backup (`bootstrap`, the bucket's only one so far) has expired; then
 /// suspended. Extends `acknowledged`; returns the ids acknowledged before the last scheduled
@@ -130,12 +151,20 @@ async fn scheduled_backups(
         json!({"cron": "* * * * *", "retainFull": 2}),
     )
     .await;
+    let reported = Mutex::new(BTreeSet::new());
     let status = eventually(
         "two scheduled backups kept, the bootstrap one expired",
         WAIT,
         || async {
             let status = shard(client, namespace).await.status.unwrap_or_default();
             let scheduled = status.scheduled_backups.clone().unwrap_or_default();
+            if let Some(failure) = &scheduled.last_failure {
+                let new = reported.lock().unwrap().insert(failure.start_time.0);
+                if new {
+                    println!("a scheduled backup failed (it is tried again): {failure:?}");
+                    println!("{}", archive_push_log(namespace, &status).await);
+                }
+            }
             let retained = &status.retained_backups;
             let expired = bootstrap.iter().all(|b| !retained.contains(b));
             match &scheduled.last_success {
@@ -192,6 +221,11 @@ async fn scheduled_backups(
         .collect();
     acknowledged.extend(&report.acknowledged);
     let events = shard_events(client, namespace).await;
+    let failed = events
+        .iter()
+        .filter(|e| e.starts_with("Warning ScheduledBackupFailed: "))
+        .count();
+    figure("scheduled backups failed and tried again", failed);
     for reason in ["ScheduledBackupStarted", "ScheduledBackupCompleted"] {
         let told = format!("Normal {reason}: ");
         assert!(

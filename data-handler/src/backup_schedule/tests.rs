@@ -73,6 +73,30 @@ fn a_completed_scheduled_backup_counts_even_before_the_repository_check_sees_it(
 }
 
 #[test]
+fn a_failed_backup_of_a_frequent_schedule_is_tried_again_at_its_next_time() {
+    let every_five_minutes = BackupScheduleConfig {
+        cron: "*/5 * * * *".into(),
+        ..daily()
+    };
+    let stored = ScheduledBackupsStatus {
+        last_failure: Some(attempt("2026-11-27T02:00:00Z", "2026-11-27T02:01:00Z")),
+        ..Default::default()
+    };
+    let newest = Some(at("2026-11-27T01:55:30Z"));
+    assert_eq!(
+        decide(
+            &every_five_minutes,
+            Some(&stored),
+            newest,
+            at("2026-11-27T02:02:00Z")
+        ),
+        Decision::Wait {
+            until: Some(at("2026-11-27T02:05:00Z"))
+        }
+    );
+}
+
+#[test]
 fn a_failed_backup_is_tried_again_after_the_retry_delay() {
     let stored = ScheduledBackupsStatus {
         last_failure: Some(attempt("2026-11-27T02:00:00Z", "2026-11-27T02:01:00Z")),
