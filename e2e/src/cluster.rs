@@ -66,6 +66,8 @@ pub enum ClusterError {
     Process(#[from] ProcessError),
     #[error(transparent)]
     Nodes(#[from] NodesError),
+    #[error("this cluster has no real nodes")]
+    NoRealNodes,
     #[error(transparent)]
     Manifest(Box<ManifestError>),
     #[error("{what}: {source}")]
@@ -512,6 +514,20 @@ impl LocalCluster {
             .as_ref()
             .map(|real| real.nodes().to_vec())
             .unwrap_or_default()
+    }
+
+    /// Stops the real node `name` abruptly (see [`RealNodes::power_off`]).
+    pub fn power_off(&self, name: &str) -> Result<(), ClusterError> {
+        let mut real = self.real_nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let real = real.as_mut().ok_or(ClusterError::NoRealNodes)?;
+        Ok(real.power_off(name)?)
+    }
+
+    /// Starts the real node `name` again after [`LocalCluster::power_off`].
+    pub fn power_on(&self, name: &str) -> Result<(), ClusterError> {
+        let mut real = self.real_nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let real = real.as_mut().ok_or(ClusterError::NoRealNodes)?;
+        Ok(real.power_on(name, &self.pki, &self.server, &self.dir.join("logs"))?)
     }
 
     fn start_scheduler(&mut self) -> Result<(), ClusterError> {

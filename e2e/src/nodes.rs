@@ -101,6 +101,8 @@ pub enum NodesError {
     Toolchain(#[from] crate::toolchain::ToolchainError),
     #[error(transparent)]
     Process(#[from] ProcessError),
+    #[error("no real node is named {0}")]
+    NoSuchNode(String),
     #[error("timed out after {waited:?} waiting for {what}")]
     Timeout { what: String, waited: Duration },
 }
@@ -600,7 +602,7 @@ state = "{dir}/state"
         for node in &self.nodes {
             kill_cgroup(&node.cgroup_root());
         }
-        kill_shims(state);
+        kill_shims(&state.join("nodes"));
         for component in containerds.iter().rev() {
             component.stop(STOP_GRACE);
         }
@@ -616,6 +618,50 @@ state = "{dir}/state"
             // node is gone (logs and volumes stay with a kept state directory).
             let _ = std::fs::remove_dir_all(node.dir.join("root"));
         }
+    }
+
+    /// Stops the node `name` as a power loss would: its kubelet, every process of its pods and
+    /// its containerd are killed at once (SIGKILL, no grace), so nothing on the node says
+    /// goodbye to the API server or to a peer. Its directories (volumes, images, the kubelet's
+    /// state) stay for [`RealNodes::power_on`].
+    pub fn power_off(&mut self, name: &str) -> Result<(), NodesError> {
+        let node = self.node(name)?;
+        let (gone, kept): (Vec<_>, Vec<_>) = self.components.drain(..).partition(|c| {
+            c.name() == format!("kubelet-{name}") || c.name() == format!("containerd-{name}")
+        });
+        self.components = kept;
+        for component in gone.iter().filter(|c| c.name().starts_with("kubelet-")) {
+            component.stop(Duration::ZERO);
+        }
+        kill_cgroup(&node.cgroup_root());
+        kill_shims(&node.dir);
+        for component in gone.iter().filter(|c| c.name().starts_with("containerd-")) {
+            component.stop(Duration::ZERO);
+        }
+        Ok(())
+    }
+
+    /// Starts the containerd and the kubelet of a node [`RealNodes::power_off`] stopped, as a
+    /// machine booting again would: the kubelet finds its pods' volumes and starts their
+    /// containers anew.
+    pub fn power_on(
+        &mut self,
+        name: &str,
+        pki: &Pki,
+        server: &str,
+        logs: &Path,
+    ) -> Result<(), NodesError> {
+        let node = self.node(name)?;
+        self.start_containerd(&node, logs)?;
+        self.start_kubelet(&node, pki, server, logs)
+    }
+
+    fn node(&self, name: &str) -> Result<RealNode, NodesError> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .cloned()
+            .ok_or_else(|| NodesError::NoSuchNode(name.to_owned()))
     }
 
     /// Waits until every real Node is Ready.
@@ -810,8 +856,9 @@ pub fn processes_mentioning(needle: &str) -> Vec<libc::pid_t> {
         .collect()
 }
 
-fn kill_shims(state: &Path) {
-    let needle = state.join("nodes").to_string_lossy().into_owned();
+/// Kills the containerd shims of the nodes under `dir` (a shim names its containerd's socket).
+fn kill_shims(dir: &Path) {
+    let needle = format!("{}/", dir.display());
     for _ in 0..50 {
         let shims: Vec<_> = processes_mentioning(&needle)
             .into_iter()
@@ -1014,11 +1061,19 @@ pub fn addon_manifests() -> Vec<serde_json::Value> {
         json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "coredns", "namespace": "kube-system", "labels": labels},
         "spec": {
-            "replicas": 1,
+            // Two, in different zones, as a production cluster runs it: a zone lost must not
+            // take the cluster's name service with it.
+            "replicas": 2,
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1,
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": labels},
+                    }],
                     "serviceAccountName": "coredns",
                     "dnsPolicy": "Default",
                     "securityContext": {"runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": true},

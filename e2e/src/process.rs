@@ -70,7 +70,8 @@ pub struct Supervised {
 }
 
 impl Supervised {
-    /// Starts `program` with `args` and `envs`, logging both output streams to `log`.
+    /// Starts `program` with `args` and `envs`, logging both output streams to `log` (appended:
+    /// a component started again, as a node powered on, keeps its earlier log).
     pub fn spawn(
         name: &str,
         program: &Path,
@@ -82,7 +83,11 @@ impl Supervised {
             path: log.to_path_buf(),
             source,
         };
-        let out = File::create(log).map_err(log_err)?;
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(log_err)?;
         let err = out.try_clone().map_err(log_err)?;
         let mut command = Command::new(program);
         command

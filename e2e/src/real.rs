@@ -142,6 +142,36 @@ impl Endpoint {
         })
     }
 
+    /// The multigateway Service of one cell (port 5432): a client that stays in its cell, as
+    /// one must while another zone is down.
+    pub async fn cell_gateway(
+        client: &Client,
+        namespace: &str,
+        cluster: &str,
+        cell: &str,
+    ) -> Result<Endpoint, String> {
+        let selector = format!(
+            "{}={cluster},{}={cell},{}=multigateway",
+            multigres_api::labels::CLUSTER,
+            multigres_api::labels::CELL,
+            multigres_api::labels::COMPONENT,
+        );
+        let services = Api::<Service>::namespaced(client.clone(), namespace)
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| format!("listing Services {selector}: {e}"))?;
+        let host = services
+            .items
+            .into_iter()
+            .find_map(|s| s.spec?.cluster_ip.filter(|ip| ip != "None"))
+            .ok_or_else(|| format!("no Service with a ClusterIP selects {selector}"))?;
+        Ok(Endpoint {
+            host,
+            port: 5432,
+            password: superuser_password(client, namespace, cluster).await?,
+        })
+    }
+
     /// PostgreSQL of one pool pod, straight to its pod IP (pg_hba admits any address with
     /// SCRAM), to see what that instance holds.
     pub fn pod(pod: &Pod, password: &str) -> Option<Endpoint> {

@@ -10,6 +10,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Secret;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -18,6 +19,26 @@ use crate::nodes::CONTROL_PLANE_IP;
 use crate::process::Supervised;
 use crate::real::real_cluster;
 use crate::toolchain;
+
+/// The Secret with the S3 keys that [`S3Server::backup_spec`]'s `credentialsSecret` names.
+pub const CREDENTIALS: &str = "backup-credentials";
+
+/// Creates the Secret [`CREDENTIALS`] with the S3 keys in `namespace`.
+pub async fn create_credentials(client: &kube::Client, namespace: &str) {
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": CREDENTIALS},
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY,
+        },
+    }))
+    .expect("a Secret literal");
+    secrets
+        .create(&kube::api::PostParams::default(), &secret)
+        .await
+        .unwrap_or_else(|e| panic!("creating the Secret {CREDENTIALS}: {e}"));
+}
 
 /// The bucket created at startup.
 pub const BUCKET: &str = "multigres-backups";
@@ -162,6 +183,18 @@ impl S3Server {
     /// pgBackRest always speaks HTTPS to S3.
     pub fn endpoint(&self) -> String {
         format!("{CONTROL_PLANE_IP}:{S3_PORT}")
+    }
+
+    /// A MultigresCluster's `spec.backup` for this server's bucket under the key prefix
+    /// `prefix`, with the keys of the Secret [`create_credentials`] makes.
+    pub fn backup_spec(&self, prefix: &str) -> Value {
+        json!({"type": "s3", "s3": {
+            "bucket": BUCKET,
+            "region": REGION,
+            "endpoint": self.endpoint(),
+            "keyPrefix": prefix,
+            "credentialsSecret": CREDENTIALS,
+        }})
     }
 
     /// Every object whose key starts with `prefix/` (a directory of the bucket), found by

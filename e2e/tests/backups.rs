@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
-use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::{MultigresCluster, ShardStatus};
 use multigres_e2e::harness::{eventually, fresh_namespace};
@@ -27,9 +27,6 @@ use multigres_e2e::sample::{
     wait_serving, whole,
 };
 use serde_json::{Value, json};
-
-/// The Secret with the S3 keys, as `credentialsSecret` names it.
-const CREDENTIALS: &str = "backup-credentials";
 
 /// The full backups (`<label>` of each `backup/<stanza>/<label>/backup.manifest`) and the WAL
 /// segments (`archive/<stanza>/<pg version>/<timeline+log>/<24 hex digits>-<checksum>…`)
@@ -66,34 +63,10 @@ fn own_claims(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
-/// Creates the Secret with the S3 keys that `credentialsSecret` names.
-async fn create_credentials(client: &Client, namespace: &str) {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": CREDENTIALS},
-        "stringData": {
-            "AWS_ACCESS_KEY_ID": s3::ACCESS_KEY_ID,
-            "AWS_SECRET_ACCESS_KEY": s3::SECRET_ACCESS_KEY,
-        },
-    }))
-    .unwrap();
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-}
-
 /// Applies the sample with S3 backups to `s3` under the key prefix `namespace`, and 3 pool pods.
 async fn apply_with_s3(client: &Client, namespace: &str, s3: &S3Server) -> Instant {
-    let endpoint = s3.endpoint();
     apply_sample(client, namespace, |cluster| {
-        cluster["spec"]["backup"] = json!({"type": "s3", "s3": {
-            "bucket": s3::BUCKET,
-            "region": s3::REGION,
-            "endpoint": endpoint,
-            "keyPrefix": namespace,
-            "credentialsSecret": CREDENTIALS,
-        }});
+        cluster["spec"]["backup"] = s3.backup_spec(namespace);
         cluster["spec"]["databases"] = json!([{"name": "postgres", "default": true,
             "tablegroups": [{"name": "default", "default": true, "shards": [{"name": "0-inf",
                 "spec": {"pools": {"default": {"replicasPerCell": 3}}}}]}]}]);
@@ -124,7 +97,9 @@ async fn archive_push_log(namespace: &str, status: &ShardStatus) -> String {
     };
     let tail = "tail -n 40 /var/lib/pooler/pgbackrest/log/*archive-push*.log";
     let cluster = operator_installed().await;
-    let args = ["exec", "-n", namespace, primary, "-c", "postgres", "--", "sh", "-c", tail];
+    let args = [
+        "exec", "-n", namespace, primary, "-c", "postgres", "--", "sh", "-c", tail,
+    ];
     match cluster.kubectl(&args).await {
         Ok(log) => format!("archive-push log of {primary}:\n{log}"),
         Err(e) => format!("archive-push log of {primary}: {e}"),
@@ -338,7 +313,7 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
 
     // a. The cluster serves SQL; its bootstrap backup and the WAL archive are in the bucket
     // under the key prefix, and the Shard status shows the backup.
-    create_credentials(&client, &namespace).await;
+    s3::create_credentials(&client, &namespace).await;
     let sent = apply_with_s3(&client, &namespace, s3).await;
     let (_, to_sql) = wait_serving(&client, &namespace, sent).await;
     figure(

@@ -248,29 +248,34 @@ pub fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 
 /// Node label naming each node, the unit one drain or one node failure takes away.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// Node label naming each node's zone, the unit a zone outage takes away.
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// `affinity` when the user gave one, else a preference for placing the pods `selector` picks
-/// on different nodes: a node drained or lost then takes one pool pod or etcd member of a
-/// shard or topology server, not several. Only preferred, so a cluster with fewer nodes still
-/// schedules them all.
-pub fn spread_across_nodes(
+/// in different zones first and on different nodes next: a zone or a node lost then takes one
+/// etcd member of a topology server (whose quorum survives it), and a node one pool pod of a
+/// shard, not several. Pool pods are pinned to their cell's zone, where only the node term
+/// matters. Only preferred, so a cluster with fewer zones or nodes still schedules them all.
+pub fn spread_across_zones_and_nodes(
     affinity: Option<Affinity>,
     selector: &BTreeMap<String, String>,
 ) -> Affinity {
+    let apart_on = |topology_key: &str, weight: i32| WeightedPodAffinityTerm {
+        weight,
+        pod_affinity_term: PodAffinityTerm {
+            label_selector: Some(LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..Default::default()
+            }),
+            topology_key: topology_key.to_owned(),
+            ..Default::default()
+        },
+    };
     affinity.unwrap_or_else(|| Affinity {
         pod_anti_affinity: Some(PodAntiAffinity {
             preferred_during_scheduling_ignored_during_execution: Some(vec![
-                WeightedPodAffinityTerm {
-                    weight: 100,
-                    pod_affinity_term: PodAffinityTerm {
-                        label_selector: Some(LabelSelector {
-                            match_labels: Some(selector.clone()),
-                            ..Default::default()
-                        }),
-                        topology_key: HOSTNAME_LABEL.to_owned(),
-                        ..Default::default()
-                    },
-                },
+                apart_on(ZONE_LABEL, 100),
+                apart_on(HOSTNAME_LABEL, 50),
             ]),
             ..Default::default()
         }),

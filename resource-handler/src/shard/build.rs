@@ -35,7 +35,7 @@ use crate::contract::{
 use crate::owner::Owner;
 use crate::podspec::{
     POSTGRES_ID, Probes, PullSettings, RunAs, container_port, container_security, env, mount,
-    pod_identity_env, pod_security, service_port, spread_across_nodes,
+    pod_identity_env, pod_security, service_port, spread_across_zones_and_nodes,
 };
 use crate::stateless::{self, Process, Workload};
 use crate::toposerver::build::retention;
@@ -730,7 +730,7 @@ fn pool_pod(
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         image_pull_secrets: pull.secrets(),
-        affinity: Some(spread_across_nodes(
+        affinity: Some(spread_across_zones_and_nodes(
             pool.affinity.clone(),
             &labels::selector(
                 &owner.cluster,

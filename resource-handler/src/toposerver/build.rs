@@ -30,7 +30,7 @@ use crate::contract::{
 use crate::owner::Owner;
 use crate::podspec::{
     Probes, PullSettings, RunAs, TMP_DIR, TMP_VOLUME, container_port, container_security,
-    env_from_field, mount, pod_security, service_port, spread_across_nodes, tmp_volume,
+    env_from_field, mount, pod_security, service_port, spread_across_zones_and_nodes, tmp_volume,
 };
 
 /// Name of the data volume claim template (PVCs are `data-<pod>`).
@@ -282,7 +282,10 @@ fn etcd_pod(input: &TopoInput<'_>, names: &Names, container: Container) -> PodSp
         enable_service_links: Some(false),
         image_pull_secrets: input.pull.secrets(),
         node_selector: (!placement.node_selector.is_empty()).then_some(placement.node_selector),
-        affinity: Some(spread_across_nodes(placement.affinity, &names.selector)),
+        affinity: Some(spread_across_zones_and_nodes(
+            placement.affinity,
+            &names.selector,
+        )),
         tolerations: (!placement.tolerations.is_empty()).then_some(placement.tolerations),
         topology_spread_constraints: (!placement.topology_spread_constraints.is_empty())
             .then_some(placement.topology_spread_constraints),

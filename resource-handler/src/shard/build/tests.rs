@@ -691,7 +691,7 @@ fn backups_without_a_named_secret_use_the_generated_pgbackrest_certificates() {
 }
 
 #[test]
-fn pool_pods_without_an_affinity_prefer_a_node_each_across_the_shard() {
+fn pool_pods_without_an_affinity_prefer_a_zone_then_a_node_each_across_the_shard() {
     let mut shard = fixture();
     for pool in shard.spec.pools.values_mut() {
         pool.affinity = None;
@@ -706,8 +706,18 @@ fn pool_pods_without_an_affinity_prefer_a_node_each_across_the_shard() {
     let preferred = anti
         .preferred_during_scheduling_ignored_during_execution
         .unwrap();
-    let term = &preferred[0].pod_affinity_term;
-    assert_eq!(term.topology_key, "kubernetes.io/hostname");
+    let keys: Vec<(&str, i32)> = preferred
+        .iter()
+        .map(|t| (t.pod_affinity_term.topology_key.as_str(), t.weight))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("topology.kubernetes.io/zone", 100),
+            ("kubernetes.io/hostname", 50)
+        ]
+    );
+    let term = &preferred[1].pod_affinity_term;
     let selects = term
         .label_selector
         .as_ref()
