@@ -170,7 +170,10 @@ else
       if .kind == "MultigresCluster" then
         .spec.images = {imagePullPolicy: "Never", multigateway: $multigres, multiorch: $multigres,
                         multipooler: $multigres, multiadmin: $multigres, postgres: $pgctld}
-        | .spec.globalTopoServer.etcd.image = $etcd
+        | if (.spec.globalTopoServer // {} | has("external") or has("templateRef")) then .
+          else .spec.globalTopoServer.etcd.image = $etcd end
+      elif .kind == "CoreTemplate" and .spec.globalTopoServer.etcd != null then
+        .spec.globalTopoServer.etcd.image = $etcd
       else . end' |
     kubectl apply -n "$namespace" --server-side -f -
 fi

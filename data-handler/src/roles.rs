@@ -4,8 +4,8 @@
 //! A pooler's record is matched to its pod as upstream does it: the record's id name (the
 //! pooler's `--service-id`) equals the pod name, or its hostname is the pod name or starts with
 //! `<pod>.` (the pod's DNS name under its headless Service). The role is PRIMARY when the record
-//! routes as primary (`routing_state.role`), REPLICA otherwise; records of poolers that shut
-//! down are ignored. When a pod has several records (it was recreated with the same name), the
+//! routes as primary (`routing_state.role`) and no other routes as primary under a higher rule
+//! (see [`primary`]), REPLICA otherwise; records of poolers that shut down are ignored. When a pod has several records (it was recreated with the same name), the
 //! most recently updated wins.
 
 use std::collections::BTreeMap;
@@ -56,6 +56,7 @@ pub fn roles(
     poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
     previous: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
+    let leader = primary(shard, pods, poolers).map(|(pod, _)| pod.name.as_str());
     let mut out = BTreeMap::new();
     for pod in pods {
         let unread = match &pod.cell {
@@ -63,15 +64,12 @@ pub fn roles(
             None => poolers.values().any(Option::is_none),
         };
         let role = match pooler_of(shard, pod, poolers) {
-            Some(record) => Some(
-                if record.is_primary() {
-                    PRIMARY
-                } else {
-                    REPLICA
-                }
-                .to_owned(),
-            ),
-            None if unread => previous.get(&pod.name).cloned(),
+            Some(_) if leader == Some(pod.name.as_str()) => Some(PRIMARY.to_owned()),
+            Some(_) => Some(REPLICA.to_owned()),
+            None if unread => previous.get(&pod.name).map(|role| match leader {
+                Some(_) if role == PRIMARY => REPLICA.to_owned(),
+                _ => role.clone(),
+            }),
             None => None,
         };
         if let Some(role) = role {
@@ -101,19 +99,36 @@ pub fn pooler_of<'r>(
     newest(&read)
 }
 
-/// The shard's primary among `pods`: the first whose pooler record (see [`pooler_of`]) routes
-/// as primary, with that record. Any pooler of a shard would do for what the shard shares (its
-/// backup repository); the primary is the one asked, as upstream does.
+/// The shard's primary among `pods`, with its pooler record (see [`pooler_of`]): of the
+/// records that route as primary, the one with the highest write authority
+/// (`routing_state.rule`), as the gateways rank competing primaries. A primary lost with its
+/// node cannot update its record, which claims PRIMARY under the older rule until it returns
+/// and demotes itself. Any pooler of a shard would do for what the shard shares (its backup
+/// repository); the primary is the one asked, as upstream does.
 pub fn primary<'p, 'r>(
     shard: ShardKey<'_>,
     pods: &'p [PoolPod],
     poolers: &'r BTreeMap<String, Option<Vec<PoolerRecord>>>,
 ) -> Option<(&'p PoolPod, &'r PoolerRecord)> {
-    pods.iter().find_map(|pod| {
-        pooler_of(shard, pod, poolers)
-            .filter(|r| r.is_primary())
-            .map(|r| (pod, r))
-    })
+    pods.iter()
+        .filter_map(|pod| {
+            pooler_of(shard, pod, poolers)
+                .filter(|r| r.is_primary())
+                .map(|r| (pod, r))
+        })
+        .rev()
+        .max_by_key(|(_, record)| authority(record))
+}
+
+/// The rule a record claims write authority under, `(coordinator_term, leader_subterm)`;
+/// `(0, 0)` when it names none.
+fn authority(record: &PoolerRecord) -> (i64, i64) {
+    record
+        .pooler
+        .routing_state
+        .as_ref()
+        .and_then(|state| state.rule.as_ref())
+        .map_or((0, 0), |rule| (rule.coordinator_term, rule.leader_subterm))
 }
 
 /// Whether `record` is a pooler of `shard`.
@@ -205,7 +220,8 @@ pub fn primary_change(
 #[cfg(test)]
 mod tests {
     use multigres_proto::topo::{
-        Id, Multipooler, PoolerLifecycle, RoutingRole, RoutingState, ShardKey as Key, id,
+        Id, Multipooler, PoolerLifecycle, RoutingRole, RoutingState, RuleNumber, ShardKey as Key,
+        id,
     };
 
     use super::*;
@@ -372,6 +388,33 @@ mod tests {
         assert_eq!(primary(SHARD, &pods[..1], &poolers), None);
         let unread = BTreeMap::from([("zone-a".to_owned(), None)]);
         assert_eq!(primary(SHARD, &pods, &unread), None);
+    }
+
+    #[test]
+    fn of_two_primary_claims_the_higher_rule_wins_as_the_gateways_rank_them() {
+        let under = |mut r: PoolerRecord, term: i64| {
+            r.pooler.routing_state.as_mut().unwrap().rule = Some(RuleNumber {
+                coordinator_term: term,
+                leader_subterm: 0,
+            });
+            r
+        };
+        let pods = [pod("p-0", "zone-a"), pod("p-1", "zone-a")];
+        // p-0's node was lost while it was primary: its record still claims term 3.
+        let poolers = read(vec![
+            under(record("p-0", "", RoutingRole::Primary), 3),
+            under(record("p-1", "", RoutingRole::Primary), 4),
+        ]);
+        let (pod, _) = primary(SHARD, &pods, &poolers).unwrap();
+        assert_eq!(pod.name, "p-1");
+        let published = roles(SHARD, &pods, &poolers, &BTreeMap::new());
+        assert_eq!(
+            published,
+            BTreeMap::from([
+                ("p-0".to_owned(), REPLICA.to_owned()),
+                ("p-1".to_owned(), PRIMARY.to_owned()),
+            ])
+        );
     }
 
     #[test]

@@ -653,7 +653,26 @@ state = "{dir}/state"
     ) -> Result<(), NodesError> {
         let node = self.node(name)?;
         self.start_containerd(&node, logs)?;
-        self.start_kubelet(&node, pki, server, logs)
+        // containerd's socket exists before its CRI plugin serves, and a kubelet that finds the
+        // CRI not initialized exits: start it again until it stays up (at first start, the
+        // image imports give containerd that time).
+        for _ in 0..20 {
+            self.start_kubelet(&node, pki, server, logs)?;
+            std::thread::sleep(Duration::from_secs(3));
+            let kubelet = format!("kubelet-{name}");
+            let exited = self
+                .components
+                .iter()
+                .position(|c| c.name() == kubelet && c.exit_status().is_some());
+            match exited {
+                Some(index) => drop(self.components.remove(index)),
+                None => return Ok(()),
+            }
+        }
+        Err(NodesError::Timeout {
+            what: format!("the kubelet of {name} to stay up"),
+            waited: Duration::from_secs(60),
+        })
     }
 
     fn node(&self, name: &str) -> Result<RealNode, NodesError> {
@@ -982,23 +1001,32 @@ async fn provision(
         .and_then(|r| r.requests)
         .and_then(|r| r.get("storage").cloned())
         .map_or_else(|| json!("1Gi"), |q| json!(q));
-    let pv: PersistentVolume = serde_json::from_value(json!({
+    let access_modes = spec
+        .access_modes
+        .unwrap_or_else(|| vec!["ReadWriteOnce".into()]);
+    let mut pv = json!({
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {"name": pv_name, "annotations": {"e2e.multigres.com/claim": format!("{namespace}/{name}")}},
         "spec": {
             "capacity": {"storage": storage},
-            "accessModes": spec.access_modes.unwrap_or_else(|| vec!["ReadWriteOnce".into()]),
+            "accessModes": access_modes,
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": STORAGE_CLASS,
             "claimRef": {"namespace": namespace, "name": name, "uid": uid},
             "hostPath": {"path": path, "type": "Directory"},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]},
-            ]}]}},
         },
-    }))
-    .expect("the PersistentVolume literal matches its schema");
+    });
+    // Every node of this tier runs on one machine and sees its filesystem, as every node of a
+    // real cluster mounts one NFS share: a ReadWriteMany volume is offered to all of them, any
+    // other one only to the node the scheduler chose.
+    if !access_modes.iter().any(|m| m == "ReadWriteMany") {
+        pv["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]},
+        ]}]}});
+    }
+    let pv: PersistentVolume =
+        serde_json::from_value(pv).expect("the PersistentVolume literal matches its schema");
     volumes_api.create(&PostParams::default(), &pv).await?;
     Ok(())
 }

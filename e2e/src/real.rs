@@ -92,18 +92,33 @@ pub async fn operator_installed() -> &'static LocalCluster {
     cluster
 }
 
-/// Points a MultigresCluster manifest (JSON) at the locally built images, never pulled.
-pub fn use_local_images(cluster: &mut Value) {
-    let multigres = image(MULTIGRES_IMAGE_PREFIX);
-    cluster["spec"]["images"] = json!({
-        "imagePullPolicy": "Never",
-        "multigateway": multigres,
-        "multiorch": multigres,
-        "multipooler": multigres,
-        "multiadmin": multigres,
-        "postgres": image(PGCTLD_IMAGE_PREFIX),
-    });
-    cluster["spec"]["globalTopoServer"]["etcd"]["image"] = json!(image(ETCD_IMAGE_PREFIX));
+/// Points a document of a sample (JSON) at the locally built images, never pulled: a
+/// MultigresCluster's `spec.images`, and the etcd image of a managed global topology server
+/// wherever it is described (inline or by default in the cluster, or in a CoreTemplate); an
+/// external topology server or one named by template is left alone.
+pub fn use_local_images(kind: &str, doc: &mut Value) {
+    let etcd = json!(image(ETCD_IMAGE_PREFIX));
+    match kind {
+        "MultigresCluster" => {
+            let multigres = image(MULTIGRES_IMAGE_PREFIX);
+            doc["spec"]["images"] = json!({
+                "imagePullPolicy": "Never",
+                "multigateway": multigres,
+                "multiorch": multigres,
+                "multipooler": multigres,
+                "multiadmin": multigres,
+                "postgres": image(PGCTLD_IMAGE_PREFIX),
+            });
+            let topo = &doc["spec"]["globalTopoServer"];
+            if topo.get("external").is_none() && topo.get("templateRef").is_none() {
+                doc["spec"]["globalTopoServer"]["etcd"]["image"] = etcd;
+            }
+        }
+        "CoreTemplate" if doc["spec"]["globalTopoServer"].get("etcd").is_some() => {
+            doc["spec"]["globalTopoServer"]["etcd"]["image"] = etcd;
+        }
+        _ => {}
+    }
 }
 
 /// How to reach PostgreSQL as the superuser: through a multigateway Service or one pod.

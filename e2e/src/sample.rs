@@ -31,12 +31,13 @@ pub async fn apply_sample(client: &Client, namespace: &str, edit: impl Fn(&mut V
     let path = repo_path("deploy/samples/minimal.yaml");
     let sent = Instant::now();
     for mut doc in manifest::read_documents(&path).unwrap() {
-        if doc
+        let kind = doc
             .types
             .as_ref()
-            .is_some_and(|t| t.kind == "MultigresCluster")
-        {
-            use_local_images(&mut doc.data);
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
+        use_local_images(&kind, &mut doc.data);
+        if kind == "MultigresCluster" {
             edit(&mut doc.data);
         }
         manifest::apply(client, &doc, Some(namespace), Mode::Apply)

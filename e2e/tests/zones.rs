@@ -207,23 +207,19 @@ async fn a_lost_zone_is_survived_and_rejoins_when_it_returns() {
         cluster.power_off(node).unwrap();
     }
     println!("powered off {lost_nodes:?}");
-    let new_primary = eventually(
-        "a new primary in a surviving zone",
-        WAIT,
-        || async {
-            let status = shard(&client, &namespace).await.status.unwrap_or_default();
-            let primaries: Vec<&String> = status
-                .pod_roles
-                .iter()
-                .filter(|(pod, role)| role.as_str() == "PRIMARY" && !lost_pods.contains(pod))
-                .map(|(pod, _)| pod)
-                .collect();
-            match primaries.as_slice() {
-                [one] => Ok((*one).clone()),
-                _ => Err(format!("roles {:?}", status.pod_roles)),
-            }
-        },
-    )
+    let new_primary = eventually("a new primary in a surviving zone", WAIT, || async {
+        let status = shard(&client, &namespace).await.status.unwrap_or_default();
+        let primaries: Vec<&String> = status
+            .pod_roles
+            .iter()
+            .filter(|(pod, role)| role.as_str() == "PRIMARY" && !lost_pods.contains(pod))
+            .map(|(pod, _)| pod)
+            .collect();
+        match primaries.as_slice() {
+            [one] => Ok((*one).clone()),
+            _ => Err(format!("roles {:?}", status.pod_roles)),
+        }
+    })
     .await;
     let to_new_primary = off.elapsed();
     // The writer keeps going while the zone is gone; what the statuses say once Kubernetes has
@@ -250,7 +246,43 @@ async fn a_lost_zone_is_survived_and_rejoins_when_it_returns() {
     })
     .await;
     let to_not_ready = off.elapsed();
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    // What a user reads: the cluster Degraded, naming the lost zone's Cell and the Shard, each
+    // saying that its pods were lost with a node that stopped reporting; one primary.
+    let lost_node = lost_nodes.join(", ");
+    let lost_cell = format!("{NAME}-{lost_zone}");
+    eventually("the statuses tell the zone's loss", WAIT, || async {
+        let cluster = Api::<MultigresCluster>::namespaced(client.clone(), &namespace)
+            .get(NAME)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = cluster.status.unwrap_or_default();
+        let degraded = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .map(|c| (c.status.clone(), c.message.clone()))
+            .unwrap_or_default();
+        let shard = shard(&client, &namespace).await.status.unwrap_or_default();
+        let primaries = shard.pod_roles.values().filter(|r| *r == "PRIMARY").count();
+        let told = degraded.0 == "True"
+            && degraded.1.contains(&format!("Cell {lost_cell}: multigateway pods lost"))
+            && degraded.1.contains(&lost_node)
+            && shard
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("stopped reporting") && m.contains(&lost_node))
+            && primaries == 1;
+        if told {
+            Ok(())
+        } else {
+            Err(format!(
+                "Degraded {degraded:?}; Shard {:?}: {:?}; roles {:?}",
+                shard.phase, shard.message, shard.pod_roles
+            ))
+        }
+    })
+    .await;
+    let to_told = off.elapsed();
     let during = statuses(&client, &namespace).await;
     println!("while {lost_zone} is lost:");
     for line in &during {
@@ -299,15 +331,19 @@ async fn a_lost_zone_is_survived_and_rejoins_when_it_returns() {
     for pod in pool_pods(&client, &namespace).await {
         let name = pod.name_any();
         let endpoint = Endpoint::pod(&pod, &password).expect("a pod IP");
-        eventually(&format!("every acknowledged row on {name}"), WAIT, || async {
-            let rows = ledger(&endpoint).await?;
-            let missing = acknowledged.iter().filter(|id| !rows.contains(id)).count();
-            if missing == 0 {
-                Ok(())
-            } else {
-                Err(format!("{name} misses {missing} of {}", acknowledged.len()))
-            }
-        })
+        eventually(
+            &format!("every acknowledged row on {name}"),
+            WAIT,
+            || async {
+                let rows = ledger(&endpoint).await?;
+                let missing = acknowledged.iter().filter(|id| !rows.contains(id)).count();
+                if missing == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{name} misses {missing} of {}", acknowledged.len()))
+                }
+            },
+        )
         .await;
     }
     let claims_after = claims(&client, &namespace).await;
@@ -333,6 +369,10 @@ async fn a_lost_zone_is_survived_and_rejoins_when_it_returns() {
     figure(
         "zone lost -> its nodes NotReady (s)",
         format!("{:.1}", to_not_ready.as_secs_f64()),
+    );
+    figure(
+        "zone lost -> the cluster Degraded, naming it (s)",
+        format!("{:.1}", to_told.as_secs_f64()),
     );
     figure("zone lost for (s)", format!("{:.1}", lost_at.as_secs_f64()));
     figure(

@@ -79,6 +79,10 @@ pub fn merge(
     all
 }
 
+/// `Available` reason while pods of the object are on nodes that stopped reporting (see
+/// [`crate::unready::node_not_reporting`]).
+pub const NODES_NOT_REPORTING: &str = "NodesNotReporting";
+
 /// The phase shown by `kubectl get`: Degraded when the spec cannot be realised, Healthy when
 /// available, Progressing otherwise.
 pub fn phase(available: bool, problem: Option<&str>) -> Phase {

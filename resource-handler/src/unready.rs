@@ -32,6 +32,11 @@ pub fn reason(pod: &Pod) -> Option<String> {
     if let Some(waiting) = status.and_then(waiting_container) {
         return Some(waiting);
     }
+    if let Some(node) = node_not_reporting(pod) {
+        return Some(format!(
+            "its node {node} stopped reporting (NotReady: down, or cut off from the API server)"
+        ));
+    }
     let unready = condition("ContainersReady")
         .filter(|c| c.status == "False")
         .and_then(|c| c.message.as_deref());
@@ -39,6 +44,42 @@ pub fn reason(pod: &Pod) -> Option<String> {
         Some(message) => shorten(message),
         None => "not Ready yet".to_owned(),
     })
+}
+
+/// The node of `pod` when that node stopped reporting: only the kubelet sets ContainersReady,
+/// and the node lifecycle controller sets Ready alone to False on every pod of a node whose
+/// kubelet went silent (the node is NotReady). A Ready pod's node is reporting.
+pub fn node_not_reporting(pod: &Pod) -> Option<&str> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    let status_of = |type_: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| c.status.as_str())
+    };
+    let silent = status_of("Ready") == Some("False")
+        && status_of("ContainersReady") == Some("True")
+        && pod.metadata.deletion_timestamp.is_none();
+    silent.then(|| pod.spec.as_ref()?.node_name.as_deref())?
+}
+
+/// The nodes that stopped reporting (see [`node_not_reporting`]) of the pods `selector` picks
+/// in `namespace`, read from the API server: for workloads whose pods are not cached, asked
+/// only while some of them are not Ready.
+pub async fn silent_nodes(
+    client: &kube::Client,
+    namespace: &str,
+    selector: &std::collections::BTreeMap<String, String>,
+) -> Result<std::collections::BTreeSet<String>, kube::Error> {
+    let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let pods = kube::Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&kube::api::ListParams::default().labels(&labels.join(",")))
+        .await?;
+    Ok(pods
+        .items
+        .iter()
+        .filter_map(|pod| node_not_reporting(pod).map(str::to_owned))
+        .collect())
 }
 
 /// Keeps of `status` what [`reason`] reads: the conditions, and the containers that wait for
@@ -98,6 +139,25 @@ mod tests {
 
     fn pod(yaml: &str) -> Pod {
         serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn a_pod_whose_node_stopped_reporting_says_so() {
+        let p = pod(r#"
+metadata: {name: p}
+spec: {nodeName: node-zone-b, containers: []}
+status:
+  conditions:
+  - {type: ContainersReady, status: "True"}
+  - {type: Ready, status: "False"}
+"#);
+        assert_eq!(
+            reason(&p).as_deref(),
+            Some(
+                "its node node-zone-b stopped reporting (NotReady: down, or cut off from the \
+                 API server)"
+            )
+        );
     }
 
     #[test]

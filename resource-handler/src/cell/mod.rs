@@ -17,13 +17,13 @@ use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
-use multigres_api::v1alpha1::{Cell, CellStatus};
+use multigres_api::v1alpha1::{Cell, CellStatus, Phase};
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
-use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
+use crate::conditions::{AVAILABLE, Cond, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase};
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
 use crate::controller::{Classify, Ctx, error_policy, observe, owned};
@@ -136,6 +136,12 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         .deployments
         .get(&ObjectRef::new(&name).within(ns));
     let budget_wanted = objects.pdb.is_some();
+    let gateway_selector = objects
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.clone())
+        .unwrap_or_default();
     let moving = crate::cordon::move_single_pod(
         &ctx.client,
         &ctx.stores.cordoned,
@@ -191,19 +197,44 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     sync::prune(NAME, &pdbs, &owned(&ctx.stores.pdbs, ns, uid), &keep_pdb).await?;
 
     let counts = readiness::deployment(observed_deployment.as_deref());
-    let desired = status(cell, counts, &name, Timestamp::now());
+    let silent = if counts.all_ready() {
+        BTreeSet::new()
+    } else {
+        crate::unready::silent_nodes(&ctx.client, ns, &gateway_selector)
+            .await
+            .map_err(|source| SyncError::Get {
+                kind: "Pod".to_owned(),
+                name: format!("{name}-*"),
+                source,
+            })?
+    };
+    let desired = status(cell, counts, &silent, &name, Timestamp::now());
     let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
     let stored = cell.status.as_ref();
     let deferred = sync::ensure_status(NAME, &api, cell, &desired, stored, &ctx.pacer).await?;
     Ok(status_pacer::action(None, deferred))
 }
 
-/// The status fields and conditions this handler owns on a Cell.
-pub fn status(cell: &Cell, counts: Counts, service: &str, now: Timestamp) -> CellStatus {
-    let message = format!(
+/// The status fields and conditions this handler owns on a Cell; `silent` are the nodes of
+/// its gateway pods that stopped reporting, which makes a Cell that lost them Degraded.
+pub fn status(
+    cell: &Cell,
+    counts: Counts,
+    silent: &BTreeSet<String>,
+    service: &str,
+    now: Timestamp,
+) -> CellStatus {
+    let mut message = format!(
         "{}/{} multigateway pods ready",
         counts.ready, counts.desired
     );
+    if !silent.is_empty() {
+        let nodes: Vec<&str> = silent.iter().map(String::as_str).collect();
+        message = format!(
+            "multigateway pods lost with their nodes, which stopped reporting: {}; {message}",
+            nodes.join(", ")
+        );
+    }
     let available = if counts.desired == 0 && counts.observed {
         Cond::new(
             AVAILABLE,
@@ -213,8 +244,10 @@ pub fn status(cell: &Cell, counts: Counts, service: &str, now: Timestamp) -> Cel
         )
     } else if counts.all_ready() {
         Cond::new(AVAILABLE, TRUE, "GatewaysReady", message.clone())
-    } else {
+    } else if silent.is_empty() {
         Cond::new(AVAILABLE, FALSE, "GatewaysNotReady", message.clone())
+    } else {
+        Cond::new(AVAILABLE, FALSE, NODES_NOT_REPORTING, message.clone())
     };
     let observed = cell
         .status
@@ -225,7 +258,11 @@ pub fn status(cell: &Cell, counts: Counts, service: &str, now: Timestamp) -> Cel
     CellStatus {
         observed_generation: cell.metadata.generation,
         conditions: merge(observed, &[available], cell.metadata.generation, now),
-        phase: Some(phase(healthy, None)),
+        phase: Some(if silent.is_empty() {
+            phase(healthy, None)
+        } else {
+            Phase::Degraded
+        }),
         message: Some(message),
         gateway_replicas: Some(counts.desired),
         gateway_ready_replicas: Some(counts.ready),
@@ -235,8 +272,6 @@ pub fn status(cell: &Cell, counts: Counts, service: &str, now: Timestamp) -> Cel
 
 #[cfg(test)]
 mod tests {
-    use multigres_api::v1alpha1::Phase;
-
     use super::*;
 
     #[test]
@@ -248,7 +283,7 @@ mod tests {
             ready,
             observed: true,
         };
-        let s = status(&cell, counts(1), "gw", now);
+        let s = status(&cell, counts(1), &BTreeSet::new(), "gw", now);
         assert_eq!(s.conditions[0].type_, AVAILABLE);
         assert_eq!(s.conditions[0].status, FALSE);
         assert_eq!(s.phase, Some(Phase::Progressing));
@@ -256,7 +291,7 @@ mod tests {
             (s.gateway_replicas, s.gateway_ready_replicas),
             (Some(2), Some(1))
         );
-        let s = status(&cell, counts(2), "gw", now);
+        let s = status(&cell, counts(2), &BTreeSet::new(), "gw", now);
         assert_eq!(s.conditions[0].status, TRUE);
         assert_eq!(s.phase, Some(Phase::Healthy));
         assert_eq!(s.gateway_service_name.as_deref(), Some("gw"));
@@ -268,9 +303,26 @@ mod tests {
                 ready: 0,
                 observed: true,
             },
+            &BTreeSet::new(),
             "gw",
             now,
         );
         assert_eq!(zero.conditions[0].reason, "ScaledToZero");
+        let lost = status(
+            &cell,
+            counts(1),
+            &BTreeSet::from(["node-b".to_owned()]),
+            "gw",
+            now,
+        );
+        assert_eq!(lost.phase, Some(Phase::Degraded));
+        assert_eq!(lost.conditions[0].reason, NODES_NOT_REPORTING);
+        assert_eq!(
+            lost.message.as_deref(),
+            Some(
+                "multigateway pods lost with their nodes, which stopped reporting: node-b; 1/2 \
+                 multigateway pods ready"
+            )
+        );
     }
 }

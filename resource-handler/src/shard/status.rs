@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use multigres_api::v1alpha1::{Shard, ShardStatus};
+use multigres_api::v1alpha1::{Phase, Shard, ShardStatus};
 use multigres_common::status_pacer;
 
 use super::apply::Outcome;
@@ -19,7 +19,7 @@ use super::scale::{self, HeldScaleUp};
 use super::{
     Desired, Error, Guard, NAME, ROLLING_UPDATE, Rejected, labelled_for, pgconfig, switchover,
 };
-use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
+use crate::conditions::{AVAILABLE, Cond, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase};
 use crate::controller::{Ctx, POLL};
 use crate::readiness::Counts;
 use crate::storage::STORAGE_SYNCED;
@@ -95,6 +95,10 @@ pub(super) async fn write(
         drain: outcome.drain,
         claims_waiting: outcome.claims_waiting,
         unready: unready_pool_pods(&cached),
+        silent_nodes: cached
+            .iter()
+            .filter_map(|pod| unready::node_not_reporting(pod).map(str::to_owned))
+            .collect(),
         problem: None,
     };
     let now = Timestamp::now();
@@ -193,6 +197,9 @@ pub struct Report<'a> {
     pub claims_waiting: bool,
     /// Pool pods that are not Ready, each with why (`<pod>: <reason>`, by name).
     pub unready: Vec<String>,
+    /// Nodes of pool pods that stopped reporting (see [`unready::node_not_reporting`]): the
+    /// shard has lost pods it had, which is Degraded, not Progressing.
+    pub silent_nodes: BTreeSet<String>,
     /// Why the spec cannot be realised.
     pub problem: Option<&'a str>,
 }
@@ -327,7 +334,12 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
             Some(listed) => format!("{message}; not ready: {listed}"),
             None => message.clone(),
         };
-        Cond::new(AVAILABLE, FALSE, "NotReady", message)
+        let reason = if report.silent_nodes.is_empty() {
+            "NotReady"
+        } else {
+            NODES_NOT_REPORTING
+        };
+        Cond::new(AVAILABLE, FALSE, reason, message)
     };
     let rolling = rolling_condition(report.rollout.as_ref());
     let handing_over = report.switchover.as_ref().is_some_and(Cond::is_true);
@@ -357,8 +369,23 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     ShardStatus {
         observed_generation: generation,
         conditions,
-        phase: Some(phase(healthy, report.problem)),
-        message: Some(report.problem.map_or(message, str::to_owned)),
+        phase: Some(match report.problem {
+            None if !report.silent_nodes.is_empty() => Phase::Degraded,
+            problem => phase(healthy, problem),
+        }),
+        message: Some(match report.problem {
+            Some(problem) => problem.to_owned(),
+            None if !report.silent_nodes.is_empty() => format!(
+                "pool pods lost with their nodes, which stopped reporting: {}; {message}",
+                report
+                    .silent_nodes
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => message,
+        }),
         cells: build::pool_cells(&shard.spec),
         orch_ready: Some(orch_ready),
         pools_ready: Some(pools_ready),
@@ -415,6 +442,27 @@ mod tests {
     }
 
     #[test]
+    fn pool_pods_lost_with_their_node_make_the_shard_degraded() {
+        let report = Report {
+            pools: vec![counts(1, 1), counts(1, 0), counts(1, 1)],
+            orchs: vec![counts(1, 1), counts(1, 0), counts(1, 1)],
+            unready: vec!["pool-main-z2-0: its node node-b stopped reporting".into()],
+            silent_nodes: BTreeSet::from(["node-b".to_owned()]),
+            ..Report::default()
+        };
+        let st = status(&shard(), &report, Timestamp::from_second(1).unwrap());
+        assert_eq!(st.phase, Some(Phase::Degraded));
+        assert_eq!(available_of(&st).reason, NODES_NOT_REPORTING);
+        assert_eq!(
+            st.message.as_deref(),
+            Some(
+                "pool pods lost with their nodes, which stopped reporting: node-b; pool pods 2/3 \
+                 ready; multiorch ready in 2/3 cells"
+            )
+        );
+    }
+
+    #[test]
     fn pods_holding_the_shard_back_are_named_with_why() {
         let unready: Vec<String> = (0..5)
             .map(|i| format!("pool-main-z1-{i}: unschedulable: 0/3 nodes are available"))
@@ -464,6 +512,7 @@ mod tests {
             drain: None,
             claims_waiting: false,
             unready: Vec::new(),
+            silent_nodes: BTreeSet::new(),
             problem: None,
         };
         let st = status(&s, &report, now);

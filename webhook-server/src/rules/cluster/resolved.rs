@@ -242,6 +242,25 @@ fn shared_backup_volume_warning(findings: &mut Findings, view: &View<'_>, shard:
     if pods < 2 {
         return;
     }
+    let mut cells: Vec<&str> = shard
+        .resolved
+        .pools
+        .values()
+        .flat_map(|p| p.cells.iter().map(|c| c.as_str()))
+        .collect();
+    cells.sort_unstable();
+    cells.dedup();
+    let consequence = if cells.len() > 1 {
+        format!(
+            "its pool pods in cells {} cannot all start: a volume one node mounts is in one \
+             zone, so only the pods of the cell that holds it run, and the others stay Pending",
+            cells.join(", ")
+        )
+    } else {
+        "they all run on the one node that holds it, so losing that node stops the shard and a \
+         drain of it cannot move the primary"
+            .to_owned()
+    };
     findings.warning(
         shard.backup_field(view.spec, "filesystem.storage.accessModes", |b| {
             b.filesystem
@@ -251,9 +270,8 @@ fn shared_backup_volume_warning(findings: &mut Findings, view: &View<'_>, shard:
         }),
         format!(
             "shard {} keeps filesystem backups on one volume without ReadWriteMany, which all \
-             {pods} pool pods mount: they all run on the one node that holds it, so losing that \
-             node stops the shard and a drain of it cannot move the primary; use accessModes \
-             [ReadWriteMany] (a storage class that offers it) or S3 backups",
+             {pods} pool pods mount: {consequence}; use accessModes [ReadWriteMany] (a storage \
+             class that offers it) or S3 backups",
             shard.key
         ),
     );
@@ -412,6 +430,25 @@ cells:
         let shared =
             "backup: {type: filesystem, filesystem: {storage: {accessModes: [ReadWriteMany]}}}\n";
         assert_eq!(warned(shared), None);
+        let two_cells = validate(
+            &cluster(&shard(
+                "spec: {pools: {main: {cells: [zone-a, zone-b], replicasPerCell: 1}}}",
+            )),
+            None,
+            &Templates::default(),
+        );
+        let across = two_cells
+            .warnings
+            .iter()
+            .find(|w| w.contains("ReadWriteMany"))
+            .expect("two cells on one volume warn");
+        assert!(
+            across.contains(
+                "its pool pods in cells zone-a, zone-b cannot all start: a volume one node \
+                 mounts is in one zone"
+            ),
+            "{across}"
+        );
         let once =
             "backup: {type: filesystem, filesystem: {storage: {accessModes: [ReadWriteOnce]}}}\n";
         assert!(

@@ -1,0 +1,134 @@
+//! Every shipped multi-cell sample on real pods (`minimal.yaml` is the other real-node files'
+//! cluster): each applied as a user would (with the locally built images), in a namespace of
+//! its own and all at once, until its MultigresCluster is Available and `SELECT 1` is answered
+//! through every cell's own gateway. `external-topo.yaml` gets the etcd it expects at
+//! `topo-etcd:2379`, run from the same etcd image.
+//!
+//! The figures (`[figure] …`) are printed, not asserted.
+
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::api::{Api, DynamicObject};
+use multigres_api::v1alpha1::MultigresCluster;
+use multigres_e2e::harness::{eventually, fresh_namespace, repo_path};
+use multigres_e2e::load::figure;
+use multigres_e2e::manifest::{self, Mode};
+use multigres_e2e::real::{
+    ETCD_IMAGE_PREFIX, Endpoint, image, operator_installed, use_local_images,
+};
+use serde_json::json;
+
+/// The multi-cell samples, by file name under `deploy/samples`.
+const SAMPLES: [&str; 4] = ["inline", "templated", "overrides", "external-topo"];
+/// Four clusters of up to 17 pods each start together on 2 shared cores.
+const WAIT: Duration = Duration::from_secs(900);
+
+/// The etcd `external-topo.yaml` names (`http://topo-etcd:2379`): one member, no volume.
+async fn run_external_etcd(client: &Client, namespace: &str) {
+    let labels = json!({"app": "topo-etcd"});
+    let docs = [
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "topo-etcd", "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": {
+                    "containers": [{"name": "etcd", "image": image(ETCD_IMAGE_PREFIX),
+                        "imagePullPolicy": "Never",
+                        "command": ["/usr/local/bin/etcd"],
+                        "args": ["--data-dir=/var/lib/etcd",
+                            "--listen-client-urls=http://0.0.0.0:2379",
+                            "--advertise-client-urls=http://topo-etcd:2379"],
+                        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}]}],
+                    "volumes": [{"name": "data", "emptyDir": {}}]}}}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "topo-etcd"},
+            "spec": {"selector": labels, "ports": [{"name": "client", "port": 2379}]}}),
+    ];
+    for doc in docs {
+        let doc: DynamicObject = serde_json::from_value(doc).unwrap();
+        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying topo-etcd: {e}"));
+    }
+}
+
+/// Applies `deploy/samples/<sample>.yaml` with the local images; the cluster's name.
+async fn apply(client: &Client, namespace: &str, sample: &str) -> String {
+    let path = repo_path(&format!("deploy/samples/{sample}.yaml"));
+    let mut name = None;
+    for mut doc in manifest::read_documents(&path).unwrap() {
+        let kind = doc
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
+        use_local_images(&kind, &mut doc.data);
+        if kind == "MultigresCluster" {
+            name = doc.metadata.name.clone();
+        }
+        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
+            .await
+            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+    }
+    name.unwrap_or_else(|| panic!("{} has no MultigresCluster", path.display()))
+}
+
+/// Waits until the cluster is Available and every cell's gateway answers `SELECT 1`; the time
+/// since `sent`.
+async fn wait_served(client: &Client, namespace: &str, name: &str, sent: Instant) -> Duration {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    eventually(
+        &format!("{namespace}/{name} Available, every cell's gateway answering"),
+        WAIT.saturating_sub(sent.elapsed()),
+        || async {
+            let cluster = clusters.get(name).await.map_err(|e| e.to_string())?;
+            let status = cluster.status.clone().unwrap_or_default();
+            let available = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Available")
+                .map(|c| (c.status.clone(), c.message.clone()));
+            if available.as_ref().map(|a| a.0.as_str()) != Some("True") {
+                return Err(format!("Available {available:?}, phase {:?}", status.phase));
+            }
+            for cell in &cluster.spec.cells {
+                let gateway = Endpoint::cell_gateway(client, namespace, name, &cell.name).await?;
+                let answer =
+                    tokio::time::timeout(Duration::from_secs(5), gateway.query("SELECT 1"))
+                        .await
+                        .unwrap_or_else(|_| Err("no answer within 5 s".to_owned()))
+                        .map_err(|e| format!("SELECT 1 through {}'s gateway: {e}", cell.name))?;
+                if answer != [[Some("1".to_owned())]] {
+                    return Err(format!("{}'s gateway answered {answer:?}", cell.name));
+                }
+            }
+            Ok(sent.elapsed())
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_multi_cell_sample_answers_sql_through_each_cells_gateway() {
+    let cluster = operator_installed().await;
+    let client = cluster.client().unwrap();
+    let sent = Instant::now();
+    let mut applied = Vec::new();
+    for sample in SAMPLES {
+        let namespace = fresh_namespace(cluster, sample).await;
+        if sample == "external-topo" {
+            run_external_etcd(&client, &namespace).await;
+        }
+        let name = apply(&client, &namespace, sample).await;
+        applied.push((sample, namespace, name));
+    }
+    for (sample, namespace, name) in &applied {
+        let took = wait_served(&client, namespace, name, sent).await;
+        figure(
+            &format!(
+                "{sample}.yaml applied (4 samples together) -> every cell's gateway answers (s)"
+            ),
+            format!("{:.1}", took.as_secs_f64()),
+        );
+    }
+}
