@@ -58,7 +58,8 @@ fi
 # The binaries run directly, not through `cargo test` (which holds the build directory's lock
 # while tests run), so two can run at once: the real-node files that replay timings users judge
 # (failover, switchover, drains: data_plane.rs and the small real-node files) run alone; the
-# S3 backups file, which waits mostly on pgBackRest and S3, runs beside the kwok-tier files.
+# other real-node files (S3 backups, a zone's loss, the multi-cell samples), whose figures are
+# not compared with targets, run one after another beside the kwok-tier files.
 # The handlers the tests start are built first, so no test builds them.
 failed=()
 phase "start image checks"
@@ -70,7 +71,7 @@ else
 fi
 cargo build -p cluster-handler -p resource-handler -p data-handler -p webhook-server
 alone=(data_plane real_nodes real_teardown)
-beside=(backups)
+beside=(backups zones samples)
 kwok=() first=() last=()
 while read -r kind name src exe; do
   entry="$name|$src|$exe"
@@ -103,7 +104,7 @@ kwok_log=$(mktemp)
 phase "start the end-to-end tests: ${first[*]%%|*} beside the kwok tier, then ${last[*]%%|*}"
 run_binaries "${kwok[@]}" >"$kwok_log" 2>&1 &
 kwok_pid=$!
-run_binaries "${first[@]}" 2>&1 | tee "$log" || failed+=(backups)
+run_binaries "${first[@]}" 2>&1 | tee "$log" || failed+=(real-nodes-beside-kwok)
 wait "$kwok_pid" || failed+=(kwok-tier)
 tee -a "$log" <"$kwok_log"
 phase "the kwok tier and ${first[*]%%|*} done"

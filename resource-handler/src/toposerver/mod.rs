@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
-use multigres_api::v1alpha1::{MultigresCluster, TopoServer, TopoServerStatus};
+use multigres_api::v1alpha1::{MultigresCluster, Phase, TopoServer, TopoServerStatus};
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
@@ -325,28 +325,49 @@ async fn write_status(
     storage: Option<Cond>,
     problem: Option<&str>,
 ) -> Result<Option<Duration>, Error> {
-    let desired = status(
-        topo,
-        readiness::statefulset(sts),
-        storage,
-        problem,
-        Timestamp::now(),
-    );
+    let counts = readiness::statefulset(sts);
+    let selector = sts
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.selector.match_labels.clone());
+    let silent = match selector {
+        Some(selector) if !counts.all_ready() => {
+            let namespace = topo.metadata.namespace.as_deref().unwrap_or_default();
+            crate::unready::silent_nodes(&ctx.client, namespace, &selector)
+                .await
+                .map_err(|source| SyncError::Get {
+                    kind: "Pod".to_owned(),
+                    name: format!("{}-*", topo.metadata.name.as_deref().unwrap_or_default()),
+                    source,
+                })?
+        }
+        _ => BTreeSet::new(),
+    };
+    let desired = status(topo, counts, &silent, storage, problem, Timestamp::now());
     let status = topo.status.as_ref();
     Ok(sync::ensure_status(NAME, api, topo, &desired, status, &ctx.pacer).await?)
 }
 
-/// The status fields and conditions this handler owns on a TopoServer.
+/// The status fields and conditions this handler owns on a TopoServer; `silent` are the nodes
+/// of its members that stopped reporting, which makes a TopoServer that lost them Degraded
+/// (and still Available while a quorum serves).
 pub fn status(
     topo: &TopoServer,
     counts: Counts,
+    silent: &BTreeSet<String>,
     storage: Option<Cond>,
     problem: Option<&str>,
     now: Timestamp,
 ) -> TopoServerStatus {
     let quorum = counts.desired / 2 + 1;
     let serving = counts.observed && counts.desired > 0 && counts.ready >= quorum;
-    let message = format!("{}/{} etcd members ready", counts.ready, counts.desired);
+    let mut message = format!("{}/{} etcd members ready", counts.ready, counts.desired);
+    if !silent.is_empty() {
+        let nodes: Vec<&str> = silent.iter().map(String::as_str).collect();
+        message = format!(
+            "etcd members lost with their nodes, which stopped reporting: {}; {message}",
+            nodes.join(", ")
+        );
+    }
     let available = match (serving, counts.all_ready()) {
         (true, true) => Cond::new(AVAILABLE, TRUE, "AllMembersReady", message.clone()),
         (true, false) => Cond::new(AVAILABLE, TRUE, "QuorumReady", message.clone()),
@@ -380,7 +401,10 @@ pub fn status(
     TopoServerStatus {
         observed_generation: generation,
         conditions,
-        phase: Some(phase(healthy, problem)),
+        phase: Some(match problem {
+            None if !silent.is_empty() => Phase::Degraded,
+            problem => phase(healthy, problem),
+        }),
         message: Some(problem.map_or(message, str::to_owned)),
         client_service: topo
             .metadata
@@ -393,8 +417,6 @@ pub fn status(
 
 #[cfg(test)]
 mod tests {
-    use multigres_api::v1alpha1::Phase;
-
     use super::*;
 
     fn topo() -> TopoServer {
@@ -414,13 +436,13 @@ mod tests {
         let now = Timestamp::from_second(100).unwrap();
         let mut t = topo();
         t.metadata.generation = Some(4);
-        let creating = status(&t, Counts::default(), None, None, now);
+        let creating = status(&t, Counts::default(), &BTreeSet::new(), None, None, now);
         assert_eq!(creating.conditions[0].reason, "Creating");
-        let s = status(&t, counts(3, 1), None, None, now);
+        let s = status(&t, counts(3, 1), &BTreeSet::new(), None, None, now);
         assert_eq!(s.conditions[0].status, FALSE);
         assert_eq!(s.conditions[0].reason, "NoQuorum");
         assert_eq!(s.phase, Some(Phase::Progressing));
-        let s = status(&t, counts(3, 2), None, None, now);
+        let s = status(&t, counts(3, 2), &BTreeSet::new(), None, None, now);
         assert_eq!(
             (
                 s.conditions[0].status.as_str(),
@@ -428,7 +450,24 @@ mod tests {
             ),
             (TRUE, "QuorumReady")
         );
-        let s = status(&t, counts(3, 3), None, None, now);
+        let lost = status(
+            &t,
+            counts(3, 2),
+            &BTreeSet::from(["node-b".to_owned()]),
+            None,
+            None,
+            now,
+        );
+        assert_eq!(lost.phase, Some(Phase::Degraded));
+        assert_eq!(lost.conditions[0].reason, "QuorumReady");
+        assert_eq!(
+            lost.message.as_deref(),
+            Some(
+                "etcd members lost with their nodes, which stopped reporting: node-b; 2/3 etcd \
+                 members ready"
+            )
+        );
+        let s = status(&t, counts(3, 3), &BTreeSet::new(), None, None, now);
         assert_eq!(s.conditions[0].reason, "AllMembersReady");
         assert_eq!(s.phase, Some(Phase::Healthy));
         assert_eq!(s.message.as_deref(), Some("3/3 etcd members ready"));
@@ -442,8 +481,22 @@ mod tests {
         let now = Timestamp::from_second(100).unwrap();
         let mut t = topo();
         let shrink = Cond::new(STORAGE_SYNCED, FALSE, "ShrinkRefused", "no");
-        t.status = Some(status(&t, counts(3, 3), Some(shrink), None, now));
-        let s = status(&t, counts(3, 3), None, Some("replicas cannot change"), now);
+        t.status = Some(status(
+            &t,
+            counts(3, 3),
+            &BTreeSet::new(),
+            Some(shrink),
+            None,
+            now,
+        ));
+        let s = status(
+            &t,
+            counts(3, 3),
+            &BTreeSet::new(),
+            None,
+            Some("replicas cannot change"),
+            now,
+        );
         assert_eq!(s.phase, Some(Phase::Degraded));
         assert_eq!(s.message.as_deref(), Some("replicas cannot change"));
         assert!(
