@@ -17,7 +17,7 @@ use multigres_api::v1alpha1::{
     CellSpec, ExternalTopoServerSpec, GlobalTopoServerRef, MultigresCluster, TopoServer,
 };
 
-use crate::topo::{CellTls, EtcdConnection, TlsPem, TopoConfig, TopoError, TopoStore};
+use crate::topo::{CellTls, EtcdConnection, TlsPem, TopoConfig, TopoError, TopoStore, qualified};
 
 /// Key of the CA certificate in `caSecret` (and accepted in `clientCertSecret`).
 pub const CA_KEY: &str = "ca.crt";
@@ -112,7 +112,15 @@ impl Target {
             .and_then(|g| g.external.as_ref());
         let target = match external {
             Some(external) => {
-                let endpoints = external_endpoints(external);
+                let namespace = cluster.metadata.namespace.as_deref().unwrap_or_default();
+                // Plaintext only: an https:// endpoint is verified against the name written.
+                let endpoints: Vec<String> = external_endpoints(external)
+                    .iter()
+                    .map(|e| match e.starts_with("https://") {
+                        true => e.clone(),
+                        false => qualified(e, namespace),
+                    })
+                    .collect();
                 let tls = external_tls(external, &endpoints, EXTERNAL_FIELD)?;
                 Target {
                     endpoints,
@@ -319,6 +327,8 @@ struct Key {
     endpoints: Vec<String>,
     root: String,
     tls_digest: Option<u64>,
+    /// Where the one-label hosts of its Cell records resolve.
+    namespace: String,
 }
 
 impl Key {
@@ -371,6 +381,7 @@ impl Connections {
             endpoints: target.endpoints.clone(),
             root: target.root.clone(),
             tls_digest: tls.as_ref().map(TlsPem::digest),
+            namespace: namespace.to_owned(),
         };
         if let Some(store) = self.locked().stores.get(&key) {
             return Ok(store.clone());
@@ -381,6 +392,7 @@ impl Connections {
             tls,
             connect_timeout: self.connect_timeout,
             request_timeout: self.request_timeout,
+            namespace: Some(namespace.to_owned()),
         };
         let open = self.locked().links.get(&key.link()).cloned();
         let link = match open {
@@ -580,6 +592,13 @@ mod tests {
             })
         );
         assert_eq!(target.server, Server::External);
+    }
+
+    #[test]
+    fn a_plaintext_service_name_is_dialled_in_the_clusters_namespace() {
+        let c = cluster(Some(external(&["http://topo-etcd:2379"], None, None)));
+        let target = Target::new(&c, &topo_ref("topo-etcd:2379", "/custom")).unwrap();
+        assert_eq!(target.endpoints, ["http://topo-etcd.team-a.svc:2379"]);
     }
 
     #[test]

@@ -400,7 +400,7 @@ async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() 
         .iter()
         .map(|p| p.port)
         .collect();
-    assert_eq!(ports, [5432, 15100, 15170]);
+    assert_eq!(ports, [5432, 5433, 15100, 15170]);
 
     // A reconcile that finds nothing to change writes nothing.
     let writes_before = handler

@@ -9,8 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use kube::Client;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::harness::{eventually, fresh_namespace, repo_path};

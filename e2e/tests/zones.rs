@@ -181,6 +181,46 @@ async fn a_lost_zone_is_survived_and_rejoins_when_it_returns() {
         .await
         .unwrap();
     let mut acknowledged = create_ledger(&writer).await;
+
+    // Replica reads through a cell's gateway (its `pg-replica` port) are served by that cell's
+    // replica: multigateway prefers local-cell replicas.
+    let reader_cell = ZONES
+        .iter()
+        .find(|z| {
+            roles
+                .get(&format!("{NAME}-postgres-default-0-inf-pool-default-{z}-0"))
+                .is_some_and(|r| r == "REPLICA")
+        })
+        .expect("a cell whose pool pod is a replica");
+    let mut replica_reads = Endpoint::cell_gateway(&client, &namespace, NAME, reader_cell)
+        .await
+        .unwrap();
+    replica_reads.port = 5433;
+    let local = format!("{NAME}-postgres-default-0-inf-pool-default-{reader_cell}-0");
+    let served_by = eventually(
+        &format!("replica reads through {reader_cell}'s gateway served by {local}"),
+        WAIT,
+        || async {
+            let mut hosts = Vec::new();
+            for _ in 0..5 {
+                let rows = replica_reads
+                    .query("SELECT pg_read_file('/etc/hostname'), pg_is_in_recovery()")
+                    .await?;
+                let host = rows[0][0].clone().unwrap_or_default().trim().to_owned();
+                hosts.push((host, rows[0][1].clone()));
+            }
+            if hosts
+                .iter()
+                .all(|(h, standby)| *h == local && standby.as_deref() == Some("t"))
+            {
+                Ok(hosts)
+            } else {
+                Err(format!("served by {hosts:?}"))
+            }
+        },
+    )
+    .await;
+    println!("replica reads through {reader_cell}'s gateway: {served_by:?}");
     let claims_before = claims(&client, &namespace).await;
     let lost_pods: Vec<String> = before
         .iter()

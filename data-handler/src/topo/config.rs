@@ -24,6 +24,26 @@ pub struct TopoConfig {
     /// Time allowed for each etcd request; past it the call fails with a transient `Timeout`. A
     /// registration makes a few requests (read, conditional write, retries on conflict).
     pub request_timeout: Duration,
+    /// The namespace of the cluster's pods, in which a one-label host of a Cell record's
+    /// addresses resolves (see [`qualified`]); `None` dials them as written.
+    pub namespace: Option<String>,
+}
+
+/// `endpoint` (`host:port`, or a URL) with a one-label host qualified as a Service of
+/// `namespace` (`topo-etcd:2379` becomes `topo-etcd.<namespace>.svc:2379`): the cluster's pods
+/// resolve such a name in their own namespace, and the data-handler, which runs in another,
+/// must dial what they dial. Other hosts (with a dot, an IP, `localhost`) are kept.
+pub fn qualified(endpoint: &str, namespace: &str) -> String {
+    let (scheme, rest) = match endpoint.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), endpoint),
+    };
+    let end = rest.find([':', '/']).unwrap_or(rest.len());
+    let (host, tail) = rest.split_at(end);
+    if host.is_empty() || host.contains('.') || host.starts_with('[') || host == "localhost" {
+        return endpoint.to_owned();
+    }
+    format!("{scheme}{host}.{namespace}.svc{tail}")
 }
 
 impl TopoConfig {
@@ -35,6 +55,7 @@ impl TopoConfig {
             tls: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            namespace: None,
         }
     }
 }
@@ -86,5 +107,30 @@ impl std::fmt::Debug for TlsPem {
             )
             .field("server_name", &self.server_name)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::qualified;
+
+    #[test]
+    fn one_label_hosts_are_qualified_in_the_namespace_and_others_kept() {
+        let ns = "team-a";
+        assert_eq!(
+            qualified("http://topo-etcd:2379", ns),
+            "http://topo-etcd.team-a.svc:2379"
+        );
+        assert_eq!(qualified("topo-etcd:2379", ns), "topo-etcd.team-a.svc:2379");
+        assert_eq!(qualified("topo-etcd", ns), "topo-etcd.team-a.svc");
+        for kept in [
+            "http://etcd.other.svc:2379",
+            "10.0.0.7:2379",
+            "http://localhost:2379",
+            "[::1]:2379",
+            "etcd.example.com:2379",
+        ] {
+            assert_eq!(qualified(kept, ns), kept);
+        }
     }
 }

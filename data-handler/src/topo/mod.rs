@@ -14,7 +14,9 @@ pub mod records;
 mod store;
 mod wire;
 
-pub use config::{CellTls, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, TlsPem, TopoConfig};
+pub use config::{
+    CellTls, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, TlsPem, TopoConfig, qualified,
+};
 pub use durability::DurabilityPolicyName;
 pub use error::{RecordError, TopoError};
 pub use paths::{RecordKind, RecordRef};

@@ -517,6 +517,19 @@ impl TopoStore {
     /// The client for a cell topology: the global one when the cell keeps its records on the
     /// global endpoints, else one made with the cell's own TLS settings (`tls`).
     async fn client_for(&self, addresses: &[String], tls: &CellTls) -> Result<Client, TopoError> {
+        let plaintext = match tls {
+            CellTls::Global => self.config.tls.is_none(),
+            CellTls::Own(tls) => tls.is_none(),
+        };
+        // Plaintext only: a TLS server is verified against the name written.
+        let addresses: Vec<String> = match &self.config.namespace {
+            Some(namespace) if plaintext => addresses
+                .iter()
+                .map(|a| super::qualified(a, namespace))
+                .collect(),
+            _ => addresses.to_vec(),
+        };
+        let addresses = addresses.as_slice();
         let endpoints = normalized(addresses);
         let own_tls = match tls {
             CellTls::Global if endpoints == normalized(&self.config.endpoints) => {

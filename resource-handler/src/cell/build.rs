@@ -161,6 +161,9 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
         &selector,
         vec![
             service_port("postgres", POSTGRES_PORT),
+            // Reads that may lag: multigateway serves them from its own cell's replicas first
+            // (Multigres `poolergateway/load_balancer.go`, `selectReplicaConnection`).
+            service_port(REPLICA_PORT_NAME, POSTGRES_REPLICA_PORT),
             service_port("http", MULTIGATEWAY_HTTP),
             service_port("grpc", MULTIGATEWAY_GRPC),
         ],

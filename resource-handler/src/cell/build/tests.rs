@@ -179,7 +179,12 @@ fn service_exposes_postgres_to_clients() {
         .collect();
     assert_eq!(
         ports,
-        [("postgres", 5432), ("http", 15100), ("grpc", 15170)]
+        [
+            ("postgres", 5432),
+            ("pg-replica", 5433),
+            ("http", 15100),
+            ("grpc", 15170)
+        ]
     );
     assert_eq!(
         svc.selector.as_ref(),
