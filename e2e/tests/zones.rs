@@ -201,17 +201,25 @@ async fn a_lost_zone_is_survived_and_rejoins_when_it_returns() {
         &format!("replica reads through {reader_cell}'s gateway served by {local}"),
         WAIT,
         || async {
+            // A standby streams under `application_name=<cell>_<pod>` (the gateway refuses
+            // file access, so no hostname).
             let mut hosts = Vec::new();
             for _ in 0..5 {
                 let rows = replica_reads
-                    .query("SELECT pg_read_file('/etc/hostname'), pg_is_in_recovery()")
+                    .query("SELECT current_setting('primary_conninfo'), pg_is_in_recovery()")
                     .await?;
-                let host = rows[0][0].clone().unwrap_or_default().trim().to_owned();
-                hosts.push((host, rows[0][1].clone()));
+                let conninfo = rows[0][0].clone().unwrap_or_default();
+                let name = conninfo
+                    .split_whitespace()
+                    .find_map(|kv| kv.strip_prefix("application_name="))
+                    .unwrap_or_default()
+                    .to_owned();
+                hosts.push((name, rows[0][1].clone()));
             }
+            let expected = format!("{reader_cell}_{local}");
             if hosts
                 .iter()
-                .all(|(h, standby)| *h == local && standby.as_deref() == Some("t"))
+                .all(|(h, standby)| *h == expected && standby.as_deref() == Some("t"))
             {
                 Ok(hosts)
             } else {
