@@ -46,7 +46,11 @@ data-plane-figures:
 
 # The same story N times (default 5), each figure's value per run with its median and maximum: `just data-plane-runs 5`.
 data-plane-runs N="5":
-    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/data-plane-runs.sh {{N}}
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/figure-runs.sh data_plane {{N}}
+
+# A zone's loss and return (e2e/tests/zones.rs) N times (default 3), figures as data-plane-runs.
+zone-runs N="3":
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/figure-runs.sh zones {{N}}
 
 # Everything: lint, unit + component, end to end.
 test: lint unit e2e

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Runs the real data plane's story (e2e/tests/data_plane.rs) N times on real nodes and prints,
-# for every `[figure]` line, its value in each run, the median and the maximum: the failed
+# Runs one real-node story (a test file of e2e/tests) N times and prints, for every `[figure]`
+# line, its value in each run, the median and the maximum: for data_plane.rs the failed
 # statements and the longest gap of a failover, a switchover asked for by a person, a rollout
-# and a scale-down, among others. Figures are observations, not assertions (docs/reliability.md).
+# and a scale-down; for zones.rs a zone's loss and return. Figures are observations, not
+# assertions (docs/reliability.md).
 #
-# Usage: e2e/data-plane-runs.sh [N]   (default 5); logs in target/data-plane-runs/.
+# Usage: e2e/figure-runs.sh TEST [N]   (default 5); logs in target/TEST-runs/.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
-runs=${1:-5}
-out=target/data-plane-runs
+test=$1
+runs=${2:-5}
+out=target/$test-runs
 mkdir -p "$out"
 rm -f "$out"/run-*.log
 for i in $(seq 1 "$runs"); do
   echo "run $i of $runs" >&2
   status=0
-  bash e2e/run-e2e.sh --test data_plane -- --nocapture >"$out/run-$i.log" 2>&1 || status=$?
+  bash e2e/run-e2e.sh --test "$test" -- --nocapture >"$out/run-$i.log" 2>&1 || status=$?
   grep -E '^test result' "$out/run-$i.log" >&2 || echo "run $i: no test result (exit $status)" >&2
 done
 # One row per figure: the first number of each run's value, then median and maximum.
