@@ -124,7 +124,9 @@ async fn archive_push_log(namespace: &str, status: &ShardStatus) -> String {
     };
     let tail = "tail -n 40 /var/lib/pooler/pgbackrest/log/*archive-push*.log";
     let cluster = operator_installed().await;
-    let args = ["exec", "-n", namespace, primary, "-c", "postgres", "--", "sh", "-c", tail];
+    let args = [
+        "exec", "-n", namespace, primary, "-c", "postgres", "--", "sh", "-c", tail,
+    ];
     match cluster.kubectl(&args).await {
         Ok(log) => format!("archive-push log of {primary}:\n{log}"),
         Err(e) => format!("archive-push log of {primary}: {e}"),
