@@ -1,6 +1,6 @@
 //! Children cached without the parts of them no reconciler reads: the pod templates of
 //! StatefulSets and Deployments (and a Deployment's selector and strategy), the specs of
-//! Services (but their type) and of PodDisruptionBudgets. Those parts are much of the cached
+//! Services (but their type) and of PodDisruptionBudgets, and the labels of both. Those parts are much of the cached
 //! bytes (about 4,000 children at 100 clusters) and only the write-skipping check reads them,
 //! so the cache keeps a digest of what it dropped instead, and remembers which (applied hash, digest) pairs were checked against a
 //! full copy from the API server. A dropped part whose digest is not remembered (after a
@@ -66,13 +66,16 @@ impl Slimmed for Deployment {
 }
 
 /// Everything of the spec but its type, which the cluster's external endpoint is read from
-/// (`crate::multiadmin::external`); the status stays.
+/// (`crate::multiadmin::external`), and the labels, which nothing reads of a Service (its
+/// owner is found by owner reference); the status stays. A label map is a B-tree node of
+/// about 0.5 KiB plus each key and value, more than the rest of a slimmed Service.
 impl Slimmed for Service {
     fn dropped(&self) -> Vec<u8> {
-        json(&self.spec)
+        json(&(&self.metadata.labels, &self.spec))
     }
 
     fn drop_part(&mut self) {
+        self.metadata.labels = None;
         self.spec = self.spec.take().map(|spec| ServiceSpec {
             type_: spec.type_,
             ..ServiceSpec::default()
@@ -80,14 +83,15 @@ impl Slimmed for Service {
     }
 }
 
-/// The whole spec. The status is not read either, and is no part of what the handler sets:
-/// [`slim`] drops it without a digest.
+/// The labels and the whole spec, neither read of a budget. The status is not read either,
+/// and is no part of what the handler sets: [`slim_budget`] drops it without a digest.
 impl Slimmed for PodDisruptionBudget {
     fn dropped(&self) -> Vec<u8> {
-        json(&self.spec)
+        json(&(&self.metadata.labels, &self.spec))
     }
 
     fn drop_part(&mut self) {
+        self.metadata.labels = None;
         self.spec = None;
     }
 }
@@ -449,6 +453,7 @@ mod tests {
             })
         );
         assert_eq!(cached.status, full.status);
+        assert_eq!(cached.metadata.labels, None);
         let mut writer = Writer::<Service>::default();
         writer.apply_watcher_event(&Event::Apply(cached.clone()));
         let cache = SlimStore::new(writer.as_reader());
@@ -464,6 +469,16 @@ mod tests {
         slim(&mut edited_cached);
         assert_eq!(cache.verdict(&want, &edited_cached), Verdict::Unverified);
         assert!(!up_to_date(&want, &edited));
+        // A label edited by hand: the same (fetched, found drifted).
+        let mut relabelled = full.clone();
+        relabelled.labels_mut().insert("app".into(), "other".into());
+        let mut relabelled_cached = relabelled.clone();
+        slim(&mut relabelled_cached);
+        assert_eq!(
+            cache.verdict(&want, &relabelled_cached),
+            Verdict::Unverified
+        );
+        assert!(!up_to_date(&want, &relabelled));
         // Another type wanted: a write, no fetch.
         let (mut internal, _) = service(5432);
         internal.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
@@ -474,7 +489,7 @@ mod tests {
     #[test]
     fn a_budget_is_cached_without_spec_and_status() {
         let mut desired: PodDisruptionBudget = serde_json::from_value(json!({
-            "metadata": {"name": "pool-a", "namespace": "ns"},
+            "metadata": {"name": "pool-a", "namespace": "ns", "labels": {"app": "pool"}},
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pool"}}},
         }))
         .unwrap();
@@ -488,6 +503,7 @@ mod tests {
         let mut cached = full.clone();
         slim_budget(&mut cached);
         assert_eq!((cached.spec.as_ref(), cached.status.as_ref()), (None, None));
+        assert_eq!(cached.metadata.labels, None);
         let mut writer = Writer::<PodDisruptionBudget>::default();
         writer.apply_watcher_event(&Event::Apply(cached.clone()));
         let cache = SlimStore::new(writer.as_reader());
