@@ -23,7 +23,7 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 
@@ -38,6 +38,9 @@ use crate::watch::Scope;
 const BUFFER: usize = 256;
 
 pub use crate::guard::Guarded;
+
+/// The annotation in which client-side `kubectl apply` keeps the whole object it applied.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// What a subscriber is woken by.
 pub type Changes<K> = BoxStream<'static, Arc<K>>;
@@ -212,8 +215,9 @@ impl Watches {
         }
     }
 
-    /// A shared watch of `K` with `config`. Managed fields are dropped before caching: never
-    /// read by a handler, and often larger than the object.
+    /// A shared watch of `K` with `config`. Managed fields and `kubectl apply`'s copy of the
+    /// last applied object ([`LAST_APPLIED`]) are dropped before caching: never read by a
+    /// handler, and each often as large as the rest of the object.
     pub fn share<K>(&mut self, config: watcher::Config) -> SharedWatch<K>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -242,7 +246,7 @@ impl Watches {
         let events = crate::watch::watcher(self.scope.api::<K>(&self.client), config)
             .default_backoff()
             .modify(move |obj: &mut K| {
-                obj.managed_fields_mut().clear();
+                drop_unread_metadata(obj);
                 trim(obj);
             });
         let (shared, events) = fan_out(events);
@@ -320,6 +324,14 @@ impl Drop for RunningWatches {
     }
 }
 
+/// Drops the managed fields and [`LAST_APPLIED`] of `obj` (see [`Watches::share`]).
+fn drop_unread_metadata<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+    if let Some(annotations) = obj.meta_mut().annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
 /// Logs watch failures (the watcher retries with backoff) and drops the events.
 fn drive<S, T>(kind: String, events: S) -> impl Future<Output = ()> + Send + 'static
 where
@@ -339,6 +351,7 @@ mod tests {
     use std::time::Duration;
 
     use k8s_openapi::api::core::v1::Pod;
+    use kube::ResourceExt;
 
     use super::*;
 
@@ -454,6 +467,32 @@ mod tests {
             names.insert(object.name_any());
         }
         assert_eq!(names.len(), count, "no change was lost");
+    }
+
+    #[test]
+    fn managed_fields_and_the_last_applied_object_are_not_cached() {
+        let mut cached = pod("a", "1");
+        cached.metadata.managed_fields = Some(vec![Default::default()]);
+        cached.metadata.annotations = Some(
+            [
+                (LAST_APPLIED.to_owned(), "{}".to_owned()),
+                ("kept".to_owned(), "yes".to_owned()),
+            ]
+            .into(),
+        );
+        drop_unread_metadata(&mut cached);
+        assert_eq!(cached.metadata.managed_fields, None);
+        assert_eq!(
+            cached.metadata.annotations,
+            Some([("kept".to_owned(), "yes".to_owned())].into())
+        );
+        let mut bare = pod("b", "1");
+        drop_unread_metadata(&mut bare);
+        assert_eq!(
+            bare,
+            pod("b", "1"),
+            "nothing added to an object without them"
+        );
     }
 
     #[tokio::test]

@@ -1,13 +1,14 @@
 //! Children cached without the parts of them no reconciler reads: the pod templates of
 //! StatefulSets and Deployments (and a Deployment's selector and strategy), the specs of
-//! Services (but their type) and of PodDisruptionBudgets. Those parts are much of the cached
+//! Services (but their type) and of PodDisruptionBudgets, and the labels no reconciler
+//! reads (all of a Service's or a budget's). Those parts are much of the cached
 //! bytes (about 4,000 children at 100 clusters) and only the write-skipping check reads them,
 //! so the cache keeps a digest of what it dropped instead, and remembers which (applied hash, digest) pairs were checked against a
 //! full copy from the API server. A dropped part whose digest is not remembered (after a
 //! restart, or because someone edited it) is fetched and compared once; a drifted one is
 //! written back as before.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -17,6 +18,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
+use multigres_api::labels::{CLUSTER, COMPONENT, POOL};
 
 use crate::sync::{APPLIED_HASH, Child, ChildCache, Verdict, fnv1a64, is_subset};
 
@@ -32,31 +34,45 @@ pub trait Slimmed: Child {
     fn drop_part(&mut self);
 }
 
+/// The labels a StatefulSet is read by: the metrics tell pools and topology servers apart by
+/// them (`crate::gauges`).
+const STATEFULSET_LABELS: [&str; 2] = [COMPONENT, POOL];
+
+/// The pod template, and the labels but [`STATEFULSET_LABELS`].
 impl Slimmed for StatefulSet {
     fn dropped(&self) -> Vec<u8> {
-        json(&self.spec.as_ref().map(|s| &s.template))
+        json(&(
+            unread_labels(self, &STATEFULSET_LABELS),
+            self.spec.as_ref().map(|s| &s.template),
+        ))
     }
 
     fn drop_part(&mut self) {
+        keep_labels(self, &STATEFULSET_LABELS);
         if let Some(spec) = self.spec.as_mut() {
             spec.template = PodTemplateSpec::default();
         }
     }
 }
 
-/// The pod template, the selector and the update strategy: readers take the replicas of the
-/// spec only.
+/// The labels a Deployment is read by: which cluster's gateways it runs
+/// (`crate::multiadmin`, `crate::gauges`).
+const DEPLOYMENT_LABELS: [&str; 2] = [COMPONENT, CLUSTER];
+
+/// The pod template, the selector, the update strategy, and the labels but
+/// [`DEPLOYMENT_LABELS`]: readers take the replicas of the spec only.
 impl Slimmed for Deployment {
     fn dropped(&self) -> Vec<u8> {
-        json(
-            &self
-                .spec
+        json(&(
+            unread_labels(self, &DEPLOYMENT_LABELS),
+            self.spec
                 .as_ref()
                 .map(|s| (&s.template, &s.selector, &s.strategy)),
-        )
+        ))
     }
 
     fn drop_part(&mut self) {
+        keep_labels(self, &DEPLOYMENT_LABELS);
         if let Some(spec) = self.spec.as_mut() {
             spec.template = PodTemplateSpec::default();
             spec.selector = LabelSelector::default();
@@ -65,14 +81,33 @@ impl Slimmed for Deployment {
     }
 }
 
+/// The labels of `obj` but those in `read`: what [`keep_labels`] drops.
+fn unread_labels<'a>(obj: &'a impl ResourceExt, read: &[&str]) -> BTreeMap<&'a str, &'a str> {
+    obj.labels()
+        .iter()
+        .filter(|(key, _)| !read.contains(&key.as_str()))
+        .map(|(key, value)| (key.as_str(), value.as_str()))
+        .collect()
+}
+
+/// Drops the labels of `obj` but those in `read`. Each label is two allocations of its own;
+/// most are never read of a cached child.
+fn keep_labels(obj: &mut impl ResourceExt, read: &[&str]) {
+    obj.labels_mut()
+        .retain(|key, _| read.contains(&key.as_str()));
+}
+
 /// Everything of the spec but its type, which the cluster's external endpoint is read from
-/// (`crate::multiadmin::external`); the status stays.
+/// (`crate::multiadmin::external`), and the labels, which nothing reads of a Service (its
+/// owner is found by owner reference); the status stays. A label map is a B-tree node of
+/// about 0.5 KiB plus each key and value, more than the rest of a slimmed Service.
 impl Slimmed for Service {
     fn dropped(&self) -> Vec<u8> {
-        json(&self.spec)
+        json(&(&self.metadata.labels, &self.spec))
     }
 
     fn drop_part(&mut self) {
+        self.metadata.labels = None;
         self.spec = self.spec.take().map(|spec| ServiceSpec {
             type_: spec.type_,
             ..ServiceSpec::default()
@@ -80,14 +115,15 @@ impl Slimmed for Service {
     }
 }
 
-/// The whole spec. The status is not read either, and is no part of what the handler sets:
-/// [`slim`] drops it without a digest.
+/// The labels and the whole spec, neither read of a budget. The status is not read either,
+/// and is no part of what the handler sets: [`slim_budget`] drops it without a digest.
 impl Slimmed for PodDisruptionBudget {
     fn dropped(&self) -> Vec<u8> {
-        json(&self.spec)
+        json(&(&self.metadata.labels, &self.spec))
     }
 
     fn drop_part(&mut self) {
+        self.metadata.labels = None;
         self.spec = None;
     }
 }
@@ -252,7 +288,7 @@ mod tests {
     /// A pool StatefulSet as the handler builds it, stamped.
     fn desired(image: &str, replicas: i32) -> StatefulSet {
         let mut sts: StatefulSet = serde_json::from_value(json!({
-            "metadata": {"name": "pool-a", "namespace": "ns", "labels": {"app": "pool"}},
+            "metadata": {"name": "pool-a", "namespace": "ns", "labels": {"app": "pool", "app.kubernetes.io/component": "pool"}},
             "spec": {
                 "replicas": replicas,
                 "serviceName": "pool-a",
@@ -310,10 +346,19 @@ mod tests {
             cached.annotations().get(CACHED_DIGEST),
             Some(&digest(&full))
         );
+        assert_eq!(
+            cached.metadata.labels,
+            Some([(COMPONENT.to_owned(), "pool".to_owned())].into()),
+            "the labels read are kept"
+        );
         let mut restored = cached.clone();
         restored.annotations_mut().remove(CACHED_DIGEST);
         restored.spec.as_mut().unwrap().template = full.spec.clone().unwrap().template;
-        assert_eq!(restored, full, "only the template and the digest differ");
+        restored.metadata.labels = full.metadata.labels.clone();
+        assert_eq!(
+            restored, full,
+            "only the template, the labels not read and the digest differ"
+        );
 
         let other = trimmed(&stored(&desired("postgres:18", 3)));
         assert_ne!(
@@ -449,6 +494,7 @@ mod tests {
             })
         );
         assert_eq!(cached.status, full.status);
+        assert_eq!(cached.metadata.labels, None);
         let mut writer = Writer::<Service>::default();
         writer.apply_watcher_event(&Event::Apply(cached.clone()));
         let cache = SlimStore::new(writer.as_reader());
@@ -464,6 +510,16 @@ mod tests {
         slim(&mut edited_cached);
         assert_eq!(cache.verdict(&want, &edited_cached), Verdict::Unverified);
         assert!(!up_to_date(&want, &edited));
+        // A label edited by hand: the same (fetched, found drifted).
+        let mut relabelled = full.clone();
+        relabelled.labels_mut().insert("app".into(), "other".into());
+        let mut relabelled_cached = relabelled.clone();
+        slim(&mut relabelled_cached);
+        assert_eq!(
+            cache.verdict(&want, &relabelled_cached),
+            Verdict::Unverified
+        );
+        assert!(!up_to_date(&want, &relabelled));
         // Another type wanted: a write, no fetch.
         let (mut internal, _) = service(5432);
         internal.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
@@ -474,7 +530,7 @@ mod tests {
     #[test]
     fn a_budget_is_cached_without_spec_and_status() {
         let mut desired: PodDisruptionBudget = serde_json::from_value(json!({
-            "metadata": {"name": "pool-a", "namespace": "ns"},
+            "metadata": {"name": "pool-a", "namespace": "ns", "labels": {"app": "pool"}},
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pool"}}},
         }))
         .unwrap();
@@ -488,6 +544,7 @@ mod tests {
         let mut cached = full.clone();
         slim_budget(&mut cached);
         assert_eq!((cached.spec.as_ref(), cached.status.as_ref()), (None, None));
+        assert_eq!(cached.metadata.labels, None);
         let mut writer = Writer::<PodDisruptionBudget>::default();
         writer.apply_watcher_event(&Event::Apply(cached.clone()));
         let cache = SlimStore::new(writer.as_reader());

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use crate::v1alpha1::{
     BackupConfig, ContainerConfig, EtcdSpec, FilesystemBackupConfig, GatewayBufferConfig,
-    MultigatewaySpec, MultiorchSpec, PoolName, PoolSpec, PvcDeletionPolicy, S3BackupConfig,
+    MultigatewaySpec, MultiorchSpec, PoolSpec, Pools, PvcDeletionPolicy, S3BackupConfig,
     StatelessSpec, StorageSpec,
 };
 
@@ -145,7 +145,7 @@ impl Overlay for PoolSpec {
 }
 
 /// Pools rule: per pool name; a name only in the upper level adds a pool.
-pub fn merge_pools(base: &mut BTreeMap<PoolName, PoolSpec>, upper: &BTreeMap<PoolName, PoolSpec>) {
+pub fn merge_pools(base: &mut Pools, upper: &Pools) {
     for (name, pool) in upper {
         match base.get_mut(name) {
             Some(existing) => existing.overlay(pool),
@@ -207,7 +207,7 @@ impl Overlay for BackupConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::v1alpha1::{BackupType, PvcRetentionPolicyType};
+    use crate::v1alpha1::{BackupType, PoolName, PvcRetentionPolicyType};
     use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -329,21 +329,21 @@ mod tests {
     fn pools_merge_per_name_and_add_new_ones() {
         let mut base = BTreeMap::from([(
             PoolName::new("main"),
-            PoolSpec {
+            Box::new(PoolSpec {
                 replicas_per_cell: Some(3),
                 fs_group: Some(999),
                 ..Default::default()
-            },
+            }),
         )]);
         let upper = BTreeMap::from([
             (
                 PoolName::new("main"),
-                PoolSpec {
+                Box::new(PoolSpec {
                     replicas_per_cell: Some(5),
                     ..Default::default()
-                },
+                }),
             ),
-            (PoolName::new("extra"), PoolSpec::default()),
+            (PoolName::new("extra"), Box::default()),
         ]);
         merge_pools(&mut base, &upper);
         assert_eq!(base.len(), 2);

@@ -909,12 +909,17 @@ fn resolve_shard(
         .leader_failover_grace_period_max_jitter
         .get_or_insert_with(|| GoDuration::new(defaults::MULTIORCH_FAILOVER_GRACE_MAX_JITTER));
     if pools.is_empty() {
-        pools.insert(PoolName::new(DEFAULT_POOL), PoolSpec::default());
+        pools.insert(PoolName::new(DEFAULT_POOL), Box::default());
     }
     let shard_pvc = resolve_pvc_policy(&[pvc.as_ref(), Some(tg_pvc)]);
     let pools = pools
         .into_iter()
-        .map(|(name, pool)| (name, pool_with_defaults(pool, all_cells, &shard_pvc)))
+        .map(|(name, pool)| {
+            (
+                name,
+                Box::new(pool_with_defaults(*pool, all_cells, &shard_pvc)),
+            )
+        })
         .collect();
     ShardResolvedSpec {
         name: shard.name.as_str().to_string(),

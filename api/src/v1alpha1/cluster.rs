@@ -15,11 +15,11 @@ use super::{
     common::{
         BackupConfig, CellName, ComponentLogLevels, DatabaseName, ImagePullPolicy, ImageRef,
         InitdbArgs, InternalTlsConfig, IpAddress, ObservabilityConfig, Phase, PodPlacementSpec,
-        PoolName, PostgresConfigRef, PostgresPasswordSecretRef, PvcDeletionPolicy, Region,
-        ShardName, StatelessSpec, TableGroupName, TemplateRef, TopologyPruningConfig, ZoneId,
+        PostgresConfigRef, PostgresPasswordSecretRef, PvcDeletionPolicy, Region, ShardName,
+        StatelessSpec, TableGroupName, TemplateRef, TopologyPruningConfig, ZoneId,
     },
     rules,
-    shard::{MultiorchSpec, PoolSpec},
+    shard::{MultiorchSpec, Pools},
     toposerver::{GlobalTopoServerSpec, LocalTopoServerSpec},
 };
 use crate::schema::{embedded_list, is_false};
@@ -499,7 +499,7 @@ pub struct ShardOverrides {
     #[x_kube(validation = rules::pool_name_length())]
     #[x_kube(validation = rules::pool_name_pattern())]
     #[x_kube(validation = rules::pools_append_only())]
-    pub pools: BTreeMap<PoolName, PoolSpec>,
+    pub pools: Pools,
 }
 
 /// Inline settings of a shard.
@@ -532,7 +532,7 @@ pub struct ShardInlineSpec {
     #[x_kube(validation = rules::pool_name_length())]
     #[x_kube(validation = rules::pool_name_pattern())]
     #[x_kube(validation = rules::pools_append_only())]
-    pub pools: BTreeMap<PoolName, PoolSpec>,
+    pub pools: Pools,
 
     /// PVC lifecycle of this shard's pool volumes, overriding table group and cluster per
     /// field.

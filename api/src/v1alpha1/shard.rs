@@ -58,6 +58,12 @@ pub struct MultiorchSpec {
     pub leader_failover_grace_period_max_jitter: Option<GoDuration>,
 }
 
+/// Pools by name. Each spec is boxed: a B-tree node holds eleven entries inline whether used
+/// or not, so a map of unboxed specs (several hundred bytes each) took about 7 KB for one or
+/// two pools, in every cached Shard, TableGroup, MultigresCluster and ShardTemplate of every
+/// handler.
+pub type Pools = BTreeMap<PoolName, Box<PoolSpec>>;
+
 /// A pool: one StatefulSet per cell of pods running PostgreSQL (via pgctld) and multipooler.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -172,7 +178,7 @@ pub struct ShardSpec {
     /// Resolved pools by name (at most 8).
     #[schemars(extend("maxProperties" = 8))]
     #[x_kube(validation = rules::resolved_pool_name_length())]
-    pub pools: BTreeMap<PoolName, PoolSpec>,
+    pub pools: Pools,
 
     /// PVC lifecycle of the pools' volumes, inherited from table group and cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]

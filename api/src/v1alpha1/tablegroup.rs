@@ -10,12 +10,12 @@ use super::{
     cell::CellTopologyLabels,
     common::{
         BackupConfig, ComponentLogLevels, DatabaseName, GlobalTopoServerRef, InitdbArgs,
-        InternalTlsConfig, ObservabilityConfig, Phase, PoolName, PostgresConfigRef,
+        InternalTlsConfig, ObservabilityConfig, Phase, PostgresConfigRef,
         PostgresPasswordSecretRef, PvcDeletionPolicy, ShardImages, TableGroupName,
         TopologyPruningConfig,
     },
     rules,
-    shard::{MultiorchSpec, PoolSpec},
+    shard::{MultiorchSpec, Pools},
 };
 use crate::schema::{embedded_list, is_false};
 
@@ -46,7 +46,7 @@ pub struct ShardResolvedSpec {
     /// Resolved pools by name (at most 8).
     #[schemars(extend("maxProperties" = 8))]
     #[x_kube(validation = rules::resolved_pool_name_length())]
-    pub pools: BTreeMap<PoolName, PoolSpec>,
+    pub pools: Pools,
 
     /// PVC lifecycle of the shard's pool volumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

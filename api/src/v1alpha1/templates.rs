@@ -15,11 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     cell::MultigatewaySpec,
-    common::{
-        InitdbArgs, PodPlacementSpec, PoolName, PostgresConfigRef, PvcDeletionPolicy, StatelessSpec,
-    },
+    common::{InitdbArgs, PodPlacementSpec, PostgresConfigRef, PvcDeletionPolicy, StatelessSpec},
     rules,
-    shard::{MultiorchSpec, PoolSpec},
+    shard::{MultiorchSpec, Pools},
     toposerver::{LocalTopoServerSpec, TopoServerSpec},
 };
 
@@ -119,7 +117,7 @@ pub struct ShardTemplateSpec {
     #[x_kube(validation = rules::pool_name_length())]
     #[x_kube(validation = rules::pool_name_pattern())]
     #[x_kube(validation = rules::pools_append_only())]
-    pub pools: BTreeMap<PoolName, PoolSpec>,
+    pub pools: Pools,
 
     /// PVC lifecycle of the pools' volumes for shards using this template.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -245,7 +245,7 @@ impl ShardSite<'_> {
                 .spec
                 .as_ref()
                 .and_then(|s| s.pools.get(pool))
-                .is_some_and(&set)
+                .is_some_and(|p| set(p))
             {
                 return format!("{path}.spec.pools[{pool}].{field}");
             }
@@ -253,13 +253,13 @@ impl ShardSite<'_> {
                 .overrides
                 .as_ref()
                 .and_then(|o| o.pools.get(pool))
-                .is_some_and(&set)
+                .is_some_and(|p| set(p))
             {
                 return format!("{path}.overrides.pools[{pool}].{field}");
             }
         }
         if let Some((name, template)) = self.template
-            && template.pools.get(pool).is_some_and(&set)
+            && template.pools.get(pool).is_some_and(|p| set(p))
         {
             return format!("ShardTemplate {name:?} spec.pools[{pool}].{field}");
         }

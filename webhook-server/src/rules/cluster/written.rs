@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use multigres_api::backup_schedule::Schedule;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
-    BackupConfig, CellConfig, EtcdSpec, ExternalServiceConfig, MultigresClusterSpec, PoolSpec,
-    ShardConfig, TemplateRef,
+    BackupConfig, CellConfig, EtcdSpec, ExternalServiceConfig, MultigresClusterSpec, ShardConfig,
+    TemplateRef,
 };
 
 use crate::rules::{self, TemplateKind, Templates};
@@ -294,7 +294,7 @@ pub(in crate::rules) fn etcd_block(findings: &mut Findings, path: &str, etcd: &E
 pub(in crate::rules) fn pools_block(
     findings: &mut Findings,
     base: &str,
-    pools: &BTreeMap<multigres_api::v1alpha1::PoolName, PoolSpec>,
+    pools: &multigres_api::v1alpha1::Pools,
 ) {
     for (name, pool) in pools {
         let path = format!("{base}.pools[{name}]");
