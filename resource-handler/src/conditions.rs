@@ -4,6 +4,8 @@
 //! so a status this handler applies carries only its own condition types, with their
 //! transition times kept from what was observed.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use multigres_api::v1alpha1::Phase;
@@ -83,14 +85,29 @@ pub fn merge(
 /// [`crate::unready::node_not_reporting`]).
 pub const NODES_NOT_REPORTING: &str = "NodesNotReporting";
 
-/// The phase shown by `kubectl get`: Degraded when the spec cannot be realised, Healthy when
-/// available, Progressing otherwise.
-pub fn phase(available: bool, problem: Option<&str>) -> Phase {
+/// The phase shown by `kubectl get`: Degraded when the spec cannot be realised or pods were
+/// lost with nodes that stopped reporting (`silent`), Healthy when available, Progressing
+/// otherwise.
+pub fn phase(available: bool, problem: Option<&str>, silent: &BTreeSet<String>) -> Phase {
     match (problem, available) {
         (Some(_), _) => Phase::Degraded,
+        (None, _) if !silent.is_empty() => Phase::Degraded,
         (None, true) => Phase::Healthy,
         (None, false) => Phase::Progressing,
     }
+}
+
+/// `message` led by the `pods` lost with the nodes in `silent`, when there are any: what makes
+/// the object Degraded comes first.
+pub fn with_lost_pods(pods: &str, silent: &BTreeSet<String>, message: String) -> String {
+    if silent.is_empty() {
+        return message;
+    }
+    let nodes: Vec<&str> = silent.iter().map(String::as_str).collect();
+    format!(
+        "{pods} lost with their nodes, which stopped reporting: {}; {message}",
+        nodes.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -137,8 +154,11 @@ mod tests {
 
     #[test]
     fn phase_prefers_problems() {
-        assert_eq!(phase(true, Some("bad")), Phase::Degraded);
-        assert_eq!(phase(true, None), Phase::Healthy);
-        assert_eq!(phase(false, None), Phase::Progressing);
+        let none = BTreeSet::new();
+        assert_eq!(phase(true, Some("bad"), &none), Phase::Degraded);
+        assert_eq!(phase(true, None, &none), Phase::Healthy);
+        assert_eq!(phase(false, None, &none), Phase::Progressing);
+        let lost = BTreeSet::from(["node-b".to_owned()]);
+        assert_eq!(phase(true, None, &lost), Phase::Degraded);
     }
 }

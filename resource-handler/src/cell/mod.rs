@@ -17,13 +17,15 @@ use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
-use multigres_api::v1alpha1::{Cell, CellStatus, Phase};
+use multigres_api::v1alpha1::{Cell, CellStatus};
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
-use crate::conditions::{AVAILABLE, Cond, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase};
+use crate::conditions::{
+    AVAILABLE, Cond, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase, with_lost_pods,
+};
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
 use crate::controller::{Classify, Ctx, error_policy, observe, owned};
@@ -224,17 +226,14 @@ pub fn status(
     service: &str,
     now: Timestamp,
 ) -> CellStatus {
-    let mut message = format!(
-        "{}/{} multigateway pods ready",
-        counts.ready, counts.desired
+    let message = with_lost_pods(
+        "multigateway pods",
+        silent,
+        format!(
+            "{}/{} multigateway pods ready",
+            counts.ready, counts.desired
+        ),
     );
-    if !silent.is_empty() {
-        let nodes: Vec<&str> = silent.iter().map(String::as_str).collect();
-        message = format!(
-            "multigateway pods lost with their nodes, which stopped reporting: {}; {message}",
-            nodes.join(", ")
-        );
-    }
     let available = if counts.desired == 0 && counts.observed {
         Cond::new(
             AVAILABLE,
@@ -258,11 +257,7 @@ pub fn status(
     CellStatus {
         observed_generation: cell.metadata.generation,
         conditions: merge(observed, &[available], cell.metadata.generation, now),
-        phase: Some(if silent.is_empty() {
-            phase(healthy, None)
-        } else {
-            Phase::Degraded
-        }),
+        phase: Some(phase(healthy, None, silent)),
         message: Some(message),
         gateway_replicas: Some(counts.desired),
         gateway_ready_replicas: Some(counts.ready),
@@ -272,6 +267,8 @@ pub fn status(
 
 #[cfg(test)]
 mod tests {
+    use multigres_api::v1alpha1::Phase;
+
     use super::*;
 
     #[test]

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use multigres_api::v1alpha1::{Phase, Shard, ShardStatus};
+use multigres_api::v1alpha1::{Shard, ShardStatus};
 use multigres_common::status_pacer;
 
 use super::apply::Outcome;
@@ -19,7 +19,9 @@ use super::scale::{self, HeldScaleUp};
 use super::{
     Desired, Error, Guard, NAME, ROLLING_UPDATE, Rejected, labelled_for, pgconfig, switchover,
 };
-use crate::conditions::{AVAILABLE, Cond, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase};
+use crate::conditions::{
+    AVAILABLE, Cond, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase, with_lost_pods,
+};
 use crate::controller::{Ctx, POLL};
 use crate::readiness::Counts;
 use crate::storage::STORAGE_SYNCED;
@@ -369,22 +371,10 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     ShardStatus {
         observed_generation: generation,
         conditions,
-        phase: Some(match report.problem {
-            None if !report.silent_nodes.is_empty() => Phase::Degraded,
-            problem => phase(healthy, problem),
-        }),
+        phase: Some(phase(healthy, report.problem, &report.silent_nodes)),
         message: Some(match report.problem {
             Some(problem) => problem.to_owned(),
-            None if !report.silent_nodes.is_empty() => format!(
-                "pool pods lost with their nodes, which stopped reporting: {}; {message}",
-                report
-                    .silent_nodes
-                    .iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            None => message,
+            None => with_lost_pods("pool pods", &report.silent_nodes, message),
         }),
         cells: build::pool_cells(&shard.spec),
         orch_ready: Some(orch_ready),

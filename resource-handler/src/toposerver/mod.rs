@@ -18,13 +18,13 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
-use multigres_api::v1alpha1::{MultigresCluster, Phase, TopoServer, TopoServerStatus};
+use multigres_api::v1alpha1::{MultigresCluster, TopoServer, TopoServerStatus};
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
-use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase};
+use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase, with_lost_pods};
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
 use crate::controller::{Classify, Ctx, error_policy, observe, owned};
@@ -360,14 +360,11 @@ pub fn status(
 ) -> TopoServerStatus {
     let quorum = counts.desired / 2 + 1;
     let serving = counts.observed && counts.desired > 0 && counts.ready >= quorum;
-    let mut message = format!("{}/{} etcd members ready", counts.ready, counts.desired);
-    if !silent.is_empty() {
-        let nodes: Vec<&str> = silent.iter().map(String::as_str).collect();
-        message = format!(
-            "etcd members lost with their nodes, which stopped reporting: {}; {message}",
-            nodes.join(", ")
-        );
-    }
+    let message = with_lost_pods(
+        "etcd members",
+        silent,
+        format!("{}/{} etcd members ready", counts.ready, counts.desired),
+    );
     let available = match (serving, counts.all_ready()) {
         (true, true) => Cond::new(AVAILABLE, TRUE, "AllMembersReady", message.clone()),
         (true, false) => Cond::new(AVAILABLE, TRUE, "QuorumReady", message.clone()),
@@ -401,10 +398,7 @@ pub fn status(
     TopoServerStatus {
         observed_generation: generation,
         conditions,
-        phase: Some(match problem {
-            None if !silent.is_empty() => Phase::Degraded,
-            problem => phase(healthy, problem),
-        }),
+        phase: Some(phase(healthy, problem, silent)),
         message: Some(problem.map_or(message, str::to_owned)),
         client_service: topo
             .metadata
@@ -417,6 +411,8 @@ pub fn status(
 
 #[cfg(test)]
 mod tests {
+    use multigres_api::v1alpha1::Phase;
+
     use super::*;
 
     fn topo() -> TopoServer {
