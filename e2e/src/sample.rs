@@ -28,8 +28,21 @@ pub const WAIT: Duration = Duration::from_secs(420);
 /// Applies the minimal sample with the local images and `edit` applied to its
 /// MultigresCluster; the time it was sent.
 pub async fn apply_sample(client: &Client, namespace: &str, edit: impl Fn(&mut Value)) -> Instant {
-    let path = repo_path("deploy/samples/minimal.yaml");
     let sent = Instant::now();
+    apply_sample_file(client, namespace, "minimal", edit).await;
+    sent
+}
+
+/// Applies `deploy/samples/<file>.yaml` with the local images (see [`use_local_images`]) and
+/// `edit` applied to its MultigresCluster; the cluster's name.
+pub async fn apply_sample_file(
+    client: &Client,
+    namespace: &str,
+    file: &str,
+    edit: impl Fn(&mut Value),
+) -> String {
+    let path = repo_path(&format!("deploy/samples/{file}.yaml"));
+    let mut name = None;
     for mut doc in manifest::read_documents(&path).unwrap() {
         let kind = doc
             .types
@@ -39,12 +52,13 @@ pub async fn apply_sample(client: &Client, namespace: &str, edit: impl Fn(&mut V
         use_local_images(&kind, &mut doc.data);
         if kind == "MultigresCluster" {
             edit(&mut doc.data);
+            name = doc.metadata.name.clone();
         }
         manifest::apply(client, &doc, Some(namespace), Mode::Apply)
             .await
             .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
     }
-    sent
+    name.unwrap_or_else(|| panic!("{} has no MultigresCluster", path.display()))
 }
 
 /// The cluster's `Available` condition as (status, message).

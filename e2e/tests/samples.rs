@@ -13,12 +13,11 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use multigres_api::v1alpha1::MultigresCluster;
-use multigres_e2e::harness::{eventually, fresh_namespace, repo_path};
+use multigres_e2e::harness::{eventually, fresh_namespace};
 use multigres_e2e::load::figure;
 use multigres_e2e::manifest::{self, Mode};
-use multigres_e2e::real::{
-    ETCD_IMAGE_PREFIX, Endpoint, image, operator_installed, use_local_images,
-};
+use multigres_e2e::real::{ETCD_IMAGE_PREFIX, Endpoint, image, operator_installed};
+use multigres_e2e::sample::apply_sample_file;
 use serde_json::json;
 
 /// The multi-cell samples, by file name under `deploy/samples`, in the pairs that run together.
@@ -52,27 +51,6 @@ async fn run_external_etcd(client: &Client, namespace: &str) {
             .await
             .unwrap_or_else(|e| panic!("applying topo-etcd: {e}"));
     }
-}
-
-/// Applies `deploy/samples/<sample>.yaml` with the local images; the cluster's name.
-async fn apply(client: &Client, namespace: &str, sample: &str) -> String {
-    let path = repo_path(&format!("deploy/samples/{sample}.yaml"));
-    let mut name = None;
-    for mut doc in manifest::read_documents(&path).unwrap() {
-        let kind = doc
-            .types
-            .as_ref()
-            .map(|t| t.kind.clone())
-            .unwrap_or_default();
-        use_local_images(&kind, &mut doc.data);
-        if kind == "MultigresCluster" {
-            name = doc.metadata.name.clone();
-        }
-        manifest::apply(client, &doc, Some(namespace), Mode::Apply)
-            .await
-            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
-    }
-    name.unwrap_or_else(|| panic!("{} has no MultigresCluster", path.display()))
 }
 
 /// Waits until the cluster is Available and every cell's gateway answers `SELECT 1`; the time
@@ -147,7 +125,7 @@ async fn every_multi_cell_sample_answers_sql_through_each_cells_gateway() {
             if sample == "external-topo" {
                 run_external_etcd(&client, &namespace).await;
             }
-            let name = apply(&client, &namespace, sample).await;
+            let name = apply_sample_file(&client, &namespace, sample, |_| {}).await;
             applied.push((sample, namespace, name));
         }
         for (sample, namespace, name) in &applied {
