@@ -843,9 +843,13 @@ async fn publish_cohort_as(
             "multigres.com/cohort": value,
             "multigres.com/role": role,
         }}});
-        api.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap();
+        // The handler may act on the status above before the labels land: a pod it has
+        // already scaled away needs no labels.
+        match api.patch(pod, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("labelling pod {pod}: {e}"),
+        }
     }
 }
 
