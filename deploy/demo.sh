@@ -130,6 +130,7 @@ if [ -n "${KUBECONFIG:-}" ] && kubectl version --request-timeout=5s >/dev/null 2
   kubectl apply -n "$namespace" --server-side -f "$sample"
 elif [ "${MULTIGRES_E2E_SANDBOX:-}" != 1 ]; then
   say "no reachable cluster in KUBECONFIG: building the images (cached in ~/.cache/multigres-operator)"
+  echo "[demo] building the local control plane's launcher (first time: a few minutes)" >&2
   cargo build -q -p multigres-e2e --bin local-cluster
   mkdir -p target/images
   MULTIGRES_TOOLCHAIN_BIN=$bin_dir bash e2e/images/build.sh >target/images/demo-list

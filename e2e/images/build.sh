@@ -78,16 +78,16 @@ multigres_bin() {
       tar -xzf "$MULTIGRES_TARBALL" -C "$dir/src.tmp" --strip-components=1
       mv "$dir/src.tmp" "$dir/src"
     fi
-    log "building Multigres ${MULTIGRES_COMMIT:0:8} (first time: about 5 minutes)"
     rm -rf "$dir/bin.tmp"
     mkdir -p "$dir/bin.tmp"
     # As the upstream Makefile's build-release: static, stripped, commit stamped. The tree is
     # the main module, so the proxy's refusal of github.com/multigres/* does not matter.
-    (cd "$dir/src" && GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GOCACHE=$images_dir/go-build \
+    quietly "multigres-${MULTIGRES_COMMIT:0:8}-build" "building Multigres, first time: about 5 minutes" \
+      env -C "$dir/src" GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GOCACHE="$images_dir/go-build" \
       go build -trimpath \
       -ldflags "-w -s -X github.com/multigres/multigres/go/common/servenv.gitCommit=$MULTIGRES_COMMIT" \
       -o "$dir/bin.tmp/" ./go/cmd/multigres ./go/cmd/multiadmin ./go/cmd/multigateway \
-      ./go/cmd/multiorch ./go/cmd/multipooler ./go/cmd/pgctld)
+      ./go/cmd/multiorch ./go/cmd/multipooler ./go/cmd/pgctld
     rm -rf "$dir/bin"
     mv "$dir/bin.tmp" "$dir/bin"
   fi
@@ -97,12 +97,13 @@ multigres_bin() {
 pgbackrest_bin() {
   local dir=$work/pgbackrest-$br_key
   if [ ! -x "$dir/build/src/pgbackrest" ]; then
-    log "building pgBackRest $PGBACKREST_VERSION"
     rm -rf "$dir"
     mkdir -p "$dir/src"
     tar -xzf "$PGBACKREST_TARBALL" -C "$dir/src" --strip-components=1
-    meson setup --buildtype=release "$dir/build" "$dir/src" >&2
-    ninja -C "$dir/build" >&2
+    quietly "pgbackrest-$PGBACKREST_VERSION-configure" "configuring pgBackRest, first time: under a minute" \
+      meson setup --buildtype=release "$dir/build" "$dir/src"
+    quietly "pgbackrest-$PGBACKREST_VERSION-build" "building pgBackRest, first time: a few minutes" \
+      ninja -C "$dir/build"
   fi
   echo "$dir/build/src/pgbackrest"
 }
@@ -154,7 +155,7 @@ image_multigres() {
     # multipooler runs as the postgres user in pool pods (it shares PGDATA with pgctld).
     add_users "$root" nonroot:$NONROOT:$NONROOT:/home/nonroot postgres:$POSTGRES:$POSTGRES:/var/lib/postgresql
     for b in multigateway multiorch multipooler multiadmin; do in_root "$root" $NONROOT:$NONROOT /multigres/bin/$b --help >/dev/null; done
-    in_root "$root" $POSTGRES:$POSTGRES pgbackrest version >&2
+    in_root "$root" $POSTGRES:$POSTGRES pgbackrest version >/dev/null
     timed "multigres: archive" oci_archive "$root" "$(jq -cn --argjson labels "$LABELS" --arg path "/multigres/bin:$BASE_PATH" \
       '{User: "65532:65532", Env: ["PATH=\($path)"], WorkingDir: "/multigres", Labels: $labels}')" "$ref" "$out"
     rm -rf "$root"
@@ -200,9 +201,9 @@ image_pgctld() {
     install -d -o $POSTGRES -g $POSTGRES -m 2775 "$root/var/run/postgresql"
     install -d -o $POSTGRES -g $POSTGRES -m 1777 "$root/var/lib/postgresql/data"
     for b in postgres initdb pg_ctl psql pg_isready pg_controldata pg_rewind; do
-      in_root "$root" $POSTGRES:$POSTGRES $b --version >&2
+      in_root "$root" $POSTGRES:$POSTGRES $b --version >/dev/null
     done
-    in_root "$root" $POSTGRES:$POSTGRES pgbackrest version >&2
+    in_root "$root" $POSTGRES:$POSTGRES pgbackrest version >/dev/null
     in_root "$root" $POSTGRES:$POSTGRES /usr/local/bin/pgctld --help >/dev/null
     in_root "$root" $POSTGRES:$POSTGRES /bin/sh -c 'exit 0'
     timed "pgctld: archive" oci_archive "$root" "$(jq -cn --argjson labels "$LABELS" --arg path "PATH=$pgdir/bin:$BASE_PATH" \

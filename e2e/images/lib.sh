@@ -20,6 +20,21 @@ timed() {
   log "$name: $((SECONDS - start)) s"
 }
 
+# Runs "$@" (a long build) with all its output in $images_dir/logs/<name>.log: one line says what
+# runs, how long it usually takes and where its log is; on failure, the log's last lines.
+quietly() {
+  local name=$1 expected=$2 file
+  shift 2
+  mkdir -p "$images_dir/logs"
+  file=$images_dir/logs/$name.log
+  log "$name ($expected; log: $file)"
+  if ! "$@" >"$file" 2>&1; then
+    tail -n 40 "$file" >&2
+    log "$name failed; its whole log: $file"
+    return 1
+  fi
+}
+
 # A fresh, empty root directory laid out like Debian 12 (merged /usr), so library paths that
 # ldd prints as /lib/... or /lib64/... resolve inside the image as they do on the host.
 new_root() {

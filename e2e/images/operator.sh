@@ -88,7 +88,8 @@ start=$SECONDS
 profile=${MULTIGRES_OPERATOR_PROFILE:-release}
 profile_dir=$profile
 [ "$profile" = dev ] && profile_dir=debug
-(cd "$repo" && cargo build --profile "$profile" --locked "${packages[@]/#/--package=}")
+quietly "operator-cargo-build-$profile" "cargo build --profile $profile, first time: 5-15 minutes" \
+  env -C "$repo" cargo build --profile "$profile" --locked "${packages[@]/#/--package=}"
 log "operator: cargo build --profile $profile: $((SECONDS - start)) s"
 
 start=$SECONDS
