@@ -372,6 +372,7 @@ async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() 
             "--hostname=$(POD_IP)".to_owned(),
             "--log-level=info".to_owned(),
             "--lameduck-period=5s".to_owned(),
+            "--onclose-timeout=1s".to_owned(),
             "--buffer-enabled=true".to_owned(),
         ]
     );
@@ -845,7 +846,10 @@ async fn publish_cohort_as(
         }}});
         // The handler may act on the status above before the labels land: a pod it has
         // already scaled away needs no labels.
-        match api.patch(pod, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match api
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => panic!("labelling pod {pod}: {e}"),

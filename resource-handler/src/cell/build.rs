@@ -24,6 +24,14 @@ use crate::stateless::{self, Process, Workload};
 /// closed idle connection rather than a refused one.
 const LAMEDUCK_PERIOD: &str = "5s";
 
+/// How long multigateway waits, after its lameduck period, for its shutdown hooks (upstream:
+/// 10 s). The first of them cancels the gateway's connections to the poolers, then waits for
+/// every client connection to end, which a pooled client's never does: a statement sent in
+/// that window can no longer be answered and only fails when the process exits
+/// (`go/services/multigateway/init.go` `Shutdown`, `go/common/pgprotocol/server/listener.go`
+/// `Close`). A short wait fails it at once, so the client reconnects to another gateway.
+const ONCLOSE_TIMEOUT: &str = "1s";
+
 /// Startup budget of multigateway: it registers in the topology (10 s timeout) before it
 /// listens, and retries from scratch if the cell record is not there yet.
 const STARTUP_BUDGET_SECONDS: i32 = 300;
@@ -42,7 +50,7 @@ pub struct CellObjects {
     pub pdb: Option<PodDisruptionBudget>,
 }
 
-/// multigateway's command line: ports, topology, identity, log level, lameduck period and the
+/// multigateway's command line: ports, topology, identity, log level, shutdown timing and the
 /// failover buffer (only the buffer settings the spec sets, so multigateway's own defaults
 /// apply to the rest).
 pub fn multigateway_args(spec: &CellSpec) -> Vec<String> {
@@ -59,6 +67,7 @@ pub fn multigateway_args(spec: &CellSpec) -> Vec<String> {
         flag("hostname", "$(POD_IP)"),
         log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multigateway)),
         flag("lameduck-period", LAMEDUCK_PERIOD),
+        flag("onclose-timeout", ONCLOSE_TIMEOUT),
     ]);
     if let Some(b) = &spec.multigateway.buffer {
         if let Some(enabled) = b.enabled {

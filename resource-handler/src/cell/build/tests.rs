@@ -46,6 +46,7 @@ fn multigateway_runs_with_the_exact_flags() {
             "--hostname=$(POD_IP)",
             "--log-level=debug",
             "--lameduck-period=5s",
+            "--onclose-timeout=1s",
             "--buffer-enabled=true",
             "--buffer-window=5s",
             "--buffer-size=500",
