@@ -30,6 +30,14 @@ command -v go >/dev/null || { echo "build.sh: Go >= 1.26 is required to build th
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 mkdir -p "$bin"
 log() { echo "[toolchain] $*" >&2; }
+# One build at a time per cache: test runs, helpers and the demo may start together, and two
+# Kubernetes builds side by side take twice the CPU for the same binaries. A later caller
+# waits here and builds only what is still missing.
+exec 9>"$bin/../.build.lock"
+if ! flock -n 9; then
+  log "another build of this toolchain is running; waiting for it"
+  flock 9
+fi
 build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 k8s_missing=()
