@@ -33,7 +33,7 @@ if [ ${#missing[@]} -eq 0 ] && [ -d "$stages" ]; then
   exit 0
 fi
 
-command -v go >/dev/null || { echo "build.sh: Go >= 1.26 is required to build the control plane" >&2; exit 1; }
+command -v go >/dev/null || { echo "build.sh: Go >= 1.26.7 is required to build the toolchain (promtool needs it)" >&2; exit 1; }
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 mkdir -p "$bin"
 log() { echo "[toolchain] $*" >&2; }
