@@ -502,20 +502,18 @@ fn tolerance(policy: &Policy, participants: &Participants<'_>, leader: Option<&s
     )
 }
 
-/// Sets the cohort gauges of every Shard in `shards` whose status has a cohort.
+/// Sets the cohort and primaries gauges of every Shard in `shards` whose status has a cohort:
+/// one that had a primary elected, so a shard still bootstrapping reports no missing primary.
 pub fn collect(gauges: &mut StatusGauges, shards: &Store<Guarded<Shard>>) {
     for shard in shards.state() {
         let Ok(shard) = &shard.0 else { continue };
-        let Some(cohort) = shard.status.as_ref().and_then(|s| s.cohort.as_ref()) else {
-            continue;
-        };
+        let Some(status) = &shard.status else { continue };
+        let Some(cohort) = &status.cohort else { continue };
         let (counts, lag) = counts(cohort);
         let namespace = shard.namespace().unwrap_or_default();
         let name = shard.name_any();
         gauges.set_shard_cohort(&namespace, &name, counts, lag);
-        if let Some(status) = &shard.status {
-            gauges.set_shard_primaries(&namespace, &name, primaries(status));
-        }
+        gauges.set_shard_primaries(&namespace, &name, primaries(status));
     }
 }
 
