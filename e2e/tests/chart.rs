@@ -528,9 +528,7 @@ fn every_alert_has_a_runbook_and_uses_documented_metrics() {
 }
 
 /// The promtool unit tests of the alerts, beside the chart (not packaged: `.helmignore`).
-fn alert_tests_path() -> PathBuf {
-    chart_dir().join("tests/alerts_test.yaml")
-}
+const ALERT_TESTS: &str = "deploy/helm/multigres-operator/tests/alerts_test.yaml";
 
 /// Runs the toolchain's promtool with `args` in `dir`: whether it succeeded, and what it printed.
 async fn promtool(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
@@ -562,7 +560,7 @@ async fn promtool_accepts_the_rendered_rules_and_their_unit_tests_pass() {
         .tempdir()
         .expect("temporary directory");
     std::fs::write(dir.path().join("alerts.rules.yaml"), rules).expect("write the rule file");
-    std::fs::copy(alert_tests_path(), dir.path().join("alerts_test.yaml"))
+    std::fs::copy(repo_path(ALERT_TESTS), dir.path().join("alerts_test.yaml"))
         .expect("copy the alert tests");
 
     let (ok, out) = promtool(
@@ -576,15 +574,17 @@ async fn promtool_accepts_the_rendered_rules_and_their_unit_tests_pass() {
         ],
     )
     .await;
-    assert!(ok, "promtool check rules rejects the rendered alerts:\n{out}");
+    assert!(
+        ok,
+        "promtool check rules rejects the rendered alerts:\n{out}"
+    );
     let found = format!("SUCCESS: {} rules found", alerts().len());
     assert!(out.contains(&found), "expected {found:?}:\n{out}");
 
     let (ok, out) = promtool(dir.path(), &["test", "rules", "alerts_test.yaml"]).await;
     assert!(
         ok,
-        "promtool test rules: a unit test of {} fails:\n{out}",
-        alert_tests_path().display()
+        "promtool test rules: a unit test in {ALERT_TESTS} fails:\n{out}"
     );
     assert!(out.contains("SUCCESS"), "{out}");
 }
@@ -593,7 +593,7 @@ async fn promtool_accepts_the_rendered_rules_and_their_unit_tests_pass() {
 /// (`exp_alerts` empty), so a rule that always or never fires cannot pass.
 #[test]
 fn every_alert_has_a_firing_and_a_quiet_unit_test() {
-    let text = std::fs::read_to_string(alert_tests_path()).unwrap();
+    let text = std::fs::read_to_string(repo_path(ALERT_TESTS)).unwrap();
     let doc: Value = serde_yaml::from_str(&text).unwrap();
     let mut firing = BTreeSet::new();
     let mut quiet = BTreeSet::new();
@@ -609,13 +609,11 @@ fn every_alert_has_a_firing_and_a_quiet_unit_test() {
     for (alert, _) in alerts() {
         assert!(
             firing.contains(&alert),
-            "{alert}: no unit test where it fires in {}",
-            alert_tests_path().display()
+            "{alert}: no unit test where it fires in {ALERT_TESTS}; add one"
         );
         assert!(
             quiet.contains(&alert),
-            "{alert}: no unit test where it must not fire in {}",
-            alert_tests_path().display()
+            "{alert}: no unit test where it must not fire in {ALERT_TESTS}; add one"
         );
     }
 }

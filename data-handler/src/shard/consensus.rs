@@ -507,8 +507,12 @@ fn tolerance(policy: &Policy, participants: &Participants<'_>, leader: Option<&s
 pub fn collect(gauges: &mut StatusGauges, shards: &Store<Guarded<Shard>>) {
     for shard in shards.state() {
         let Ok(shard) = &shard.0 else { continue };
-        let Some(status) = &shard.status else { continue };
-        let Some(cohort) = &status.cohort else { continue };
+        let Some(status) = &shard.status else {
+            continue;
+        };
+        let Some(cohort) = &status.cohort else {
+            continue;
+        };
         let (counts, lag) = counts(cohort);
         let namespace = shard.namespace().unwrap_or_default();
         let name = shard.name_any();
