@@ -552,7 +552,9 @@ async fn promtool(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
 #[tokio::test]
 async fn promtool_accepts_the_rendered_rules_and_their_unit_tests_pass() {
     let docs = render(&["metrics.prometheusRule.enabled=true"]).await;
-    let rule = of_kind(&docs, "PrometheusRule")[0];
+    let rule = *of_kind(&docs, "PrometheusRule")
+        .first()
+        .expect("metrics.prometheusRule.enabled=true renders a PrometheusRule");
     let rules = serde_yaml::to_string(&serde_json::json!({ "groups": rule["spec"]["groups"] }))
         .expect("rule file");
     let dir = tempfile::Builder::new()
