@@ -27,6 +27,9 @@ pub const TOPOSERVER_REPLICAS: &str = "multigres_operator_toposerver_replicas";
 /// A shard's consensus cohort (`shard`, `namespace`, `state` = `members`, `healthy`,
 /// `required`, `pods`).
 pub const SHARD_COHORT_MEMBERS: &str = "multigres_operator_shard_cohort_members";
+/// Pool pods serving as a shard's primary (`shard`, `namespace`): 0 means no pod takes writes,
+/// which no replica count shows; set alongside the cohort gauges.
+pub const SHARD_PRIMARIES: &str = "multigres_operator_shard_primaries";
 /// How far a pool pod's replay is behind its primary (`shard`, `namespace`, `pod`), in whole
 /// MiB as the Shard status publishes it (0 below 1 MiB).
 pub const SHARD_REPLICATION_LAG_BYTES: &str = "multigres_operator_shard_replication_lag_bytes";
@@ -36,7 +39,7 @@ pub const SHARD_LAST_BACKUP_TIMESTAMP: &str =
     "multigres_operator_shard_last_backup_timestamp_seconds";
 
 /// Every family, with its HELP text, in the order rendered.
-pub const FAMILIES: [(&str, &str); 9] = [
+pub const FAMILIES: [(&str, &str); 10] = [
     (
         CLUSTER_INFO,
         "MultigresCluster phase: 1 for the cluster's current phase.",
@@ -58,6 +61,10 @@ pub const FAMILIES: [(&str, &str); 9] = [
     (
         SHARD_COHORT_MEMBERS,
         "Consensus cohort of a Shard: members, healthy members (the primary and standbys streaming from it), members a commit needs, and pool pods.",
+    ),
+    (
+        SHARD_PRIMARIES,
+        "Pool pods of a Shard serving as its primary: named primary by the topology and answering as the primary.",
     ),
     (
         SHARD_REPLICATION_LAG_BYTES,
@@ -216,6 +223,15 @@ impl StatusGauges {
         self.add(SHARD_REPLICATION_LAG_BYTES, lag);
     }
 
+    /// How many pool pods of a Shard serve as its primary.
+    pub fn set_shard_primaries(&mut self, namespace: &str, shard: &str, primaries: i64) {
+        let labels = vec![
+            ("shard", shard.to_owned()),
+            ("namespace", namespace.to_owned()),
+        ];
+        self.add(SHARD_PRIMARIES, [(labels, primaries as f64)]);
+    }
+
     /// When a Shard's newest complete backup completed (seconds since the epoch).
     pub fn set_shard_last_backup(&mut self, namespace: &str, shard: &str, completed: i64) {
         let labels = vec![
@@ -350,6 +366,22 @@ mod tests {
         ] {
             assert!(text.contains(expected), "{expected} missing in:\n{text}");
         }
+    }
+
+    #[test]
+    fn a_shard_without_a_primary_renders_zero_primaries() {
+        let mut gauges = StatusGauges::default();
+        gauges.set_shard_primaries("db", "lost", 0);
+        gauges.set_shard_primaries("db", "whole", 1);
+        assert_eq!(
+            lines(&gauges.render()),
+            [
+                "# HELP multigres_operator_shard_primaries Pool pods of a Shard serving as its primary: named primary by the topology and answering as the primary.",
+                "# TYPE multigres_operator_shard_primaries gauge",
+                r#"multigres_operator_shard_primaries{shard="lost",namespace="db"} 0"#,
+                r#"multigres_operator_shard_primaries{shard="whole",namespace="db"} 1"#,
+            ]
+        );
     }
 
     #[test]

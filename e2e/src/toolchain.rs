@@ -1,5 +1,5 @@
 //! Locates the control-plane binaries built by `e2e/toolchain/build.sh` (kube-apiserver,
-//! kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm).
+//! kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, promtool).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,7 +3,8 @@
 //! Without a cluster: `helm lint` passes, `helm template` renders every option, the rendered
 //! RBAC is exactly the handlers' own role files, the webhooks are the webhook-server's
 //! registrations, every alert has a runbook, and alerts and dashboards use only documented
-//! metrics.
+//! metrics. promtool (Prometheus's own) checks the rendered alerts and runs their unit tests
+//! (`tests/alerts_test.yaml`), which make every alert fire and stay quiet.
 //!
 //! Against the real local control plane: `helm install` (which creates the CRDs from the
 //! chart) and `helm upgrade` succeed. kwok runs the chart's pods as fakes, so each handler runs
@@ -523,6 +524,99 @@ fn every_alert_has_a_runbook_and_uses_documented_metrics() {
                 "{alert} uses undocumented {name}"
             );
         }
+    }
+}
+
+/// The promtool unit tests of the alerts, beside the chart (not packaged: `.helmignore`).
+const ALERT_TESTS: &str = "deploy/helm/multigres-operator/tests/alerts_test.yaml";
+
+/// Runs the toolchain's promtool with `args` in `dir`: whether it succeeded, and what it printed.
+async fn promtool(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let program = multigres_e2e::toolchain::binary("promtool").unwrap_or_else(|e| panic!("{e}"));
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .await
+        .expect("run promtool");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Prometheus checks the rules as the chart renders them (the PrometheusRule's `spec.groups` as a
+/// rule file), and every unit test of tests/alerts_test.yaml passes against them.
+#[tokio::test]
+async fn promtool_accepts_the_rendered_rules_and_their_unit_tests_pass() {
+    let docs = render(&["metrics.prometheusRule.enabled=true"]).await;
+    let rule = *of_kind(&docs, "PrometheusRule")
+        .first()
+        .expect("metrics.prometheusRule.enabled=true renders a PrometheusRule");
+    let rules = serde_yaml::to_string(&serde_json::json!({ "groups": rule["spec"]["groups"] }))
+        .expect("rule file");
+    let dir = tempfile::Builder::new()
+        .prefix("multigres-promtool-")
+        .tempdir()
+        .expect("temporary directory");
+    std::fs::write(dir.path().join("alerts.rules.yaml"), rules).expect("write the rule file");
+    std::fs::copy(repo_path(ALERT_TESTS), dir.path().join("alerts_test.yaml"))
+        .expect("copy the alert tests");
+
+    let (ok, out) = promtool(
+        dir.path(),
+        &[
+            "check",
+            "rules",
+            "--lint=all",
+            "--lint-fatal",
+            "alerts.rules.yaml",
+        ],
+    )
+    .await;
+    assert!(
+        ok,
+        "promtool check rules rejects the rendered alerts:\n{out}"
+    );
+    let found = format!("SUCCESS: {} rules found", alerts().len());
+    assert!(out.contains(&found), "expected {found:?}:\n{out}");
+
+    let (ok, out) = promtool(dir.path(), &["test", "rules", "alerts_test.yaml"]).await;
+    assert!(
+        ok,
+        "promtool test rules: a unit test in {ALERT_TESTS} fails:\n{out}"
+    );
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// Every alert is unit-tested both ways: an evaluation where it fires and one where it must not
+/// (`exp_alerts` empty), so a rule that always or never fires cannot pass.
+#[test]
+fn every_alert_has_a_firing_and_a_quiet_unit_test() {
+    let text = std::fs::read_to_string(repo_path(ALERT_TESTS)).unwrap();
+    let doc: Value = serde_yaml::from_str(&text).unwrap();
+    let mut firing = BTreeSet::new();
+    let mut quiet = BTreeSet::new();
+    for test in doc["tests"].as_array().expect("tests") {
+        for case in test["alert_rule_test"].as_array().into_iter().flatten() {
+            let alert = case["alertname"].as_str().expect("alertname").to_owned();
+            match case["exp_alerts"].as_array() {
+                Some(expected) if !expected.is_empty() => firing.insert(alert),
+                _ => quiet.insert(alert),
+            };
+        }
+    }
+    for (alert, _) in alerts() {
+        assert!(
+            firing.contains(&alert),
+            "{alert}: no unit test where it fires in {ALERT_TESTS}; add one"
+        );
+        assert!(
+            quiet.contains(&alert),
+            "{alert}: no unit test where it must not fire in {ALERT_TESTS}; add one"
+        );
     }
 }
 

@@ -42,6 +42,9 @@ use crate::watch::Guarded;
 /// Condition: every pool pod is a healthy member and every member has a pod.
 pub const COHORT_HEALTHY: &str = "CohortHealthy";
 pub use multigres_api::v1alpha1::FAILURE_TOLERANT;
+/// `CohortHealthy` reason when no multipooler reported the rule: the published cohort is the
+/// last one read.
+const UNREADABLE: &str = "CohortUnreadable";
 /// The condition types this step owns.
 pub const OWNED: [&str; 2] = [COHORT_HEALTHY, FAILURE_TOLERANT];
 /// How often the cohort is read while it is not healthy: restarts and scale-downs wait for it.
@@ -499,21 +502,50 @@ fn tolerance(policy: &Policy, participants: &Participants<'_>, leader: Option<&s
     )
 }
 
-/// Sets the cohort gauges of every Shard in `shards` whose status has a cohort.
+/// Sets the cohort and primaries gauges of every Shard in `shards` whose status has a cohort:
+/// one that had a primary elected, so a shard still bootstrapping reports no missing primary.
 pub fn collect(gauges: &mut StatusGauges, shards: &Store<Guarded<Shard>>) {
     for shard in shards.state() {
         let Ok(shard) = &shard.0 else { continue };
-        let Some(cohort) = shard.status.as_ref().and_then(|s| s.cohort.as_ref()) else {
+        let Some(status) = &shard.status else {
+            continue;
+        };
+        let Some(cohort) = &status.cohort else {
             continue;
         };
         let (counts, lag) = counts(cohort);
-        gauges.set_shard_cohort(
-            &shard.namespace().unwrap_or_default(),
-            &shard.name_any(),
-            counts,
-            lag,
-        );
+        let namespace = shard.namespace().unwrap_or_default();
+        let name = shard.name_any();
+        gauges.set_shard_cohort(&namespace, &name, counts, lag);
+        gauges.set_shard_primaries(&namespace, &name, primaries(status));
     }
+}
+
+/// Pool pods that serve as the shard's primary, for the primaries gauge: named `PRIMARY` in
+/// `podRoles` (a current pool pod whose pooler record routes as primary) and answering as the
+/// primary in the cohort. The topology alone still names a primary lost with its node (its
+/// record claims the role until it returns), and the cohort alone still names the last one
+/// seen when no multipooler answers (`CohortUnreadable`) or every pool pod is gone; so 0
+/// whenever either says there is none.
+fn primaries(status: &ShardStatus) -> i64 {
+    let unreadable = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == COHORT_HEALTHY && c.reason == UNREADABLE);
+    let Some(cohort) = status.cohort.as_ref().filter(|_| !unreadable) else {
+        return 0;
+    };
+    status
+        .pod_roles
+        .iter()
+        .filter(|(pod, role)| {
+            *role == roles::PRIMARY
+                && cohort
+                    .pods
+                    .get(*pod)
+                    .is_some_and(|p| p.replication == Replication::Primary)
+        })
+        .count() as i64
 }
 
 /// The gauge values of a published cohort: its counts, and each standby's lag in bytes.
@@ -559,7 +591,7 @@ pub fn next(
             let silent: Vec<&str> = answers.iter().map(|a| a.pod.name.as_str()).collect();
             let unknown = Computed::unknown(
                 COHORT_HEALTHY,
-                "CohortUnreadable",
+                UNREADABLE,
                 format!(
                     "no multipooler of pods {} reported the shard's consensus rule: the cohort \
                      cannot be read now (see the multipooler logs); restarts and scale-downs \

@@ -334,6 +334,62 @@ fn the_gauges_count_members_healthy_ones_and_pods() {
     assert_eq!(lag, [("a-1".to_owned(), 16 << 20)]);
 }
 
+/// The Shard status the data-handler publishes: `published` and the topology's `roles`.
+fn status_of(published: &Published, roles: &[(&str, &str)]) -> ShardStatus {
+    ShardStatus {
+        cohort: published.cohort.clone(),
+        conditions: published.conditions.clone(),
+        pod_roles: roles
+            .iter()
+            .map(|(pod, role)| ((*pod).to_owned(), (*role).to_owned()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_primaries_gauge_counts_a_primary_the_topology_names_and_that_answers() {
+    let r = rule(1, "a-0", &["a-0", "a-1", "a-2"], POLICY);
+    let p = published(&[
+        primary("a-0", &r, "0/1000000"),
+        standby("a-1", &r, "streaming", "0/1000000"),
+        standby("a-2", &r, "streaming", "0/1000000"),
+    ]);
+    let roles = [("a-0", "PRIMARY"), ("a-1", "REPLICA"), ("a-2", "REPLICA")];
+    assert_eq!(primaries(&status_of(&p, &roles)), 1);
+}
+
+#[test]
+fn a_primary_lost_with_its_node_is_no_primary_though_its_record_claims_the_role() {
+    let r = rule(1, "a-0", &["a-0", "a-1", "a-2"], POLICY);
+    let p = published(&[
+        silent("a-0"),
+        standby("a-1", &r, "connecting", "0/1000000"),
+        standby("a-2", &r, "connecting", "0/1000000"),
+    ]);
+    let roles = [("a-0", "PRIMARY"), ("a-1", "REPLICA"), ("a-2", "REPLICA")];
+    assert_eq!(primaries(&status_of(&p, &roles)), 0);
+}
+
+#[test]
+fn no_primary_while_no_multipooler_answers_or_every_pod_is_gone() {
+    let r = rule(1, "a-0", &["a-0", "a-1"], POLICY);
+    let before = published(&[
+        primary("a-0", &r, "0/1000000"),
+        standby("a-1", &r, "streaming", "0/1000000"),
+    ]);
+    let roles = [("a-0", "PRIMARY"), ("a-1", "REPLICA")];
+    let unread = next(
+        &before,
+        &[silent("a-0"), silent("a-1")],
+        Timestamp::from_second(2_000).unwrap(),
+        Some(1),
+    );
+    assert_eq!(unread.cohort, before.cohort);
+    assert_eq!(primaries(&status_of(&unread, &roles)), 0);
+    assert_eq!(primaries(&status_of(&before, &[])), 0);
+}
+
 #[test]
 fn lsns_are_byte_positions() {
     assert_eq!(lsn("0/0"), Some(0));
