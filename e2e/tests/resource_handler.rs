@@ -845,7 +845,10 @@ async fn publish_cohort_as(
         }}});
         // The handler may act on the status above before the labels land: a pod it has
         // already scaled away needs no labels.
-        match api.patch(pod, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match api
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => panic!("labelling pod {pod}: {e}"),
