@@ -925,6 +925,12 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
     // A person asks the primary to hand over with `kubectl multigres switchover --wait`: the
     // plugin annotates the primary the Shard names, the handler turns that into the request the
     // data-handler answers, and says so; the plugin follows until another pod is the primary.
+    let error = run_plugin(cluster, &["status", "co", "-n", &ns])
+        .await
+        .unwrap_err();
+    let expected =
+        format!("MultigresCluster {ns}/co not found in namespace {ns}; no clusters here");
+    assert!(error.contains(&expected), "{error}");
     let args = ["switchover", name, "-n", &ns, "--wait", "--timeout", "120"].map(str::to_owned);
     let plugin = tokio::spawn(async move {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -12,10 +12,15 @@ use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TableGroup, TopoSer
 /// rendering needs no API server.
 #[derive(Clone, Debug)]
 pub struct ClusterView {
+    /// The cluster: its phase and conditions head the screen.
     pub cluster: MultigresCluster,
+    /// Its Cells, by name: gateway counts per cell.
     pub cells: Vec<Cell>,
+    /// Its TopoServers (the global one, and cells' local ones).
     pub topo_servers: Vec<TopoServer>,
+    /// Its TableGroups: the headings the shards sit under.
     pub table_groups: Vec<TableGroup>,
+    /// Its Shards: roles, cohort, backups and conditions.
     pub shards: Vec<Shard>,
     /// The shards' pool pods, for readiness (roles and the cohort come from the Shard status).
     pub pool_pods: Vec<Pod>,
