@@ -962,8 +962,8 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
         "{said}"
     );
     assert!(
-        said.contains("WaitingForSwitchover"),
-        "progress shown: {said}"
+        said.contains(&format!("{p1} is still the primary")),
+        "progress: {said}"
     );
     assert!(
         said.contains(&format!("{p0} is the primary (was {p1})")),
