@@ -52,6 +52,10 @@ data-plane-runs N="5":
 zone-runs N="3":
     MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" bash e2e/figure-runs.sh zones {{N}}
 
+# Install the kubectl plugin into ~/.cargo/bin, so `kubectl multigres status <cluster>` works.
+plugin:
+    cargo install --locked --path kubectl-multigres
+
 # Everything: lint, unit + component, end to end.
 test: lint unit e2e
 

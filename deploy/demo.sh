@@ -12,8 +12,9 @@
 #   4. deploy/samples/minimal.yaml (a managed 3-member etcd topology and one cell), with
 #      `spec.images` pointing at the local data-plane images;
 #   5. a live view of `kubectl get multigres` until the cluster is Available, then a SQL query
-#      answered through multigateway and how to connect; on a terminal the view stays until
-#      Ctrl-C, with the command to enter the sandbox and inspect it yourself.
+#      answered through multigateway, the kubectl plugin's status screen
+#      (`kubectl multigres status`, kubectl-multigres/) and how to connect; on a terminal the
+#      view stays until Ctrl-C, with the command to enter the sandbox and inspect it yourself.
 # With a reachable KUBECONFIG, the chart is installed into that cluster instead (image from
 # DEMO_IMAGE=<repository>:<tag>, built from the Dockerfile) and deploy/samples/minimal.yaml is
 # applied.
@@ -121,6 +122,7 @@ if [ -n "${KUBECONFIG:-}" ] && kubectl version --request-timeout=5s >/dev/null 2
   if [ -n "${DEMO_IMAGE:-}" ]; then
     image=(--set "image.repository=${DEMO_IMAGE%:*}" --set "image.tag=${DEMO_IMAGE##*:}")
   fi
+  cargo build -q -p kubectl-multigres
   helm upgrade --install "$release" "$chart" -n "$system" --create-namespace --wait --timeout 10m \
     "${image[@]}" 2> >(grep -v 'found symbolic link' >&2)
   kubectl get deployments -n "$system"
@@ -130,8 +132,8 @@ if [ -n "${KUBECONFIG:-}" ] && kubectl version --request-timeout=5s >/dev/null 2
   kubectl apply -n "$namespace" --server-side -f "$sample"
 elif [ "${MULTIGRES_E2E_SANDBOX:-}" != 1 ]; then
   say "no reachable cluster in KUBECONFIG: building the images (cached in ~/.cache/multigres-operator)"
-  echo "[demo] building the local control plane's launcher (first time: a few minutes)" >&2
-  cargo build -q -p multigres-e2e --bin local-cluster
+  echo "[demo] building the local control plane's launcher and kubectl-multigres (first time: a few minutes)" >&2
+  cargo build -q -p multigres-e2e --bin local-cluster -p kubectl-multigres
   mkdir -p target/images
   MULTIGRES_TOOLCHAIN_BIN=$bin_dir bash e2e/images/build.sh >target/images/demo-list
   bash e2e/images/operator.sh | tail -n 1 >>target/images/demo-list
@@ -195,13 +197,19 @@ fi
 cluster=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)
 gateway=$cluster-multigateway
 secret=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].spec.postgresPasswordSecretRef.name}' 2>/dev/null || true)
+say "the kubectl plugin: kubectl multigres status $cluster -n $namespace"
+target/debug/kubectl-multigres status "$cluster" -n "$namespace"
+echo
 echo "Connect with psql (user postgres, the password in Secret $secret):"
 echo "  from a pod in the cluster:  psql -h $gateway.$namespace.svc -p 5432 -U postgres postgres"
 echo "  from this machine:          kubectl -n $namespace port-forward svc/$gateway 15432:5432 &"
 echo "                              PGPASSWORD=\$(kubectl -n $namespace get secret $secret -o jsonpath='{.data.password}' | base64 -d) \\"
 echo "                                psql -h 127.0.0.1 -p 15432 -U postgres postgres"
-echo "Inspect it yourself:"
+echo "  or through the plugin:       kubectl multigres psql $cluster -n $namespace"
+echo "Inspect it yourself (the plugin: \`just plugin\` installs kubectl-multigres into ~/.cargo/bin):"
 echo "  export KUBECONFIG=$KUBECONFIG"
+echo "  kubectl multigres status $cluster -n $namespace"
+echo "  kubectl multigres switchover $cluster -n $namespace --wait"
 echo "  kubectl get multigres -n $namespace"
 echo "  kubectl describe multigrescluster -n $namespace"
 if [ -n "$local_cluster" ]; then

@@ -69,7 +69,7 @@ else
   phase "FAILED image checks"
   failed+=(image-checks)
 fi
-cargo build -p cluster-handler -p resource-handler -p data-handler -p webhook-server
+cargo build -p cluster-handler -p resource-handler -p data-handler -p webhook-server -p kubectl-multigres
 alone=(data_plane real_nodes real_teardown)
 beside=(backups zones samples)
 kwok=() first=() last=()

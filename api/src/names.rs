@@ -87,6 +87,12 @@ pub fn shard(cluster: &str, database: &str, table_group: &str, shard: &str) -> S
     join(&[cluster, database, table_group, shard], MAX_DNS_LABEL)
 }
 
+/// The cluster-wide multigateway Service in front of every cell's gateways: the one address
+/// clients (and `externalGateway`) use.
+pub fn cluster_multigateway(cluster: &str) -> String {
+    join(&[cluster, "multigateway"], MAX_DNS_LABEL)
+}
+
 /// The headless peer Service of an etcd TopoServer.
 pub fn topo_peer_service(topo_server: &str) -> String {
     join(&[topo_server, "peer"], MAX_DNS_LABEL)

@@ -108,14 +108,50 @@ where
 /// building them (the benchmark runs release builds it did not compile itself).
 pub const HANDLER_DIR_ENV: &str = "MULTIGRES_HANDLER_DIR";
 
-/// Builds the four handlers once per test process, with the profile and target directory of
-/// the running test, and returns the path of `name` (or takes it from [`HANDLER_DIR_ENV`]).
+/// The kubectl plugin's package (and binary) name.
+pub const PLUGIN: &str = "kubectl-multigres";
+
+/// The handler binary `name`, from [`HANDLER_DIR_ENV`] or else built once per test process with
+/// the profile and target directory of the running test.
 pub fn handler_binary(name: &str) -> PathBuf {
     if let Some(dir) = std::env::var_os(HANDLER_DIR_ENV) {
         return PathBuf::from(dir).join(name);
     }
+    built_dir().join(name)
+}
+
+/// The kubectl plugin (`kubectl-multigres`), built with the handlers: what a user runs as
+/// `kubectl multigres`.
+pub fn plugin_binary() -> PathBuf {
+    built_dir().join(PLUGIN)
+}
+
+/// Runs the plugin with `args` against `cluster` (its admin kubeconfig), as a user would run
+/// `kubectl multigres`; its standard output, or what it printed when it failed.
+pub async fn run_plugin(cluster: &LocalCluster, args: &[&str]) -> Result<String, String> {
+    let output = tokio::process::Command::new(plugin_binary())
+        .args(args)
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .output()
+        .await
+        .map_err(|e| format!("running {PLUGIN}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    match output.status.success() {
+        true => Ok(stdout),
+        false => Err(format!(
+            "{PLUGIN} {}: {}\n{stdout}{}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )),
+    }
+}
+
+/// Builds the handlers and the plugin once per test process, with the profile and target
+/// directory of the running test; the directory of the binaries.
+fn built_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
+    DIR.get_or_init(|| {
         // A test runs as <target>/<profile>/deps/<test>-<hash>.
         let exe = std::env::current_exe().expect("test executable path");
         let profile_dir = exe
@@ -134,14 +170,16 @@ pub fn handler_binary(name: &str) -> PathBuf {
             .current_dir(repo_path(""))
             .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
             .arg(target_dir);
-        for handler in HANDLERS {
-            command.args(["-p", handler]);
+        for package in HANDLERS.iter().chain([&PLUGIN]) {
+            command.args(["-p", package]);
         }
         let status = command.status().expect("running cargo build");
-        assert!(status.success(), "cargo build of the handlers: {status}");
+        assert!(
+            status.success(),
+            "cargo build of the handlers and the plugin: {status}"
+        );
         profile_dir
-    });
-    dir.join(name)
+    })
 }
 
 /// Grants ServiceAccount `<handler>` in `namespace` every ClusterRole of

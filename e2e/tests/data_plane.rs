@@ -2,7 +2,8 @@
 //! (a managed 3-member etcd, multiadmin, multigateway, multiorch, a pool of PostgreSQL 17 pods
 //! with pgctld and multipooler, filesystem backups) pointed at images built from the Multigres
 //! and pgBackRest snapshots, and what a user of it sees: SQL through multigateway, roles from the
-//! topology and the consensus cohort in the Shard status, a failover that loses no
+//! topology and the consensus cohort in the Shard status (and `kubectl multigres status` naming
+//! the primary and the streaming replicas), a failover that loses no
 //! acknowledged row, a switchover a person asks for, `kubectl drain` of each node of the cell,
 //! restart- and reload-class settings, a scale-down at once after a rollout (held until the
 //! cohort lets it), a backup in status, and data that survives deleting and recreating the
@@ -22,7 +23,7 @@ use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
 use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::cluster::LocalCluster;
-use multigres_e2e::harness::{self, eventually, fresh_namespace};
+use multigres_e2e::harness::{self, eventually, fresh_namespace, run_plugin};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
@@ -317,7 +318,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
 
     // 5. Scale 2 -> 3: the new replica joins and catches up.
     set_shard(&client, &namespace, 3, &config).await;
-    let (primary, roles) = settled_roles(&client, &namespace, &password, 3).await;
+    let (_, roles) = settled_roles(&client, &namespace, &password, 3).await;
     let newcomer = pool_pods(&client, &namespace)
         .await
         .into_iter()
@@ -347,6 +348,29 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
         "new replica holds the rows -> whole cohort of 3 published (s)",
         format!("{:.1}", joined.as_secs_f64()),
     );
+
+    // 5b. `kubectl multigres status` on this cluster: the primary that PostgreSQL itself says
+    // is not in recovery (settled_roles checked each pod) and both replicas streaming.
+    let (primary, roles) = settled_roles(&client, &namespace, &password, 3).await;
+    let screen = run_plugin(cluster, &["status", NAME, "-n", &namespace])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!("kubectl multigres status {NAME}:\n{screen}");
+    let row = |pod: &str| -> Vec<String> {
+        let line = screen
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{pod} ")));
+        let line = line.unwrap_or_else(|| panic!("no row for {pod} in\n{screen}"));
+        line.split_whitespace().map(str::to_owned).collect()
+    };
+    assert_eq!(row(&primary)[1..5], ["yes", "PRIMARY", "member", "primary"]);
+    for replica in roles.keys().filter(|pod| **pod != primary) {
+        assert_eq!(
+            row(replica)[1..5],
+            ["yes", "REPLICA", "member", "streaming"]
+        );
+    }
+    assert!(screen.contains("cohort 3/3 AT_LEAST_2"), "{screen}");
 
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
     // acknowledged row is lost. The newcomer is in the cohort (step 5 waited until the Shard

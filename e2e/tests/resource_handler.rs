@@ -25,7 +25,7 @@ use multigres_api::v1alpha1::{Cell, Shard, TopoServer};
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{
     FULL_CYCLE, HandlerProcess, WAIT, eventually, fresh_namespace, pool_pods, publish_roles,
-    publish_status,
+    publish_status, run_plugin,
 };
 use multigres_e2e::manifest::{self, Mode};
 use serde_json::json;
@@ -923,12 +923,20 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
     })
     .await;
 
-    // A person asks the primary to hand over: the handler turns it into the request the
-    // data-handler answers, and says so.
-    let ask = json!({"metadata": {"annotations": {"multigres.com/switchover": "now"}}});
-    pods.patch(&p1, &PatchParams::default(), &Patch::Merge(&ask))
+    // A person asks the primary to hand over with `kubectl multigres switchover --wait`: the
+    // plugin annotates the primary the Shard names, the handler turns that into the request the
+    // data-handler answers, and says so; the plugin follows until another pod is the primary.
+    let error = run_plugin(cluster, &["status", "co", "-n", &ns])
         .await
-        .unwrap();
+        .unwrap_err();
+    let expected =
+        format!("MultigresCluster {ns}/co not found in namespace {ns}; no clusters here");
+    assert!(error.contains(&expected), "{error}");
+    let args = ["switchover", name, "-n", &ns, "--wait", "--timeout", "120"].map(str::to_owned);
+    let plugin = tokio::spawn(async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_plugin(cluster, &args).await
+    });
     asked_to_hand_over(&pods, &p1, "the primary is asked to hand over").await;
     let s = wait_condition(
         &shards,
@@ -948,6 +956,20 @@ async fn a_person_asks_for_a_switchover_and_scale_downs_wait_for_the_cohort() {
     // Multiorch promoted pod 0 (published here as the data-handler would): the person's
     // request is answered and removed, the handler's withdrawn.
     publish_cohort(&client, &ns, name, &names, &p0, &all).await;
+    let said = plugin.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+    println!("kubectl multigres switchover:\n{said}");
+    assert!(
+        said.contains(&format!("asked {p1} (primary of Shard {name})")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("{p1} is still the primary")),
+        "progress: {said}"
+    );
+    assert!(
+        said.contains(&format!("{p0} is the primary (was {p1})")),
+        "{said}"
+    );
     eventually("the answered requests are removed", WAIT, || async {
         let user = annotation(&pods, &p1, "multigres.com/switchover").await;
         let handler = annotation(&pods, &p1, "multigres.com/switchover-requested").await;

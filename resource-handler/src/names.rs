@@ -54,11 +54,8 @@ pub fn multiadmin_web(cluster: &str) -> String {
     join(&[cluster, "multiadmin-web"], MAX_DNS_LABEL)
 }
 
-/// The cluster-wide multigateway Service in front of every cell's gateways: the one address
-/// clients (and `externalGateway`) use.
-pub fn cluster_multigateway(cluster: &str) -> String {
-    join(&[cluster, "multigateway"], MAX_DNS_LABEL)
-}
+/// The cluster-wide multigateway Service (in the API crate: the kubectl plugin connects to it).
+pub use multigres_api::names::cluster_multigateway;
 
 /// The cluster-wide Service in front of every cell's gateways' replica-reads port.
 pub fn cluster_multigateway_replica(cluster: &str) -> String {
