@@ -352,25 +352,42 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     // 5b. `kubectl multigres status` on this cluster: the primary that PostgreSQL itself says
     // is not in recovery (settled_roles checked each pod) and both replicas streaming.
     let (primary, roles) = settled_roles(&client, &namespace, &password, 3).await;
-    let screen = run_plugin(cluster, &["status", NAME, "-n", &namespace])
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    // The screen reads the statuses the handlers publish, a cycle behind PostgreSQL at most.
+    let screen = eventually(
+        "kubectl multigres status shows the settled cohort",
+        WAIT,
+        || {
+            let (namespace, primary, roles) = (&namespace, &primary, &roles);
+            async move {
+                let screen = run_plugin(cluster, &["status", NAME, "-n", namespace]).await?;
+                let row = |pod: &str| -> Vec<String> {
+                    screen
+                        .lines()
+                        .find(|l| l.trim_start().starts_with(&format!("{pod} ")))
+                        .map(|l| {
+                            l.split_whitespace()
+                                .skip(1)
+                                .take(4)
+                                .map(str::to_owned)
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
+                let settled = row(primary) == ["yes", "PRIMARY", "member", "primary"]
+                    && roles
+                        .keys()
+                        .filter(|pod| *pod != primary)
+                        .all(|replica| row(replica) == ["yes", "REPLICA", "member", "streaming"])
+                    && screen.contains("cohort 3/3 AT_LEAST_2");
+                match settled {
+                    true => Ok(screen),
+                    false => Err(format!("primary {primary}, screen:\n{screen}")),
+                }
+            }
+        },
+    )
+    .await;
     println!("kubectl multigres status {NAME}:\n{screen}");
-    let row = |pod: &str| -> Vec<String> {
-        let line = screen
-            .lines()
-            .find(|l| l.trim_start().starts_with(&format!("{pod} ")));
-        let line = line.unwrap_or_else(|| panic!("no row for {pod} in\n{screen}"));
-        line.split_whitespace().map(str::to_owned).collect()
-    };
-    assert_eq!(row(&primary)[1..5], ["yes", "PRIMARY", "member", "primary"]);
-    for replica in roles.keys().filter(|pod| **pod != primary) {
-        assert_eq!(
-            row(replica)[1..5],
-            ["yes", "REPLICA", "member", "streaming"]
-        );
-    }
-    assert!(screen.contains("cohort 3/3 AT_LEAST_2"), "{screen}");
 
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
     // acknowledged row is lost. The newcomer is in the cohort (step 5 waited until the Shard
