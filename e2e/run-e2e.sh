@@ -71,7 +71,7 @@ else
 fi
 cargo build -p cluster-handler -p resource-handler -p data-handler -p webhook-server -p kubectl-multigres
 alone=(data_plane real_nodes real_teardown)
-beside=(backups zones samples)
+beside=(backups zones samples observability)
 kwok=() first=() last=()
 while read -r kind name src exe; do
   entry="$name|$src|$exe"

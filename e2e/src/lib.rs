@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod etcd;
 pub mod harness;
+pub mod http;
 pub mod labels;
 pub mod load;
 pub mod manifest;
@@ -13,6 +14,7 @@ pub mod pki;
 pub mod poolers;
 pub mod ports;
 pub mod process;
+pub mod prometheus;
 pub mod real;
 pub mod s3;
 pub mod sample;

@@ -6,15 +6,13 @@
 //! request without its keys is refused), and pre-creates one bucket. The tests read what landed
 //! in the bucket through the filer's JSON listing, which needs no S3 client.
 
-use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
+use crate::http::get;
 use crate::nodes::CONTROL_PLANE_IP;
 use crate::process::Supervised;
 use crate::real::real_cluster;
@@ -248,32 +246,4 @@ impl S3Server {
             _ => Err(format!("{directory}: HTTP {status}: {body}")),
         }
     }
-}
-
-/// One HTTP/1.0 `GET` asking for JSON (1.0, so the answer is never chunked), bounded to 10 s:
-/// the status code and the body.
-async fn get(ip: Ipv4Addr, port: u16, target: &str) -> Result<(u16, String), String> {
-    let exchange = async {
-        let mut stream = TcpStream::connect((ip, port)).await?;
-        let request = format!(
-            "GET {target} HTTP/1.0\r\nHost: {ip}:{port}\r\nAccept: application/json\r\n\r\n"
-        );
-        stream.write_all(request.as_bytes()).await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
-        Ok::<_, std::io::Error>(response)
-    };
-    let response = tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .map_err(|_| format!("GET {target}: no answer within 10 s"))?
-        .map_err(|e| format!("GET {target}: {e}"))?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("GET {target}: no header end in {response:?}"))?;
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| format!("GET {target}: no status in {head:?}"))?;
-    Ok((status, body.to_owned()))
 }

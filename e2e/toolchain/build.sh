@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real control-plane binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl, etcd, kwok, helm), the real-node binaries (kubelet, kube-proxy, CoreDNS, SeaweedFS's
-# `weed` as the S3 server of backups) and Prometheus's promtool (checks and unit-tests the chart's
-# alerts) from the Go module proxy into a cache outside the repository, keyed by version, so a
+# `weed` as the S3 server of backups), Prometheus's promtool (checks and unit-tests the chart's
+# alerts) and Prometheus itself (scrapes the handlers, receives the data plane's OTLP metrics and
+# evaluates the alerts in the real-node tier) from the Go module proxy into a cache outside the repository, keyed by version, so a
 # machine builds them once. Prints the binary directory on stdout.
 set -euo pipefail
 
@@ -11,7 +12,7 @@ ETCD_VERSION=v3.6.14
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.21.4
 COREDNS_VERSION=v1.15.0
-PROMTOOL_VERSION=v0.316.0
+PROMETHEUS_VERSION=v0.316.0
 # SeaweedFS publishes no Go module versions; the pseudo-version in seaweedfs/go.mod pins a commit.
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,14 +20,17 @@ cache_root=${MULTIGRES_TOOLCHAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigre
 bin="$cache_root/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin"
 k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 wanted=("${k8s_cmds[@]}" etcd kwok helm coredns weed)
-# promtool lives in a directory of its own version, linked into $bin, so a new version rebuilds
-# promtool alone and not the control plane.
-promtool_dir="$cache_root/promtool-$PROMTOOL_VERSION"
+# promtool and prometheus live in directories of their own version, linked into $bin, so a new
+# version rebuilds them alone and not the control plane.
+promtool_dir="$cache_root/promtool-$PROMETHEUS_VERSION"
+prometheus_dir="$cache_root/prometheus-$PROMETHEUS_VERSION"
 
 missing=()
 for b in "${wanted[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
 [ -x "$promtool_dir/promtool" ] && [ "$(readlink "$bin/promtool")" = "$promtool_dir/promtool" ] ||
   missing+=(promtool)
+[ -x "$prometheus_dir/prometheus" ] && [ "$(readlink "$bin/prometheus")" = "$prometheus_dir/prometheus" ] ||
+  missing+=(prometheus)
 stages="$bin/../kwok-stages"
 if [ ${#missing[@]} -eq 0 ] && [ -d "$stages" ]; then
   echo "$bin"
@@ -87,14 +91,27 @@ if [ ! -x "$promtool_dir/promtool" ]; then
   # Without the service-discovery plugins (remove_all_sd): rule checks and rule unit tests need
   # none, and leaving out their cloud SDKs makes the build about a fifth smaller.
   mkdir -p "$promtool_dir"
-  log "building promtool $PROMTOOL_VERSION (first time on this machine: ~5 minutes; log in $promtool_dir/build.log)"
+  log "building promtool $PROMETHEUS_VERSION (first time on this machine: ~5 minutes; log in $promtool_dir/build.log)"
   (cd "$here/prometheus" && go build -trimpath -tags remove_all_sd \
-    -ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMTOOL_VERSION#v}" \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION#v}" \
     -o "$promtool_dir/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool) >"$promtool_dir/build.log" 2>&1 ||
     { tail -n 20 "$promtool_dir/build.log" >&2; log "building promtool failed; full log in $promtool_dir/build.log"; exit 1; }
   mv "$promtool_dir/promtool.tmp" "$promtool_dir/promtool"
 fi
 ln -sfn "$promtool_dir/promtool" "$bin/promtool"
+if [ ! -x "$prometheus_dir/prometheus" ]; then
+  # Kubernetes service discovery only (the tests find the handlers' metrics Services as a
+  # ServiceMonitor would); the web UI's assets are not embedded (builtinassets): the tests use
+  # the HTTP API, which needs none.
+  mkdir -p "$prometheus_dir"
+  log "building Prometheus $PROMETHEUS_VERSION (first time on this machine: ~5 minutes; log in $prometheus_dir/build.log)"
+  (cd "$here/prometheus" && go build -trimpath -tags remove_all_sd,enable_kubernetes_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION#v}" \
+    -o "$prometheus_dir/prometheus.tmp" github.com/prometheus/prometheus/cmd/prometheus) >"$prometheus_dir/build.log" 2>&1 ||
+    { tail -n 20 "$prometheus_dir/build.log" >&2; log "building Prometheus failed; full log in $prometheus_dir/build.log"; exit 1; }
+  mv "$prometheus_dir/prometheus.tmp" "$prometheus_dir/prometheus"
+fi
+ln -sfn "$prometheus_dir/prometheus" "$bin/prometheus"
 # kwok's stage files ship in its module; keep a copy beside the binaries so the harness needs no Go.
 if [ ! -d "$stages" ]; then
   src=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)

@@ -1,0 +1,368 @@
+//! A real Prometheus for the real-node tier, built by `e2e/toolchain/build.sh` from its Go
+//! module: it scrapes the handlers as the chart's ServiceMonitor tells the Prometheus Operator
+//! to (Kubernetes service discovery of the metrics Services, the same relabelling), evaluates the
+//! chart's PrometheusRule, and receives the data plane's OpenTelemetry metrics on its OTLP
+//! endpoint (Multigres has no `/metrics`; it pushes OTLP).
+//!
+//! It listens on the control plane's address, which pods reach as they reach the API server.
+//! The rules are rendered by `helm template` with [`RULE_VALUES`]: the expressions as shipped,
+//! shorter `for` windows so a test sees them fire within minutes (the shipped windows are
+//! unit-tested by promtool in `chart.rs`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::cluster::LocalCluster;
+use crate::harness::{self, repo_path};
+use crate::http::{encode, get};
+use crate::nodes::CONTROL_PLANE_IP;
+use crate::process::Supervised;
+use crate::real::{OPERATOR_NAMESPACE, RELEASE, operator_installed};
+use crate::toolchain;
+
+/// Prometheus's default port, below the range `crate::ports` hands out.
+pub const PORT: u16 = 9090;
+/// Scrape and rule evaluation interval: short, so a test waits seconds, not minutes.
+pub const INTERVAL: &str = "5s";
+/// The chart values the rules and the ServiceMonitor are rendered with: the scrape interval,
+/// and `for` windows and a backup age short enough for a test (the chart's options a user with
+/// other needs would set too).
+pub const RULE_VALUES: &[&str] = &[
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.serviceMonitor.interval=5s",
+    "metrics.serviceMonitor.scrapeTimeout=4s",
+    "metrics.prometheusRule.enabled=true",
+    "metrics.prometheusRule.alerts.MultigresShardPrimaryLost.for=10s",
+    "metrics.prometheusRule.alerts.MultigresShardPoolDegraded.for=10s",
+    "metrics.prometheusRule.alerts.MultigresBackupStale.for=10s",
+    "metrics.prometheusRule.backupStaleAfterSeconds=90",
+];
+/// The OTLP resource attributes kept as labels on every data-plane series (the operator sets
+/// them in each container's `OTEL_RESOURCE_ATTRIBUTES`).
+pub const PROMOTED_ATTRIBUTES: &[&str] = &[
+    "multigres.cluster",
+    "multigres.component",
+    "multigres.project",
+];
+/// How long startup (the TSDB, the first service discovery) may take on 2 shared cores.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The running server.
+#[derive(Debug)]
+pub struct Prometheus {
+    process: Supervised,
+}
+
+/// The Prometheus of this test process, started on first use (after the operator's release,
+/// whose ServiceMonitor it follows) and stopped when the process exits.
+pub async fn server() -> &'static Prometheus {
+    static SERVER: tokio::sync::OnceCell<Prometheus> = tokio::sync::OnceCell::const_new();
+    extern "C" fn stop() {
+        if let Some(server) = SERVER.get() {
+            server.process.stop(Duration::from_secs(10));
+        }
+    }
+    SERVER
+        .get_or_init(|| async {
+            let cluster = operator_installed().await;
+            let server = Prometheus::start(cluster)
+                .await
+                .unwrap_or_else(|e| panic!("starting Prometheus: {e}"));
+            // SAFETY: registers a plain `extern "C" fn()` with the C runtime; it only touches
+            // a static that is initialised by then.
+            unsafe {
+                libc::atexit(stop);
+            }
+            server
+        })
+        .await
+}
+
+/// The chart's ServiceMonitor and PrometheusRule as `helm template` renders them with
+/// [`RULE_VALUES`].
+pub async fn rendered_monitoring() -> (Value, Value) {
+    let chart = repo_path("deploy/helm/multigres-operator");
+    let mut args = vec![
+        "template",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--kube-version",
+        "1.36.0",
+    ];
+    for set in RULE_VALUES {
+        args.extend(["--set", set]);
+    }
+    let text = harness::helm(&args, None).await;
+    let mut monitor = None;
+    let mut rule = None;
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value: Value = match serde::Deserialize::deserialize(document) {
+            Ok(v) => v,
+            Err(e) => panic!("helm template printed YAML serde cannot read: {e}"),
+        };
+        match value["kind"].as_str() {
+            Some("ServiceMonitor") => monitor = Some(value),
+            Some("PrometheusRule") => rule = Some(value),
+            _ => {}
+        }
+    }
+    (
+        monitor.expect("the chart renders a ServiceMonitor"),
+        rule.expect("the chart renders a PrometheusRule"),
+    )
+}
+
+/// The scrape configuration the Prometheus Operator generates for `monitor` (the subset of the
+/// ServiceMonitor API the chart uses): endpoint slices of Services matching its selector in its
+/// namespaces, the named port only, `job` from the Service's name and the target labels the
+/// operator adds (`namespace`, `service`, `pod`, `container`, `endpoint`).
+pub fn scrape_configs(monitor: &Value, kubeconfig: &Path) -> Vec<Value> {
+    let namespace = monitor["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or_default();
+    let name = monitor["metadata"]["name"].as_str().unwrap_or_default();
+    let spec = &monitor["spec"];
+    let namespaces: Vec<Value> = spec["namespaceSelector"]["matchNames"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| vec![json!(namespace)]);
+    let mut selector: Vec<Value> = Vec::new();
+    for (key, value) in spec["selector"]["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        let label: String = key
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        selector.push(json!({
+            "action": "keep",
+            "source_labels": [format!("__meta_kubernetes_service_label_{label}"),
+                              format!("__meta_kubernetes_service_labelpresent_{label}")],
+            "regex": format!("({});true", regex_escape(value.as_str().unwrap_or_default())),
+        }));
+    }
+    spec["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, endpoint)| {
+            let port = endpoint["port"].as_str().unwrap_or_default();
+            let mut relabel = selector.clone();
+            relabel.extend([
+                json!({"action": "keep",
+                       "source_labels": ["__meta_kubernetes_endpointslice_port_name"],
+                       "regex": regex_escape(port)}),
+                json!({"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"}),
+                json!({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"}),
+                json!({"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}),
+                json!({"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"}),
+                json!({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"}),
+                json!({"target_label": "endpoint", "replacement": port}),
+            ]);
+            let mut config = json!({
+                "job_name": format!("serviceMonitor/{namespace}/{name}/{i}"),
+                "honor_labels": endpoint["honorLabels"].as_bool().unwrap_or(false),
+                "metrics_path": endpoint["path"].as_str().unwrap_or("/metrics"),
+                "kubernetes_sd_configs": [{
+                    "role": "endpointslice",
+                    "kubeconfig_file": kubeconfig.display().to_string(),
+                    "namespaces": {"names": namespaces},
+                }],
+                "relabel_configs": relabel,
+            });
+            for (from, to) in [("interval", "scrape_interval"), ("scrapeTimeout", "scrape_timeout")] {
+                if let Some(value) = endpoint[from].as_str() {
+                    config[to] = json!(value);
+                }
+            }
+            config
+        })
+        .collect()
+}
+
+/// `text` with the characters RE2 treats specially escaped.
+fn regex_escape(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl Prometheus {
+    /// Starts Prometheus with its data under `<state>/prometheus` and its log under
+    /// `<state>/logs`; returns once it reports ready.
+    async fn start(cluster: &LocalCluster) -> Result<Prometheus, String> {
+        let dir = cluster.dir().join("prometheus");
+        let logs = cluster.dir().join("logs");
+        for d in [&dir, &logs] {
+            std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+        }
+        let (monitor, rule) = rendered_monitoring().await;
+        let rules = dir.join("rules.yaml");
+        write_yaml(&rules, &json!({"groups": rule["spec"]["groups"]}))?;
+        let config = dir.join("prometheus.yaml");
+        write_yaml(
+            &config,
+            &json!({
+                "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
+                "rule_files": [rules.display().to_string()],
+                "otlp": {"promote_resource_attributes": PROMOTED_ATTRIBUTES},
+                "scrape_configs": scrape_configs(&monitor, cluster.kubeconfig()),
+            }),
+        )?;
+        let path = |p: &Path| p.display().to_string();
+        let args: Vec<String> = vec![
+            format!("--config.file={}", path(&config)),
+            format!("--storage.tsdb.path={}", path(&dir.join("data"))),
+            format!("--web.listen-address={CONTROL_PLANE_IP}:{PORT}"),
+            "--web.enable-otlp-receiver".into(),
+            "--storage.tsdb.retention.time=1d".into(),
+        ];
+        let program = toolchain::binary("prometheus").map_err(|e| e.to_string())?;
+        let process = Supervised::spawn(
+            "prometheus",
+            &program,
+            &args,
+            &[],
+            &logs.join("prometheus.log"),
+        )
+        .map_err(|e| e.to_string())?;
+        let server = Prometheus { process };
+        let started = Instant::now();
+        loop {
+            let error = match get(CONTROL_PLANE_IP, PORT, "/-/ready").await {
+                Ok((200, _)) => break,
+                Ok((status, body)) => format!("HTTP {status}: {body}"),
+                Err(e) => e,
+            };
+            if !server.process.is_running() || started.elapsed() > START_TIMEOUT {
+                return Err(format!(
+                    "not ready ({error}); log:\n{}",
+                    server.process.log_tail(40)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        tracing::info!(took = ?started.elapsed(), "Prometheus ready");
+        Ok(server)
+    }
+
+    /// The URL a data-plane pod exports OTLP metrics to (`spec.observability.otlpEndpoint`,
+    /// protocol `http/protobuf`: the SDK appends `/v1/metrics`).
+    pub fn otlp_endpoint(&self) -> String {
+        format!("http://{CONTROL_PLANE_IP}:{PORT}/api/v1/otlp")
+    }
+
+    /// `data` of a successful answer of the HTTP API at `target`.
+    async fn api(&self, target: &str) -> Result<Value, String> {
+        let (status, body) = get(CONTROL_PLANE_IP, PORT, target).await?;
+        let answer: Value =
+            serde_json::from_str(&body).map_err(|e| format!("{target}: HTTP {status}: {e}"))?;
+        match answer["status"].as_str() {
+            Some("success") => Ok(answer["data"].clone()),
+            _ => Err(format!("{target}: HTTP {status}: {body}")),
+        }
+    }
+
+    /// The series of an instant query (its `result`).
+    pub async fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
+        let data = self
+            .api(&format!("/api/v1/query?query={}", encode(expr)))
+            .await?;
+        Ok(data["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The alerts pending or firing now (`/api/v1/alerts`).
+    pub async fn alerts(&self) -> Result<Vec<Value>, String> {
+        let data = self.api("/api/v1/alerts").await?;
+        Ok(data["alerts"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The active scrape targets (`/api/v1/targets`).
+    pub async fn targets(&self) -> Result<Vec<Value>, String> {
+        let data = self.api("/api/v1/targets?state=active").await?;
+        Ok(data["activeTargets"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// The last lines of its log, for a failure message.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
+    }
+}
+
+fn write_yaml(path: &Path, value: &Value) -> Result<(), String> {
+    let text = serde_yaml::to_string(value).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_monitor_becomes_the_scrape_config_the_prometheus_operator_writes() {
+        let monitor: Value = serde_yaml::from_str(
+            r#"
+metadata: {name: op, namespace: system}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/instance: op, multigres.com/metrics: "true"}}
+  namespaceSelector: {matchNames: [system]}
+  endpoints:
+    - {port: metrics, path: /metrics, interval: 5s, scrapeTimeout: 4s, honorLabels: true}
+"#,
+        )
+        .unwrap();
+        let configs = scrape_configs(&monitor, Path::new("/k"));
+        assert_eq!(configs.len(), 1);
+        let config = &configs[0];
+        assert_eq!(config["job_name"], "serviceMonitor/system/op/0");
+        assert_eq!(config["honor_labels"], true);
+        assert_eq!(config["scrape_interval"], "5s");
+        assert_eq!(config["scrape_timeout"], "4s");
+        assert_eq!(
+            config["kubernetes_sd_configs"][0]["namespaces"]["names"],
+            json!(["system"])
+        );
+        let relabel = config["relabel_configs"].as_array().unwrap();
+        assert_eq!(
+            relabel[0]["source_labels"][0],
+            "__meta_kubernetes_service_label_app_kubernetes_io_instance"
+        );
+        assert_eq!(relabel[0]["regex"], "(op);true");
+        assert_eq!(relabel[1]["regex"], "(true);true");
+        assert_eq!(relabel[2]["regex"], "metrics");
+        assert!(relabel.iter().any(|r| r["target_label"] == "job"
+            && r["source_labels"][0] == "__meta_kubernetes_service_name"));
+    }
+
+    #[test]
+    fn without_honor_labels_a_target_label_wins() {
+        let monitor = json!({"metadata": {"name": "m", "namespace": "n"},
+            "spec": {"endpoints": [{"port": "metrics"}]}});
+        let config = &scrape_configs(&monitor, Path::new("/k"))[0];
+        assert_eq!(config["honor_labels"], false);
+        assert_eq!(
+            config["kubernetes_sd_configs"][0]["namespaces"]["names"],
+            json!(["n"])
+        );
+    }
+
+    #[test]
+    fn regex_metacharacters_are_escaped() {
+        assert_eq!(regex_escape("a.b+c"), r"a\.b\+c");
+    }
+}
