@@ -62,71 +62,104 @@ fn panel_queries(namespace: &str) -> Vec<(String, String)> {
     queries
 }
 
-/// The story's record of which panel queries have returned series so far.
-struct Panels {
-    pending: BTreeMap<String, String>,
+/// The story so far: the Prometheus it asks, the panel queries that have not returned series
+/// yet, and the steps that failed.
+struct Story {
+    prometheus: &'static Prometheus,
+    namespace: String,
+    pending_panels: BTreeMap<String, String>,
+    failures: Vec<String>,
 }
 
-impl Panels {
-    fn new(namespace: &str) -> Panels {
-        Panels {
-            pending: panel_queries(namespace).into_iter().collect(),
+impl Story {
+    fn new(prometheus: &'static Prometheus, namespace: &str) -> Story {
+        Story {
+            prometheus,
+            namespace: namespace.to_owned(),
+            pending_panels: panel_queries(namespace).into_iter().collect(),
+            failures: Vec::new(),
         }
     }
 
-    /// Asks Prometheus every query that has not returned series yet.
-    async fn sample(&mut self, prometheus: &Prometheus) {
+    /// Asks Prometheus every panel query that has not returned series yet.
+    async fn sample_panels(&mut self) {
         let mut drawn = Vec::new();
-        for (id, expr) in &self.pending {
-            match prometheus.query(expr).await {
+        for (id, expr) in &self.pending_panels {
+            match self.prometheus.query(expr).await {
                 Ok(series) if !series.is_empty() => drawn.push(id.clone()),
                 Ok(_) => {}
                 Err(e) => println!("{id}: {e}"),
             }
         }
         for id in drawn {
-            self.pending.remove(&id);
+            self.pending_panels.remove(&id);
         }
     }
-}
 
-/// Polls `check` every 2 s until it returns `Ok`, sampling the panels meanwhile; the error of
-/// the last attempt after `timeout`.
-async fn within<T, F, Fut>(
-    prometheus: &Prometheus,
-    panels: &mut Panels,
-    timeout: Duration,
-    mut check: F,
-) -> Result<T, String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        panels.sample(prometheus).await;
-        match check().await {
-            Ok(value) => return Ok(value),
-            Err(last) if Instant::now() >= deadline => {
-                return Err(format!("not within {timeout:?}: {last}"));
+    /// Polls `check` every 2 s until it returns `Ok`, sampling the panels meanwhile; the error
+    /// of the last attempt after [`SEEN_WITHIN`].
+    async fn within<T, F, Fut>(&mut self, mut check: F) -> Result<T, String>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let deadline = Instant::now() + SEEN_WITHIN;
+        loop {
+            self.sample_panels().await;
+            match check().await {
+                Ok(value) => return Ok(value),
+                Err(last) if Instant::now() >= deadline => {
+                    return Err(format!("not within {SEEN_WITHIN:?}: {last}"));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_secs(2)).await,
             }
-            Err(_) => tokio::time::sleep(Duration::from_secs(2)).await,
         }
     }
-}
 
-/// The state (`pending`, `firing`) of `alert` for this namespace, if Prometheus has it.
-async fn alert_state(
-    prometheus: &Prometheus,
-    alert: &str,
-    namespace: &str,
-) -> Result<Option<String>, String> {
-    Ok(prometheus
-        .alerts()
-        .await?
-        .into_iter()
-        .find(|a| a["labels"]["alertname"] == alert && a["labels"]["namespace"] == namespace)
-        .and_then(|a| a["state"].as_str().map(str::to_owned)))
+    /// Records how `step` ended: a figure of the seconds since `since`, or a failure.
+    fn record(&mut self, step: &str, since: Instant, outcome: Result<(), String>) {
+        match outcome {
+            Ok(()) => println!("[figure] {step} (s): {:.1}", since.elapsed().as_secs_f64()),
+            Err(e) => self.failures.push(format!("{step}: {e}")),
+        }
+    }
+
+    /// Waits until `expr` returns series; records it as `step`.
+    async fn series(&mut self, step: &str, since: Instant, expr: &str) {
+        let prometheus = self.prometheus;
+        let outcome = self
+            .within(|| async {
+                match prometheus.query(expr).await?.len() {
+                    0 => Err(format!("no series {expr}")),
+                    _ => Ok(()),
+                }
+            })
+            .await;
+        self.record(step, since, outcome);
+    }
+
+    /// Waits until `alert` of this namespace is firing (`firing`) or gone (not `firing`);
+    /// records it as `step`.
+    async fn alert(&mut self, step: &str, since: Instant, alert: &str, firing: bool) {
+        let (prometheus, namespace) = (self.prometheus, self.namespace.clone());
+        let outcome = self
+            .within(|| async {
+                let state = prometheus
+                    .alerts()
+                    .await?
+                    .into_iter()
+                    .find(|a| {
+                        a["labels"]["alertname"] == alert && a["labels"]["namespace"] == *namespace
+                    })
+                    .and_then(|a| a["state"].as_str().map(str::to_owned));
+                match (state.as_deref(), firing) {
+                    (Some("firing"), true) | (None, false) => Ok(()),
+                    (state, _) => Err(format!("{alert} is {state:?}")),
+                }
+            })
+            .await;
+        self.record(step, since, outcome);
+    }
 }
 
 /// Sends `signal` to every process named `command` in the containers of `pod` (found by the
@@ -206,8 +239,7 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
             .await
             .unwrap();
     }
-    let mut failures: Vec<String> = Vec::new();
-    let mut panels = Panels::new(&namespace);
+    let mut story = Story::new(prometheus, &namespace);
 
     // 1. Every handler is a scraped target through its metrics Service, and up.
     let handlers = [
@@ -216,53 +248,51 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
         "data-handler",
         "webhook-server",
     ];
-    let up = within(prometheus, &mut panels, SEEN_WITHIN, || async {
-        let targets = prometheus.targets().await?;
-        let healthy: BTreeSet<String> = targets
-            .iter()
-            .filter(|t| t["health"] == "up" && t["labels"]["namespace"] == OPERATOR_NAMESPACE)
-            .filter_map(|t| t["labels"]["job"].as_str().map(str::to_owned))
-            .collect();
-        let missing: Vec<&str> = handlers
-            .iter()
-            .copied()
-            .filter(|h| !healthy.iter().any(|job| job.contains(h)))
-            .collect();
-        if missing.is_empty() {
-            Ok(healthy)
-        } else {
-            let seen: Vec<String> = targets
+    let scraped = Instant::now();
+    let up = story
+        .within(|| async {
+            let targets = prometheus.targets().await?;
+            let healthy: BTreeSet<String> = targets
                 .iter()
-                .map(|t| format!("{} {} {}", t["labels"]["job"], t["health"], t["lastError"]))
+                .filter(|t| t["health"] == "up" && t["labels"]["namespace"] == OPERATOR_NAMESPACE)
+                .filter_map(|t| t["labels"]["job"].as_str().map(str::to_owned))
                 .collect();
-            Err(format!(
-                "no healthy target of {missing:?}; targets {seen:?}"
-            ))
-        }
-    })
-    .await;
-    match up {
-        Ok(jobs) => println!("scraped jobs: {jobs:?}"),
-        Err(e) => failures.push(format!("handlers scraped: {e}")),
-    }
+            let missing: Vec<&str> = handlers
+                .iter()
+                .copied()
+                .filter(|h| !healthy.iter().any(|job| job.contains(h)))
+                .collect();
+            if missing.is_empty() {
+                println!("scraped jobs: {healthy:?}");
+                Ok(())
+            } else {
+                let seen: Vec<String> = targets
+                    .iter()
+                    .map(|t| format!("{} {} {}", t["labels"]["job"], t["health"], t["lastError"]))
+                    .collect();
+                Err(format!(
+                    "no healthy target of {missing:?}; targets {seen:?}"
+                ))
+            }
+        })
+        .await;
+    story.record("every handler scraped and up", scraped, up);
 
     // 2. A handler's per-object series keep the object's namespace (the ServiceMonitor honours
     // the handlers' labels), so the alerts name the cluster's namespace, not the operator's.
     let pool_series =
         format!("multigres_operator_shard_pool_replicas{{namespace=\"{namespace}\"}}");
-    let honoured = within(prometheus, &mut panels, SEEN_WITHIN, || async {
-        match prometheus.query(&pool_series).await?.len() {
-            0 => Err(format!("no series {pool_series}")),
-            _ => Ok(()),
-        }
-    })
-    .await;
-    if let Err(e) = honoured {
-        failures.push(format!("the handlers' namespace label: {e}"));
-    }
+    story
+        .series(
+            "pool replicas under the cluster's namespace",
+            scraped,
+            &pool_series,
+        )
+        .await;
 
     // 3. The data plane's own series arrive over OTLP, labelled with the cluster and the
     // process the operator put in their resource attributes.
+    gateway.query("SELECT count(*) FROM seen").await.unwrap();
     for (process, series) in [
         ("multigateway", "mg_gateway_query_duration_seconds_count"),
         ("multipooler", "mg_pooler_serving_transitions_total"),
@@ -273,19 +303,13 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
     ] {
         let expr =
             format!("{series}{{multigres_cluster=\"{NAME}\", multigres_component=\"{process}\"}}");
-        let arrived = within(prometheus, &mut panels, SEEN_WITHIN, || async {
-            if process == "multigateway" {
-                gateway.query("SELECT count(*) FROM seen").await?;
-            }
-            match prometheus.query(&expr).await?.len() {
-                0 => Err(format!("no series {expr}")),
-                _ => Ok(()),
-            }
-        })
-        .await;
-        if let Err(e) = arrived {
-            failures.push(format!("{process} over OTLP: {e}"));
-        }
+        story
+            .series(
+                &format!("{process} series over OTLP since apply"),
+                sent,
+                &expr,
+            )
+            .await;
     }
 
     // 4. The primary lost: its multipooler frozen, and every multiorch so none fails over.
@@ -299,59 +323,27 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
     freeze(&client, &namespace, &primary_pod, libc::SIGSTOP).await;
     let no_primary =
         format!("max(multigres_operator_shard_primaries{{namespace=\"{namespace}\"}}) == 0");
-    let seen = within(prometheus, &mut panels, SEEN_WITHIN, || async {
-        match prometheus.query(&no_primary).await?.len() {
-            0 => Err(format!("no series {no_primary}")),
-            _ => Ok(()),
-        }
-    })
-    .await;
-    match seen {
-        Ok(()) => println!(
-            "[figure] primary froze -> 0 serving primaries scraped (s): {:.1}",
-            frozen.elapsed().as_secs_f64()
-        ),
-        Err(e) => failures.push(format!("0 serving primaries: {e}")),
-    }
-    for alert in ["MultigresShardPrimaryLost", "MultigresShardPoolDegraded"] {
-        let fired = within(prometheus, &mut panels, SEEN_WITHIN, || async {
-            match alert_state(prometheus, alert, &namespace).await? {
-                Some(state) if state == "firing" => Ok(()),
-                other => Err(format!("{alert} is {other:?}")),
-            }
-        })
+    story
+        .series(
+            "primary froze -> 0 serving primaries scraped",
+            frozen,
+            &no_primary,
+        )
         .await;
-        match fired {
-            Ok(()) => println!(
-                "[figure] {alert} firing after the primary froze (s): {:.1}",
-                frozen.elapsed().as_secs_f64()
-            ),
-            Err(e) => failures.push(format!("{alert} fires: {e}")),
-        }
+    for alert in ["MultigresShardPrimaryLost", "MultigresShardPoolDegraded"] {
+        let step = format!("{alert} firing after the primary froze");
+        story.alert(&step, frozen, alert, true).await;
     }
     freeze(&client, &namespace, &primary_pod, libc::SIGCONT).await;
     let thawed = Instant::now();
     for alert in ["MultigresShardPrimaryLost", "MultigresShardPoolDegraded"] {
-        let resolved = within(prometheus, &mut panels, SEEN_WITHIN, || async {
-            match alert_state(prometheus, alert, &namespace).await? {
-                None => Ok(()),
-                Some(state) => Err(format!("{alert} is still {state}")),
-            }
-        })
-        .await;
-        match resolved {
-            Ok(()) => println!(
-                "[figure] {alert} resolved after the primary ran again (s): {:.1}",
-                thawed.elapsed().as_secs_f64()
-            ),
-            Err(e) => failures.push(format!("{alert} resolves: {e}")),
-        }
+        let step = format!("{alert} resolved after the primary ran again");
+        story.alert(&step, thawed, alert, false).await;
     }
     let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
-    let rows = within(prometheus, &mut panels, SEEN_WITHIN, || async {
-        gateway.query("SELECT count(*) FROM seen").await
-    })
-    .await;
+    let rows = story
+        .within(|| async { gateway.query("SELECT count(*) FROM seen").await })
+        .await;
     assert_eq!(
         rows,
         Ok(vec![vec![Some("20".to_owned())]]),
@@ -360,20 +352,14 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
 
     // 5. The newest backup older than the test's threshold (90 s): backup-stale fires; a
     // schedule's next backup resolves it.
-    let fired = within(prometheus, &mut panels, SEEN_WITHIN, || async {
-        match alert_state(prometheus, "MultigresBackupStale", &namespace).await? {
-            Some(state) if state == "firing" => Ok(()),
-            other => Err(format!("MultigresBackupStale is {other:?}")),
-        }
-    })
-    .await;
-    match fired {
-        Ok(()) => println!(
-            "[figure] MultigresBackupStale firing after the cluster was applied (s): {:.1}",
-            sent.elapsed().as_secs_f64()
-        ),
-        Err(e) => failures.push(format!("MultigresBackupStale fires: {e}")),
-    }
+    story
+        .alert(
+            "MultigresBackupStale firing after the cluster was applied",
+            sent,
+            "MultigresBackupStale",
+            true,
+        )
+        .await;
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
     let schedule = json!({"spec": {"backup": {"type": "filesystem", "filesystem": {},
         "schedule": {"cron": "* * * * *", "retainFull": 2}}}});
@@ -381,40 +367,33 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
         .patch(NAME, &PatchParams::default(), &Patch::Merge(&schedule))
         .await
         .unwrap_or_else(|e| panic!("setting a backup schedule: {e}"));
-    let scheduled = Instant::now();
-    let resolved = within(prometheus, &mut panels, SEEN_WITHIN, || async {
-        match alert_state(prometheus, "MultigresBackupStale", &namespace).await? {
-            None => Ok(()),
-            Some(state) => Err(format!("MultigresBackupStale is still {state}")),
-        }
-    })
-    .await;
-    match resolved {
-        Ok(()) => println!(
-            "[figure] MultigresBackupStale resolved after a schedule was set (s): {:.1}",
-            scheduled.elapsed().as_secs_f64()
-        ),
-        Err(e) => failures.push(format!("MultigresBackupStale resolves: {e}")),
-    }
+    story
+        .alert(
+            "MultigresBackupStale resolved after a schedule was set",
+            Instant::now(),
+            "MultigresBackupStale",
+            false,
+        )
+        .await;
 
     // 6. Every panel of every dashboard has drawn something by now.
-    panels.sample(prometheus).await;
-    if !panels.pending.is_empty() {
-        let empty: Vec<String> = panels
-            .pending
+    story.sample_panels().await;
+    if !story.pending_panels.is_empty() {
+        let empty: Vec<String> = story
+            .pending_panels
             .iter()
             .map(|(id, expr)| format!("{id}: {expr}"))
             .collect();
-        failures.push(format!(
+        story.failures.push(format!(
             "panels that never returned series:\n  {}",
             empty.join("\n  ")
         ));
     }
     assert!(
-        failures.is_empty(),
+        story.failures.is_empty(),
         "{} failed steps:\n{}\nPrometheus log:\n{}",
-        failures.len(),
-        failures.join("\n"),
+        story.failures.len(),
+        story.failures.join("\n"),
         prometheus.log_tail(20)
     );
 }
