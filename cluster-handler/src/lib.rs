@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use kube::Resource;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use multigres_api::labels::MANAGED_SELECTOR;
@@ -33,6 +33,7 @@ use multigres_api::v1alpha1::{
 use multigres_common::HandlerContext;
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::controller::{drive, error_policy};
+use multigres_common::events::Recorder;
 use multigres_common::shared_watch::Watches;
 use multigres_common::status_pacer::{self, Budget, StatusPacer};
 use multigres_common::watch::Scope;

@@ -6,10 +6,11 @@
 use std::time::{Duration, Instant};
 
 use kube::api::{DeleteParams, Preconditions};
-use kube::runtime::events::{Event, Recorder};
+use kube::runtime::events::Event;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_common::apply::{self, ApplyError};
+use multigres_common::events::Recorder;
 use multigres_common::metrics::record_api_write as count;
 use multigres_common::status_pacer::{FirstStatus, Pace, StatusPacer};
 use serde::Serialize;

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod client;
 pub mod conditions;
 pub mod controller;
+pub mod events;
 pub mod grpc;
 pub mod guard;
 pub mod leader;

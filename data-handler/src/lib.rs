@@ -39,7 +39,7 @@ use std::time::Duration;
 use futures::Stream;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -50,6 +50,7 @@ use multigres_api::v1alpha1::{
 use multigres_common::HandlerContext;
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::controller::{Outcome, drive, error_policy};
+use multigres_common::events::Recorder;
 use multigres_common::shared_watch::{SharedWatch, Watches};
 use multigres_common::shutdown::Shutdown;
 use multigres_common::state::HandlerState;

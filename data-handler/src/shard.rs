@@ -43,7 +43,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, SWITCHOVER_RESIGNED};
@@ -52,6 +51,7 @@ use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::events::Recorder;
 use multigres_common::state::HandlerState;
 use serde_json::json;
 

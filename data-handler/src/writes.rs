@@ -8,10 +8,11 @@ use std::fmt::Debug;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::Patch;
-use kube::runtime::events::{Event, Recorder};
+use kube::runtime::events::Event;
 use kube::{Api, Resource, ResourceExt};
 use multigres_api::postgres::RELOAD_HASH_ANNOTATION;
 use multigres_common::apply::{self, ApplyError};
+use multigres_common::events::Recorder;
 use multigres_common::metrics::record_api_write as count;
 use multigres_common::telemetry::ErrorChain;
 use serde::de::DeserializeOwned;

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -21,6 +21,7 @@ use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::controller::WithBackoff;
+use multigres_common::events::Recorder;
 use multigres_common::guard::Guarded;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::StatusPacer;
@@ -56,8 +57,9 @@ pub struct Stores {
     pub pods: Store<Pod>,
     /// TLS Secrets this operator issued (labelled; users' Secrets are read directly).
     pub secrets: Store<Secret>,
-    /// Rendered postgresql.conf ConfigMaps (labelled; referenced ones are read directly).
-    pub config_maps: Store<ConfigMap>,
+    /// Rendered postgresql.conf ConfigMaps (labelled; referenced ones are read directly),
+    /// without the file.
+    pub config_maps: SlimStore<ConfigMap>,
     /// Clusters (multiadmin, pull settings of etcd pods).
     pub clusters: Store<Guarded<MultigresCluster>>,
     /// Templates the resolver reads for multiadmin.

@@ -70,7 +70,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     let pods = watches.share_trimmed::<Pod>(pool_pods(), slim_pod);
     let pvcs = watches.share::<PersistentVolumeClaim>(managed());
     let secrets = watches.share::<Secret>(managed());
-    let config_maps = watches.share::<ConfigMap>(managed());
+    let config_maps = watches.share_trimmed::<ConfigMap>(managed(), slim);
     let mut running = watches.start();
     let stores = Stores {
         statefulsets: SlimStore::new(statefulsets.store()),
@@ -80,7 +80,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         pvcs: pvcs.store(),
         pods: pods.store(),
         secrets: secrets.store(),
-        config_maps: config_maps.store(),
+        config_maps: SlimStore::new(config_maps.store()),
         clusters: clusters.store(),
         core_templates: core_templates.store(),
         cell_templates: cell_templates.store(),

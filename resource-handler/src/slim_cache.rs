@@ -1,30 +1,50 @@
 //! Children cached without the parts of them no reconciler reads: the pod templates of
 //! StatefulSets and Deployments (and a Deployment's selector and strategy), the specs of
-//! Services (but their type) and of PodDisruptionBudgets, and the labels no reconciler
-//! reads (all of a Service's or a budget's). Those parts are much of the cached
-//! bytes (about 4,000 children at 100 clusters) and only the write-skipping check reads them,
-//! so the cache keeps a digest of what it dropped instead, and remembers which (applied hash, digest) pairs were checked against a
-//! full copy from the API server. A dropped part whose digest is not remembered (after a
-//! restart, or because someone edited it) is fetched and compared once; a drifted one is
-//! written back as before.
+//! Services (but their type) and of PodDisruptionBudgets, the rendered file of a
+//! postgresql.conf ConfigMap, and the labels no reconciler reads (all of a Service's, a
+//! budget's or a ConfigMap's). Those parts are much of the cached bytes (about 4,000 children
+//! at 100 clusters) and only the write-skipping check reads them, so the cache keeps a digest
+//! of what it dropped instead (with the applied hash, in a [`Stamp`]), and remembers which
+//! stamps were checked against a full copy from the API server. A dropped part whose digest is
+//! not remembered (after a restart, or because someone edited it) is fetched and compared
+//! once; a drifted one is written back as before.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PodTemplateSpec, Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, PodTemplateSpec, Service, ServiceSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use multigres_api::labels::{CLUSTER, COMPONENT, POOL};
 
 use crate::sync::{APPLIED_HASH, Child, ChildCache, Verdict, fnv1a64, is_subset};
 
-/// Annotation on a cached copy only (never sent to the API server): the digest of the part
-/// the cache dropped.
-pub const CACHED_DIGEST: &str = "multigres.com/cached-digest";
+/// What a cached copy keeps of its [`APPLIED_HASH`] annotation and of the digest of its dropped
+/// part, in place of the annotation: `<applied hash>/<digest>`, both in hex, in its
+/// `metadata.generateName`. None of these kinds is created with a generated name, no reader
+/// reads one of a cached copy, and a cached copy is never sent to the API server. An annotation
+/// map, for these two values alone on most children, would be a B-tree node of about 0.5 KiB
+/// and four strings per object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    applied_hash: u64,
+    digest: u64,
+}
+
+impl Stamp {
+    /// The stamp a cached copy carries (see [`slim`]), if it carries one.
+    fn of<K: Slimmed>(cached: &K) -> Option<Self> {
+        let (applied_hash, digest) = cached.meta().generate_name.as_deref()?.split_once('/')?;
+        Some(Self {
+            applied_hash: u64::from_str_radix(applied_hash, 16).ok()?,
+            digest: u64::from_str_radix(digest, 16).ok()?,
+        })
+    }
+}
 
 /// A kind cached without a part of it (see the module's documentation).
 pub trait Slimmed: Child {
@@ -128,22 +148,48 @@ impl Slimmed for PodDisruptionBudget {
     }
 }
 
+/// The file's content and the labels, neither read of a rendered postgresql.conf ConfigMap: the
+/// shard reconciler reads its annotations (the settings' hashes, `crate::shard::pgconfig`) and
+/// finds its Shard by owner reference. The file is a few KiB of each of these.
+impl Slimmed for ConfigMap {
+    fn dropped(&self) -> Vec<u8> {
+        json(&(&self.metadata.labels, &self.data, &self.binary_data))
+    }
+
+    fn drop_part(&mut self) {
+        self.metadata.labels = None;
+        self.data = None;
+        self.binary_data = None;
+    }
+}
+
 fn json(part: &impl serde::Serialize) -> Vec<u8> {
     serde_json::to_vec(part).unwrap_or_default()
 }
 
-/// Digest of `obj`'s dropped part, as [`slim`] records it.
-fn digest<K: Slimmed>(obj: &K) -> String {
-    format!("{:016x}", fnv1a64(&obj.dropped()))
+/// Digest of `obj`'s dropped part; [`slim`] records it in hex.
+fn digest<K: Slimmed>(obj: &K) -> u64 {
+    fnv1a64(&obj.dropped())
 }
 
-/// Drops the part of an object about to be cached that reconcilers do not read and records
-/// its digest in [`CACHED_DIGEST`]; everything else stays.
+/// Drops the part of an object about to be cached that reconcilers do not read, and moves its
+/// [`APPLIED_HASH`] and the digest of that part into its [`Stamp`]; everything else stays.
 pub fn slim<K: Slimmed>(obj: &mut K) {
     let digest = digest(obj);
     obj.drop_part();
-    obj.annotations_mut()
-        .insert(CACHED_DIGEST.to_owned(), digest);
+    let applied_hash = without_applied_hash(obj).unwrap_or_default();
+    obj.meta_mut().generate_name = Some(format!("{applied_hash}/{digest:016x}"));
+}
+
+/// Removes the [`APPLIED_HASH`] annotation of `obj` (and the annotation map, when that was the
+/// last one), returning its value.
+fn without_applied_hash<K: Slimmed>(obj: &mut K) -> Option<String> {
+    let annotations = obj.meta_mut().annotations.as_mut()?;
+    let hash = annotations.remove(APPLIED_HASH);
+    if annotations.is_empty() {
+        obj.meta_mut().annotations = None;
+    }
+    hash
 }
 
 /// [`slim`], and the status too, which no reconciler reads of a PodDisruptionBudget.
@@ -161,21 +207,14 @@ pub fn slim_deployment(deployment: &mut Deployment) {
     }
 }
 
-/// An object's applied hash and dropped part's digest, once a full copy of it was up to date.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Verified {
-    applied_hash: String,
-    digest: String,
-}
-
 /// A cache of slimmed children (see [`slim`]) and the checks of their dropped parts that
 /// passed, shared by every controller that writes the kind.
 pub struct SlimStore<K: Slimmed> {
     store: Store<K>,
-    /// One entry per object at most; entries of objects gone from the cache are dropped
-    /// once the map holds [`PRUNE_SLACK`] more than twice as many entries as the cache has
-    /// objects.
-    verified: Arc<Mutex<HashMap<ObjectRef<K>, Verified>>>,
+    /// The stamps of full copies found up to date: one entry per object at most, under
+    /// [`key_of`]; entries of objects gone from the cache are dropped once the map holds
+    /// [`PRUNE_SLACK`] more than twice as many entries as the cache has objects.
+    verified: Arc<Mutex<HashMap<u64, Stamp>>>,
 }
 
 /// How many more entries than twice the cached objects the verified map may hold before the
@@ -213,25 +252,35 @@ impl<K: Slimmed> Deref for SlimStore<K> {
     }
 }
 
-/// The key of `obj` in the verified map, without the resource version and uid
-/// [`ObjectRef::from_obj`] would keep.
-fn key_of<K: Slimmed>(obj: &K) -> ObjectRef<K> {
-    let key = ObjectRef::new(&obj.name_any());
-    match obj.namespace() {
-        Some(namespace) => key.within(&namespace),
-        None => key,
-    }
+/// The key of `obj` in the verified map: a digest of its namespace and name (8 bytes where an
+/// `ObjectRef` is 96 and two strings). Two objects with one key only share an entry, which
+/// holds for neither unless their applied hashes (of objects with different names) agree.
+fn key_of<K: Slimmed>(obj: &K) -> u64 {
+    let mut bytes = obj.namespace().unwrap_or_default().into_bytes();
+    bytes.push(b'/');
+    bytes.extend_from_slice(obj.name_any().as_bytes());
+    fnv1a64(&bytes)
+}
+
+/// The value of the [`APPLIED_HASH`] annotation of `obj` (a desired object or a full copy).
+fn applied_hash<K: Slimmed>(obj: &K) -> Option<u64> {
+    obj.annotations()
+        .get(APPLIED_HASH)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
 }
 
 /// Whether every field `desired` sets outside its dropped part has that value in `cached`,
 /// under the same applied hash.
 fn up_to_date_but_dropped<K: Slimmed>(desired: &K, cached: &K) -> bool {
-    let hash = |obj: &K| obj.annotations().get(APPLIED_HASH).cloned();
-    if hash(desired).is_none() || hash(desired) != hash(cached) {
+    let Some(hash) = applied_hash(desired) else {
+        return false;
+    };
+    if Stamp::of(cached).map(|stamp| stamp.applied_hash) != Some(hash) {
         return false;
     }
     let mut desired = desired.clone();
     desired.drop_part();
+    without_applied_hash(&mut desired);
     match (serde_json::to_value(&desired), serde_json::to_value(cached)) {
         (Ok(desired), Ok(cached)) => is_subset(&desired, &cached),
         _ => false,
@@ -247,11 +296,9 @@ impl<K: Slimmed> ChildCache<K> for SlimStore<K> {
         if !up_to_date_but_dropped(desired, cached) {
             return Verdict::Stale;
         }
+        let stamp = Stamp::of(cached);
         let verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
-        let known = verified.get(&key_of(cached)).is_some_and(|v| {
-            desired.annotations().get(APPLIED_HASH) == Some(&v.applied_hash)
-                && cached.annotations().get(CACHED_DIGEST) == Some(&v.digest)
-        });
+        let known = stamp.is_some() && verified.get(&key_of(cached)) == stamp.as_ref();
         if known {
             Verdict::UpToDate
         } else {
@@ -259,18 +306,23 @@ impl<K: Slimmed> ChildCache<K> for SlimStore<K> {
         }
     }
 
+    fn applied_hash(&self, cached: &K) -> Option<String> {
+        Stamp::of(cached).map(|stamp| format!("{:016x}", stamp.applied_hash))
+    }
+
     fn remember(&self, stored: &K) {
-        let Some(applied_hash) = stored.annotations().get(APPLIED_HASH).cloned() else {
+        let Some(applied_hash) = applied_hash(stored) else {
             return;
         };
         let key = key_of(stored);
-        let entry = Verified {
+        let entry = Stamp {
             applied_hash,
             digest: digest(stored),
         };
         let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
         if verified.len() >= 2 * self.store.len() + PRUNE_SLACK {
-            verified.retain(|k, _| *k == key || self.store.get(k).is_some());
+            let cached: HashSet<u64> = self.store.state().iter().map(|o| key_of(&**o)).collect();
+            verified.retain(|k, _| *k == key || cached.contains(k));
         }
         verified.insert(key, entry);
     }
@@ -278,6 +330,7 @@ impl<K: Slimmed> ChildCache<K> for SlimStore<K> {
 
 #[cfg(test)]
 mod tests {
+    use kube::runtime::reflector::ObjectRef;
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher::Event;
     use serde_json::json;
@@ -343,8 +396,15 @@ mod tests {
             PodTemplateSpec::default()
         );
         assert_eq!(
-            cached.annotations().get(CACHED_DIGEST),
-            Some(&digest(&full))
+            Stamp::of(&cached),
+            Some(Stamp {
+                applied_hash: applied_hash(&full).unwrap(),
+                digest: digest(&full),
+            })
+        );
+        assert_eq!(
+            cached.metadata.annotations, None,
+            "the applied hash, the only annotation, is in the stamp"
         );
         assert_eq!(
             cached.metadata.labels,
@@ -352,20 +412,64 @@ mod tests {
             "the labels read are kept"
         );
         let mut restored = cached.clone();
-        restored.annotations_mut().remove(CACHED_DIGEST);
+        restored.metadata.generate_name = None;
+        restored.metadata.annotations = full.metadata.annotations.clone();
         restored.spec.as_mut().unwrap().template = full.spec.clone().unwrap().template;
         restored.metadata.labels = full.metadata.labels.clone();
         assert_eq!(
             restored, full,
-            "only the template, the labels not read and the digest differ"
+            "only the template, the labels not read and the stamp differ"
         );
 
         let other = trimmed(&stored(&desired("postgres:18", 3)));
         assert_ne!(
-            other.annotations().get(CACHED_DIGEST),
-            cached.annotations().get(CACHED_DIGEST),
+            Stamp::of(&other).unwrap().digest,
+            Stamp::of(&cached).unwrap().digest,
             "another template, another digest"
         );
+    }
+
+    #[test]
+    fn annotations_besides_the_applied_hash_stay_and_count() {
+        let mut want = desired("postgres:17", 3);
+        want.annotations_mut()
+            .insert("multigres.com/drained-node".into(), "n/p".into());
+        stamp(&mut want);
+        let mut full = stored(&want);
+        full.annotations_mut()
+            .insert("someone.else/note".into(), "x".into());
+        let cached = trimmed(&full);
+        assert_eq!(
+            cached.metadata.annotations,
+            Some(
+                [
+                    ("multigres.com/drained-node".to_owned(), "n/p".to_owned()),
+                    ("someone.else/note".to_owned(), "x".to_owned()),
+                ]
+                .into()
+            )
+        );
+        let (cache, _writer) = cache(&[&full]);
+        cache.remember(&full);
+        assert_eq!(cache.verdict(&want, &cached), Verdict::UpToDate);
+        assert_eq!(
+            cache.applied_hash(&cached),
+            want.annotations().get(APPLIED_HASH).cloned()
+        );
+        // An annotation the handler sets, edited by hand: a write.
+        let mut edited = full.clone();
+        edited
+            .annotations_mut()
+            .insert("multigres.com/drained-node".into(), "m/q".into());
+        assert_eq!(cache.verdict(&want, &trimmed(&edited)), Verdict::Stale);
+        // The applied hash edited by hand: a write.
+        let mut rehashed = full.clone();
+        rehashed
+            .annotations_mut()
+            .insert(APPLIED_HASH.into(), "not-a-hash".into());
+        let rehashed = trimmed(&rehashed);
+        assert_eq!(Stamp::of(&rehashed), None);
+        assert_eq!(cache.verdict(&want, &rehashed), Verdict::Stale);
     }
 
     #[test]
@@ -373,7 +477,7 @@ mod tests {
         let want = desired("postgres:17", 3);
         let full = stored(&want);
         let (cache, _writer) = cache(&[&full]);
-        let cached = cache.get(&key_of(&full)).unwrap();
+        let cached = cache.get(&ObjectRef::from_obj(&full)).unwrap();
 
         // The handler now wants something else: a write, no fetch.
         assert_eq!(
@@ -456,9 +560,34 @@ mod tests {
         assert_eq!(cache.verified.lock().unwrap().len(), 2 + PRUNE_SLACK);
         cache.remember(&named("pool-d"));
         let verified = cache.verified.lock().unwrap();
-        let mut keys: Vec<_> = verified.keys().map(|k| k.name.clone()).collect();
-        keys.sort();
-        assert_eq!(keys, ["pool-0", "pool-d"]);
+        let mut keys: Vec<_> = verified.keys().copied().collect();
+        keys.sort_unstable();
+        let mut kept = [key_of(&named("pool-0")), key_of(&named("pool-d"))];
+        kept.sort_unstable();
+        assert_eq!(keys, kept);
+    }
+
+    #[test]
+    fn a_check_holds_for_its_object_only() {
+        let want = desired("postgres:17", 3);
+        let full = stored(&want);
+        let mut other_full = full.clone();
+        other_full.metadata.name = Some("pool-b".into());
+        let mut other_want = want.clone();
+        other_want.metadata.name = Some("pool-b".into());
+        stamp(&mut other_want);
+        other_full.metadata.annotations = other_want.metadata.annotations.clone();
+        let (cache, _writer) = cache(&[&full, &other_full]);
+        cache.remember(&full);
+        let other_cached = cache.get(&ObjectRef::from_obj(&other_full)).unwrap();
+        assert_eq!(
+            cache.verdict(&other_want, &other_cached),
+            Verdict::Unverified,
+            "pool-b's template was never checked"
+        );
+        cache.remember(&other_full);
+        assert_eq!(cache.verdict(&other_want, &other_cached), Verdict::UpToDate);
+        assert_eq!(cache.verified.lock().unwrap().len(), 2);
     }
 
     /// A Service as the handler builds it (stamped) and as the API server stores it.
@@ -525,6 +654,50 @@ mod tests {
         internal.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
         stamp(&mut internal);
         assert_eq!(cache.verdict(&internal, &cached), Verdict::Stale);
+    }
+
+    #[test]
+    fn a_config_map_keeps_its_hashes_and_a_drifted_file_is_written_back() {
+        let desired = |text: &str| {
+            let mut cm: ConfigMap = serde_json::from_value(json!({
+                "metadata": {"name": "pg", "namespace": "ns", "labels": {"app": "pg"},
+                    "annotations": {"multigres.com/config-hash": "r1"}},
+                "data": {"postgresql.conf": text},
+            }))
+            .unwrap();
+            stamp(&mut cm);
+            cm
+        };
+        let want = desired("max_connections = 100\n");
+        let mut full = want.clone();
+        full.metadata.uid = Some("u-3".into());
+        let mut cached = full.clone();
+        slim(&mut cached);
+        assert_eq!((&cached.data, &cached.metadata.labels), (&None, &None));
+        assert_eq!(
+            cached.annotations().get("multigres.com/config-hash"),
+            Some(&"r1".to_owned()),
+            "the hashes the shard reconciler reads stay"
+        );
+        let mut writer = Writer::<ConfigMap>::default();
+        writer.apply_watcher_event(&Event::Apply(cached.clone()));
+        let cache = SlimStore::new(writer.as_reader());
+        assert_eq!(cache.verdict(&want, &cached), Verdict::Unverified);
+        cache.remember(&full);
+        assert_eq!(cache.verdict(&want, &cached), Verdict::UpToDate);
+
+        // The file edited by hand: another digest, fetched, found drifted (written back).
+        let mut edited = full.clone();
+        edited.data = Some([("postgresql.conf".to_owned(), "fsync = off\n".to_owned())].into());
+        let mut edited_cached = edited.clone();
+        slim(&mut edited_cached);
+        assert_eq!(cache.verdict(&want, &edited_cached), Verdict::Unverified);
+        assert!(!up_to_date(&want, &edited));
+        // Another file wanted: another applied hash, a write without a fetch.
+        assert_eq!(
+            cache.verdict(&desired("max_connections = 200\n"), &cached),
+            Verdict::Stale
+        );
     }
 
     #[test]

@@ -148,6 +148,8 @@ pub trait ChildCache<K: Child> {
     fn store(&self) -> &Store<K>;
     /// Whether `cached` already is what applying `desired` (stamped) would produce.
     fn verdict(&self, desired: &K, cached: &K) -> Verdict;
+    /// The [`APPLIED_HASH`] of the object `cached` is a copy of.
+    fn applied_hash(&self, cached: &K) -> Option<String>;
     /// Notes that `stored`, a full copy from the API server, was found up to date.
     fn remember(&self, stored: &K);
 }
@@ -164,6 +166,10 @@ impl<K: Child> ChildCache<K> for Store<K> {
         } else {
             Verdict::Stale
         }
+    }
+
+    fn applied_hash(&self, cached: &K) -> Option<String> {
+        cached.annotations().get(APPLIED_HASH).cloned()
     }
 
     fn remember(&self, _: &K) {}
@@ -242,7 +248,7 @@ pub async fn ensure_with<K: Child>(
     let deadline = Instant::now() + SETTLE_TIMEOUT;
     while Instant::now() < deadline {
         let cached = store.get(&key);
-        if cached.is_some_and(|c| c.annotations().get(APPLIED_HASH) == hash.as_ref()) {
+        if cached.is_some_and(|c| cache.applied_hash(&c) == hash) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::v1alpha1::{Shard, TableGroup};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::events::Recorder;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
