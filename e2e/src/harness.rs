@@ -1016,6 +1016,40 @@ pub async fn run_helm(args: &[&str], kubeconfig: Option<&Path>) -> (bool, String
     )
 }
 
+/// `helm template` of the repository's chart as release `release` in `namespace` for
+/// Kubernetes 1.36, with `sets` as `--set` values, as parsed documents.
+pub async fn helm_template(
+    release: &str,
+    namespace: &str,
+    sets: &[&str],
+) -> Vec<serde_json::Value> {
+    let chart = repo_path("deploy/helm/multigres-operator");
+    let mut args = vec![
+        "template",
+        release,
+        chart.to_str().expect("utf-8 path"),
+        "--namespace",
+        namespace,
+        "--kube-version",
+        "1.36.0",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    yaml_documents(&helm(&args, None).await)
+}
+
+/// The YAML documents of `text` (what `helm template` prints), empty ones left out.
+pub fn yaml_documents(text: &str) -> Vec<serde_json::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|doc| {
+            let value = <serde_json::Value as serde::Deserialize>::deserialize(doc)
+                .expect("rendered YAML parses");
+            (!value.is_null()).then_some(value)
+        })
+        .collect()
+}
+
 /// Runs helm; returns stdout, or panics with stderr.
 pub async fn helm(args: &[&str], kubeconfig: Option<&Path>) -> String {
     let (ok, stdout, stderr) = run_helm(args, kubeconfig).await;

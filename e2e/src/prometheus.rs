@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::cluster::LocalCluster;
-use crate::harness::{self, repo_path};
+use crate::harness;
 use crate::http::{encode, get};
 use crate::nodes::CONTROL_PLANE_IP;
 use crate::process::Supervised;
@@ -82,38 +82,16 @@ pub async fn server() -> &'static Prometheus {
 
 /// The chart's ServiceMonitor and PrometheusRule as `helm template` renders them with
 /// [`RULE_VALUES`].
-pub async fn rendered_monitoring() -> (Value, Value) {
-    let chart = repo_path("deploy/helm/multigres-operator");
-    let mut args = vec![
-        "template",
-        RELEASE,
-        chart.to_str().unwrap(),
-        "--namespace",
-        OPERATOR_NAMESPACE,
-        "--kube-version",
-        "1.36.0",
-    ];
-    for set in RULE_VALUES {
-        args.extend(["--set", set]);
-    }
-    let text = harness::helm(&args, None).await;
-    let mut monitor = None;
-    let mut rule = None;
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let value: Value = match serde::Deserialize::deserialize(document) {
-            Ok(v) => v,
-            Err(e) => panic!("helm template printed YAML serde cannot read: {e}"),
-        };
-        match value["kind"].as_str() {
-            Some("ServiceMonitor") => monitor = Some(value),
-            Some("PrometheusRule") => rule = Some(value),
-            _ => {}
-        }
-    }
-    (
-        monitor.expect("the chart renders a ServiceMonitor"),
-        rule.expect("the chart renders a PrometheusRule"),
-    )
+async fn rendered_monitoring() -> (Value, Value) {
+    let documents = harness::helm_template(RELEASE, OPERATOR_NAMESPACE, RULE_VALUES).await;
+    let of_kind = |kind: &str| {
+        documents
+            .iter()
+            .find(|d| d["kind"] == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("the chart renders no {kind}"))
+    };
+    (of_kind("ServiceMonitor"), of_kind("PrometheusRule"))
 }
 
 /// The scrape configuration the Prometheus Operator generates for `monitor` (the subset of the

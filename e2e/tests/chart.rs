@@ -36,12 +36,13 @@ use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, WatchParams
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TableGroup};
 use multigres_e2e::cluster::LocalCluster;
-use multigres_e2e::harness::{self, HANDLERS, eventually, fresh_namespace, repo_path};
+use multigres_e2e::harness::{
+    self, HANDLERS, eventually, fresh_namespace, repo_path, yaml_documents,
+};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::process::Supervised;
 use multigres_proto::operator::v1::handler_info_client::HandlerInfoClient;
 use multigres_proto::operator::v1::{GetInfoRequest, GetInfoResponse, LeaderState};
-use serde::Deserialize as _;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -85,30 +86,7 @@ const ALL_OPTIONS: [&str; 10] = [
 
 /// `helm template` of the chart with `sets`, as parsed documents.
 async fn render(sets: &[&str]) -> Vec<Value> {
-    let chart = chart_dir();
-    let mut args = vec![
-        "template",
-        RELEASE,
-        chart.to_str().expect("utf-8 path"),
-        "--namespace",
-        NAMESPACE,
-        "--kube-version",
-        "1.36.0",
-    ];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    let text = harness::helm(&args, None).await;
-    documents(&text)
-}
-
-fn documents(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .filter_map(|doc| {
-            let value = Value::deserialize(doc).expect("rendered YAML parses");
-            (!value.is_null()).then_some(value)
-        })
-        .collect()
+    harness::helm_template(RELEASE, NAMESPACE, sets).await
 }
 
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -217,7 +195,7 @@ async fn the_chart_lints_and_renders_every_option() {
         None,
     )
     .await;
-    let crds = of_kind(&documents(&crds), "CustomResourceDefinition").len();
+    let crds = of_kind(&yaml_documents(&crds), "CustomResourceDefinition").len();
     assert_eq!(crds, 8, "CRDs shipped in crds/");
 
     let docs = render(&ALL_OPTIONS).await;
@@ -316,7 +294,7 @@ fn source_roles(handler: &str) -> Vec<Value> {
         repo_path(&format!("deploy/rbac/{handler}.yaml"))
     };
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    documents(&text)
+    yaml_documents(&text)
 }
 
 #[tokio::test]
@@ -392,7 +370,7 @@ async fn the_chart_registers_the_webhook_servers_own_webhooks() {
     let docs = render(&[]).await;
     let shipped = std::fs::read_to_string(repo_path("deploy/webhook/webhook-configurations.yaml"))
         .expect("the webhook-server's registrations");
-    let shipped = documents(&shipped);
+    let shipped = yaml_documents(&shipped);
     for kind in [
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
@@ -1627,7 +1605,7 @@ async fn every_installed_object_passes_strict_field_validation() {
         Some(release.cluster.kubeconfig()),
     )
     .await;
-    let installed = documents(&manifest);
+    let installed = yaml_documents(&manifest);
     for doc in &installed {
         let object: DynamicObject = serde_json::from_value(doc.clone()).unwrap();
         let mut probe = object.clone();
