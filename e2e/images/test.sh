@@ -113,6 +113,18 @@ check "pgctld: initdb, pg_ctl start, psql, pg_isready, pg_controldata" run "$pg"
   pg_controldata /tmp/pg | while read -r line; do case $line in *"cluster state"*) echo "$line" ;; esac; done'
 sed 's/^/      /' "$tmp/out"
 
+# multiadmin-web: the standalone Next.js server starts as the image's user (1001) and serves
+# the pooler page (its table is filled in the browser, from multiadmin's API).
+check "multiadmin-web: node server.js serves /dashboard/multipoolers" run "$(ref_of multiadmin-web)" node -e '
+  process.env.HOSTNAME = "127.0.0.1";
+  require("/app/server.js");
+  setTimeout(async () => {
+    const answer = await fetch("http://127.0.0.1:18100/dashboard/multipoolers");
+    const page = await answer.text();
+    console.log(answer.status, page.includes("<title>Multigres - Admin UI</title>"));
+    process.exit(answer.status === 200 && page.includes("<title>Multigres - Admin UI</title>") ? 0 : 1);
+  }, 3000);'
+
 # etcd and pause.
 check "etcd: /usr/local/bin/etcd --version" run "$(ref_of etcd)" /usr/local/bin/etcd --version
 pause_runs_until_term() {

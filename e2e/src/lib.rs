@@ -2,6 +2,7 @@
 //! kube-scheduler, kwok) on loopback, for end-to-end tests and `just demo`; plus a standalone etcd
 //! launcher used as the Multigres topology server in component tests.
 
+pub mod browser;
 pub mod cluster;
 pub mod etcd;
 pub mod harness;

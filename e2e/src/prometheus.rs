@@ -39,6 +39,12 @@ pub const RULE_VALUES: &[&str] = &[
     "metrics.prometheusRule.alerts.MultigresBackupStale.for=10s",
     "metrics.prometheusRule.backupStaleAfterSeconds=90",
 ];
+/// The chart values that render the ServiceMonitor and the PrometheusRule with the chart's own
+/// intervals, windows and thresholds (the Prometheus `just demo` runs).
+pub const CHART_DEFAULT_VALUES: &[&str] = &[
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.prometheusRule.enabled=true",
+];
 /// The OTLP resource attributes kept as labels on every data-plane series (the operator sets
 /// them in each container's `OTEL_RESOURCE_ATTRIBUTES`).
 pub const PROMOTED_ATTRIBUTES: &[&str] = &[
@@ -67,7 +73,7 @@ pub async fn server() -> &'static Prometheus {
     SERVER
         .get_or_init(|| async {
             let cluster = operator_installed().await;
-            let server = Prometheus::start(cluster)
+            let server = Prometheus::start(cluster, RULE_VALUES)
                 .await
                 .unwrap_or_else(|e| panic!("starting Prometheus: {e}"));
             // SAFETY: registers a plain `extern "C" fn()` with the C runtime; it only touches
@@ -80,10 +86,9 @@ pub async fn server() -> &'static Prometheus {
         .await
 }
 
-/// The chart's ServiceMonitor and PrometheusRule as `helm template` renders them with
-/// [`RULE_VALUES`].
-async fn rendered_monitoring() -> (Value, Value) {
-    let documents = harness::helm_template(RELEASE, OPERATOR_NAMESPACE, RULE_VALUES).await;
+/// The chart's ServiceMonitor and PrometheusRule as `helm template` renders them with `values`.
+async fn rendered_monitoring(values: &[&str]) -> (Value, Value) {
+    let documents = harness::helm_template(RELEASE, OPERATOR_NAMESPACE, values).await;
     let of_kind = |kind: &str| {
         documents
             .iter()
@@ -178,15 +183,16 @@ fn regex_escape(text: &str) -> String {
 }
 
 impl Prometheus {
-    /// Starts Prometheus with its data under `<state>/prometheus` and its log under
-    /// `<state>/logs`; returns once it reports ready.
-    async fn start(cluster: &LocalCluster) -> Result<Prometheus, String> {
+    /// Starts Prometheus for `cluster`, with the chart's monitoring rendered with `values`, its
+    /// data under `<state>/prometheus` and its log under `<state>/logs`; returns once it
+    /// reports ready. It stops when dropped.
+    pub async fn start(cluster: &LocalCluster, values: &[&str]) -> Result<Prometheus, String> {
         let dir = cluster.dir().join("prometheus");
         let logs = cluster.dir().join("logs");
         for d in [&dir, &logs] {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
         }
-        let (monitor, rule) = rendered_monitoring().await;
+        let (monitor, rule) = rendered_monitoring(values).await;
         let rules = dir.join("rules.yaml");
         write_yaml(&rules, &json!({"groups": rule["spec"]["groups"]}))?;
         let config = dir.join("prometheus.yaml");

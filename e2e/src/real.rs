@@ -25,6 +25,8 @@ pub const ETCD_IMAGE_PREFIX: &str = "localhost/multigres/etcd:";
 pub const MULTIGRES_IMAGE_PREFIX: &str = "localhost/multigres/multigres:";
 /// pgctld with PostgreSQL 17 and pgBackRest.
 pub const PGCTLD_IMAGE_PREFIX: &str = "localhost/multigres/pgctld:";
+/// The multiadmin web UI, built from the snapshot's `web/multiadmin`.
+pub const MULTIADMIN_WEB_IMAGE_PREFIX: &str = "localhost/multigres/multiadmin-web:";
 
 /// The control plane with real nodes (`REAL_NODE_ZONES`) shared by the tests of this process.
 pub async fn real_cluster() -> &'static LocalCluster {
@@ -108,6 +110,7 @@ pub fn use_local_images(kind: &str, doc: &mut Value) {
                 "multipooler": multigres,
                 "multiadmin": multigres,
                 "postgres": image(PGCTLD_IMAGE_PREFIX),
+                "multiadminWeb": image(MULTIADMIN_WEB_IMAGE_PREFIX),
             });
             let topo = &doc["spec"]["globalTopoServer"];
             if topo.get("external").is_none() && topo.get("templateRef").is_none() {

@@ -5,14 +5,20 @@
 //! one node offers. `external-topo.yaml` gets the etcd it expects at `topo-etcd:2379`, run
 //! from the same etcd image.
 //!
+//! Each sample's multiadmin web UI is then loaded in a real browser (headless Chromium) through
+//! its Service: its pooler table must list the shard's poolers in every cell, one primary.
+//!
 //! The figures (`[figure] …`) are printed, not asserted.
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use multigres_api::v1alpha1::MultigresCluster;
+use multigres_e2e::browser::{rendered_document, table_rows};
 use multigres_e2e::harness::{eventually, fresh_namespace};
 use multigres_e2e::load::figure;
 use multigres_e2e::manifest::{self, Mode};
@@ -88,6 +94,66 @@ async fn wait_served(client: &Client, namespace: &str, name: &str, sent: Instant
     .await
 }
 
+/// The multiadmin web UI's port (the image's `PORT`).
+const WEB_UI_PORT: u16 = 18100;
+
+/// Waits until the cluster's web UI, loaded in Chromium through its Service, lists the poolers
+/// of shard `0-inf` in every cell of the cluster, exactly one of them PRIMARY (columns: cell,
+/// name, database, table group, shard, type, ...); the time since `sent`.
+async fn web_ui_lists_every_cell(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    sent: Instant,
+) -> Duration {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let cells: BTreeSet<String> = clusters
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("reading {namespace}/{name}: {e}"))
+        .spec
+        .cells
+        .iter()
+        .map(|cell| cell.name.to_string())
+        .collect();
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let service = format!("{name}-multiadmin-web");
+    eventually(
+        &format!("{namespace}/{service} listing the poolers of every cell in Chromium"),
+        WAIT.saturating_sub(sent.elapsed()),
+        || async {
+            let ip = services
+                .get(&service)
+                .await
+                .map_err(|e| e.to_string())?
+                .spec
+                .and_then(|spec| spec.cluster_ip)
+                .ok_or("no ClusterIP yet")?;
+            let url = format!("http://{ip}:{WEB_UI_PORT}/dashboard/multipoolers");
+            let rows = table_rows(&rendered_document(&url).await?);
+            let listed: BTreeSet<String> = rows
+                .iter()
+                .filter(|row| row.get(4).map(String::as_str) == Some("0-inf"))
+                .filter_map(|row| row.first().cloned())
+                .collect();
+            let primaries = rows
+                .iter()
+                .filter(|row| row.get(5).map(String::as_str) == Some("PRIMARY"))
+                .count();
+            match listed == cells && primaries == 1 {
+                true => {
+                    println!("{url}: {rows:?}");
+                    Ok(sent.elapsed())
+                }
+                false => Err(format!(
+                    "cells {cells:?} wanted, {listed:?} listed, {primaries} primaries: {rows:?}"
+                )),
+            }
+        },
+    )
+    .await
+}
+
 /// Deletes `namespace` and waits until none of its pods is left (their CPU requests hold the
 /// next samples' pods otherwise).
 async fn remove(client: &Client, namespace: &str) {
@@ -132,6 +198,11 @@ async fn every_multi_cell_sample_answers_sql_through_each_cells_gateway() {
             let took = wait_served(&client, namespace, name, sent).await;
             figure(
                 &format!("{sample}.yaml applied -> every cell's gateway answers (s)"),
+                format!("{:.1}", took.as_secs_f64()),
+            );
+            let took = web_ui_lists_every_cell(&client, namespace, name, sent).await;
+            figure(
+                &format!("{sample}.yaml applied -> web UI lists every cell's poolers (s)"),
                 format!("{:.1}", took.as_secs_f64()),
             );
         }

@@ -2,7 +2,8 @@
 # Installs the Debian packages the build and the tests need, if any is missing: protoc with the
 # well-known types (our protos, etcd-client), iproute2 and util-linux (the test sandbox),
 # containerd, runc, the CNI plugins, iptables and conntrack (real nodes), and what the
-# data-plane images are built with (pgBackRest's meson build and libraries, jq, unzip).
+# data-plane images are built with (pgBackRest's meson build and libraries, jq, unzip), and
+# Chromium, the real browser that loads the multiadmin web UI.
 # Quiet and quick when everything is there.
 set -euo pipefail
 
@@ -13,6 +14,7 @@ wanted=(
   jq unzip dash gcc libc6-dev postgresql-client locales
   meson ninja-build pkg-config libssl-dev libxml2-dev liblz4-dev libzstd-dev libbz2-dev
   libyaml-dev zlib1g-dev libpq-dev
+  chromium
 )
 missing=()
 for pkg in "${wanted[@]}"; do

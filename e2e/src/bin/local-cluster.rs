@@ -3,7 +3,7 @@
 //! hand or from `just demo`.
 //!
 //! ```text
-//! local-cluster up   --state-dir DIR [--crds deploy/crds] [--real-nodes]  # until SIGINT/SIGTERM
+//! local-cluster up   --state-dir DIR [--crds deploy/crds] [--real-nodes [--prometheus]]  # until SIGINT/SIGTERM
 //! local-cluster down --state-dir DIR [--timeout-seconds 60] # stops the `up` running on DIR
 //! ```
 //!
@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use clap::{Parser, Subcommand};
 use multigres_e2e::cluster::{ClusterOptions, LocalCluster};
+use multigres_e2e::nodes::CONTROL_PLANE_IP;
+use multigres_e2e::prometheus::{self, Prometheus};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]
@@ -50,6 +52,11 @@ enum Cmd {
         /// inside e2e/sandbox.sh, with $MULTIGRES_IMAGES listing the images to import.
         #[arg(long)]
         real_nodes: bool,
+        /// Also a Prometheus on the control plane's address (port 9090) that scrapes the
+        /// handlers as the chart's ServiceMonitor says, evaluates its PrometheusRule and
+        /// receives the data plane's OTLP metrics.
+        #[arg(long, requires = "real_nodes")]
+        prometheus: bool,
     },
     /// Stop the control plane started by `up` on the same state directory.
     Down {
@@ -78,7 +85,8 @@ async fn main() -> anyhow::Result<()> {
             state_dir,
             crds,
             real_nodes,
-        } => up(&state_dir, crds, real_nodes).await,
+            prometheus,
+        } => up(&state_dir, crds, real_nodes, prometheus).await,
         Cmd::Down {
             state_dir,
             timeout_seconds,
@@ -86,7 +94,12 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn up(dir: &Path, crds: Option<PathBuf>, real_nodes: bool) -> anyhow::Result<()> {
+async fn up(
+    dir: &Path,
+    crds: Option<PathBuf>,
+    real_nodes: bool,
+    prometheus: bool,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = dir
         .canonicalize()
@@ -127,6 +140,21 @@ async fn up(dir: &Path, crds: Option<PathBuf>, real_nodes: bool) -> anyhow::Resu
         }
     };
 
+    let prometheus = match prometheus {
+        true => {
+            let server = Prometheus::start(&cluster, prometheus::CHART_DEFAULT_VALUES)
+                .await
+                .map_err(|e| anyhow!("starting Prometheus: {e}"))?;
+            println!(
+                "Prometheus ready at http://{CONTROL_PLANE_IP}:{}, OTLP metrics to {}",
+                prometheus::PORT,
+                server.otlp_endpoint()
+            );
+            Some(server)
+        }
+        false => None,
+    };
+
     // Publish the kubeconfig atomically: its presence means "ready".
     let staging = dir.join(format!("{KUBECONFIG}.tmp"));
     std::fs::copy(cluster.kubeconfig(), &staging).context("writing the kubeconfig")?;
@@ -147,6 +175,7 @@ async fn up(dir: &Path, crds: Option<PathBuf>, real_nodes: bool) -> anyhow::Resu
         _ = sigterm.recv() => {}
     }
     let _ = std::fs::remove_file(&kubeconfig);
+    drop(prometheus);
     cluster.stop();
     let _ = std::fs::remove_file(&pid_file);
     println!("local control plane stopped");
