@@ -312,6 +312,8 @@ image_pgctld() {
 # libstdc++), PORT 18100, `node server.js`.
 image_multiadmin_web() {
   local ref=localhost/multigres/multiadmin-web:${MULTIGRES_COMMIT:0:8} node_version
+  command -v node >/dev/null && command -v npm >/dev/null ||
+    { echo "build.sh: the multiadmin web UI is built and run with Node.js (20.9 or newer) and npm, both on PATH" >&2; exit 1; }
   node_version=$(node --version)
   local out=$images_dir/multiadmin-web-$mg_key-node$node_version-$recipe.tar root app node
   if [ ! -f "$out" ]; then

@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::Client;
@@ -20,6 +21,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::browser::{rendered_document, table_rows};
 use multigres_e2e::harness::{eventually, fresh_namespace};
+use multigres_e2e::http;
 use multigres_e2e::load::figure;
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::real::{ETCD_IMAGE_PREFIX, Endpoint, image, operator_installed};
@@ -129,7 +131,15 @@ async fn web_ui_lists_every_cell(
                 .spec
                 .and_then(|spec| spec.cluster_ip)
                 .ok_or("no ClusterIP yet")?;
-            let url = format!("http://{ip}:{WEB_UI_PORT}/dashboard/multipoolers");
+            // The server answers first (a plain GET says why it does not, where a browser
+            // would only wait), then the browser renders the page.
+            let page = "/dashboard/multipoolers";
+            let address: Ipv4Addr = ip.parse().map_err(|e| format!("ClusterIP {ip}: {e}"))?;
+            match http::get(address, WEB_UI_PORT, page).await? {
+                (200, _) => {}
+                (status, body) => return Err(format!("GET {page}: HTTP {status}: {body:.200}")),
+            }
+            let url = format!("http://{ip}:{WEB_UI_PORT}{page}");
             let rows = table_rows(&rendered_document(&url).await?);
             let listed: BTreeSet<String> = rows
                 .iter()
