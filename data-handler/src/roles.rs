@@ -15,10 +15,7 @@ use multigres_proto::topo::PoolerLifecycleStatus;
 use crate::conditions::Notice;
 use crate::topo::PoolerRecord;
 
-/// Role of the primary, as published on `Shard.status.podRoles`.
-pub const PRIMARY: &str = "PRIMARY";
-/// Role of every other serving pooler.
-pub const REPLICA: &str = "REPLICA";
+pub use multigres_api::v1alpha1::{POD_ROLE_PRIMARY as PRIMARY, POD_ROLE_REPLICA as REPLICA};
 
 /// The shard a Shard object stands for in the topology.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

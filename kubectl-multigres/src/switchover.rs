@@ -12,12 +12,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::labels::USER_SWITCHOVER;
-use multigres_api::v1alpha1::Shard;
+use multigres_api::v1alpha1::{POD_ROLE_PRIMARY, Shard};
 
 use crate::view;
 
-/// Shard status role of the primary pool pod.
-const PRIMARY: &str = "PRIMARY";
 /// Shard condition the resource-handler writes while a primary must hand over.
 const SWITCHOVER_CONDITION: &str = "Switchover";
 /// How often `--wait` reads the Shard.
@@ -33,7 +31,7 @@ pub fn primary(shard: &Shard) -> Result<String> {
     let name = shard.name_any();
     let primary = roles
         .iter()
-        .find(|(_, role)| role.as_str() == PRIMARY)
+        .find(|(_, role)| role.as_str() == POD_ROLE_PRIMARY)
         .map(|(pod, _)| pod.clone())
         .ok_or_else(|| anyhow!("Shard {name} publishes no primary yet (roles: {roles:?})"))?;
     if !roles
@@ -60,7 +58,7 @@ pub fn progress(shard: &Shard, old: &str) -> Progress {
     let primary = status
         .pod_roles
         .iter()
-        .find(|(_, role)| role.as_str() == PRIMARY)
+        .find(|(_, role)| role.as_str() == POD_ROLE_PRIMARY)
         .map(|(pod, _)| pod.clone());
     match primary {
         Some(new) if new != old => return Progress::Done(new),

@@ -394,6 +394,12 @@ pub enum Replication {
     Unreachable,
 }
 
+/// The role `ShardStatus::pod_roles` gives the pod that is the shard's primary (the
+/// data-handler publishes it; the resource-handler and the kubectl plugin read it).
+pub const POD_ROLE_PRIMARY: &str = "PRIMARY";
+/// The role `ShardStatus::pod_roles` gives every other serving pool pod.
+pub const POD_ROLE_REPLICA: &str = "REPLICA";
+
 /// Observed state of a Shard. Several handlers write it, each its own fields and condition
 /// types.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
