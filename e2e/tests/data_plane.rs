@@ -27,8 +27,8 @@ use multigres_e2e::harness::{self, eventually, fresh_namespace, run_plugin};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
-    NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, shard_events,
-    wait_serving, whole,
+    NAME, WAIT, apply_sample, cohort_until, diagnosed, pool_pods, settled_roles, shard,
+    shard_events, wait_serving, whole,
 };
 use serde_json::json;
 
@@ -255,7 +255,12 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     let cluster = operator_installed().await;
     let client = cluster.client().unwrap();
     let namespace = fresh_namespace(cluster, "data-plane").await;
+    let story = story(cluster, client.clone(), namespace.clone());
+    diagnosed(&client, &namespace, story).await;
+}
 
+/// The test's steps; a wait that times out or a failed assertion prints the diagnostics first.
+async fn story(cluster: &'static LocalCluster, client: Client, namespace: String) {
     // 1. Apply → Available → SQL.
     let sent = apply_sample(&client, &namespace, |_| ()).await;
     let (to_available, to_sql) = wait_serving(&client, &namespace, sent).await;
