@@ -283,6 +283,26 @@ pub async fn diagnosed<T>(client: &Client, namespace: &str, story: impl Future<O
     }
 }
 
+/// Runs `wait`; when it has not finished after `after`, prints the diagnostics once
+/// ([`print_diagnostics`]) and goes on waiting: the logs then still hold the step's beginning,
+/// which a timeout minutes later would have scrolled out of their last lines.
+pub async fn diagnosed_if_slow<T>(
+    client: &Client,
+    namespace: &str,
+    after: Duration,
+    wait: impl Future<Output = T>,
+) -> T {
+    let mut wait = std::pin::pin!(wait);
+    match tokio::time::timeout(after, &mut wait).await {
+        Ok(value) => value,
+        Err(_) => {
+            println!("not done after {after:?}; diagnostics now, still waiting");
+            print_diagnostics(client, namespace).await;
+            wait.await
+        }
+    }
+}
+
 /// How many lines of each container's log [`print_diagnostics`] prints.
 const DIAGNOSTIC_LOG_LINES: i64 = 200;
 
@@ -356,6 +376,29 @@ pub async fn print_diagnostics(client: &Client, namespace: &str) {
         Err(e) => println!("listing Events: {e}"),
     }
     let operator: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    // A handler that lost its Lease exits and restarts: its log below starts afresh.
+    for pod in operator
+        .list(&ListParams::default())
+        .await
+        .iter()
+        .flat_map(|l| &l.items)
+    {
+        let statuses = pod
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten());
+        for c in statuses {
+            let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+            println!(
+                "operator pod {} ready {}: {} restarts, last exit {:?} at {:?}",
+                pod.name_any(),
+                is_ready(pod),
+                c.restart_count,
+                last.map(|t| (t.exit_code, t.reason.clone())),
+                last.and_then(|t| t.finished_at.as_ref()).map(|t| t.0)
+            );
+        }
+    }
     let logs = [
         (&pods, "app.kubernetes.io/component=multiorch", "multiorch"),
         (&pods, POOL_PODS, "multipooler"),
