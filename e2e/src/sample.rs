@@ -4,10 +4,12 @@
 //! what the pods themselves say.
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::ListParams;
+use kube::api::{ListParams, LogParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
 use multigres_api::v1alpha1::{CohortStatus, MultigresCluster, Shard};
@@ -15,7 +17,7 @@ use serde_json::Value;
 
 use crate::harness::{eventually, repo_path};
 use crate::manifest::{self, Mode};
-use crate::real::{Endpoint, is_ready, use_local_images};
+use crate::real::{Endpoint, OPERATOR_NAMESPACE, is_ready, use_local_images};
 
 /// The sample's cluster name.
 pub const NAME: &str = "minimal";
@@ -267,4 +269,170 @@ pub async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// Runs `story`; when it panics (a wait that timed out, a failed assertion), first prints what
+/// explains the state of the cluster in `namespace` ([`print_diagnostics`]), then panics on.
+pub async fn diagnosed<T>(client: &Client, namespace: &str, story: impl Future<Output = T>) -> T {
+    match AssertUnwindSafe(story).catch_unwind().await {
+        Ok(value) => value,
+        Err(panic) => {
+            print_diagnostics(client, namespace).await;
+            std::panic::resume_unwind(panic)
+        }
+    }
+}
+
+/// Runs `wait`; when it has not finished after `after`, prints the diagnostics once
+/// ([`print_diagnostics`]) and goes on waiting: the logs then still hold the step's beginning,
+/// which a timeout minutes later would have scrolled out of their last lines.
+pub async fn diagnosed_if_slow<T>(
+    client: &Client,
+    namespace: &str,
+    after: Duration,
+    wait: impl Future<Output = T>,
+) -> T {
+    let mut wait = std::pin::pin!(wait);
+    match tokio::time::timeout(after, &mut wait).await {
+        Ok(value) => value,
+        Err(_) => {
+            println!("not done after {after:?}; diagnostics now, still waiting");
+            print_diagnostics(client, namespace).await;
+            wait.await
+        }
+    }
+}
+
+/// How many lines of each container's log [`print_diagnostics`] prints.
+const DIAGNOSTIC_LOG_LINES: i64 = 200;
+
+/// Prints the Shards' status (roles, cohort, conditions), the pool pods' labels and
+/// annotations, the namespace's Events in time order, and the last lines of the logs of every
+/// multiorch, every pool pod's multipooler and pgctld, and the data-handler. Nothing here
+/// panics: an API error is printed in place of what it hid.
+pub async fn print_diagnostics(client: &Client, namespace: &str) {
+    println!("==== diagnostics of namespace {namespace}");
+    let shards: Api<Shard> = Api::namespaced(client.clone(), namespace);
+    match shards.list(&ListParams::default()).await {
+        Ok(list) => {
+            for shard in list {
+                let status = shard.status.clone().unwrap_or_default();
+                println!(
+                    "Shard {}: podRoles {:?}",
+                    shard.name_any(),
+                    status.pod_roles
+                );
+                println!("  cohort {:?}", status.cohort);
+                for c in &status.conditions {
+                    println!("  {} {} {}: {}", c.type_, c.status, c.reason, c.message);
+                }
+            }
+        }
+        Err(e) => println!("listing Shards: {e}"),
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pool = pods.list(&ListParams::default().labels(POOL_PODS)).await;
+    for pod in pool.iter().flat_map(|l| &l.items) {
+        let multigres = |map: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+            map.iter()
+                .filter(|(k, _)| k.starts_with("multigres.com/"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        println!(
+            "pod {} ready {} deleting {}: {:?} {:?}",
+            pod.name_any(),
+            is_ready(pod),
+            pod.metadata.deletion_timestamp.is_some(),
+            multigres(pod.labels()),
+            multigres(pod.annotations())
+        );
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    match events.list(&ListParams::default()).await {
+        Ok(list) => {
+            let mut list = list.items;
+            let at = |e: &Event| {
+                e.series
+                    .as_ref()
+                    .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
+                    .or(e.last_timestamp.as_ref().map(|t| t.0))
+                    .or(e.event_time.as_ref().map(|t| t.0))
+            };
+            list.sort_by_key(at);
+            println!("---- events (last 80 of {})", list.len());
+            for e in &list[list.len().saturating_sub(80)..] {
+                println!(
+                    "{:?} {} {}/{} {}: {}",
+                    at(e),
+                    e.type_.as_deref().unwrap_or_default(),
+                    e.involved_object.kind.as_deref().unwrap_or_default(),
+                    e.involved_object.name.as_deref().unwrap_or_default(),
+                    e.reason.as_deref().unwrap_or_default(),
+                    e.message.as_deref().unwrap_or_default()
+                );
+            }
+        }
+        Err(e) => println!("listing Events: {e}"),
+    }
+    let operator: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    // A handler that lost its Lease exits and restarts: its log below starts afresh.
+    for pod in operator
+        .list(&ListParams::default())
+        .await
+        .iter()
+        .flat_map(|l| &l.items)
+    {
+        let statuses = pod
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten());
+        for c in statuses {
+            let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+            println!(
+                "operator pod {} ready {}: {} restarts, last exit {:?} at {:?}",
+                pod.name_any(),
+                is_ready(pod),
+                c.restart_count,
+                last.map(|t| (t.exit_code, t.reason.clone())),
+                last.and_then(|t| t.finished_at.as_ref()).map(|t| t.0)
+            );
+        }
+    }
+    let logs = [
+        (&pods, "app.kubernetes.io/component=multiorch", "multiorch"),
+        (&pods, POOL_PODS, "multipooler"),
+        (&pods, POOL_PODS, "pgctld"),
+        (
+            &operator,
+            "app.kubernetes.io/component=data-handler",
+            "data-handler",
+        ),
+    ];
+    for (api, selector, container) in logs {
+        let list = match api.list(&ListParams::default().labels(selector)).await {
+            Ok(list) => list.items,
+            Err(e) => {
+                println!("listing pods {selector}: {e}");
+                continue;
+            }
+        };
+        for pod in list {
+            let params = LogParams {
+                container: Some(container.to_owned()),
+                tail_lines: Some(DIAGNOSTIC_LOG_LINES),
+                timestamps: true,
+                ..LogParams::default()
+            };
+            let log = api
+                .logs(&pod.name_any(), &params)
+                .await
+                .unwrap_or_else(|e| format!("(no log: {e})"));
+            println!(
+                "---- {} {container}, last {DIAGNOSTIC_LOG_LINES} lines\n{log}",
+                pod.name_any()
+            );
+        }
+    }
+    println!("==== end of diagnostics");
 }

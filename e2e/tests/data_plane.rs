@@ -27,30 +27,32 @@ use multigres_e2e::harness::{self, eventually, fresh_namespace, run_plugin};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
-    NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, shard_events,
-    wait_serving, whole,
+    NAME, WAIT, apply_sample, cohort_until, diagnosed, diagnosed_if_slow, pool_pods, settled_roles,
+    shard, shard_events, wait_serving, whole,
 };
 use serde_json::json;
 
-/// The primary the data-handler publishes once it is a pod other than `old`.
+/// The primary the data-handler publishes once it is a pod other than `old`; a wait past
+/// [`SLOW`] prints the diagnostics while the change is still recent.
 async fn new_primary(client: &Client, namespace: &str, old: &str) -> String {
-    eventually(
-        &format!("a pod other than {old} is primary"),
-        WAIT,
-        || async {
-            let roles = shard(client, namespace)
-                .await
-                .status
-                .map(|s| s.pod_roles)
-                .unwrap_or_default();
-            match roles.iter().find(|(_, r)| r.as_str() == "PRIMARY") {
-                Some((pod, _)) if pod != old => Ok(pod.clone()),
-                other => Err(format!("primary {other:?}")),
-            }
-        },
-    )
-    .await
+    let what = format!("a pod other than {old} is primary");
+    let wait = eventually(&what, WAIT, || async {
+        let roles = shard(client, namespace)
+            .await
+            .status
+            .map(|s| s.pod_roles)
+            .unwrap_or_default();
+        match roles.iter().find(|(_, r)| r.as_str() == "PRIMARY") {
+            Some((pod, _)) if pod != old => Ok(pod.clone()),
+            other => Err(format!("primary {other:?}; roles {roles:?}")),
+        }
+    });
+    diagnosed_if_slow(client, namespace, SLOW, wait).await
 }
+
+/// A failover or switchover takes seconds (docs/reliability.md): one still waiting after this
+/// is stuck, or about to be.
+const SLOW: Duration = Duration::from_secs(60);
 
 /// The PersistentVolumes bound to the namespace's claims.
 async fn bound_volumes(claims: &Api<PersistentVolumeClaim>) -> BTreeSet<String> {
@@ -255,7 +257,12 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
     let cluster = operator_installed().await;
     let client = cluster.client().unwrap();
     let namespace = fresh_namespace(cluster, "data-plane").await;
+    let story = story(cluster, client.clone(), namespace.clone());
+    diagnosed(&client, &namespace, story).await;
+}
 
+/// The test's steps; a wait that times out or a failed assertion prints the diagnostics first.
+async fn story(cluster: &'static LocalCluster, client: Client, namespace: String) {
     // 1. Apply → Available → SQL.
     let sent = apply_sample(&client, &namespace, |_| ()).await;
     let (to_available, to_sql) = wait_serving(&client, &namespace, sent).await;
