@@ -332,6 +332,9 @@ pub async fn print_diagnostics(client: &Client, namespace: &str) {
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pool = pods.list(&ListParams::default().labels(POOL_PODS)).await;
+    if let Err(e) = &pool {
+        println!("listing pool pods: {e}");
+    }
     for pod in pool.iter().flat_map(|l| &l.items) {
         let multigres = |map: &BTreeMap<String, String>| -> BTreeMap<String, String> {
             map.iter()
@@ -377,12 +380,11 @@ pub async fn print_diagnostics(client: &Client, namespace: &str) {
     }
     let operator: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     // A handler that lost its Lease exits and restarts: its log below starts afresh.
-    for pod in operator
-        .list(&ListParams::default())
-        .await
-        .iter()
-        .flat_map(|l| &l.items)
-    {
+    let handlers = operator.list(&ListParams::default()).await;
+    if let Err(e) = &handlers {
+        println!("listing the operator's pods: {e}");
+    }
+    for pod in handlers.iter().flat_map(|l| &l.items) {
         let statuses = pod
             .status
             .iter()
