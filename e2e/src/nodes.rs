@@ -27,6 +27,9 @@ use crate::process::{ProcessError, Supervised};
 /// Environment variable set by the sandbox wrapper (`e2e/run-e2e.sh`, `deploy/demo.sh`): real
 /// nodes change addresses, routes, mounts and sysctls, which only a private sandbox may take.
 pub const SANDBOX_ENV: &str = "MULTIGRES_E2E_SANDBOX";
+/// Environment variable with the host PID of the sandbox wrapper: PIDs inside are private to each
+/// sandbox (every test binary may be PID 2), so cgroup roots, which are not, carry this one.
+pub const SANDBOX_ID_ENV: &str = "MULTIGRES_E2E_SANDBOX_ID";
 /// Environment variable naming a file of `<image reference> <OCI archive path>` lines: the images
 /// imported into every real node (written by `e2e/images/build.sh` and `just image`).
 pub const IMAGES_ENV: &str = "MULTIGRES_IMAGES";
@@ -134,7 +137,7 @@ impl RealNode {
 
     /// The node's cgroup root, pre-created in every cgroup v1 hierarchy.
     fn cgroup_root(&self) -> String {
-        format!("multigres-e2e-{}-{}", std::process::id(), self.index)
+        format!("{}{}", cgroup_prefix(), self.index)
     }
 
     fn pod_subnet(&self) -> String {
@@ -198,6 +201,14 @@ pub fn run(program: &Path, args: &[&str]) -> Result<String, NodesError> {
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
         })
     }
+}
+
+/// The start of the cgroup roots of this process's nodes: `multigres-e2e-<sandbox>-<pid>-`, unique
+/// on the host while two sandboxes run real nodes at once; `e2e/sandbox.sh` removes what its own
+/// sandbox left.
+pub fn cgroup_prefix() -> String {
+    let sandbox = std::env::var(SANDBOX_ID_ENV).unwrap_or_else(|_| "host".to_owned());
+    format!("multigres-e2e-{sandbox}-{}-", std::process::id())
 }
 
 /// Prepares the sandbox's network before the control plane starts: loopback up, the control

@@ -25,9 +25,9 @@ fn interfaces() -> Vec<String> {
     names
 }
 
-/// Cgroup directories this process's nodes created (`multigres-e2e-<pid>-<node>`).
+/// Cgroup directories this process's nodes created (`nodes::cgroup_prefix` and the node's index).
 fn our_cgroups() -> Vec<String> {
-    let prefix = format!("multigres-e2e-{}-", std::process::id());
+    let prefix = nodes::cgroup_prefix();
     let mut found = Vec::new();
     for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
         if let Ok(entries) = std::fs::read_dir(hierarchy.path()) {

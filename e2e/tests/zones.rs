@@ -417,32 +417,17 @@ async fn a_lost_zone_is_survived_and_rejoins_when_it_returns() {
     let after = statuses(&client, &namespace).await;
     println!("after {lost_zone} returned: {after:?}; cohort {cohort:?}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    // Every pod that was on the lost zone is Ready again, the web UI's too.
     for name in &lost_pods {
-        if name.contains("multiadmin-web") {
-            // Pinned: the web UI has no image in this tier yet (issue 25), zone or not; once it
-            // has one, this fails and the pod must be Ready like the others.
-            eventually(
-                &format!("{name} back to ErrImageNeverPull"),
-                WAIT,
-                || async {
-                    let pod = pods.get(name).await.map_err(|e| e.to_string())?;
-                    let waiting: Vec<Option<String>> = pod
-                        .status
-                        .iter()
-                        .flat_map(|s| s.container_statuses.iter().flatten())
-                        .map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
-                        .collect();
-                    match waiting.as_slice() {
-                        [Some(reason)] if reason == "ErrImageNeverPull" => Ok(()),
-                        other => Err(format!("waiting {other:?}")),
-                    }
-                },
-            )
-            .await;
-        } else {
-            let pod = pods.get(name).await.unwrap();
-            assert!(is_ready(&pod), "{name} Ready again");
-        }
+        eventually(&format!("{name} Ready again"), WAIT, || async {
+            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
+            if is_ready(&pod) {
+                Ok(())
+            } else {
+                Err(format!("not Ready: {:?}", pod.status.map(|s| s.conditions)))
+            }
+        })
+        .await;
     }
     figure(
         "zone lost -> writes accepted again (s)",
