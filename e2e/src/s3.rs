@@ -47,17 +47,21 @@ pub const ACCESS_KEY_ID: &str = "multigres-e2e";
 /// The one identity's secret key.
 pub const SECRET_ACCESS_KEY: &str = "multigres-e2e-backup-secret";
 
-/// SeaweedFS's default ports. Each gRPC port is 10000 above (18333 and so on): all stay below
-/// the range `crate::ports` hands out (20000-30000) and the ephemeral range, so nothing the
-/// harness starts later can collide with them on the control plane's address.
+/// SeaweedFS's default HTTP ports. They stay below the range `crate::ports` hands out
+/// (20000-30000) and the ephemeral range, so nothing the harness starts later can collide with
+/// them on the control plane's address.
 const S3_PORT: u16 = 8333;
 const FILER_PORT: u16 = 8888;
 const MASTER_PORT: u16 = 9333;
 const VOLUME_PORT: u16 = 9340;
-/// `weed mini` starts its admin server even without its UI; its gRPC port is set explicitly,
-/// since the default (admin + 10000 = 22535) lies in the range `crate::ports` hands out.
+/// `weed mini` starts its admin server even without its UI.
 const ADMIN_PORT: u16 = 12535;
-const ADMIN_GRPC_PORT: u16 = 12545;
+/// Where the gRPC ports of the five services are taken from, five at a time; also below the
+/// harness's range.
+const GRPC_PORTS: std::ops::Range<u16> = 13_000..18_000;
+/// `weed mini` also serves each gRPC port on a unix socket at a path fixed by the port in
+/// `/tmp`, which every sandbox shares (upstream `weed/command/mini.go`, no flag moves them).
+const GRPC_SERVICES: [&str; 5] = ["master", "volume", "filer", "s3", "admin"];
 /// How long startup (the filer's store, the bucket) may take on 2 shared cores.
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -65,6 +69,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 #[derive(Debug)]
 pub struct S3Server {
     process: Supervised,
+    grpc_ports: [u16; 5],
 }
 
 /// An object in the bucket: its key and size.
@@ -82,7 +87,7 @@ pub async fn server() -> &'static S3Server {
     static SERVER: tokio::sync::OnceCell<S3Server> = tokio::sync::OnceCell::const_new();
     extern "C" fn stop() {
         if let Some(server) = SERVER.get() {
-            server.process.stop(Duration::from_secs(10));
+            server.stop();
         }
     }
     SERVER
@@ -101,7 +106,46 @@ pub async fn server() -> &'static S3Server {
         .await
 }
 
+/// Where `weed mini` puts the unix socket of a service's gRPC port.
+fn grpc_socket(service: &str, port: u16) -> String {
+    format!("/tmp/seaweedfs-{service}-grpc-{port}.sock")
+}
+
+/// The gRPC ports of [`GRPC_SERVICES`] for this sandbox: five in a row whose sockets no other
+/// server has in `/tmp` and that are free on the control plane's address. Two sandboxes running
+/// beside each other (e2e/run-e2e.sh's lanes) start their search at places their ids set apart,
+/// since the same ports would make each remove the other's sockets.
+fn grpc_ports() -> Result<[u16; 5], String> {
+    let sandbox = std::env::var(crate::nodes::SANDBOX_ID_ENV)
+        .ok()
+        .and_then(|id| id.parse::<u32>().ok())
+        .unwrap_or_else(std::process::id);
+    let slots = u32::from(GRPC_PORTS.end - GRPC_PORTS.start) / 5;
+    for step in 0..slots {
+        let slot = u16::try_from((sandbox + step) % slots).expect("fewer slots than ports");
+        let ports: [u16; 5] = std::array::from_fn(|k| {
+            GRPC_PORTS.start + slot * 5 + u16::try_from(k).expect("five services")
+        });
+        let taken = GRPC_SERVICES.iter().zip(ports).any(|(service, port)| {
+            Path::new(&grpc_socket(service, port)).exists()
+                || std::net::TcpListener::bind((CONTROL_PLANE_IP, port)).is_err()
+        });
+        if !taken {
+            return Ok(ports);
+        }
+    }
+    Err(format!("no five free gRPC ports in {GRPC_PORTS:?}"))
+}
+
 impl S3Server {
+    /// Stops the server and removes its sockets from the shared `/tmp`.
+    fn stop(&self) {
+        self.process.stop(Duration::from_secs(10));
+        for (service, port) in GRPC_SERVICES.iter().zip(self.grpc_ports) {
+            let _ = std::fs::remove_file(grpc_socket(service, port));
+        }
+    }
+
     /// Starts `weed mini` with its data under `<state>/s3` and its logs under `<state>/logs`,
     /// serving S3 with a certificate for the control plane's address issued by the cluster's
     /// CA; returns once the bucket exists.
@@ -123,7 +167,8 @@ impl S3Server {
         std::fs::write(&config, identities.to_string())
             .map_err(|e| format!("writing {}: {e}", config.display()))?;
         let path = |p: &Path| p.display().to_string();
-        let args: Vec<String> = vec![
+        let grpc_ports = grpc_ports()?;
+        let mut args: Vec<String> = vec![
             // glog's files go with the other logs, not to /tmp.
             format!("-logdir={}", path(&logs)),
             "mini".into(),
@@ -135,7 +180,6 @@ impl S3Server {
             format!("-filer.port={FILER_PORT}"),
             format!("-s3.port={S3_PORT}"),
             format!("-admin.port={ADMIN_PORT}"),
-            format!("-admin.port.grpc={ADMIN_GRPC_PORT}"),
             "-admin.port.legacy=0".into(),
             "-admin.ui=false".into(),
             "-webdav=false".into(),
@@ -150,10 +194,19 @@ impl S3Server {
             format!("-filer.localSocket={}", path(&dir.join("filer.sock"))),
             format!("-s3.localSocket={}", path(&dir.join("s3.sock"))),
         ];
+        args.extend(
+            GRPC_SERVICES
+                .iter()
+                .zip(grpc_ports)
+                .map(|(service, port)| format!("-{service}.port.grpc={port}")),
+        );
         let program = toolchain::binary("weed").map_err(|e| e.to_string())?;
         let process = Supervised::spawn("weed", &program, &args, &[], &logs.join("weed.log"))
             .map_err(|e| e.to_string())?;
-        let server = S3Server { process };
+        let server = S3Server {
+            process,
+            grpc_ports,
+        };
         let started = Instant::now();
         let bucket = format!("/buckets/{BUCKET}/");
         loop {

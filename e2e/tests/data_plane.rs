@@ -127,22 +127,43 @@ async fn new_switchover_requests(
         .collect()
 }
 
+/// How long the drain that the primary's budget refuses keeps trying: kubectl's first refusal
+/// comes within seconds, and every other pod of the node is evicted or moved well within it.
+const REFUSED_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a drain that completes may take (it took 23 s on real pods).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// What a drain under load did: the acknowledged ids, and kubectl's output or error.
 struct Drained {
     acknowledged: Vec<i64>,
     drain: Result<String, String>,
 }
 
-/// Runs `kubectl drain <node>` (evicting, as a user runs it, for at most 120 s) under a steady
-/// load whose ids start at `first_id`, prints the figures and the Deployments moved off a node.
+/// A `kubectl drain` the test runs.
+struct Drain<'a> {
+    node: &'a str,
+    /// What the node holds, for the figures.
+    what: &'a str,
+    /// The first id the load writes.
+    first_id: i64,
+    /// How long kubectl keeps evicting.
+    timeout: Duration,
+}
+
+/// Runs `kubectl drain` (evicting, as a user runs it) under a steady load, prints the figures
+/// and the Deployments moved off a node.
 async fn drain_under_load(
     cluster: &LocalCluster,
     client: &Client,
     namespace: &str,
     gateway: &Endpoint,
-    node: &str,
-    what: &str,
-    first_id: i64,
+    Drain {
+        node,
+        what,
+        first_id,
+        timeout,
+    }: Drain<'_>,
 ) -> Drained {
     let load = Load::start(gateway.clone(), first_id);
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -153,7 +174,7 @@ async fn drain_under_load(
             node,
             "--ignore-daemonsets",
             "--delete-emptydir-data",
-            "--timeout=120s",
+            &format!("--timeout={}s", timeout.as_secs()),
         ])
         .await
         .map_err(|e| e.to_string());
@@ -535,9 +556,12 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         &client,
         &namespace,
         &gateway,
-        &pool_node,
-        "the pool's node",
-        800_001,
+        Drain {
+            node: &pool_node,
+            what: "the pool's node",
+            first_id: 800_001,
+            timeout: REFUSED_DRAIN_TIMEOUT,
+        },
     )
     .await;
     acknowledged.extend(&refused.acknowledged);
@@ -578,9 +602,12 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         &client,
         &namespace,
         &gateway,
-        &other_node,
-        "the gateway's node",
-        900_001,
+        Drain {
+            node: &other_node,
+            what: "the gateway's node",
+            first_id: 900_001,
+            timeout: DRAIN_TIMEOUT,
+        },
     )
     .await;
     acknowledged.extend(&moved.acknowledged);
