@@ -56,12 +56,14 @@ const MASTER_PORT: u16 = 9333;
 const VOLUME_PORT: u16 = 9340;
 /// `weed mini` starts its admin server even without its UI.
 const ADMIN_PORT: u16 = 12535;
-/// Where the gRPC ports of the five services are taken from, five at a time; also below the
-/// harness's range.
+/// Where the gRPC ports of [`GRPC_SERVICES`] are taken from, one run of them at a time; also
+/// below the harness's range.
 const GRPC_PORTS: std::ops::Range<u16> = 13_000..18_000;
 /// `weed mini` also serves each gRPC port on a unix socket at a path fixed by the port in
 /// `/tmp`, which every sandbox shares (upstream `weed/command/mini.go`, no flag moves them).
 const GRPC_SERVICES: [&str; 5] = ["master", "volume", "filer", "s3", "admin"];
+/// One gRPC port per service in [`GRPC_SERVICES`], in that order.
+type GrpcPorts = [u16; GRPC_SERVICES.len()];
 /// How long startup (the filer's store, the bucket) may take on 2 shared cores.
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -69,7 +71,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 #[derive(Debug)]
 pub struct S3Server {
     process: Supervised,
-    grpc_ports: [u16; 5],
+    grpc_ports: GrpcPorts,
 }
 
 /// An object in the bucket: its key and size.
@@ -111,21 +113,20 @@ fn grpc_socket(service: &str, port: u16) -> String {
     format!("/tmp/seaweedfs-{service}-grpc-{port}.sock")
 }
 
-/// The gRPC ports of [`GRPC_SERVICES`] for this sandbox: five in a row whose sockets no other
+/// The gRPC ports of [`GRPC_SERVICES`] for this sandbox: a run of them whose sockets no other
 /// server has in `/tmp` and that are free on the control plane's address. Two sandboxes running
 /// beside each other (e2e/run-e2e.sh's lanes) start their search at places their ids set apart,
 /// since the same ports would make each remove the other's sockets.
-fn grpc_ports() -> Result<[u16; 5], String> {
+fn grpc_ports() -> Result<GrpcPorts, String> {
     let sandbox = std::env::var(crate::nodes::SANDBOX_ID_ENV)
         .ok()
         .and_then(|id| id.parse::<u32>().ok())
         .unwrap_or_else(std::process::id);
-    let slots = u32::from(GRPC_PORTS.end - GRPC_PORTS.start) / 5;
+    let width = GRPC_SERVICES.len() as u16;
+    let slots = u32::from((GRPC_PORTS.end - GRPC_PORTS.start) / width);
     for step in 0..slots {
         let slot = u16::try_from((sandbox + step) % slots).expect("fewer slots than ports");
-        let ports: [u16; 5] = std::array::from_fn(|k| {
-            GRPC_PORTS.start + slot * 5 + u16::try_from(k).expect("five services")
-        });
+        let ports: GrpcPorts = std::array::from_fn(|k| GRPC_PORTS.start + slot * width + k as u16);
         let taken = GRPC_SERVICES.iter().zip(ports).any(|(service, port)| {
             Path::new(&grpc_socket(service, port)).exists()
                 || std::net::TcpListener::bind((CONTROL_PLANE_IP, port)).is_err()
@@ -134,7 +135,9 @@ fn grpc_ports() -> Result<[u16; 5], String> {
             return Ok(ports);
         }
     }
-    Err(format!("no five free gRPC ports in {GRPC_PORTS:?}"))
+    Err(format!(
+        "no {width} free gRPC ports in a row in {GRPC_PORTS:?}"
+    ))
 }
 
 impl S3Server {
