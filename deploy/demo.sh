@@ -20,10 +20,14 @@
 # applied.
 #
 # In CI (CI=true) or without a terminal it never waits for Ctrl-C: it exits 0 once the cluster
-# is Available and 1 after DEMO_TIMEOUT seconds (default 600).
+# is Available and every step after that (SQL, the web UI, the plugin) passed, and 1 after
+# DEMO_TIMEOUT seconds (default 600) or when a step failed. On a terminal a failed step is
+# reported and the cluster stays up for inspection until Ctrl-C.
 #
 # Environment: DEMO_NAMESPACE (default multigres-demo), DEMO_SAMPLE (another sample file),
-# DEMO_TIMEOUT, DEMO_IMAGE, MULTIGRES_TOOLCHAIN_BIN (the control-plane binaries).
+# DEMO_TIMEOUT, DEMO_IMAGE, MULTIGRES_TOOLCHAIN_BIN (the control-plane binaries),
+# MULTIGRES_OPERATOR_PROFILE (the cargo profile of the local operator image, default release;
+# CI passes dev, the profile its tests build anyway).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -116,6 +120,38 @@ web_ui_screenshot() {
     echo "screenshot of its pooler page: $shot"
 }
 
+# Builds every binary the demo runs, whatever target/ already holds: the local control plane's
+# launcher (the local case only) and the kubectl plugin. Two cargo invocations, because
+# `--bin local-cluster` would limit every package named with it to that one binary. The plugin
+# is put in $state/bin, which the demo's PATH and the shell it offers both lead with, so
+# `kubectl multigres ...` works as it will for a user who ran `just plugin`.
+build_binaries() {
+  if [ "${1:-}" = local ]; then cargo build -q -p multigres-e2e --bin local-cluster; fi
+  cargo build -q -p kubectl-multigres --bin kubectl-multigres
+}
+
+# Puts the plugin where `kubectl multigres` finds it ($state/bin, first on PATH).
+install_plugin() {
+  mkdir -p "$state/bin"
+  install -m 0755 "${CARGO_TARGET_DIR:-target}/debug/kubectl-multigres" "$state/bin/kubectl-multigres"
+  export PATH="$state/bin:$PATH"
+}
+
+# Steps after convergence that failed, in order: they are reported and, on a terminal, the
+# cluster stays up for inspection; in CI the demo exits 1 after the last step.
+failed_steps=()
+
+# Runs "$@" (after the description in $1) as a step after convergence: a failure is reported
+# and remembered, never fatal on its own.
+step() {
+  local description=$1
+  shift
+  if ! "$@"; then
+    printf '\033[31mdemo: step failed: %s\033[0m\n' "$description" >&2
+    failed_steps+=("$description")
+  fi
+}
+
 # The live view: the multigres tree and its workloads.
 show() {
   echo "MultigresClusters and their children in $namespace ($(date +%T)):"
@@ -146,7 +182,7 @@ if [ -n "${KUBECONFIG:-}" ] && kubectl version --request-timeout=5s >/dev/null 2
   if [ -n "${DEMO_IMAGE:-}" ]; then
     image=(--set "image.repository=${DEMO_IMAGE%:*}" --set "image.tag=${DEMO_IMAGE##*:}")
   fi
-  cargo build -q -p kubectl-multigres
+  build_binaries
   helm upgrade --install "$release" "$chart" -n "$system" --create-namespace --wait --timeout 10m \
     "${image[@]}" 2> >(grep -v 'found symbolic link' >&2)
   kubectl get deployments -n "$system"
@@ -157,7 +193,7 @@ if [ -n "${KUBECONFIG:-}" ] && kubectl version --request-timeout=5s >/dev/null 2
 elif [ "${MULTIGRES_E2E_SANDBOX:-}" != 1 ]; then
   say "no reachable cluster in KUBECONFIG: building the images (cached in ~/.cache/multigres-operator)"
   echo "[demo] building the local control plane's launcher and kubectl-multigres (first time: a few minutes)" >&2
-  cargo build -q -p multigres-e2e --bin local-cluster -p kubectl-multigres
+  build_binaries local
   mkdir -p target/images
   MULTIGRES_TOOLCHAIN_BIN=$bin_dir bash e2e/images/build.sh >target/images/demo-list
   bash e2e/images/operator.sh | tail -n 1 >>target/images/demo-list
@@ -209,71 +245,95 @@ else
     kubectl apply -n "$namespace" --server-side -f -
 fi
 
+install_plugin
 say "waiting for the cluster to converge (up to ${timeout}s)"
 if ! watch_convergence; then
   kubectl describe multigresclusters -n "$namespace" | tail -n 30
   fail "not Available after ${timeout}s"
 fi
 say "converged: every MultigresCluster in $namespace is Available"
-if [ -n "$local_cluster" ]; then
-  say "SQL through the multigateway Service (psql to its ClusterIP)"
+cluster=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].metadata.name}')
+gateway=$cluster-multigateway
+secret=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].spec.postgresPasswordSecretRef.name}')
+# Answers SQL through the gateway within 180 s, and prints the server's version.
+sql_through_the_gateway() {
   if ! wait_for 180 query 'select 1'; then
-    fail "the cluster is Available but the gateway does not answer SQL: $(query 'select 1' 2>&1 | head -n 1)"
+    echo "the cluster is Available but the gateway does not answer SQL: $(query 'select 1' 2>&1 | head -n 1)" >&2
+    return 1
   fi
   query "select 'answered by ' || version()"
-  web_ui_screenshot
+}
+if [ -n "$local_cluster" ]; then
+  say "SQL through the multigateway Service (psql to its ClusterIP)"
+  step "SQL through the multigateway Service" sql_through_the_gateway
+  step "the multiadmin web UI in headless Chromium" web_ui_screenshot
 fi
-cluster=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)
-gateway=$cluster-multigateway
-secret=$(kubectl get multigresclusters -n "$namespace" -o jsonpath='{.items[0].spec.postgresPasswordSecretRef.name}' 2>/dev/null || true)
 say "the kubectl plugin: kubectl multigres status $cluster -n $namespace"
-target/debug/kubectl-multigres status "$cluster" -n "$namespace"
+step "kubectl multigres status" kubectl multigres status "$cluster" -n "$namespace"
+
+# How to reach the cluster: every command works when pasted into the shell named first (the
+# sandbox's, for the local control plane; any shell with this KUBECONFIG otherwise).
+instructions() {
+  local gateway_ip web_ip
+  if [ -n "$local_cluster" ]; then
+    gateway_ip=$(kubectl get service -n "$namespace" "$gateway" -o jsonpath='{.spec.clusterIP}' 2>/dev/null || true)
+    web_ip=$(kubectl get service -n "$namespace" "$cluster-multiadmin-web" -o jsonpath='{.spec.clusterIP}' 2>/dev/null || true)
+    echo "The cluster runs in a sandbox. Enter it from another terminal (as root); every command below works there:"
+    echo "  nsenter --target \$(pgrep -o -f 'local-cluster up --real-nodes') --net --mount \\"
+    echo "    env PATH=$state/bin:$bin_dir:\$PATH KUBECONFIG=$KUBECONFIG bash"
+  else
+    echo "With KUBECONFIG=$KUBECONFIG (the plugin: \`just plugin\` installs kubectl-multigres into ~/.cargo/bin):"
+  fi
+  echo "  kubectl multigres status $cluster -n $namespace"
+  echo "  kubectl multigres psql $cluster -n $namespace -- -c 'select 1'   # psql through a port-forward to the gateway"
+  echo "  kubectl multigres switchover $cluster -n $namespace --wait"
+  echo "  kubectl get multigres -n $namespace"
+  echo "  kubectl -n $system logs deploy/$release-cluster-handler           # and the other handlers"
+  echo "psql as the superuser (user postgres, the password in Secret $secret):"
+  echo "  export PGPASSWORD=\$(kubectl -n $namespace get secret $secret -o jsonpath='{.data.password}' | base64 -d)"
+  if [ -n "$local_cluster" ]; then
+    echo "  psql -h $gateway_ip -p 5432 -U postgres postgres                  # the gateway Service's ClusterIP"
+  fi
+  echo "  kubectl -n $namespace port-forward svc/$gateway 15432:5432 >/dev/null &"
+  echo "  psql -h 127.0.0.1 -p 15432 -U postgres postgres"
+  echo "  (from a pod in the cluster: psql -h $gateway.$namespace.svc -p 5432 -U postgres postgres)"
+  echo "The multiadmin web UI (Service $cluster-multiadmin-web, port 18100):"
+  if [ -n "$local_cluster" ]; then
+    echo "  curl -s http://$web_ip:18100/dashboard | head -c 200; echo   # the page, from the sandbox's shell"
+    echo "  in this machine's browser: bridge a local port into the sandbox (as root, outside it; needs socat),"
+    echo "  then open http://127.0.0.1:18100/dashboard"
+    echo "    socat TCP-LISTEN:18100,bind=127.0.0.1,fork,reuseaddr \\"
+    echo "      EXEC:\"nsenter --target \$(pgrep -o -f 'local-cluster up --real-nodes') --net socat STDIO TCP:$web_ip:18100\""
+    echo "Prometheus ($prometheus) scrapes the handlers as the chart's ServiceMonitor says, evaluates the"
+    echo "chart's alerts and receives the data plane's metrics over OTLP; it answers the queries of the"
+    echo "Grafana dashboards in deploy/dashboards/:"
+    echo "  curl -s '$prometheus/api/v1/query?query=multigres_operator_shard_primaries'   # serving primaries per shard"
+    echo "  curl -s '$prometheus/api/v1/alerts'                                             # alerts pending or firing"
+  else
+    echo "  kubectl -n $namespace port-forward svc/$cluster-multiadmin-web 18100:18100 >/dev/null &"
+    echo "  then open http://127.0.0.1:18100/dashboard"
+  fi
+}
 echo
-echo "Connect with psql (user postgres, the password in Secret $secret):"
-echo "  from a pod in the cluster:  psql -h $gateway.$namespace.svc -p 5432 -U postgres postgres"
-echo "  from this machine:          kubectl -n $namespace port-forward svc/$gateway 15432:5432 &"
-echo "                              PGPASSWORD=\$(kubectl -n $namespace get secret $secret -o jsonpath='{.data.password}' | base64 -d) \\"
-echo "                                psql -h 127.0.0.1 -p 15432 -U postgres postgres"
-echo "  or through the plugin:       kubectl multigres psql $cluster -n $namespace"
-echo "The multiadmin web UI (Service $cluster-multiadmin-web, port 18100):"
-if [ -n "$local_cluster" ]; then
-  web_ip=$(kubectl get service -n "$namespace" "$cluster-multiadmin-web" -o jsonpath='{.spec.clusterIP}' 2>/dev/null || true)
-  echo "  inside the sandbox:          http://$web_ip:18100/dashboard"
-  echo "  from this machine's browser: bridge a local port into the sandbox (as root, needs socat), then open"
-  echo "                               http://127.0.0.1:18100/dashboard"
-  echo "    socat TCP-LISTEN:18100,bind=127.0.0.1,fork,reuseaddr \\"
-  echo "      EXEC:\"nsenter --target \$(pgrep -o -f 'local-cluster up --real-nodes') --net socat STDIO TCP:$web_ip:18100\""
-else
-  echo "  kubectl -n $namespace port-forward svc/$cluster-multiadmin-web 18100:18100 &"
-  echo "  then open http://127.0.0.1:18100/dashboard"
-fi
-if [ -n "$local_cluster" ]; then
-  echo "Prometheus (inside the sandbox, $prometheus) scrapes the handlers as the chart's ServiceMonitor says,"
-  echo "evaluates the chart's alerts and receives the data plane's metrics over OTLP. Its HTTP API answers"
-  echo "the queries of the Grafana dashboards in deploy/dashboards/ (a Grafana with it as a data source draws them):"
-  echo "  curl -s '$prometheus/api/v1/query?query=multigres_operator_shard_primaries'   # serving primaries per shard"
-  echo "  curl -s '$prometheus/api/v1/alerts'                                             # alerts pending or firing"
-fi
-echo "Inspect it yourself (the plugin: \`just plugin\` installs kubectl-multigres into ~/.cargo/bin):"
-echo "  export KUBECONFIG=$KUBECONFIG"
-echo "  kubectl multigres status $cluster -n $namespace"
-echo "  kubectl multigres switchover $cluster -n $namespace --wait"
-echo "  kubectl get multigres -n $namespace"
-echo "  kubectl describe multigrescluster -n $namespace"
-if [ -n "$local_cluster" ]; then
-  echo "The local cluster runs in a sandbox; enter it from another terminal (as root) with"
-  echo "  nsenter --target \$(pgrep -o -f 'local-cluster up --real-nodes') --net --mount \\"
-  echo "    env PATH=$bin_dir:\$PATH KUBECONFIG=$KUBECONFIG bash"
-  echo "  kubectl -n $system logs deploy/$release-cluster-handler   # and the other handlers"
+instructions
+if [ ${#failed_steps[@]} -gt 0 ]; then
+  printf '\033[31mdemo: %d step(s) failed after convergence: %s\033[0m\n' "${#failed_steps[@]}" "$(IFS=';'; echo "${failed_steps[*]}")" >&2
 fi
 if $interactive; then
-  say "live view until Ctrl-C"
+  if [ ${#failed_steps[@]} -gt 0 ]; then
+    say "the cluster stays up for inspection; live view until Ctrl-C"
+  else
+    say "live view until Ctrl-C"
+  fi
   trap 'exit 0' INT
   while true; do
     sleep 5
     clear
     show
     echo
-    echo "KUBECONFIG=$KUBECONFIG   (Ctrl-C stops the demo)"
+    instructions
+    if [ ${#failed_steps[@]} -gt 0 ]; then echo "failed after convergence: ${failed_steps[*]}"; fi
+    echo "(Ctrl-C stops the demo)"
   done
 fi
+[ ${#failed_steps[@]} -eq 0 ]
