@@ -37,6 +37,7 @@ system=multigres-system
 namespace=${DEMO_NAMESPACE:-multigres-demo}
 timeout=${DEMO_TIMEOUT:-600}
 chart=deploy/helm/multigres-operator
+target=${CARGO_TARGET_DIR:-$repo/target}
 state=$(mktemp -d /tmp/multigres-demo.XXXXXX)
 bin_dir=${MULTIGRES_TOOLCHAIN_BIN:-$(bash e2e/toolchain/build.sh)}
 export PATH="$bin_dir:$PATH" NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
@@ -54,7 +55,7 @@ cleanup() {
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
   if [ -n "$local_cluster" ]; then
     say "stopping the local control plane"
-    target/debug/local-cluster down --state-dir "$state/cluster" >/dev/null 2>&1
+    "$target/debug/local-cluster" down --state-dir "$state/cluster" >/dev/null 2>&1
     wait "$local_cluster" 2>/dev/null
   fi
   echo "logs: $state"
@@ -110,7 +111,7 @@ web_ui_screenshot() {
     return 0
   fi
   ip=$(kubectl get service -n "$namespace" "$cluster-multiadmin-web" -o jsonpath='{.spec.clusterIP}')
-  shot=$repo/target/demo/multiadmin-web.png
+  shot=$target/demo/multiadmin-web.png
   mkdir -p "${shot%/*}"
   say "the multiadmin web UI, http://$ip:18100/dashboard/multipoolers, in headless Chromium"
   chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --no-proxy-server \
@@ -133,7 +134,7 @@ build_binaries() {
 # Puts the plugin where `kubectl multigres` finds it ($state/bin, first on PATH).
 install_plugin() {
   mkdir -p "$state/bin"
-  install -m 0755 "${CARGO_TARGET_DIR:-target}/debug/kubectl-multigres" "$state/bin/kubectl-multigres"
+  install -m 0755 "$target/debug/kubectl-multigres" "$state/bin/kubectl-multigres"
   export PATH="$state/bin:$PATH"
 }
 
@@ -194,19 +195,19 @@ elif [ "${MULTIGRES_E2E_SANDBOX:-}" != 1 ]; then
   say "no reachable cluster in KUBECONFIG: building the images (cached in ~/.cache/multigres-operator)"
   echo "[demo] building the local control plane's launcher and kubectl-multigres (first time: a few minutes)" >&2
   build_binaries local
-  mkdir -p target/images
-  MULTIGRES_TOOLCHAIN_BIN=$bin_dir bash e2e/images/build.sh >target/images/demo-list
-  bash e2e/images/operator.sh | tail -n 1 >>target/images/demo-list
+  mkdir -p "$target/images"
+  MULTIGRES_TOOLCHAIN_BIN=$bin_dir bash e2e/images/build.sh >"$target/images/demo-list"
+  bash e2e/images/operator.sh | tail -n 1 >>"$target/images/demo-list"
   say "entering the sandbox (private network, mount and PID namespaces)"
   trap - EXIT
   rm -rf "$state"
-  exec env MULTIGRES_IMAGES="$repo/target/images/demo-list" bash e2e/sandbox.sh bash "$0"
+  exec env MULTIGRES_IMAGES="$target/images/demo-list" bash e2e/sandbox.sh bash "$0"
 else
   image() { grep -m1 "^$1" "$MULTIGRES_IMAGES" | cut -d' ' -f1; }
   say "starting the local control plane with three real nodes (logs in $state/cluster/logs)"
   # No CRDs from the harness: `helm install` creates them from the chart's crds/.
   mkdir -p "$state/cluster" "$state/no-crds"
-  target/debug/local-cluster up --real-nodes --prometheus --state-dir "$state/cluster" --crds "$state/no-crds" \
+  "$target/debug/local-cluster" up --real-nodes --prometheus --state-dir "$state/cluster" --crds "$state/no-crds" \
     >"$state/local-cluster.log" 2>&1 &
   local_cluster=$!
   wait_for 600 test -f "$state/cluster/kubeconfig" || {
