@@ -247,6 +247,24 @@ mod tests {
     }
 
     #[test]
+    fn the_docs_table_lists_every_entry_and_library() {
+        let docs = include_str!("../../../docs/postgresql-configuration.md");
+        for (name, _) in REFUSED {
+            let name = name.trim_end_matches('*');
+            assert!(
+                docs.contains(&format!("`{name}`")),
+                "{name} missing from the docs"
+            );
+        }
+        for library in PRELOADABLE {
+            assert!(
+                docs.contains(&format!("`{library}`")),
+                "{library} missing from the docs"
+            );
+        }
+    }
+
+    #[test]
     fn only_shipped_libraries_may_be_preloaded_by_name() {
         assert!(preload_libraries("pg_stat_statements").is_ok());
         assert!(preload_libraries(" \"auto_explain\" , pg_stat_statements").is_ok());
