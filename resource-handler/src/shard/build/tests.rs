@@ -740,8 +740,8 @@ fn pool_pods_without_an_affinity_prefer_a_zone_then_a_node_each_across_the_shard
     );
 }
 
-/// The args and env of every container of `pod`, by container, as YAML: what the kubelet
-/// reads for `$(NAME)` expansion.
+/// The args and env of every container of `pod`, by container, as YAML (keys sorted): what
+/// the kubelet reads for `$(NAME)` expansion.
 fn args_and_env(pod: &PodSpec) -> String {
     let containers: Vec<_> = pod
         .init_containers
@@ -779,8 +779,7 @@ fn user_text_reaches_args_and_env_with_every_dollar_doubled() {
     let svc = "prod-postgres-default-0-inf-pool-main-zone-a";
     let expected = format!(
         "\
-- name: postgres
-  args:
+- args:
   - server
   - --pooler-dir=/var/lib/pooler
   - --grpc-port=15470
@@ -797,8 +796,8 @@ fn user_text_reaches_args_and_env_with_every_dollar_doubled() {
   - POSTGRES_PASSWORD_FILE=/etc/postgres-password/password
   - AWS_REGION=eu-$$(AWS_SECRET_ACCESS_KEY)
   - POSTGRES_INITDB_ARGS=--locale=$$(AWS_SECRET_ACCESS_KEY)
-- name: multipooler
-  args:
+  name: postgres
+- args:
   - --http-port=15200
   - --grpc-port=15270
   - --pooler-dir=/var/lib/pooler
@@ -822,6 +821,7 @@ fn user_text_reaches_args_and_env_with_every_dollar_doubled() {
   - POSTGRES_USER=pg$$(USER)
   - POSTGRES_PASSWORD_FILE=/etc/postgres-password/password
   - AWS_REGION=eu-$$(AWS_SECRET_ACCESS_KEY)
+  name: multipooler
 "
     );
     assert_eq!(args_and_env(pod(pool(&o, "zone-a"))), expected);
