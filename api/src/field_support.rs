@@ -165,12 +165,14 @@ const SHARD: &str = "resource-handler: the shard's multiorch and pool pods";
 const POOL_PVC: &str = "resource-handler: pool PVC retention";
 const PLACEMENT: &str = "resource-handler: pod nodeSelector from the cell's zone or region";
 
-const POSTGRES_CONFIG: &str = "webhook: checked against the PostgreSQL 17 catalog; \
+const POSTGRES_CONFIG: &str = "webhook: checked against the PostgreSQL 17 catalog and the \
+     fixed and refused parameters (no commands, libraries or includes); \
      resource-handler: rendered into `<shard>-postgres-config` for pgctld; a restart-class change \
      restarts pods replicas first; data-handler: a reload-class change is reloaded through each \
      pod's multipooler (ReloadConfig) and stamped on the pod (docs/postgresql-configuration.md)";
-const POSTGRES_CONFIG_REF: &str = "resource-handler: the ConfigMap key rendered into \
-     `<shard>-postgres-config`, re-rendered when it changes (docs/postgresql-configuration.md)";
+const POSTGRES_CONFIG_REF: &str = "resource-handler: the ConfigMap key checked with the rules \
+     of postgresConfig and rendered into `<shard>-postgres-config`, re-rendered when it changes; \
+     a refused one is reported on the Shard and not rendered (docs/postgresql-configuration.md)";
 const PGBACKREST_TLS: &str = "resource-handler: the named Secret checked and mounted, or a \
      per-shard CA and certificate issued and mounted (docs/tls.md)";
 const INTERNAL_TLS: &str = "resource-handler: a CA and per-process certificates, mounted with \

@@ -70,7 +70,10 @@ fn first_sentence(text: &str) -> String {
 macro_rules! constrained_string {
     (
         $(#[$meta:meta])*
-        $name:ident { min: $min:expr, max: $max:expr $(, pattern: $pattern:expr)? $(,)? }
+        $name:ident {
+            min: $min:expr, max: $max:expr $(, pattern: $pattern:expr)?
+            $(, rule: $rule:expr, message: $message:expr)? $(,)?
+        }
     ) => {
         $(#[$meta])*
         #[derive(
@@ -114,6 +117,10 @@ macro_rules! constrained_string {
                     "maxLength": $max,
                 });
                 $(schema.insert("pattern".into(), $pattern.into());)?
+                $(schema.insert(
+                    "x-kubernetes-validations".into(),
+                    ::serde_json::json!([{"rule": $rule, "message": $message}]),
+                );)?
                 schema
             }
         }

@@ -2,6 +2,7 @@
 //! helpers (see `multigres-topo-contract.md` §3–4). Ports follow the upstream operator so a
 //! cluster moved between the two keeps its Service ports.
 
+use multigres_api::expansion::literal;
 use multigres_api::v1alpha1::{GlobalTopoServerRef, LogLevel};
 
 /// Directory of the Multigres binaries in the `multigres` image (no entrypoint there).
@@ -73,8 +74,15 @@ pub fn multigres_bin(name: &str) -> String {
     format!("{MULTIGRES_BIN}/{name}")
 }
 
-/// `--flag=value`: dash-style, always with `=`, which booleans require.
+/// `--flag=value`: dash-style, always with `=`, which booleans require. The kubelet takes
+/// `value` literally ([`multigres_api::expansion::literal`]): it may hold a user's text.
 pub fn flag(name: &str, value: impl std::fmt::Display) -> String {
+    format!("--{name}={}", literal(&value.to_string()))
+}
+
+/// `--flag=value` whose `value` references the container's own variables (`$(POD_NAME)`,
+/// `$(POD_IP)`), for the kubelet to expand; only the operator's texts, never a user's.
+pub fn flag_expanding(name: &str, value: impl std::fmt::Display) -> String {
     format!("--{name}={value}")
 }
 
@@ -119,5 +127,26 @@ mod tests {
             ]
         );
         assert_eq!(multigres_bin("multiorch"), "/multigres/bin/multiorch");
+    }
+
+    #[test]
+    fn user_values_are_literal_and_only_the_operators_references_expand() {
+        let topo = GlobalTopoServerRef {
+            address: "$(AWS_ACCESS_KEY_ID).attacker.example:2379".into(),
+            root_path: "/multigres/$(AWS_SECRET_ACCESS_KEY)".into(),
+            implementation: "etcd".into(),
+        };
+        assert_eq!(
+            topo_flags(&topo),
+            [
+                "--topo-global-server-addresses=$$(AWS_ACCESS_KEY_ID).attacker.example:2379",
+                "--topo-global-root=/multigres/$$(AWS_SECRET_ACCESS_KEY)"
+            ]
+        );
+        assert_eq!(flag("x", "a$b"), "--x=a$$b");
+        assert_eq!(
+            flag_expanding("hostname", "$(POD_IP)"),
+            "--hostname=$(POD_IP)"
+        );
     }
 }

@@ -194,11 +194,12 @@ impl Probes {
     }
 }
 
-/// `name=value`.
+/// `name=value`, `value` taken literally by the kubelet (it may hold a user's text, and the
+/// kubelet expands `$(NAME)` in env values too).
 pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
-        value: Some(value.into()),
+        value: Some(multigres_api::expansion::literal(&value.into())),
         ..Default::default()
     }
 }

@@ -181,9 +181,60 @@ async fn operator_managed_postgres_parameters_are_refused() {
     assert_eq!(
         message(&response),
         format!(
-            "{SHARD}.spec.postgresConfig[port]: managed by the operator and cannot be set: \
-             pgctld sets it on its command line"
+            "{SHARD}.spec.postgresConfig[port]: cannot be set: pgctld sets it on the postgres \
+             command line or in its template"
         )
+    );
+}
+
+#[tokio::test]
+async fn kubelet_references_in_fields_reaching_container_args_are_refused() {
+    let response = review(VALIDATE_CLUSTER, "cluster-create-kubelet-expansion").await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        causes(&response),
+        [
+            "spec.cells[0].spec.localTopoServer.external.endpoints[0]".to_owned(),
+            format!("{SHARD}.spec.initdbArgs"),
+            "spec.globalTopoServer.external.endpoints[1]".to_owned(),
+            "spec.globalTopoServer.external.rootPath".to_owned(),
+        ]
+    );
+    assert!(
+        message(&response).contains(
+            "spec.globalTopoServer.external.rootPath: must not contain \"$(\": the kubelet \
+             would replace $(NAME) with the value of the container's variable NAME"
+        ),
+        "{}",
+        message(&response)
+    );
+}
+
+#[tokio::test]
+async fn postgres_parameters_that_run_commands_or_load_code_are_refused() {
+    let response = review(VALIDATE_CLUSTER, "cluster-create-postgres-code-execution").await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        causes(&response),
+        [
+            "archive_command",
+            "include_dir",
+            "shared_preload_libraries",
+            "ssl_passphrase_command"
+        ]
+        .map(|p| format!("{SHARD}.spec.postgresConfig[{p}]"))
+    );
+    let text = message(&response);
+    assert!(
+        text.contains(&format!(
+            "{SHARD}.spec.postgresConfig[archive_command]: cannot be set: runs a shell command \
+             as the postgres user"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"$libdir/evil\" is not a library the pgctld image ships"),
+        "{text}"
     );
 }
 

@@ -37,8 +37,8 @@ pub fn is_valid_name(name: &str) -> bool {
 }
 
 /// The settings a postgresql.conf sets, by lower-cased name; a later line wins as in
-/// PostgreSQL. `include` directives are kept as settings of that name so they still count as
-/// content.
+/// PostgreSQL. `include` directives are kept as settings of that name, so validation sees and
+/// refuses them.
 pub fn parse(text: &str) -> Result<BTreeMap<String, String>, SyntaxError> {
     let mut settings = BTreeMap::new();
     for (index, raw) in text.lines().enumerate() {

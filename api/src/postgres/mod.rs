@@ -6,6 +6,7 @@
 pub mod catalog;
 pub mod conf;
 pub mod limits;
+pub mod policy;
 mod render;
 mod validate;
 

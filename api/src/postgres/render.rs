@@ -16,7 +16,14 @@ use crate::resolver::defaults;
 use crate::v1alpha1::{PostgresConfigRef, ShardSpec};
 
 /// Settings every shard gets whatever its size: Multigres' requirements (logical WAL, SCRAM)
-/// and upstream's defaults for logging, locale and extensions.
+/// and upstream's defaults for logging, locale and extensions, except `log_statement`.
+///
+/// `log_statement` is `none`, where pgctld's template has `ddl`: `ddl` logs every
+/// `CREATE ROLE`/`ALTER ROLE … PASSWORD '…'` with the password in clear text, and the logs are
+/// the container's, readable by anyone with `pods/log` and kept by log collectors. PostgreSQL
+/// cannot log DDL but hide passwords (CloudNativePG documents the same leak and turns statement
+/// logging off around the passwords it sets itself). A user may still choose `ddl`, `mod` or
+/// `all` in `postgresConfig`; admission warns what that logs.
 pub const BASELINE: [(&str, &str); 32] = [
     ("authentication_timeout", "1min"),
     ("auto_explain.log_min_duration", "10s"),
@@ -33,7 +40,7 @@ pub const BASELINE: [(&str, &str); 32] = [
     ("lc_numeric", "en_US.UTF-8"),
     ("lc_time", "en_US.UTF-8"),
     ("log_line_prefix", "%h %m [%p] %q%u@%d "),
-    ("log_statement", "ddl"),
+    ("log_statement", "none"),
     ("log_timezone", "UTC"),
     ("max_connections", "60"),
     ("max_replication_slots", "25"),
@@ -229,6 +236,21 @@ pub enum RenderError {
         #[source]
         source: SyntaxError,
     },
+    /// The `postgresConfigRef` content sets parameters the same rules as `postgresConfig`
+    /// refuse.
+    #[error(
+        "postgresConfigRef ConfigMap {name:?} key {key:?} is refused and not rendered (the \
+         pods keep their last postgresql.conf): {}",
+        problems.iter().map(|p| format!("{}: {}", p.name, p.message)).collect::<Vec<_>>().join("; ")
+    )]
+    ReferenceRefused {
+        /// The ConfigMap.
+        name: String,
+        /// Its key.
+        key: String,
+        /// Each refused parameter.
+        problems: Vec<Problem>,
+    },
 }
 
 fn join(problems: &[Problem]) -> String {
@@ -359,6 +381,14 @@ pub fn render(
             key: r.key.clone(),
             source,
         })?;
+        let problems = validate(&referenced);
+        if !problems.is_empty() {
+            return Err(RenderError::ReferenceRefused {
+                name: r.name.clone(),
+                key: r.key.clone(),
+                problems,
+            });
+        }
         settings.extend(referenced);
         let _ = writeln!(
             text,

@@ -1,7 +1,9 @@
-//! Validation of the `postgresConfig` map before it reaches PostgreSQL: a parameter PostgreSQL
-//! does not know, one the operator owns, or a value of the wrong type would stop the server
-//! from starting (or be ignored), so each is refused with the parameter it concerns and what is
-//! allowed.
+//! Validation of PostgreSQL settings before they reach PostgreSQL, the `postgresConfig` map and
+//! the content of a `postgresConfigRef` ConfigMap alike: a parameter PostgreSQL does not know,
+//! one [`policy`] refuses (fixed by the operator or Multigres, or a way to run commands or load
+//! code), a library the image does not ship, or a value of the wrong type would stop the server
+//! from starting, be ignored, or hand out a shell, so each is refused with the parameter it
+//! concerns and what is allowed.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -9,28 +11,7 @@ use std::fmt;
 use super::catalog::{self, Context, Kind};
 use super::conf::is_valid_name;
 use super::limits::{self, Limit};
-
-/// The parameter the operator appends to every rendered file (see [`super::RELOAD_MARKER`]).
-const MARKER: &str = super::RELOAD_MARKER;
-
-/// Parameters the operator sets itself, and why a user cannot.
-const MANAGED: [(&str, &str); 9] = [
-    ("port", "pgctld sets it on its command line"),
-    ("listen_addresses", "pgctld sets it on its command line"),
-    (
-        "unix_socket_directories",
-        "pgctld sets it on its command line",
-    ),
-    ("data_directory", "pgctld sets it on its command line"),
-    ("hba_file", "pgctld sets it on its command line"),
-    ("ident_file", "pgctld sets it on its command line"),
-    ("config_file", "pgctld sets it on its command line"),
-    ("wal_level", "Multigres requires wal_level = logical"),
-    (
-        MARKER,
-        "the operator writes it to track configuration reloads",
-    ),
-];
+use super::policy;
 
 /// One refused entry of a `postgresConfig` map.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,12 +50,14 @@ fn check(name: &str, value: &str) -> Result<(), String> {
                 .to_owned(),
         );
     }
-    let lower = name.to_ascii_lowercase();
-    if let Some((_, why)) = MANAGED.iter().find(|(managed, _)| *managed == lower) {
-        return Err(format!("managed by the operator and cannot be set: {why}"));
+    if let Some(reason) = policy::refused(name) {
+        return Err(format!("cannot be set: {}", reason.message()));
     }
     if value.chars().any(char::is_control) {
         return Err("the value must not contain control characters such as newlines".to_owned());
+    }
+    if name.eq_ignore_ascii_case("shared_preload_libraries") {
+        return policy::preload_libraries(value);
     }
     if name.contains('.') {
         // An extension's parameter: PostgreSQL checks it once the extension is loaded.
@@ -185,7 +168,6 @@ mod tests {
             ("hot_standby_feedback", "on"),
             ("jit", "FALSE"),
             ("log_statement", "ddl"),
-            ("ssl_min_protocol_version", "TLSv1.2"),
             ("password_encryption", "scram-sha-256"),
             ("log_line_prefix", "%m [%p] it's "),
             ("TimeZone", "Europe/Paris"),
@@ -219,17 +201,18 @@ mod tests {
         assert_eq!(
             problems(&[("port", "5433"), ("wal_level", "replica")]),
             [
-                "postgresConfig.port: managed by the operator and cannot be set: pgctld sets \
-                 it on its command line",
-                "postgresConfig.wal_level: managed by the operator and cannot be set: \
-                 Multigres requires wal_level = logical",
+                "postgresConfig.port: cannot be set: pgctld sets it on the postgres command \
+                 line or in its template",
+                "postgresConfig.wal_level: cannot be set: Multigres needs the value the \
+                 operator sets (logical WAL with hint bits, hot standbys, full page writes)",
             ]
         );
         assert_eq!(
             problems(&[("multigres.config_reload_marker", "x")]),
             [
-                "postgresConfig.multigres.config_reload_marker: managed by the operator and \
-                 cannot be set: the operator writes it to track configuration reloads"
+                "postgresConfig.multigres.config_reload_marker: cannot be set: the operator \
+                 writes it (cluster_name names the shard's servers, \
+                 multigres.config_reload_marker tracks configuration reloads)"
             ]
         );
         assert_eq!(
@@ -238,6 +221,44 @@ mod tests {
                 "postgresConfig.block_size: fixed when PostgreSQL is built or its data \
                  directory initialised; it cannot be set in postgresql.conf"
             ]
+        );
+    }
+
+    #[test]
+    fn commands_code_loading_and_includes_are_refused_before_any_other_check() {
+        let refused = problems(&[
+            (
+                "archive_command",
+                "sh -c 'cat /etc/postgres-password/password'",
+            ),
+            ("RESTORE_COMMAND", "x"),
+            ("ssl_passphrase_command", "x"),
+            ("dynamic_library_path", "/tmp"),
+            ("session_preload_libraries", "x"),
+            ("include", "/etc/postgres-password/password"),
+            ("ssl", "on"),
+            ("hot_standby", "off"),
+            ("unix_socket_permissions", "0000"),
+        ]);
+        assert_eq!(refused.len(), 9, "{refused:?}");
+        assert!(
+            refused.iter().all(|p| p.contains(": cannot be set: ")),
+            "{refused:?}"
+        );
+        assert_eq!(
+            problems(&[("shared_preload_libraries", "pg_stat_statement")]),
+            [
+                "postgresConfig.shared_preload_libraries: \"pg_stat_statement\" is not a library \
+                 the pgctld image ships for preloading; allowed are auth_delay, auto_explain, \
+                 passwordcheck, pg_prewarm, pg_stat_statements (by name, without a path)"
+            ]
+        );
+        assert!(
+            problems(&[(
+                "shared_preload_libraries",
+                "pg_stat_statements,auto_explain"
+            )])
+            .is_empty()
         );
     }
 
@@ -272,7 +293,7 @@ mod tests {
     fn enum_words_and_numeric_ranges_are_checked_naming_the_parameter() {
         assert_eq!(
             problems(&[
-                ("synchronous_commit", "sometimes"),
+                ("track_functions", "sometimes"),
                 ("max_connections", "0"),
                 ("shared_buffers", "64kB"),
                 ("statement_timeout", "5MB"),
@@ -283,11 +304,10 @@ mod tests {
                  8kB, and allowed are 16 to 1073741823 (in units of 8kB)",
                 "postgresConfig.statement_timeout: \"5MB\": this setting takes time units us, \
                  ms, s, min, h, d",
-                "postgresConfig.synchronous_commit: \"sometimes\" is not one of local, \
-                 remote_write, remote_apply, on, off",
+                "postgresConfig.track_functions: \"sometimes\" is not one of none, pl, all",
             ]
         );
-        assert!(problems(&[("wal_compression", "zstd"), ("huge_pages", "try")]).is_empty());
+        assert!(problems(&[("wal_compression", "zstd"), ("track_functions", "PL")]).is_empty());
     }
 
     #[test]

@@ -131,6 +131,8 @@ pub struct MultigresClusterSpec {
     /// Name of the Postgres superuser role (at most 63 characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 63), extend("default" = "postgres"))]
+    #[x_kube(validation = Rule::new(crate::expansion::NO_REFERENCE_RULE)
+        .message(crate::expansion::NO_REFERENCE_MESSAGE))]
     pub postgres_superuser: Option<String>,
 
     /// Existing Secret holding the Postgres superuser password. Required.

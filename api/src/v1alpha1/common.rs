@@ -50,8 +50,13 @@ constrained_string! {
 }
 
 constrained_string! {
-    /// Extra arguments passed to initdb, as one string (at most 512 characters).
-    InitdbArgs { min: 0, max: 512 }
+    /// Extra arguments passed to initdb, as one string (at most 512 characters, no `$(`).
+    InitdbArgs {
+        min: 0,
+        max: 512,
+        rule: crate::expansion::NO_REFERENCE_RULE,
+        message: crate::expansion::NO_REFERENCE_MESSAGE,
+    }
 }
 
 constrained_string! {

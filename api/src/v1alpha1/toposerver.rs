@@ -43,6 +43,8 @@ pub struct EtcdSpec {
     /// `/multigres/<cell>` for a cell's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
+    #[x_kube(validation = Rule::new(crate::expansion::NO_REFERENCE_RULE)
+        .message(crate::expansion::NO_REFERENCE_MESSAGE))]
     pub root_path: Option<String>,
 
     /// PVC lifecycle of the etcd volumes; overrides the levels above per field.
@@ -59,6 +61,8 @@ pub struct ExternalTopoServerSpec {
     #[x_kube(merge_strategy = ListMerge::Set)]
     #[x_kube(validation = Rule::new("self.all(x, x.matches('^https?://'))")
         .message("endpoints must be valid URLs"))]
+    #[x_kube(validation = Rule::new("self.all(x, !x.contains('$('))")
+        .message(crate::expansion::NO_REFERENCE_MESSAGE))]
     pub endpoints: Vec<EndpointUrl>,
 
     /// Topology implementation. Default `etcd`.
@@ -80,6 +84,8 @@ pub struct ExternalTopoServerSpec {
     /// `/multigres/<cell>` for a cell's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
+    #[x_kube(validation = Rule::new(crate::expansion::NO_REFERENCE_RULE)
+        .message(crate::expansion::NO_REFERENCE_MESSAGE))]
     pub root_path: Option<String>,
 }
 

@@ -12,7 +12,7 @@ use multigres_api::v1alpha1::CellSpec;
 
 use crate::contract::{
     MULTIGATEWAY_GRPC, MULTIGATEWAY_HTTP, POSTGRES_PORT, POSTGRES_REPLICA_PORT, flag,
-    log_level_flag, multigres_bin, topo_flags,
+    flag_expanding, log_level_flag, multigres_bin, topo_flags,
 };
 use crate::owner::Owner;
 use crate::podspec::{Probes, PullSettings, container_port, service_port};
@@ -63,8 +63,8 @@ pub fn multigateway_args(spec: &CellSpec) -> Vec<String> {
     args.extend(topo_flags(&spec.global_topo_server));
     args.extend([
         flag("cell", spec.name.as_str()),
-        flag("service-id", "$(POD_NAME)"),
-        flag("hostname", "$(POD_IP)"),
+        flag_expanding("service-id", "$(POD_NAME)"),
+        flag_expanding("hostname", "$(POD_IP)"),
         log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multigateway)),
         flag("lameduck-period", LAMEDUCK_PERIOD),
         flag("onclose-timeout", ONCLOSE_TIMEOUT),

@@ -8,7 +8,8 @@ use multigres_api::labels::{self, Component, Placement};
 use multigres_api::resolver::{ResolvedCluster, defaults};
 
 use crate::contract::{
-    MULTIADMIN_GRPC, MULTIADMIN_HTTP, flag, log_level_flag, multigres_bin, topo_flags,
+    MULTIADMIN_GRPC, MULTIADMIN_HTTP, flag, flag_expanding, log_level_flag, multigres_bin,
+    topo_flags,
 };
 use crate::owner::Owner;
 use crate::podspec::{Probes, PullSettings, container_port, service_port};
@@ -35,7 +36,7 @@ pub fn multiadmin_args(resolved: &ResolvedCluster) -> Vec<String> {
     args.extend(topo_flags(&resolved.topo_ref));
     args.extend([
         flag("service-map", "grpc-multiadmin"),
-        flag("hostname", "$(POD_IP)"),
+        flag_expanding("hostname", "$(POD_IP)"),
         log_level_flag(resolved.log_levels.multiadmin),
     ]);
     args

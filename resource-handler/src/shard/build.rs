@@ -29,8 +29,8 @@ use multigres_api::v1alpha1::{
 use crate::contract::{
     MULTIORCH_GRPC, MULTIORCH_HTTP, MULTIPOOLER_GRPC, MULTIPOOLER_HTTP, PASSWORD_DIR,
     PASSWORD_FILE, PGBACKREST_CERT_DIR, PGBACKREST_CIPHER_DIR, PGBACKREST_PORT, PGCTLD_BIN,
-    PGCTLD_GRPC, PGCTLD_HTTP, PGDATA, POOLER_DIR, POSTGRES_PORT, flag, log_level_flag,
-    multigres_bin, topo_flags,
+    PGCTLD_GRPC, PGCTLD_HTTP, PGDATA, POOLER_DIR, POSTGRES_PORT, flag, flag_expanding,
+    log_level_flag, multigres_bin, topo_flags,
 };
 use crate::owner::Owner;
 use crate::podspec::{
@@ -285,8 +285,8 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
                 spec.shard_name.as_str()
             ),
         ),
-        flag("service-id", multiorch_service_id(&name, replicas)),
-        flag("hostname", "$(POD_IP)"),
+        flag_expanding("service-id", multiorch_service_id(&name, replicas)),
+        flag_expanding("hostname", "$(POD_IP)"),
         log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multiorch)),
     ]);
     args.extend(multiorch_grace_flags(spec));
@@ -591,8 +591,8 @@ pub fn multipooler_args(
         flag("database", spec.database_name.as_str()),
         flag("table-group", spec.table_group_name.as_str()),
         flag("shard", spec.shard_name.as_str()),
-        flag("service-id", "$(POD_NAME)"),
-        flag("hostname", format!("$(POD_NAME).{service}.{namespace}.svc")),
+        flag_expanding("service-id", "$(POD_NAME)"),
+        flag_expanding("hostname", format!("$(POD_NAME).{service}.{namespace}.svc")),
         flag("pgctld-addr", format!("localhost:{PGCTLD_GRPC}")),
         flag("pg-port", POSTGRES_PORT),
         log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multipooler)),

@@ -26,6 +26,7 @@ use multigres_api::v1alpha1::{
 
 use crate::contract::{
     ETCD_BIN, ETCD_CLIENT, ETCD_DATA_DIR, ETCD_METRICS, ETCD_PEER, ETCD_VOLUME_DIR, flag,
+    flag_expanding,
 };
 use crate::owner::Owner;
 use crate::podspec::{
@@ -211,18 +212,18 @@ fn etcd_args(owner: &Owner, names: &Names, replicas: i32) -> Vec<String> {
         .join(",");
     let self_host = host("$(POD_NAME)");
     vec![
-        flag("name", "$(POD_NAME)"),
+        flag_expanding("name", "$(POD_NAME)"),
         flag("data-dir", ETCD_DATA_DIR),
         flag(
             "listen-client-urls",
             format!("http://0.0.0.0:{ETCD_CLIENT}"),
         ),
-        flag(
+        flag_expanding(
             "advertise-client-urls",
             format!("http://{self_host}:{ETCD_CLIENT}"),
         ),
         flag("listen-peer-urls", format!("http://0.0.0.0:{ETCD_PEER}")),
-        flag(
+        flag_expanding(
             "initial-advertise-peer-urls",
             format!("http://{self_host}:{ETCD_PEER}"),
         ),

@@ -9,6 +9,7 @@
 
 pub mod children;
 pub mod cluster;
+pub mod expansion;
 pub mod postgres;
 pub mod templates;
 pub mod unimplemented;

@@ -10,10 +10,22 @@ use multigres_api::postgres::validate;
 use crate::violation::Findings;
 
 /// Reports every refused entry of the `postgresConfig` map at `path`, each as
-/// `<path>[<parameter>]`.
+/// `<path>[<parameter>]`, and warns when statement logging would log passwords.
 pub fn postgres_config(findings: &mut Findings, path: &str, config: &BTreeMap<String, String>) {
     for problem in validate(config) {
         findings.violation(format!("{path}[{}]", problem.name), problem.message);
+    }
+    for (name, value) in config {
+        let logs_ddl = ["ddl", "mod", "all"]
+            .iter()
+            .any(|level| value.trim().eq_ignore_ascii_case(level));
+        if name.eq_ignore_ascii_case("log_statement") && logs_ddl {
+            findings.warning(
+                format!("{path}[{name}]"),
+                "logs CREATE ROLE and ALTER ROLE statements with their PASSWORD in clear text \
+                 into the container log; the operator's default is none",
+            );
+        }
     }
 }
 
@@ -43,15 +55,37 @@ mod tests {
         assert_eq!(
             findings.message(),
             "4 problems: \
-             spec.postgresConfig[Port]: managed by the operator and cannot be set: pgctld sets \
-             it on its command line; \
+             spec.postgresConfig[Port]: cannot be set: pgctld sets it on the postgres command \
+             line or in its template; \
              spec.postgresConfig[hot_standby_feedback]: expects a boolean (on, off, true, \
              false, yes, no, 1 or 0), got \"sometimes\"; \
              spec.postgresConfig[shared_bufers]: unknown PostgreSQL 17 parameter; did you mean \
              `shared_buffers`?; \
-             spec.postgresConfig[wal_level]: managed by the operator and cannot be set: \
-             Multigres requires wal_level = logical"
+             spec.postgresConfig[wal_level]: cannot be set: Multigres needs the value the \
+             operator sets (logical WAL with hint bits, hot standbys, full page writes)"
         );
+    }
+
+    #[test]
+    fn commands_and_unshipped_libraries_are_refused_and_statement_logging_warns() {
+        let findings = check(&[
+            ("archive_command", "curl x | sh"),
+            ("shared_preload_libraries", "pg_stat_statement"),
+            ("log_statement", "ddl"),
+        ]);
+        assert_eq!(
+            findings.message(),
+            "2 problems: \
+             spec.postgresConfig[archive_command]: cannot be set: runs a shell command as the \
+             postgres user, which can read the superuser password, S3 keys and backup cipher \
+             keys; Multigres sets archive_command and restore_command itself (pgBackRest); \
+             spec.postgresConfig[shared_preload_libraries]: \"pg_stat_statement\" is not a \
+             library the pgctld image ships for preloading; allowed are auth_delay, \
+             auto_explain, passwordcheck, pg_prewarm, pg_stat_statements (by name, without a \
+             path)"
+        );
+        assert_eq!(findings.warnings.len(), 1, "{:?}", findings.warnings);
+        assert!(findings.warnings[0].contains("spec.postgresConfig[log_statement]"));
     }
 
     #[test]

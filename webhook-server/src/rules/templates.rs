@@ -37,9 +37,18 @@ impl TemplateSpec {
     pub fn validate(&self) -> Findings {
         let mut findings = Findings::default();
         match self {
-            Self::Core(spec) => core(&mut findings, spec),
-            Self::Cell(spec) => cell(&mut findings, spec),
-            Self::Shard(spec) => shard(&mut findings, spec),
+            Self::Core(spec) => {
+                super::expansion::expansions(&mut findings, "spec", spec);
+                core(&mut findings, spec);
+            }
+            Self::Cell(spec) => {
+                super::expansion::expansions(&mut findings, "spec", spec);
+                cell(&mut findings, spec);
+            }
+            Self::Shard(spec) => {
+                super::expansion::expansions(&mut findings, "spec", spec);
+                shard(&mut findings, spec);
+            }
         }
         findings
     }

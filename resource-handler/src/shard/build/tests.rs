@@ -739,3 +739,108 @@ fn pool_pods_without_an_affinity_prefer_a_zone_then_a_node_each_across_the_shard
         "only preferred: fewer nodes than pods still schedule"
     );
 }
+
+/// The args and env of every container of `pod`, by container, as YAML (keys sorted): what
+/// the kubelet reads for `$(NAME)` expansion.
+fn args_and_env(pod: &PodSpec) -> String {
+    let containers: Vec<_> = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&pod.containers)
+        .map(|c| {
+            let env: Vec<_> = c
+                .env
+                .iter()
+                .flatten()
+                .filter_map(|e| Some(format!("{}={}", e.name, e.value.as_deref()?)))
+                .collect();
+            serde_json::json!({"name": c.name, "args": c.args, "env": env})
+        })
+        .collect();
+    serde_yaml::to_string(&containers).unwrap()
+}
+
+#[test]
+fn user_text_reaches_args_and_env_with_every_dollar_doubled() {
+    let mut shard = fixture();
+    shard.spec.global_topo_server.address = "http://$(AWS_ACCESS_KEY_ID).x.example:2379".into();
+    shard.spec.global_topo_server.root_path = "/multigres/$(AWS_SECRET_ACCESS_KEY)".into();
+    shard.spec.initdb_args = Some("--locale=$(AWS_SECRET_ACCESS_KEY)".into());
+    shard.spec.postgres_superuser = Some("pg$(USER)".into());
+    shard.spec.backup = Some(
+        serde_yaml::from_str(
+            "{type: s3, s3: {bucket: b, region: 'eu-$(AWS_SECRET_ACCESS_KEY)', \
+             credentialsSecret: s3-keys}}",
+        )
+        .unwrap(),
+    );
+    let o = objects(&shard);
+    let svc = "prod-postgres-default-0-inf-pool-main-zone-a";
+    let expected = format!(
+        "\
+- args:
+  - server
+  - --pooler-dir=/var/lib/pooler
+  - --grpc-port=15470
+  - --http-port=15400
+  - --pg-port=5432
+  - --pg-listen-addresses=*
+  - --grpc-socket-file=/var/lib/pooler/pgctld.sock
+  - --log-level=warn
+  - --pgbackrest-cert-dir=/certs/pgbackrest
+  - --pgbackrest-port=8432
+  env:
+  - PGDATA=/var/lib/pooler/pg_data
+  - POSTGRES_USER=pg$$(USER)
+  - POSTGRES_PASSWORD_FILE=/etc/postgres-password/password
+  - AWS_REGION=eu-$$(AWS_SECRET_ACCESS_KEY)
+  - POSTGRES_INITDB_ARGS=--locale=$$(AWS_SECRET_ACCESS_KEY)
+  name: postgres
+- args:
+  - --http-port=15200
+  - --grpc-port=15270
+  - --pooler-dir=/var/lib/pooler
+  - --socket-file=/var/lib/pooler/pg_sockets/.s.PGSQL.5432
+  - --topo-global-server-addresses=http://$$(AWS_ACCESS_KEY_ID).x.example:2379
+  - --topo-global-root=/multigres/$$(AWS_SECRET_ACCESS_KEY)
+  - --cell=zone-a
+  - --database=postgres
+  - --table-group=default
+  - --shard=0-inf
+  - --service-id=$(POD_NAME)
+  - --hostname=$(POD_NAME).{svc}.db.svc
+  - --pgctld-addr=localhost:15470
+  - --pg-port=5432
+  - --log-level=debug
+  - --pgbackrest-cert-file=/certs/pgbackrest/pgbackrest.crt
+  - --pgbackrest-key-file=/certs/pgbackrest/pgbackrest.key
+  - --pgbackrest-ca-file=/certs/pgbackrest/ca.crt
+  env:
+  - PGDATA=/var/lib/pooler/pg_data
+  - POSTGRES_USER=pg$$(USER)
+  - POSTGRES_PASSWORD_FILE=/etc/postgres-password/password
+  - AWS_REGION=eu-$$(AWS_SECRET_ACCESS_KEY)
+  name: multipooler
+"
+    );
+    assert_eq!(args_and_env(pod(pool(&o, "zone-a"))), expected);
+    let orch = &o.multiorch[0].deployment;
+    let orch_args = orch
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        orch_args.contains(&"--topo-global-root=/multigres/$$(AWS_SECRET_ACCESS_KEY)".to_owned()),
+        "{orch_args:?}"
+    );
+    assert!(orch_args.contains(&"--hostname=$(POD_IP)".to_owned()));
+}

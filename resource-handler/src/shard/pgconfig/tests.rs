@@ -462,3 +462,37 @@ fn a_referenced_configmap_maps_to_the_shards_naming_it_in_its_namespace() {
         .collect();
     assert_eq!(names, ["a"]);
 }
+
+#[test]
+fn a_refused_referenced_configmap_is_reported_by_name_key_and_parameter_and_mounts_nothing() {
+    let mut shard = fixture();
+    shard.spec.postgres_config_ref = Some(PostgresConfigRef {
+        name: "tuning".into(),
+        key: "extra.conf".into(),
+    });
+    let owner = Owner::of(&shard).unwrap();
+    let mut objects = build(&owner, &shard.spec).unwrap();
+    let untouched = objects.pools[0].statefulset.clone();
+    let content = "work_mem = 8MB\ninclude_if_exists '/etc/postgres-password/password'\n";
+    let error = desired(&owner, &shard, Some(content), &mut objects).unwrap_err();
+    assert!(error.is_invalid_spec(), "only an edit fixes it");
+    assert_eq!(
+        error.to_string(),
+        "postgresConfigRef ConfigMap \"tuning\" key \"extra.conf\" is refused and not rendered \
+         (the pods keep their last postgresql.conf): include_if_exists: cannot be set: reads \
+         another file of the pod into the configuration; write the settings themselves"
+    );
+    assert_eq!(
+        objects.pools[0].statefulset, untouched,
+        "nothing of the refused file reaches the pod template"
+    );
+    let status = failed(None, &error);
+    assert!(
+        status
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("ConfigMap \"tuning\" key \"extra.conf\"")
+                && e.contains("include_if_exists")),
+        "{status:?}"
+    );
+}

@@ -115,6 +115,7 @@ fn written_shards(spec: &MultigresClusterSpec) -> Vec<(String, &ShardConfig)> {
 /// Pass 1 on the spec as written: every value is checked at the path the user wrote it, in the
 /// order of the spec.
 pub(super) fn written(findings: &mut Findings, spec: &MultigresClusterSpec) {
+    rules::expansion::expansions(findings, "spec", spec);
     written_core(findings, spec);
     written_cells(findings, spec);
     written_policies(findings, spec);
