@@ -15,7 +15,8 @@ use data_handler::topo::{CellSpec, CellTls, RecordRef, TopoConfig, TopoError, To
 use etcd_client::proto::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKeyValue,
     PbKvServer, PbKvService, PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse,
-    PbResponseHeader, PbResponseOp, PbTxnOpResponse, PbTxnRequest, PbTxnResponse,
+    PbRangeStreamResponse, PbResponseHeader, PbResponseOp, PbTxnOpResponse, PbTxnRequest,
+    PbTxnResponse,
 };
 use multigres_proto::topo::Cell;
 use prost::Message;
@@ -33,11 +34,18 @@ struct Hostile(Arc<Answers>);
 
 #[tonic::async_trait]
 impl PbKvService for Hostile {
-    async fn range(
+    async fn range(&self, _: Request<PbRangeRequest>) -> Result<Response<PbRangeResponse>, Status> {
+        Ok(Response::new(self.0.range.clone()))
+    }
+
+    type RangeStreamStream = futures::stream::Empty<Result<PbRangeStreamResponse, Status>>;
+
+    /// Not used by the store (etcd 3.7's streamed range): refused, as an older etcd does.
+    async fn range_stream(
         &self,
         _: Request<PbRangeRequest>,
-    ) -> Result<Response<PbRangeResponse>, Status> {
-        Ok(Response::new(self.0.range.clone()))
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        Err(Status::unimplemented("RangeStream"))
     }
 
     async fn put(&self, _: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
@@ -110,7 +118,10 @@ const OWNER: &str = "team-a/prod";
 async fn every_transaction(store: &TopoStore, address: &str, cases: &[&str]) {
     for case in cases {
         let result = match *case {
-            "claim" => store.claim(&RecordRef::cell("zone-a"), OWNER).await.map(drop),
+            "claim" => store
+                .claim(&RecordRef::cell("zone-a"), OWNER)
+                .await
+                .map(drop),
             "release cell" => store
                 .release(&RecordRef::cell("zone-a"), OWNER)
                 .await
@@ -235,8 +246,14 @@ async fn garbage_keys_values_and_revisions_are_errors_or_skipped_not_panics() {
                 paths.database("postgres").into_bytes(),
                 vec![0x0a, 0xff, 0xff],
             ),
-            entry(paths.cell("zone-a").into_bytes(), unusable_cell.encode_to_vec()),
-            entry(paths.owner(&RecordRef::cell("zone-a")).into_bytes(), vec![0xc3]),
+            entry(
+                paths.cell("zone-a").into_bytes(),
+                unusable_cell.encode_to_vec(),
+            ),
+            entry(
+                paths.owner(&RecordRef::cell("zone-a")).into_bytes(),
+                vec![0xc3],
+            ),
         ],
         more: true,
         count: -1,
@@ -267,10 +284,18 @@ async fn garbage_keys_values_and_revisions_are_errors_or_skipped_not_panics() {
         Err(TopoError::Malformed { .. })
     ));
     assert_eq!(store.list_cells().await.expect("cells"), ["zone-a"]);
-    assert_eq!(store.list_databases().await.expect("databases"), ["postgres"]);
+    assert_eq!(
+        store.list_databases().await.expect("databases"),
+        ["postgres"]
+    );
     let owners = store.owners().await.expect("owners");
     assert_eq!(owners.len(), 1, "{owners:?}");
-    assert!(store.list_poolers("zone-a", &CellTls::Global).await.is_err());
+    assert!(
+        store
+            .list_poolers("zone-a", &CellTls::Global)
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test]

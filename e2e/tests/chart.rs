@@ -404,11 +404,17 @@ async fn with_watch_namespace_the_controllers_roles_are_bound_in_that_namespace_
                 role["rules"].as_array().unwrap().iter().collect::<Vec<_>>(),
                 cluster
             );
-            assert_eq!(named(&docs, "ClusterRoleBinding", &wide)["roleRef"]["name"], wide.as_str());
+            assert_eq!(
+                named(&docs, "ClusterRoleBinding", &wide)["roleRef"]["name"],
+                wide.as_str()
+            );
         }
         // The Lease stays where the handler runs.
         let lease = format!("{account}-leader-election");
-        assert_eq!(named(&docs, "RoleBinding", &lease)["metadata"]["namespace"], NAMESPACE);
+        assert_eq!(
+            named(&docs, "RoleBinding", &lease)["metadata"]["namespace"],
+            NAMESPACE
+        );
         let deployment = named(&docs, "Deployment", &account);
         let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
         assert!(
@@ -432,8 +438,16 @@ async fn with_watch_namespace_the_controllers_roles_are_bound_in_that_namespace_
             .map(|r| r["metadata"]["name"].as_str().unwrap().to_owned())
             .collect()
     };
-    assert_eq!(rules_on("secrets"), Vec::<String>::new(), "no ClusterRole grants Secrets");
-    assert_eq!(rules_on("pods"), Vec::<String>::new(), "no ClusterRole grants pods");
+    assert_eq!(
+        rules_on("secrets"),
+        Vec::<String>::new(),
+        "no ClusterRole grants Secrets"
+    );
+    assert_eq!(
+        rules_on("pods"),
+        Vec::<String>::new(),
+        "no ClusterRole grants pods"
+    );
 
     let chart = chart_dir();
     let (ok, _, stderr) = harness::run_helm(
@@ -1593,7 +1607,13 @@ async fn upgrade(release: &Release, sets: &[&str]) {
 
 /// Whether the API server lets `account` (a ServiceAccount of the release) `verb` `resource` in
 /// `namespace` (`None`: in every namespace), as `kubectl auth can-i --as` asks it.
-async fn can(client: &Client, account: &str, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
+async fn can(
+    client: &Client,
+    account: &str,
+    verb: &str,
+    resource: &str,
+    namespace: Option<&str>,
+) -> bool {
     use k8s_openapi::api::authorization::v1::{
         ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
     };
@@ -1643,7 +1663,10 @@ async fn single_namespace(release: &Release) {
                 "{handler} may {verb} {resource} in {elsewhere}"
             );
         }
-        assert!(can(&client, &account, "watch", "shards", Some(&served)).await, "{handler}");
+        assert!(
+            can(&client, &account, "watch", "shards", Some(&served)).await,
+            "{handler}"
+        );
     }
     let resource_handler = format!("{RELEASE}-resource-handler");
     assert!(can(&client, &resource_handler, "list", "secrets", Some(&served)).await);

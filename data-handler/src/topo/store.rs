@@ -5,11 +5,11 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use etcd_client::proto::PbTxnOpResponse;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
     KeyValue, TlsOptions, Txn, TxnOp, TxnResponse,
 };
-use etcd_client::proto::PbTxnOpResponse;
 use multigres_proto::topo::{Cell, Database, Multipooler};
 use prost::Message;
 
