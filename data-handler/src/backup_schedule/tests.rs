@@ -136,7 +136,10 @@ fn a_forged_failure_at_the_end_of_time_waits_instead_of_overflowing() {
     let newest = Some(at("2026-11-26T15:00:00Z"));
     let now = at("2026-11-27T02:05:00Z");
     // jiff's last instant is 9999-12-30T22:00:00.999999999Z.
-    for end in ["9999-12-30T21:55:00Z".to_owned(), Timestamp::MAX.to_string()] {
+    for end in [
+        "9999-12-30T21:55:00Z".to_owned(),
+        Timestamp::MAX.to_string(),
+    ] {
         let stored = ScheduledBackupsStatus {
             last_failure: Some(attempt("2026-11-27T02:00:00Z", &end)),
             ..Default::default()
