@@ -93,9 +93,10 @@ pub fn decide(
         .filter(|failed| *failed >= anchor);
     let due = match failed {
         Some(failed) => {
-            let retry = schedule
-                .next_after(failed)
-                .map_or(failed + RETRY_AFTER, |t| t.min(failed + RETRY_AFTER));
+            // Saturating: the status is writable by anyone who may patch `shards/status`, and
+            // a failure dated in the year 9999 must not overflow (a panic aborts the handler).
+            let soon = failed.checked_add(RETRY_AFTER).unwrap_or(Timestamp::MAX);
+            let retry = schedule.next_after(failed).map_or(soon, |t| t.min(soon));
             next.max(retry)
         }
         None => next,

@@ -136,6 +136,15 @@ pub fn reachable(server: &str, error: Option<&TopoError>) -> Computed {
                 ErrorChain(e)
             ),
         ),
+        Some(e @ TopoError::BadAnswer { .. }) => Computed::no(
+            t,
+            "NotEtcd",
+            format!(
+                "{server} answered, but not as etcd does: {e}. Check that the endpoints in \
+                 {EXTERNAL_FIELD}.endpoints are etcd's client port, not a proxy or another \
+                 service; retrying with backoff."
+            ),
+        ),
         Some(e @ TopoError::Config(_)) => Computed::no(
             t,
             "TLSConfigInvalid",

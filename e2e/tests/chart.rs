@@ -267,6 +267,7 @@ async fn values_the_schema_refuses_fail_before_rendering() {
         ),
         ("webhook.url=http://127.0.0.1:9443", "/webhook/url"),
         ("clusterHandler.grpcPort=70000", "/clusterHandler"),
+        ("watchNamespace=Team_A", "/watchNamespace"),
     ] {
         let (ok, _, stderr) = harness::run_helm(
             &[
@@ -345,6 +346,125 @@ async fn the_chart_rbac_is_exactly_the_handlers_own_role_files() {
         bound, rendered,
         "every rendered role is bound, and only those"
     );
+}
+
+/// The namespace of the single-namespace renders and install.
+const SERVED: &str = "team-a";
+
+/// Resources a Role cannot grant: with `watchNamespace`, their rules stay in a ClusterRole.
+const CLUSTER_SCOPED: [&str; 1] = ["nodes"];
+
+fn cluster_scoped(rule: &Value) -> bool {
+    rule["resources"]
+        .as_array()
+        .is_some_and(|r| r.iter().all(|r| CLUSTER_SCOPED.iter().any(|c| r == c)))
+}
+
+#[tokio::test]
+async fn with_watch_namespace_the_controllers_roles_are_bound_in_that_namespace_only() {
+    let set = format!("watchNamespace={SERVED}");
+    let docs = render(&[&set]).await;
+    for handler in CONTROLLERS {
+        let account = format!("{RELEASE}-{handler}");
+        let source = source_roles(handler);
+        let main = source
+            .iter()
+            .find(|r| r["metadata"]["name"] == account.as_str())
+            .unwrap_or_else(|| panic!("{handler}: no role named {account}"));
+        let rules = main["rules"].as_array().unwrap();
+        let (cluster, namespaced): (Vec<&Value>, Vec<&Value>) =
+            rules.iter().partition(|r| cluster_scoped(r));
+
+        let role = named(&docs, "Role", &account);
+        assert_eq!(role["metadata"]["namespace"], SERVED, "{handler}");
+        assert_eq!(
+            role["rules"].as_array().unwrap().iter().collect::<Vec<_>>(),
+            namespaced,
+            "{handler}: every namespaced rule, in the served namespace"
+        );
+        let binding = named(&docs, "RoleBinding", &account);
+        assert_eq!(binding["metadata"]["namespace"], SERVED);
+        assert_eq!(binding["roleRef"]["kind"], "Role");
+        assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+        assert!(
+            !docs.iter().any(|d| {
+                d["kind"] == "ClusterRoleBinding" && d["roleRef"]["name"] == account.as_str()
+            }),
+            "{handler}: its main role is bound cluster-wide"
+        );
+        let wide = format!("{account}-cluster-scoped");
+        if cluster.is_empty() {
+            assert!(
+                !docs.iter().any(|d| d["metadata"]["name"] == wide.as_str()),
+                "{handler}: a cluster-scoped role with no cluster-scoped rule"
+            );
+        } else {
+            let role = named(&docs, "ClusterRole", &wide);
+            assert_eq!(
+                role["rules"].as_array().unwrap().iter().collect::<Vec<_>>(),
+                cluster
+            );
+            assert_eq!(
+                named(&docs, "ClusterRoleBinding", &wide)["roleRef"]["name"],
+                wide.as_str()
+            );
+        }
+        // The Lease stays where the handler runs.
+        let lease = format!("{account}-leader-election");
+        assert_eq!(
+            named(&docs, "RoleBinding", &lease)["metadata"]["namespace"],
+            NAMESPACE
+        );
+        let deployment = named(&docs, "Deployment", &account);
+        let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+        assert!(
+            args.as_array()
+                .unwrap()
+                .iter()
+                .any(|a| *a == format!("--watch-namespace={SERVED}").as_str()),
+            "{handler}: {args}"
+        );
+    }
+    let rules_on = |resource: &str| -> Vec<String> {
+        of_kind(&docs, "ClusterRole")
+            .into_iter()
+            .filter(|r| {
+                r["rules"].as_array().into_iter().flatten().any(|rule| {
+                    rule["resources"]
+                        .as_array()
+                        .is_some_and(|rs| rs.iter().any(|x| x == resource))
+                })
+            })
+            .map(|r| r["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        rules_on("secrets"),
+        Vec::<String>::new(),
+        "no ClusterRole grants Secrets"
+    );
+    assert_eq!(
+        rules_on("pods"),
+        Vec::<String>::new(),
+        "no ClusterRole grants pods"
+    );
+
+    let chart = chart_dir();
+    let (ok, _, stderr) = harness::run_helm(
+        &[
+            "template",
+            RELEASE,
+            chart.to_str().unwrap(),
+            "--kube-version",
+            "1.36.0",
+            "--set-json",
+            r#"dataHandler.extraArgs=["--watch-namespace=team-a"]"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(!ok, "--watch-namespace in extraArgs was accepted");
+    assert!(stderr.contains("set watchNamespace instead"), "{stderr}");
 }
 
 /// The parts of a webhook that decide what is called and how.
@@ -1465,6 +1585,137 @@ async fn a_rule_missing_from_the_chart_rbac_fails_its_handler_until_helm_upgrade
             i.leader_state() == LeaderState::Leader && i.serving
         })
         .await;
+}
+
+/// `helm upgrade` of the release with `--reuse-values` and `sets`.
+async fn upgrade(release: &Release, sets: &[&str]) {
+    let chart = chart_dir();
+    let mut args = vec![
+        "upgrade",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        NAMESPACE,
+        "--reuse-values",
+        "--wait",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    harness::helm(&args, Some(release.cluster.kubeconfig())).await;
+}
+
+/// Whether the API server lets `account` (a ServiceAccount of the release) `verb` `resource` in
+/// `namespace` (`None`: in every namespace), as `kubectl auth can-i --as` asks it.
+async fn can(
+    client: &Client,
+    account: &str,
+    verb: &str,
+    resource: &str,
+    namespace: Option<&str>,
+) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(format!("system:serviceaccount:{NAMESPACE}:{account}")),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{NAMESPACE}"),
+                "system:authenticated".into(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                resource: Some(resource.into()),
+                namespace: namespace.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let answer = reviews
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap_or_else(|e| panic!("SubjectAccessReview: {e}"));
+    answer.status.is_some_and(|s| s.allowed)
+}
+
+/// The release upgraded to `watchNamespace=<a fresh namespace>`, the controllers started from
+/// it: they reconcile the sample there under the Roles alone, a cluster in another namespace is
+/// not theirs, and no handler may list Secrets or pods outside the served namespace.
+async fn single_namespace(release: &Release) {
+    let client = release.cluster.client().unwrap();
+    let served = fresh_namespace(release.cluster, "chart-solo").await;
+    let elsewhere = fresh_namespace(release.cluster, "chart-other").await;
+    upgrade(release, &[&format!("watchNamespace={served}")]).await;
+    for handler in CONTROLLERS {
+        let account = format!("{RELEASE}-{handler}");
+        for (verb, resource) in [("list", "secrets"), ("get", "secrets"), ("list", "pods")] {
+            assert!(
+                !can(&client, &account, verb, resource, None).await,
+                "{handler} may {verb} {resource} in every namespace"
+            );
+            assert!(
+                !can(&client, &account, verb, resource, Some(&elsewhere)).await,
+                "{handler} may {verb} {resource} in {elsewhere}"
+            );
+        }
+        assert!(
+            can(&client, &account, "watch", "shards", Some(&served)).await,
+            "{handler}"
+        );
+    }
+    let resource_handler = format!("{RELEASE}-resource-handler");
+    assert!(can(&client, &resource_handler, "list", "secrets", Some(&served)).await);
+    assert!(can(&client, &resource_handler, "list", "nodes", None).await);
+
+    let controllers = start_controllers(release).await;
+    apply_minimal(&client, &elsewhere, "minimal").await;
+    apply_minimal(&client, &served, "minimal").await;
+    for handler in &controllers {
+        handler
+            .wait_info("reconciles", |i| {
+                i.controllers.iter().any(|c| c.reconciles > 0)
+            })
+            .await;
+    }
+    eventually(
+        "the served namespace gets its children and workloads",
+        WAIT,
+        || async {
+            let shards = names::<Shard>(&client, &served).await;
+            let sets = names::<StatefulSet>(&client, &served).await;
+            let deployments = names::<Deployment>(&client, &served).await;
+            if shards.is_empty() || sets.is_empty() || deployments.is_empty() {
+                Err(format!(
+                    "shards {shards:?} statefulsets {sets:?} deployments {deployments:?}"
+                ))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    assert!(
+        names::<Cell>(&client, &elsewhere).await.is_empty(),
+        "a cluster outside the served namespace was reconciled"
+    );
+    assert_none_forbidden(&controllers, "single namespace");
+}
+
+#[tokio::test]
+async fn with_watch_namespace_the_handlers_work_there_and_can_read_no_secret_elsewhere() {
+    let release = release().await;
+    let _serial = SERIAL.lock().await;
+    // Run on its own task so a failure still puts the release back for the other tests.
+    let outcome = tokio::spawn(single_namespace(release)).await;
+    upgrade(release, &["watchNamespace="]).await;
+    if let Err(failure) = outcome {
+        std::panic::resume_unwind(failure.into_panic());
+    }
 }
 
 #[tokio::test]

@@ -74,8 +74,12 @@ impl Quantity {
                 (0, digits.parse::<i32>().map_err(|_| range())?)
             }
         };
-        // value = mantissa × 2^base2 × 10^(base10 - scale); in nano units: × 10^9.
-        let power = base10 - scale + 9;
+        // value = mantissa × 2^base2 × 10^(base10 - scale); in nano units: × 10^9. Checked: the
+        // exponent and the fraction's length are the user's (`1.5e-2147483648`).
+        let power = base10
+            .checked_sub(scale)
+            .and_then(|p| p.checked_add(9))
+            .ok_or_else(range)?;
         let mut value = mantissa
             .checked_mul(1i128.checked_shl(base2).ok_or_else(range)?)
             .ok_or_else(range)?;
@@ -173,5 +177,22 @@ mod tests {
             Quantity::parse("99999999999999999999999999Ei"),
             Err(QuantityError::Range(_))
         ));
+    }
+
+    #[test]
+    fn extreme_exponents_are_out_of_range_not_a_panic() {
+        for extreme in [
+            "1.5e-2147483648",
+            "1e-2147483648",
+            "1e2147483647",
+            "1.5e2147483647",
+            "-1.5e-2147483648",
+        ] {
+            assert_eq!(
+                Quantity::parse(extreme),
+                Err(QuantityError::Range(extreme.to_owned())),
+                "{extreme:?}"
+            );
+        }
     }
 }

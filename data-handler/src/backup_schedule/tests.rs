@@ -132,6 +132,46 @@ fn a_failed_backup_is_tried_again_after_the_retry_delay() {
 }
 
 #[test]
+fn a_forged_failure_at_the_end_of_time_waits_instead_of_overflowing() {
+    let newest = Some(at("2026-11-26T15:00:00Z"));
+    let now = at("2026-11-27T02:05:00Z");
+    // jiff's last instant is 9999-12-30T22:00:00.999999999Z.
+    for end in [
+        "9999-12-30T21:55:00Z".to_owned(),
+        Timestamp::MAX.to_string(),
+    ] {
+        let stored = ScheduledBackupsStatus {
+            last_failure: Some(attempt("2026-11-27T02:00:00Z", &end)),
+            ..Default::default()
+        };
+        let minute = BackupScheduleConfig {
+            cron: "* * * * *".into(),
+            ..daily()
+        };
+        for config in [daily(), minute] {
+            assert_eq!(
+                decide(&config, Some(&stored), newest, now),
+                Decision::Wait {
+                    until: Some(Timestamp::MAX)
+                },
+                "{} failed at {end}",
+                config.cron
+            );
+        }
+    }
+    let forged_success = ScheduledBackupsStatus {
+        last_success: Some(attempt("2026-11-27T02:00:00Z", "9999-12-30T22:00:00Z")),
+        last_failure: Some(attempt("2026-11-27T02:00:00Z", "9999-12-30T22:00:00Z")),
+        ..Default::default()
+    };
+    assert_eq!(
+        decide(&daily(), Some(&forged_success), newest, now),
+        Decision::Wait { until: None },
+        "no time comes after the end of time"
+    );
+}
+
+#[test]
 fn a_suspended_or_unparsable_schedule_takes_nothing() {
     let newest = Some(at("2026-11-26T15:00:00Z"));
     let now = at("2026-11-28T00:00:00Z");

@@ -63,6 +63,14 @@ pub enum TopoError {
     CellNotRegistered { cell: String },
     #[error("topology client configuration: {0}")]
     Config(String),
+    /// The endpoint answered, but not as etcd does (a fake server, a broken proxy): transient,
+    /// as the endpoint may be fixed or the spec pointed elsewhere.
+    #[error("{endpoints} answered {operation} not as etcd does: {reason}")]
+    BadAnswer {
+        operation: String,
+        endpoints: String,
+        reason: String,
+    },
 }
 
 impl TopoError {
@@ -73,7 +81,10 @@ impl TopoError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable { .. } | Self::Timeout { .. } | Self::Conflict { .. }
+            Self::Unavailable { .. }
+                | Self::Timeout { .. }
+                | Self::Conflict { .. }
+                | Self::BadAnswer { .. }
         )
     }
 

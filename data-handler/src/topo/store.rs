@@ -5,9 +5,10 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use etcd_client::proto::PbTxnOpResponse;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
-    KeyValue, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    KeyValue, TlsOptions, Txn, TxnOp, TxnResponse,
 };
 use multigres_proto::topo::{Cell, Database, Multipooler};
 use prost::Message;
@@ -181,8 +182,10 @@ impl TopoStore {
             None,
         )]);
         let mut kv = self.client.kv_client();
-        let response = self.request("conditional put", kv.txn(txn)).await?;
+        let operation = "conditional put";
+        let response = self.request(operation, kv.txn(txn)).await?;
         if response.succeeded() {
+            self.op_results(operation, &response, &[OpKind::Put])?;
             Ok(outcome)
         } else {
             Err(TopoError::Conflict {
@@ -202,15 +205,20 @@ impl TopoStore {
         for attempt in 1..=MAX_CAS_ATTEMPTS {
             let read_revision = self.check_unreferenced(cell).await?;
             let mut kv = self.client.kv_client();
-            let unchanged =
-                Compare::mod_revision(prefix.as_str(), CompareOp::Less, read_revision + 1)
-                    .with_prefix();
+            let unchanged = Compare::mod_revision(
+                prefix.as_str(),
+                CompareOp::Less,
+                read_revision.saturating_add(1),
+            )
+            .with_prefix();
             let txn = Txn::new()
                 .when([unchanged])
                 .and_then([TxnOp::delete(cell_key.as_str(), None)]);
-            let response = self.request("delete cell", kv.txn(txn)).await?;
+            let operation = "delete cell";
+            let response = self.request(operation, kv.txn(txn)).await?;
             if response.succeeded() {
-                return Ok(deleted_any(&response.op_responses()));
+                let results = self.op_results(operation, &response, &[OpKind::Delete])?;
+                return Ok(deleted_first(&results));
             }
             tokio::time::sleep(CAS_BACKOFF * attempt).await;
         }
@@ -252,11 +260,13 @@ impl TopoStore {
             .and_then([TxnOp::put(key.as_str(), owner, None)])
             .or_else([TxnOp::get(key.as_str(), None)]);
         let mut kv = self.client.kv_client();
-        let response = self.request("claim", kv.txn(txn)).await?;
+        let operation = "claim";
+        let response = self.request(operation, kv.txn(txn)).await?;
         if response.succeeded() {
+            self.op_results(operation, &response, &[OpKind::Put])?;
             return Ok(true);
         }
-        match marker_value(&response.op_responses()) {
+        match marker_value(&self.op_results(operation, &response, &[OpKind::Get])?) {
             Some(holder) if holder == owner => Ok(false),
             holder => Err(TopoError::OwnedByOther {
                 record: record.to_string(),
@@ -281,8 +291,12 @@ impl TopoStore {
             if record.kind == RecordKind::Cell {
                 let read_revision = self.check_unreferenced(&record.name).await?;
                 compares.push(
-                    Compare::mod_revision(databases.as_str(), CompareOp::Less, read_revision + 1)
-                        .with_prefix(),
+                    Compare::mod_revision(
+                        databases.as_str(),
+                        CompareOp::Less,
+                        read_revision.saturating_add(1),
+                    )
+                    .with_prefix(),
                 );
             }
             let txn = Txn::new()
@@ -292,12 +306,14 @@ impl TopoStore {
                     TxnOp::delete(marker_key.as_str(), None),
                 ])
                 .or_else([TxnOp::get(marker_key.as_str(), None)]);
-            let response = self.request("release", kv.txn(txn)).await?;
-            let responses = response.op_responses();
+            let operation = "release";
+            let response = self.request(operation, kv.txn(txn)).await?;
             if response.succeeded() {
-                return Ok(deleted_any(&responses[..1]));
+                let results =
+                    self.op_results(operation, &response, &[OpKind::Delete, OpKind::Delete])?;
+                return Ok(deleted_first(&results));
             }
-            match marker_value(&responses) {
+            match marker_value(&self.op_results(operation, &response, &[OpKind::Get])?) {
                 None => return Ok(false),
                 Some(holder) if holder != owner => {
                     return Err(TopoError::OwnedByOther {
@@ -562,6 +578,46 @@ impl TopoStore {
             .cloned()
     }
 
+    /// The results of the operations of the branch a transaction took, checked to be what etcd
+    /// answers: one result per operation, each of the operation's kind. etcd-client's own
+    /// `op_responses()` panics on a result of no kind, and indexing trusts the count; an
+    /// endpoint is whatever a cluster's spec names, so a fake or broken one gets
+    /// [`TopoError::BadAnswer`] instead.
+    fn op_results<'r>(
+        &self,
+        operation: &str,
+        response: &'r TxnResponse,
+        expected: &[OpKind],
+    ) -> Result<Vec<&'r PbTxnOpResponse>, TopoError> {
+        let bad = |reason: String| TopoError::BadAnswer {
+            operation: operation.to_string(),
+            endpoints: self.config.endpoints.join(", "),
+            reason,
+        };
+        let results = &response.0.responses;
+        if results.len() != expected.len() {
+            return Err(bad(format!(
+                "the transaction succeeded={} with {} operation result(s) for {} operation(s)",
+                response.succeeded(),
+                results.len(),
+                expected.len()
+            )));
+        }
+        results
+            .iter()
+            .zip(expected)
+            .enumerate()
+            .map(|(i, (result, want))| match &result.response {
+                Some(got) if OpKind::of(got) == *want => Ok(got),
+                Some(got) => Err(bad(format!(
+                    "operation result {i} is a {:?} result where a {want:?} was asked",
+                    OpKind::of(got)
+                ))),
+                None => Err(bad(format!("operation result {i} has no kind"))),
+            })
+            .collect()
+    }
+
     /// Runs one etcd request under the request timeout and classifies its failure.
     async fn request<T>(
         &self,
@@ -636,21 +692,40 @@ fn decode<M: Message + Default>(key: &str, value: &[u8]) -> Result<M, TopoError>
     })
 }
 
+/// The kind of a transaction operation, to check its result against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    Put,
+    Get,
+    Delete,
+    Txn,
+}
+
+impl OpKind {
+    fn of(result: &PbTxnOpResponse) -> Self {
+        match result {
+            PbTxnOpResponse::ResponsePut(_) => Self::Put,
+            PbTxnOpResponse::ResponseRange(_) => Self::Get,
+            PbTxnOpResponse::ResponseDeleteRange(_) => Self::Delete,
+            PbTxnOpResponse::ResponseTxn(_) => Self::Txn,
+        }
+    }
+}
+
 /// The value of the key read by the `get` of a transaction's failure branch.
-fn marker_value(responses: &[TxnOpResponse]) -> Option<String> {
-    responses.iter().find_map(|r| match r {
-        TxnOpResponse::Get(get) => get
-            .kvs()
+fn marker_value(results: &[&PbTxnOpResponse]) -> Option<String> {
+    results.iter().find_map(|r| match r {
+        PbTxnOpResponse::ResponseRange(get) => get
+            .kvs
             .first()
-            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned()),
         _ => None,
     })
 }
 
-fn deleted_any(responses: &[TxnOpResponse]) -> bool {
-    responses
-        .iter()
-        .any(|r| matches!(r, TxnOpResponse::Delete(d) if d.deleted() > 0))
+/// Whether the first operation, a delete, removed a key.
+fn deleted_first(results: &[&PbTxnOpResponse]) -> bool {
+    matches!(results.first(), Some(PbTxnOpResponse::ResponseDeleteRange(d)) if d.deleted > 0)
 }
 
 /// Endpoints without scheme or trailing slash, sorted, for comparing endpoint sets.

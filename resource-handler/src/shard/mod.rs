@@ -157,9 +157,9 @@ pub fn run(
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
     let controller = Controller::for_shared_stream(shards.changes(), shards.store());
-    let shards = shards.store();
     // A referenced postgresql.conf ConfigMap belongs to the user: map it by name.
-    let referenced = pgconfig::reference_changes(&ctx.client, &ctx.scope);
+    let referenced = pgconfig::reference_changes(&ctx.client, &shards);
+    let shards = shards.store();
     let referencing = {
         let shards = shards.clone();
         move |config_map| pgconfig::referencing(&shards, &config_map)

@@ -7,9 +7,10 @@
 //! change of only reload-class settings changes the file and its reload fingerprint, never the
 //! pod template: no pod restarts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, ConfigMapVolumeSource, Pod, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -25,7 +26,7 @@ use multigres_api::v1alpha1::{PostgresConfigRef, PostgresConfigStatus, Shard};
 
 use super::Guard;
 use super::build::ShardObjects;
-use multigres_common::watch::Scope;
+use multigres_common::shared_watch::SharedWatch;
 
 use crate::controller::Ctx;
 use crate::owner::Owner;
@@ -332,19 +333,80 @@ pub fn desired(
     Ok((config_map, rendered))
 }
 
-/// Changes of every ConfigMap the handler may read (metadata only: nothing is cached), so an
-/// edit of a referenced ConfigMap re-renders its shards.
+/// Changes of the ConfigMaps the shards reference (metadata only: nothing is cached), so an
+/// edit of one re-renders its shards. One watch per referenced ConfigMap, selected by
+/// `metadata.name` in the shard's namespace: the handler never lists or watches a ConfigMap
+/// no spec names (a user's ConfigMaps are not the operator's to label, so a label selector
+/// could not find them without writing to them). The set follows the shards: a watch starts
+/// with the first shard naming a ConfigMap and stops with the last; its first list notices a
+/// ConfigMap created after the shard.
 pub fn reference_changes(
     client: &Client,
-    scope: &Scope,
+    shards: &SharedWatch<Guard>,
 ) -> impl Stream<Item = Result<PartialObjectMeta<ConfigMap>, watcher::Error>> + Send + 'static {
-    multigres_common::watch::watcher(
-        scope.api::<PartialObjectMeta<ConfigMap>>(client),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects()
-    .boxed()
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+    let (client, store) = (client.clone(), shards.store());
+    let mut changes = shards.changes_and_deletions();
+    tokio::spawn(async move {
+        let mut watching: BTreeMap<(String, String), AbortOnDrop> = BTreeMap::new();
+        loop {
+            tokio::select! {
+                change = changes.next() => if change.is_none() { return },
+                // The controller stopped; the watches stop with `watching`.
+                () = sender.closed() => return,
+            }
+            // A burst (the first list, a template change) is one recount.
+            while let Some(Some(_)) = changes.next().now_or_never() {}
+            let wanted = referenced_config_maps(&store.state());
+            watching.retain(|reference, _| wanted.contains(reference));
+            for reference in wanted {
+                watching
+                    .entry(reference)
+                    .or_insert_with_key(|(namespace, name)| {
+                        let api = Api::<PartialObjectMeta<ConfigMap>>::namespaced(
+                            client.clone(),
+                            namespace,
+                        );
+                        let config =
+                            watcher::Config::default().fields(&format!("metadata.name={name}"));
+                        let mut events = multigres_common::watch::watcher(api, config)
+                            .default_backoff()
+                            .touched_objects()
+                            .boxed();
+                        let sender = sender.clone();
+                        AbortOnDrop(tokio::spawn(async move {
+                            while let Some(event) = events.next().await {
+                                if sender.send(event).is_err() {
+                                    return;
+                                }
+                            }
+                        }))
+                    });
+            }
+        }
+    });
+    futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+}
+
+/// A task stopped when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// `(namespace, name)` of every ConfigMap a shard in `shards` references.
+pub fn referenced_config_maps(shards: &[Arc<Guard>]) -> BTreeSet<(String, String)> {
+    shards
+        .iter()
+        .filter_map(|s| {
+            let shard = s.0.as_ref().ok()?;
+            let reference = shard.spec.postgres_config_ref.as_ref()?;
+            Some((shard.namespace()?, reference.name.clone()))
+        })
+        .collect()
 }
 
 /// The shards in `shards` that reference the ConfigMap `changed`.

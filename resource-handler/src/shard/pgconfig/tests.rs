@@ -496,3 +496,38 @@ fn a_refused_referenced_configmap_is_reported_by_name_key_and_parameter_and_moun
         "{status:?}"
     );
 }
+
+#[test]
+fn only_the_configmaps_shards_name_are_watched_once_each() {
+    let shard = |name: &str, ns: &str, reference: Option<&str>| {
+        let mut s = fixture();
+        s.metadata.name = Some(name.into());
+        s.metadata.namespace = Some(ns.into());
+        s.spec.postgres_config_ref = reference.map(|r| PostgresConfigRef {
+            name: r.into(),
+            key: "pg.conf".into(),
+        });
+        Arc::new(multigres_common::guard::Guarded(Ok(s)))
+    };
+    let shards = [
+        shard("a", "db", Some("tuning")),
+        shard("b", "db", None),
+        shard("c", "other", Some("tuning")),
+        shard("d", "db", Some("tuning")),
+        Arc::new(multigres_common::guard::Guarded(Err(
+            multigres_common::guard::InvalidObject {
+                error: "spec: invalid type".into(),
+                metadata: Default::default(),
+            },
+        ))),
+    ];
+    let watched: Vec<(String, String)> = referenced_config_maps(&shards).into_iter().collect();
+    assert_eq!(
+        watched,
+        [
+            ("db".to_owned(), "tuning".to_owned()),
+            ("other".to_owned(), "tuning".to_owned())
+        ]
+    );
+    assert!(referenced_config_maps(&[]).is_empty());
+}
