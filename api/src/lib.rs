@@ -6,6 +6,7 @@ pub mod crd;
 pub mod field_support;
 pub mod labels;
 pub mod names;
+pub mod network;
 pub mod observability;
 pub mod postgres;
 pub mod resolver;
