@@ -133,7 +133,7 @@ mod tests {
     #[test]
     fn valid_ranges_and_sources_pass() {
         let spec = spec(
-            "externalGateway: {enabled: true, loadBalancerSourceRanges: [203.0.113.0/24, 2001:db8::/32]}\n\
+            "externalGateway: {enabled: true, loadBalancerSourceRanges: [203.0.113.0/24, '2001:db8::/32']}\n\
              networkPolicy:\n  gatewaySources:\n\
              \x20   - ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}\n\
              \x20   - namespaceSelector: {matchLabels: {team: apps}}\n\

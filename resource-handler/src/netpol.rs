@@ -204,7 +204,9 @@ fn policy(
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(pods),
             policy_types: Some(vec!["Ingress".to_owned()]),
-            ingress: Some(ingress),
+            // No rules at all rather than an empty list, which the API server drops: the
+            // stored policy then reads as what was applied.
+            ingress: (!ingress.is_empty()).then_some(ingress),
             egress: None,
         }),
     }
