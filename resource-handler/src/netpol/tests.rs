@@ -36,10 +36,14 @@ fn peer(p: &NetworkPolicyPeer) -> String {
     match (&p.namespace_selector, &p.pod_selector, &p.ip_block) {
         (None, selector, None) if *selector == own => "own pods".to_owned(),
         (Some(ns), None, None) if *ns == LabelSelector::default() => "every namespace".to_owned(),
-        (Some(ns), None, None) => format!(
-            "ns {}",
-            ns.match_labels.as_ref().unwrap()[NAMESPACE_NAME_LABEL]
-        ),
+        (Some(ns), None, None) => match ns
+            .match_labels
+            .as_ref()
+            .and_then(|l| l.get(NAMESPACE_NAME_LABEL))
+        {
+            Some(name) => format!("ns {name}"),
+            None => "selector".to_owned(),
+        },
         (None, None, Some(block)) => format!("cidr {}", block.cidr),
         _ => "selector".to_owned(),
     }
