@@ -285,13 +285,19 @@ pub static FIELDS: &[Field] = &[
         Mgc,
         "spec.externalGateway",
         "resource-handler: the cluster-wide multigateway Service (LoadBalancer, externalIPs, \
-         annotations), status.gateway and GatewayExternalReady",
+         loadBalancerSourceRanges, annotations), status.gateway and GatewayExternalReady",
     ),
     done(
         Mgc,
         "spec.externalAdminWeb",
         "resource-handler: the multiadmin-web Service (LoadBalancer, externalIPs, \
-         annotations), status.adminWeb and AdminWebExternalReady",
+         loadBalancerSourceRanges, annotations), status.adminWeb and AdminWebExternalReady",
+    ),
+    done(
+        Mgc,
+        "spec.networkPolicy",
+        "resource-handler: the cluster's NetworkPolicies, deleted when disabled \
+         (docs/security.md)",
     ),
     // MultigresCluster: global components.
     done(Mgc, "spec.globalTopoServer.etcd", TOPO_SERVER),

@@ -68,6 +68,8 @@ pub enum Component {
     InternalTls,
     /// A shard's pgBackRest CA and certificate.
     PgBackRestTls,
+    /// A NetworkPolicy of the cluster's pods.
+    NetworkPolicy,
 }
 
 impl Component {
@@ -85,6 +87,7 @@ impl Component {
             Component::MultiadminWeb => "multiadmin-web",
             Component::InternalTls => "internal-tls",
             Component::PgBackRestTls => "pgbackrest-tls",
+            Component::NetworkPolicy => "network-policy",
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod expansion;
 pub mod field_support;
 pub mod labels;
 pub mod names;
+pub mod network;
 pub mod observability;
 pub mod postgres;
 pub mod resolver;

@@ -27,6 +27,14 @@ pub(crate) fn embedded_list<T: JsonSchema>(generator: &mut SchemaGenerator) -> S
     json_schema!({ "type": "array", "items": items })
 }
 
+/// [`embedded_list`] of at most `MAX` items.
+pub(crate) fn embedded_list_of_at_most<T: JsonSchema, const MAX: usize>(
+    generator: &mut SchemaGenerator,
+) -> Schema {
+    let items = embedded::<T>(generator);
+    json_schema!({ "type": "array", "items": items, "maxItems": MAX })
+}
+
 /// Cuts every `description` under `value` to its first sentence (at most
 /// [`MAX_EMBEDDED_DESCRIPTION`] characters).
 fn trim_descriptions(value: &mut Value) {

@@ -5,7 +5,8 @@
 //! contract, kwok makes their pods Ready and the status climbs to `Available`; a pod template
 //! change restarts pool pods replicas first and the primary last; PVCs are kept or removed as
 //! the policy says; volumes grow and never shrink; multiadmin follows the real global
-//! topology; an idle object costs no writes; a hand-edited pod template is written back once,
+//! topology; each cluster gets its NetworkPolicies and loses them when it opts out; an idle
+//! object costs no writes; a hand-edited pod template is written back once,
 //! also by a restarted handler.
 //!
 //! Each test works in its own namespace with its own handler (`--watch-namespace`).
@@ -17,8 +18,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::v1alpha1::{Cell, Shard, TopoServer};
@@ -604,7 +607,7 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         "--shard=0-inf".to_owned(),
         "--service-id=$(POD_NAME)".to_owned(),
         format!("--hostname=$(POD_NAME).{set}.{ns}.svc"),
-        "--pgctld-addr=localhost:15470".to_owned(),
+        "--pgctld-addr=127.0.0.1:15470".to_owned(),
     ] {
         assert!(pooler.contains(&expected), "{expected} not in {pooler:?}");
     }
@@ -1775,6 +1778,101 @@ async fn multiadmin_follows_the_clusters_real_global_topology() {
             Ok(())
         } else {
             Err(format!("{:?}", topo_args(&d)))
+        }
+    })
+    .await;
+}
+
+/// The names of the NetworkPolicies in `ns`, sorted.
+async fn policy_names(policies: &Api<NetworkPolicy>) -> Result<Vec<String>, String> {
+    let list = policies
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut names: Vec<String> = list.items.iter().map(|p| p.name_any()).collect();
+    names.sort();
+    Ok(names)
+}
+
+#[tokio::test]
+async fn a_cluster_gets_network_policies_and_loses_them_when_it_opts_out() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-netpol").await;
+    let _handler = start_handler(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    apply_yaml(&client, &ns, CLUSTER).await;
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let all = [
+        "admin-deny-ingress",
+        "admin-multiadmin-ingress",
+        "admin-multiadmin-web-ingress",
+        "admin-multigateway-ingress",
+        "admin-multiorch-ingress",
+        "admin-pool-ingress",
+        "admin-topo-ingress",
+    ];
+    eventually("every policy exists", WAIT, || async {
+        let names = policy_names(&policies).await?;
+        if names == all {
+            Ok(())
+        } else {
+            Err(format!("{names:?}"))
+        }
+    })
+    .await;
+    let pool = policies.get("admin-pool-ingress").await.unwrap();
+    let owner = &pool.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("MultigresCluster", "admin")
+    );
+    let spec = pool.spec.unwrap();
+    let ports: Vec<_> = spec.ingress.unwrap()[0]
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| p.port.clone())
+        .collect();
+    assert!(
+        !ports.contains(&IntOrString::Int(15470)),
+        "pgctld's gRPC port is open to no one: {ports:?}"
+    );
+    assert_eq!(
+        spec.pod_selector.unwrap().match_labels.unwrap()["app.kubernetes.io/component"],
+        "shard-pool"
+    );
+
+    // Opting out deletes them; the exposed gateway's load balancer admits only its ranges.
+    let clusters: Api<multigres_api::v1alpha1::MultigresCluster> =
+        Api::namespaced(client.clone(), &ns);
+    let spec = json!({"spec": {
+        "networkPolicy": {"enabled": false},
+        "externalGateway": {"enabled": true, "loadBalancerSourceRanges": ["203.0.113.0/24"]},
+    }});
+    clusters
+        .patch("admin", &PatchParams::default(), &Patch::Merge(spec))
+        .await
+        .unwrap();
+    eventually("the policies are deleted", WAIT, || async {
+        let names = policy_names(&policies).await?;
+        if names.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{names:?}"))
+        }
+    })
+    .await;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    eventually("the gateway's source ranges", WAIT, || async {
+        let s = services
+            .get("admin-multigateway")
+            .await
+            .map_err(|e| e.to_string())?;
+        let ranges = s.spec.and_then(|s| s.load_balancer_source_ranges);
+        if ranges.as_deref() == Some(&["203.0.113.0/24".to_owned()][..]) {
+            Ok(())
+        } else {
+            Err(format!("{ranges:?}"))
         }
     })
     .await;

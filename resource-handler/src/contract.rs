@@ -30,8 +30,10 @@ pub const MULTIORCH_HTTP: i32 = 15300;
 pub const MULTIORCH_GRPC: i32 = 15370;
 /// pgctld HTTP and gRPC ports.
 pub const PGCTLD_HTTP: i32 = 15400;
-/// pgctld gRPC port (`--pgctld-addr` of multipooler).
+/// pgctld gRPC port (`--pgctld-addr` of multipooler), on [`LOOPBACK`] only.
 pub const PGCTLD_GRPC: i32 = 15470;
+/// The address of pod-local listeners no other pod may reach (pgctld's gRPC).
+pub const LOOPBACK: &str = "127.0.0.1";
 /// PostgreSQL, in the pool pods and on the gateway.
 pub const POSTGRES_PORT: i32 = 5432;
 /// multigateway's second PostgreSQL listener (`--pg-replica-port`): connections there are

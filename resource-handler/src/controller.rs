@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, PodSpec, Secret, Service,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Reporter};
@@ -51,6 +52,8 @@ pub struct Stores {
     pub services: SlimStore<Service>,
     /// etcd and pool PodDisruptionBudgets, without spec and status.
     pub pdbs: SlimStore<PodDisruptionBudget>,
+    /// Each cluster's NetworkPolicies (small: kept whole).
+    pub network_policies: Store<NetworkPolicy>,
     /// Data and backup volumes (for growth).
     pub pvcs: Store<PersistentVolumeClaim>,
     /// Pool pods only (what the ordered restarts need).
@@ -119,6 +122,8 @@ pub struct Base {
     pub stores: Stores,
     /// The handler's own `OTEL_*` environment, the fallback of every cluster's telemetry.
     pub telemetry: InheritedEnv,
+    /// The namespace the handlers run in, which the clusters' NetworkPolicies admit.
+    pub operator_namespace: String,
 }
 
 impl Base {
@@ -131,6 +136,7 @@ impl Base {
             recorder: self.recorder.clone(),
             stores: self.stores.clone(),
             telemetry: self.telemetry.clone(),
+            operator_namespace: self.operator_namespace.clone(),
             name,
             backoff: ObjectBackoff::new(BackoffPolicy::default()),
             pacer: StatusPacer::default(),
@@ -152,6 +158,8 @@ pub struct Ctx<K: Resource<DynamicType = ()>> {
     pub stores: Stores,
     /// The handler's own `OTEL_*` environment, the fallback of every cluster's telemetry.
     pub telemetry: InheritedEnv,
+    /// The namespace the handlers run in, which the clusters' NetworkPolicies admit.
+    pub operator_namespace: String,
     /// Name of the controller in metrics and HandlerInfo.
     pub name: &'static str,
     /// Consecutive failures per object.

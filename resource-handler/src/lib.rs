@@ -1,8 +1,8 @@
 //! The resource-handler: turns TopoServer, Cell, Shard and each MultigresCluster's multiadmin,
 //! multiadmin-web and (externally exposable) cluster-wide gateway Service into Kubernetes
 //! workloads that run Multigres as Multigres expects (etcd StatefulSets,
-//! multigateway and multiorch Deployments, PostgreSQL pool StatefulSets, Services and
-//! PodDisruptionBudgets), restarts pool pods in a safe order, grows volumes, and reports
+//! multigateway and multiorch Deployments, PostgreSQL pool StatefulSets, Services,
+//! PodDisruptionBudgets and each cluster's NetworkPolicies), restarts pool pods in a safe order, grows volumes, and reports
 //! readiness on the custom resources' status.
 
 pub mod cell;
@@ -14,6 +14,7 @@ pub mod env;
 pub mod gauges;
 pub mod multiadmin;
 pub mod names;
+pub mod netpol;
 pub mod owner;
 pub mod podspec;
 pub mod readiness;
@@ -28,6 +29,7 @@ pub mod unready;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::watcher;
 use multigres_api::observability::InheritedEnv;
@@ -43,11 +45,18 @@ use multigres_common::watch::Scope;
 use slim_cache::{SlimStore, slim, slim_budget, slim_deployment};
 
 /// Fills every cache, reports SERVING, then runs every controller until shutdown.
+/// `operator_namespace` is the namespace the handlers run in, which the clusters'
+/// NetworkPolicies admit to the internal ports.
 ///
 /// Controllers start only once the caches are filled, so no reconcile reads a cache that is
 /// still filling; each subscription starts with every cached object, so nothing listed before
 /// is missed.
-pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv) {
+pub async fn run(
+    handler: HandlerContext,
+    scope: Scope,
+    telemetry: InheritedEnv,
+    operator_namespace: String,
+) {
     let client = handler.client.clone();
     let all = watcher::Config::default;
     let mut watches = Watches::new(client.clone(), scope.clone(), handler.state.clone());
@@ -67,6 +76,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
     multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
     let services = watches.share_trimmed::<Service>(managed(), slim);
     let pdbs = watches.share_trimmed::<PodDisruptionBudget>(managed(), slim_budget);
+    let network_policies = watches.share::<NetworkPolicy>(managed());
     let pods = watches.share_trimmed::<Pod>(pool_pods(), slim_pod);
     let pvcs = watches.share::<PersistentVolumeClaim>(managed());
     let secrets = watches.share::<Secret>(managed());
@@ -77,6 +87,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         deployments: SlimStore::new(deployments.store()),
         services: SlimStore::new(services.store()),
         pdbs: SlimStore::new(pdbs.store()),
+        network_policies: network_policies.store(),
         pvcs: pvcs.store(),
         pods: pods.store(),
         secrets: secrets.store(),
@@ -106,6 +117,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
         recorder: recorder(&client),
         stores,
         telemetry,
+        operator_namespace,
     };
     let topo = toposerver::run(
         base.ctx(toposerver::NAME),
@@ -152,6 +164,7 @@ pub async fn run(handler: HandlerContext, scope: Scope, telemetry: InheritedEnv)
             deployments: deployments.changes_and_deletions(),
             services: services.changes_and_deletions(),
             secrets: secrets.changes_and_deletions(),
+            network_policies: network_policies.changes_and_deletions(),
             core_templates: core_templates.changes(),
             cell_templates: cell_templates.changes(),
             shard_templates: shard_templates.changes(),

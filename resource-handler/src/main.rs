@@ -27,6 +27,11 @@ struct Cli {
     leader: LeaderElectionArgs,
     #[command(flatten)]
     scope: ScopeArgs,
+    /// Namespace the operator's handlers run in: the clusters' NetworkPolicies admit its pods
+    /// (the data-handler dials etcd and the multipoolers). Defaults to POD_NAMESPACE, then the
+    /// client's namespace.
+    #[arg(long, env = "POD_NAMESPACE")]
+    operator_namespace: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,7 +46,11 @@ async fn async_main() -> anyhow::Result<()> {
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime
         .run(Some(&cli.leader), |ctx| async move {
-            resource_handler::run(ctx, scope, telemetry).await;
+            let operator_namespace = cli
+                .operator_namespace
+                .filter(|ns| !ns.is_empty())
+                .unwrap_or_else(|| ctx.client.default_namespace().to_owned());
+            resource_handler::run(ctx, scope, telemetry, operator_namespace).await;
             Ok::<(), Infallible>(())
         })
         .await?;

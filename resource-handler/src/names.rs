@@ -49,6 +49,12 @@ pub fn multiadmin(cluster: &str) -> String {
     join(&[cluster, "multiadmin"], MAX_DNS_LABEL)
 }
 
+/// A NetworkPolicy of a cluster: `<cluster>-<part>-ingress`, `part` naming the pods it admits
+/// traffic to (`pool`, `topo`, ...).
+pub fn network_policy(cluster: &str, part: &str) -> String {
+    join(&[cluster, part, "ingress"], MAX_DNS_LABEL)
+}
+
 /// The multiadmin-web Deployment and Service of a cluster.
 pub fn multiadmin_web(cluster: &str) -> String {
     join(&[cluster, "multiadmin-web"], MAX_DNS_LABEL)

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::{
-    api::core::v1::LocalObjectReference, apimachinery::pkg::apis::meta::v1::Condition,
+    api::core::v1::LocalObjectReference, api::networking::v1::NetworkPolicyPeer,
+    apimachinery::pkg::apis::meta::v1::Condition,
 };
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -13,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     cell::MultigatewaySpec,
     common::{
-        BackupConfig, CellName, ComponentLogLevels, DatabaseName, ImagePullPolicy, ImageRef,
+        BackupConfig, CellName, Cidr, ComponentLogLevels, DatabaseName, ImagePullPolicy, ImageRef,
         InitdbArgs, InternalTlsConfig, IpAddress, ObservabilityConfig, Phase, PodPlacementSpec,
         PostgresConfigRef, PostgresPasswordSecretRef, PvcDeletionPolicy, Region, ShardName,
         StatelessSpec, TableGroupName, TemplateRef, TopologyPruningConfig, ZoneId,
@@ -22,7 +23,7 @@ use super::{
     shard::{MultiorchSpec, Pools},
     toposerver::{GlobalTopoServerSpec, LocalTopoServerSpec},
 };
-use crate::schema::{embedded_list, is_false};
+use crate::schema::{embedded_list, embedded_list_of_at_most, is_false};
 
 /// Desired state of a MultigresCluster: the whole topology of one sharded PostgreSQL system.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -117,6 +118,11 @@ pub struct MultigresClusterSpec {
     /// only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_admin_web: Option<ExternalServiceConfig>,
+
+    /// NetworkPolicies of the cluster's pods: who may reach which port. Unset: enabled, with
+    /// the gateways' PostgreSQL ports open to every source (see `docs/security.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicyConfig>,
 
     /// Pruning of stale topology entries. Default enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -557,11 +563,55 @@ pub struct ExternalServiceConfig {
     #[schemars(length(max = 10))]
     pub external_ips: Vec<IpAddress>,
 
+    /// Client address ranges the load balancer admits (the Service's
+    /// `loadBalancerSourceRanges`), at most 20 CIDRs such as `203.0.113.0/24`. Unset: every
+    /// address. Enforced by the load-balancer controller (or kube-proxy), not by the operator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub load_balancer_source_ranges: Vec<Cidr>,
+
     /// Annotations of the Service (at most 20), e.g. for a load balancer. Keys under
     /// `multigres.com/` are reserved.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 20))]
     pub annotations: BTreeMap<String, String>,
+}
+
+/// Most sources a NetworkPolicy list of the spec may name.
+pub const MAX_NETWORK_SOURCES: usize = 20;
+
+/// The NetworkPolicies the operator keeps for a cluster's pods. Enabled (the default), the
+/// internal ports (etcd, multipooler, multiorch, multiadmin, pgBackRest) admit only the
+/// cluster's own pods and the operator's namespace, pgctld's gRPC port admits no one, and the
+/// gateways' PostgreSQL ports admit the sources listed here.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicyConfig {
+    /// Whether the operator keeps the cluster's NetworkPolicies. Default true; false deletes
+    /// them, leaving every port open to every pod of the Kubernetes cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
+    /// Sources that may reach the gateways' PostgreSQL ports (5432, and 5433 for replica
+    /// reads): NetworkPolicy peers (`namespaceSelector` and/or `podSelector`, or `ipBlock`),
+    /// at most 20. Unset or empty: every source.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "embedded_list_of_at_most::<NetworkPolicyPeer, MAX_NETWORK_SOURCES>")]
+    pub gateway_sources: Vec<NetworkPolicyPeer>,
+
+    /// Sources that may reach multiadmin-web (port 18100) besides the cluster's own pods and
+    /// the operator's namespace, at most 20. Unset or empty: no others, or every source while
+    /// `externalAdminWeb` is enabled (narrow it with its `loadBalancerSourceRanges`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "embedded_list_of_at_most::<NetworkPolicyPeer, MAX_NETWORK_SOURCES>")]
+    pub admin_web_sources: Vec<NetworkPolicyPeer>,
+}
+
+impl NetworkPolicyConfig {
+    /// Whether the policies are kept: unless `enabled: false`.
+    pub fn enabled(config: Option<&Self>) -> bool {
+        config.and_then(|c| c.enabled).unwrap_or(true)
+    }
 }
 
 /// Observed state of a MultigresCluster, aggregated from its children.

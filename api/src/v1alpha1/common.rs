@@ -90,6 +90,15 @@ constrained_string! {
 }
 
 constrained_string! {
+    /// IPv4 or IPv6 address range in CIDR notation, e.g. `203.0.113.0/24` or `2001:db8::/32`.
+    Cidr {
+        min: 3,
+        max: 49,
+        pattern: "^[0-9a-fA-F:.]+/[0-9]{1,3}$",
+    }
+}
+
+constrained_string! {
     /// Client URL of an external topology server, `http://` or `https://` (at most 2048
     /// characters, which keeps CEL cost estimates bounded).
     EndpointUrl { min: 1, max: 2048 }

@@ -3,9 +3,9 @@
 //!
 //! `<cluster>-multigateway` (PostgreSQL, every cell's gateways) and `<cluster>-multiadmin-web`
 //! (the admin UI) are ClusterIP Services. With `externalGateway` / `externalAdminWeb` enabled
-//! they become `LoadBalancer` Services carrying the user's `externalIPs` and annotations
-//! (applied under this handler's field manager, so annotations removed from the spec disappear
-//! from the Service). Unlike the upstream operator, which keeps the type ClusterIP, a load
+//! they become `LoadBalancer` Services carrying the user's `externalIPs`,
+//! `loadBalancerSourceRanges` and annotations (applied under this handler's field manager, so
+//! annotations removed from the spec disappear from the Service). Unlike the upstream operator, which keeps the type ClusterIP, a load
 //! balancer is requested: that is what the annotations (cloud LB settings) are for, and what
 //! makes any load-balancer controller provision an address.
 //!
@@ -159,7 +159,8 @@ pub fn gateway_replica_service(owner: &Owner) -> Service {
 }
 
 /// Applies `config` (an enabled exposure, already validated) to `service`: a LoadBalancer with
-/// the external IPs and annotations. `None` leaves the Service ClusterIP.
+/// the external IPs, the source ranges its load balancer admits, and annotations. `None`
+/// leaves the Service ClusterIP.
 pub fn expose(service: &mut Service, config: Option<&ExternalServiceConfig>) {
     let Some(config) = config else {
         return;
@@ -172,6 +173,15 @@ pub fn expose(service: &mut Service, config: Option<&ExternalServiceConfig>) {
                 .external_ips
                 .iter()
                 .map(|ip| ip.as_str().to_owned())
+                .collect(),
+        );
+    }
+    if !config.load_balancer_source_ranges.is_empty() {
+        spec.load_balancer_source_ranges = Some(
+            config
+                .load_balancer_source_ranges
+                .iter()
+                .map(|range| range.as_str().to_owned())
                 .collect(),
         );
     }

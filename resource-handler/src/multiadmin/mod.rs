@@ -14,6 +14,7 @@ use std::sync::Arc;
 use futures::Future;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
@@ -58,6 +59,10 @@ pub enum Error {
     /// `externalGateway` or `externalAdminWeb` asks for something a Service cannot carry.
     #[error(transparent)]
     Exposure(#[from] InvalidExposure),
+    /// `networkPolicy` or a `loadBalancerSourceRanges` names a range or source Kubernetes
+    /// would refuse.
+    #[error(transparent)]
+    Network(#[from] multigres_api::network::InvalidNetworkField),
     /// Internal TLS certificates could not be issued or stored.
     #[error("internal TLS")]
     Tls(#[from] crate::tls::TlsError),
@@ -95,6 +100,8 @@ pub struct Triggers {
     pub services: Changes<Service>,
     /// Owned TLS Secrets (a deleted one is issued again).
     pub secrets: Changes<Secret>,
+    /// Owned NetworkPolicies (a deleted or edited one is applied again).
+    pub network_policies: Changes<NetworkPolicy>,
     /// Template changes re-resolve the clusters of their namespace.
     pub core_templates: Changes<Guarded<CoreTemplate>>,
     /// Template changes re-resolve the clusters of their namespace.
@@ -150,6 +157,7 @@ pub fn run(
         .watches_shared_stream(triggers.deployments, cluster_of_deployment)
         .owns_shared_stream(triggers.services)
         .owns_shared_stream(triggers.secrets)
+        .owns_shared_stream(triggers.network_policies)
         .watches_shared_stream(triggers.core_templates, clusters_in_namespace_of(&clusters))
         .watches_shared_stream(triggers.cell_templates, clusters_in_namespace_of(&clusters))
         .watches_shared_stream(
@@ -208,7 +216,18 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     }
     external::validate(Exposed::Gateway, cluster)?;
     external::validate(Exposed::AdminWeb, cluster)?;
+    if let Some(invalid) = multigres_api::network::invalid_fields(&cluster.spec)
+        .into_iter()
+        .next()
+    {
+        return Err(invalid.into());
+    }
     let owner = Owner::with_cluster(cluster, cluster.name_any())?;
+    let trusted = crate::netpol::Trusted {
+        operator_namespace: &ctx.operator_namespace,
+    };
+    let policies = crate::netpol::build(&owner, cluster, trusted);
+    crate::netpol::sync(ctx, NAME, &owner, policies).await?;
     let resolved = resolve_cluster(ctx, cluster, &owner.namespace)?;
     let internal_tls = cluster.spec.internal_tls.as_ref();
     crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;

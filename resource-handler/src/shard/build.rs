@@ -27,7 +27,7 @@ use multigres_api::v1alpha1::{
 };
 
 use crate::contract::{
-    MULTIORCH_GRPC, MULTIORCH_HTTP, MULTIPOOLER_GRPC, MULTIPOOLER_HTTP, PASSWORD_DIR,
+    LOOPBACK, MULTIORCH_GRPC, MULTIORCH_HTTP, MULTIPOOLER_GRPC, MULTIPOOLER_HTTP, PASSWORD_DIR,
     PASSWORD_FILE, PGBACKREST_CERT_DIR, PGBACKREST_CIPHER_DIR, PGBACKREST_PORT, PGCTLD_BIN,
     PGCTLD_GRPC, PGCTLD_HTTP, PGDATA, POOLER_DIR, POSTGRES_PORT, flag, flag_expanding,
     log_level_flag, multigres_bin, topo_flags,
@@ -555,6 +555,13 @@ pub fn pgctld_args(spec: &ShardSpec) -> Vec<String> {
         "server".to_owned(),
         flag("pooler-dir", POOLER_DIR),
         flag("grpc-port", PGCTLD_GRPC),
+        // pgctld's API (Stop, Restart with extra postgres arguments, InitDataDir, PgRewind) has
+        // no authentication, so it listens on loopback only: multipooler, in the same pod, is
+        // its only client. Multigres: an empty --grpc-bind-address "listen[s] on all
+        // addresses" (go/common/servenv/grpc_server.go:224), the listener is
+        // net.Listen("tcp", JoinHostPort(bindAddress, port)) (grpc_server.go:467), and pgctld's
+        // `server` registers these flags (go/cmd/pgctld/command/server.go:105).
+        flag("grpc-bind-address", LOOPBACK),
         flag("http-port", PGCTLD_HTTP),
         flag("pg-port", POSTGRES_PORT),
         flag("pg-listen-addresses", "*"),
@@ -593,7 +600,10 @@ pub fn multipooler_args(
         flag("shard", spec.shard_name.as_str()),
         flag_expanding("service-id", "$(POD_NAME)"),
         flag_expanding("hostname", format!("$(POD_NAME).{service}.{namespace}.svc")),
-        flag("pgctld-addr", format!("localhost:{PGCTLD_GRPC}")),
+        // The loopback address pgctld listens on, not `localhost`, which may resolve to ::1
+        // first. Multigres dials it as given (go/services/multipooler/init.go:132-136,
+        // internal/manager/manager.go:334-335).
+        flag("pgctld-addr", format!("{LOOPBACK}:{PGCTLD_GRPC}")),
         flag("pg-port", POSTGRES_PORT),
         log_level_flag(spec.log_levels.as_ref().and_then(|l| l.multipooler)),
     ]);
@@ -781,7 +791,6 @@ fn pgctld_container(
         env: Some(env_vars),
         ports: Some(vec![
             container_port("pgctld-http", PGCTLD_HTTP),
-            container_port("pgctld-grpc", PGCTLD_GRPC),
             container_port("postgres", POSTGRES_PORT),
         ]),
         resources: pool.postgres.as_ref().and_then(|c| c.resources.clone()),

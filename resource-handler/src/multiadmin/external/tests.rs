@@ -116,6 +116,24 @@ fn enabled_exposure_is_a_load_balancer_with_ips_and_annotations() {
 }
 
 #[test]
+fn source_ranges_limit_the_load_balancer_only_when_set() {
+    let c = cluster(
+        "externalGateway: {enabled: true, loadBalancerSourceRanges: [203.0.113.0/24, \
+         '2001:db8::/32']}, externalAdminWeb: {enabled: true}",
+    );
+    let spec = exposed_gateway(&c).spec.unwrap();
+    assert_eq!(
+        spec.load_balancer_source_ranges.as_deref(),
+        Some(&["203.0.113.0/24".to_owned(), "2001:db8::/32".to_owned()][..])
+    );
+    let mut web = gateway_service(&owner(&c));
+    expose(&mut web, Exposed::AdminWeb.enabled(&c));
+    let web = web.spec.unwrap();
+    assert_eq!(web.type_.as_deref(), Some("LoadBalancer"));
+    assert_eq!(web.load_balancer_source_ranges, None, "every address");
+}
+
+#[test]
 fn disabled_exposure_leaves_a_plain_cluster_ip() {
     let c = cluster(
         "externalGateway: {enabled: false, externalIPs: [203.0.113.10], \

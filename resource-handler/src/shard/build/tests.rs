@@ -102,6 +102,7 @@ fn pgctld_is_a_native_sidecar_with_the_exact_flags() {
             "server",
             "--pooler-dir=/var/lib/pooler",
             "--grpc-port=15470",
+            "--grpc-bind-address=127.0.0.1",
             "--http-port=15400",
             "--pg-port=5432",
             "--pg-listen-addresses=*",
@@ -164,7 +165,7 @@ fn multipooler_has_the_exact_flags_and_a_stable_service_id() {
         // The pod name: StatefulSet pods keep it across restarts.
         "--service-id=$(POD_NAME)".to_owned(),
         format!("--hostname=$(POD_NAME).{svc}.db.svc"),
-        "--pgctld-addr=localhost:15470".to_owned(),
+        "--pgctld-addr=127.0.0.1:15470".to_owned(),
         "--pg-port=5432".to_owned(),
         "--log-level=debug".to_owned(),
         "--pgbackrest-cert-file=/certs/pgbackrest/pgbackrest.crt".to_owned(),

@@ -14,6 +14,7 @@
 //! Each pass is a module: `written` (pass 1), `resolved` (pass 2, over the `view` of a resolved
 //! cluster) and `transition` (pass 3).
 
+mod network;
 mod resolved;
 mod transition;
 mod view;
@@ -116,6 +117,7 @@ fn state_checks(cluster: &MultigresCluster, templates: &Templates) -> Findings {
     let namespace = cluster.metadata.namespace.as_deref().unwrap_or_default();
     missing_templates(&mut findings, &cluster.spec, templates, namespace);
     written(&mut findings, &cluster.spec);
+    network::network(&mut findings, &cluster.spec);
     // A cluster that does not resolve has a missing template or an unsupported durability
     // policy, both reported above.
     if let Ok(resolved) = resolver::resolve(cluster, templates) {
@@ -281,6 +283,25 @@ templateDefaults: {shardTemplate: default}
         ));
         let findings = validate(&worse, Some(&old), &Templates::default());
         assert_eq!(fields(&findings), ["spec.externalGateway.externalIPs[0]"]);
+    }
+
+    #[test]
+    fn bad_ranges_and_sources_are_refused_by_field() {
+        let findings = validate(
+            &cluster(&with(
+                "externalGateway: {enabled: true, loadBalancerSourceRanges: [10.0.0.0/8, x]}\n\
+                 networkPolicy: {gatewaySources: [{ipBlock: {cidr: 10.0.0.0/99}}]}\n",
+            )),
+            None,
+            &Templates::default(),
+        );
+        assert_eq!(
+            fields(&findings),
+            [
+                "spec.externalGateway.loadBalancerSourceRanges[1]",
+                "spec.networkPolicy.gatewaySources[0].ipBlock.cidr",
+            ]
+        );
     }
 
     #[test]
