@@ -300,7 +300,7 @@ instructions() {
   echo "  (from a pod in the cluster: psql -h $gateway.$namespace.svc -p 5432 -U postgres postgres)"
   echo "The multiadmin web UI (Service $cluster-multiadmin-web, port 18100):"
   if [ -n "$local_cluster" ]; then
-    echo "  curl -s http://$web_ip:18100/dashboard | head -c 200; echo   # the page, from the sandbox's shell"
+    echo "  curl -sL -o /dev/null -w '%{http_code} %{url_effective}\\n' http://$web_ip:18100/dashboard   # the UI answers (it redirects)"
     echo "  in this machine's browser: bridge a local port into the sandbox (as root, outside it; needs socat),"
     echo "  then open http://127.0.0.1:18100/dashboard"
     echo "    socat TCP-LISTEN:18100,bind=127.0.0.1,fork,reuseaddr \\"
