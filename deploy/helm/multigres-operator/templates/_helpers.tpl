@@ -11,15 +11,6 @@ controller (leader election) or the webhook (every replica serves).
 ]
 {{- end }}
 
-{{/*
-Resources of the handlers' rules that are cluster-scoped: with `watchNamespace` set, a rule on
-these stays in a ClusterRole (a Role cannot grant them); every other rule goes into the Role in
-the watched namespace.
-*/}}
-{{- define "multigres-operator.clusterScoped" -}}
-["nodes"]
-{{- end }}
-
 {{/* Chart name, overridable. */}}
 {{- define "multigres-operator.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}

@@ -784,6 +784,7 @@ fn user_text_reaches_args_and_env_with_every_dollar_doubled() {
   - server
   - --pooler-dir=/var/lib/pooler
   - --grpc-port=15470
+  - --grpc-bind-address=127.0.0.1
   - --http-port=15400
   - --pg-port=5432
   - --pg-listen-addresses=*
@@ -811,7 +812,7 @@ fn user_text_reaches_args_and_env_with_every_dollar_doubled() {
   - --shard=0-inf
   - --service-id=$(POD_NAME)
   - --hostname=$(POD_NAME).{svc}.db.svc
-  - --pgctld-addr=localhost:15470
+  - --pgctld-addr=127.0.0.1:15470
   - --pg-port=5432
   - --log-level=debug
   - --pgbackrest-cert-file=/certs/pgbackrest/pgbackrest.crt
