@@ -93,8 +93,15 @@ query() {
   secret=$(kubectl get multigrescluster -n "$namespace" "$cluster" -o jsonpath='{.spec.postgresPasswordSecretRef.name}')
   key=$(kubectl get multigrescluster -n "$namespace" "$cluster" -o jsonpath='{.spec.postgresPasswordSecretRef.key}')
   password=$(kubectl get secret -n "$namespace" "$secret" -o jsonpath="{.data.${key:-password}}" | base64 -d)
+  # Over TLS, the gateway verified against the CA the operator publishes (plaintext only for a
+  # sample that turns client TLS off).
+  local target="host=$ip sslmode=disable"
+  if kubectl get configmap -n "$namespace" "$cluster-gateway-ca" -o jsonpath='{.data.ca\.crt}' \
+    >"$state/gateway-ca.crt" 2>/dev/null && [ -s "$state/gateway-ca.crt" ]; then
+    target="host=$svc.$namespace.svc hostaddr=$ip sslmode=verify-full sslrootcert=$state/gateway-ca.crt"
+  fi
   PGPASSWORD=$password PGCONNECT_TIMEOUT=5 psql -X -A -t \
-    "host=$ip port=5432 user=postgres dbname=postgres sslmode=disable" -c "$1"
+    "$target port=5432 user=postgres dbname=postgres" -c "$1"
 }
 
 # Loads the first cluster's multiadmin web UI (its pooler page) in headless Chromium through
@@ -263,6 +270,9 @@ sql_through_the_gateway() {
     return 1
   fi
   query "select 'answered by ' || version()"
+  if [ -s "$state/gateway-ca.crt" ]; then
+    echo "(over TLS: sslmode=verify-full against the CA in ConfigMap $cluster-gateway-ca)"
+  fi
 }
 if [ -n "$local_cluster" ]; then
   say "SQL through the multigateway Service (psql to its ClusterIP)"
@@ -294,6 +304,8 @@ instructions() {
   echo "  export PGPASSWORD=\$(kubectl -n $namespace get secret $secret -o jsonpath='{.data.password}' | base64 -d)"
   if [ -n "$local_cluster" ]; then
     echo "  psql -h $gateway_ip -p 5432 -U postgres postgres                  # the gateway Service's ClusterIP"
+    echo "  kubectl -n $namespace get configmap $cluster-gateway-ca -o jsonpath='{.data.ca\\.crt}' > /tmp/gateway-ca.crt"
+    echo "  psql \"host=$gateway.$namespace.svc hostaddr=$gateway_ip sslmode=verify-full sslrootcert=/tmp/gateway-ca.crt user=postgres dbname=postgres\"   # TLS, the gateway verified"
   fi
   echo "  kubectl -n $namespace port-forward svc/$gateway 15432:5432 >/dev/null &"
   echo "  psql -h 127.0.0.1 -p 15432 -U postgres postgres"

@@ -269,16 +269,23 @@ pub static FIELDS: &[Field] = &[
         "resource-handler: OTEL_* environment of every Multigres container",
     ),
     done(Mgc, "spec.internalTLS", INTERNAL_TLS),
-    todo(
+    done(
+        Mgc,
+        "spec.gatewayTLS",
+        "resource-handler: the gateway certificate from the cluster's gateway CA, \
+         multigateway's --pg-tls-* and --pg-require-ssl flags, ConfigMap <cluster>-gateway-ca",
+    ),
+    done(
         Mgc,
         "spec.certCommonName",
-        "no cert-manager Certificate is created yet; multigateway serves no TLS",
-        When::Set,
+        "resource-handler: the common name and an extra DNS name of the gateway certificate \
+         (issued by the operator's gateway CA, not by cert-manager)",
     ),
     todo(
         Mgc,
         "spec.issuerName",
-        "no cert-manager Certificates are created yet, so no issuer is used",
+        "no cert-manager Certificates are created: the operator's own gateway CA signs the \
+         gateway certificate",
         When::Set,
     ),
     done(

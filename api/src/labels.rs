@@ -68,6 +68,8 @@ pub enum Component {
     InternalTls,
     /// A shard's pgBackRest CA and certificate.
     PgBackRestTls,
+    /// The CA and certificate of the gateways' client TLS, and the published CA.
+    GatewayTls,
     /// A NetworkPolicy of the cluster's pods.
     NetworkPolicy,
 }
@@ -87,6 +89,7 @@ impl Component {
             Component::MultiadminWeb => "multiadmin-web",
             Component::InternalTls => "internal-tls",
             Component::PgBackRestTls => "pgbackrest-tls",
+            Component::GatewayTls => "gateway-tls",
             Component::NetworkPolicy => "network-policy",
         }
     }

@@ -93,6 +93,17 @@ pub fn cluster_multigateway(cluster: &str) -> String {
     join(&[cluster, "multigateway"], MAX_DNS_LABEL)
 }
 
+/// The cluster's gateway CA: a Secret (with its key) and a ConfigMap of the same name that
+/// publishes the CA certificate alone (key `ca.crt`), for clients to verify the gateways.
+pub fn gateway_ca(cluster: &str) -> String {
+    join(&[cluster, "gateway-ca"], MAX_DNS_LABEL)
+}
+
+/// The Secret with the certificate and key multigateway serves to PostgreSQL clients.
+pub fn gateway_tls(cluster: &str) -> String {
+    join(&[cluster, "gateway-tls"], MAX_DNS_LABEL)
+}
+
 /// The headless peer Service of an etcd TopoServer.
 pub fn topo_peer_service(topo_server: &str) -> String {
     join(&[topo_server, "peer"], MAX_DNS_LABEL)

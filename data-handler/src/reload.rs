@@ -322,6 +322,7 @@ mod tests {
         let r = render(
             "c/postgres/default/0-inf",
             Resources::default(),
+            true,
             None,
             &config,
         )
@@ -349,6 +350,7 @@ mod tests {
         let r = render(
             "c/postgres/default/0-inf",
             Resources::default(),
+            true,
             None,
             &config
                 .iter()

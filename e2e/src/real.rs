@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio_postgres::{NoTls, SimpleQueryMessage};
@@ -168,21 +168,7 @@ impl Endpoint {
         cluster: &str,
         cell: &str,
     ) -> Result<Endpoint, String> {
-        let selector = format!(
-            "{}={cluster},{}={cell},{}=multigateway",
-            multigres_api::labels::CLUSTER,
-            multigres_api::labels::CELL,
-            multigres_api::labels::COMPONENT,
-        );
-        let services = Api::<Service>::namespaced(client.clone(), namespace)
-            .list(&kube::api::ListParams::default().labels(&selector))
-            .await
-            .map_err(|e| format!("listing Services {selector}: {e}"))?;
-        let host = services
-            .items
-            .into_iter()
-            .find_map(|s| s.spec?.cluster_ip.filter(|ip| ip != "None"))
-            .ok_or_else(|| format!("no Service with a ClusterIP selects {selector}"))?;
+        let (_, host) = cell_gateway_service(client, namespace, cluster, cell).await?;
         Ok(Endpoint {
             host,
             port: 5432,
@@ -219,6 +205,85 @@ impl Endpoint {
     pub async fn query(&self, sql: &str) -> Result<Rows, String> {
         let client = self.connect().await?;
         run(&client, sql).await
+    }
+}
+
+/// A cell's multigateway Service: its name and ClusterIP.
+pub async fn cell_gateway_service(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+    cell: &str,
+) -> Result<(String, String), String> {
+    let selector = format!(
+        "{}={cluster},{}={cell},{}=multigateway",
+        multigres_api::labels::CLUSTER,
+        multigres_api::labels::CELL,
+        multigres_api::labels::COMPONENT,
+    );
+    let services = Api::<Service>::namespaced(client.clone(), namespace)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| format!("listing Services {selector}: {e}"))?;
+    services
+        .items
+        .into_iter()
+        .find_map(|s| {
+            let ip = s.spec?.cluster_ip.filter(|ip| ip != "None")?;
+            Some((s.metadata.name?, ip))
+        })
+        .ok_or_else(|| format!("no Service with a ClusterIP selects {selector}"))
+}
+
+/// `sql` through the gateway Service `service` with the host's `psql` and
+/// `sslmode=verify-full`, as an application in the cluster connects: libpq checks the
+/// certificate for `<service>.<namespace>.svc` against the CA the operator publishes
+/// (ConfigMap `<cluster>-gateway-ca`) and dials the ClusterIP `ip`. psql's unaligned output,
+/// or its error.
+pub async fn verified_tls_query(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+    (service, ip): (&str, &str),
+    sql: &str,
+) -> Result<String, String> {
+    let name = multigres_api::names::gateway_ca(cluster);
+    let map = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get(&name)
+        .await
+        .map_err(|e| format!("reading ConfigMap {name}: {e}"))?;
+    let ca = map
+        .data
+        .and_then(|d| d.get("ca.crt").cloned())
+        .ok_or_else(|| format!("ConfigMap {name} has no ca.crt"))?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, ca).map_err(|e| e.to_string())?;
+    let conninfo = format!(
+        "host={service}.{namespace}.svc hostaddr={ip} port=5432 user=postgres dbname=postgres \
+         sslmode=verify-full sslrootcert={} connect_timeout=5",
+        ca_file.display()
+    );
+    let output = tokio::time::timeout(
+        Duration::from_secs(15),
+        tokio::process::Command::new("psql")
+            .args([conninfo.as_str(), "-XAtc", sql])
+            .env(
+                "PGPASSWORD",
+                superuser_password(client, namespace, cluster).await?,
+            )
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| "psql: no answer within 15 s".to_owned())?
+    .map_err(|e| format!("running psql: {e}"))?;
+    match output.status.success() {
+        true => Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned()),
+        false => Err(format!(
+            "psql ({conninfo}): {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
     }
 }
 

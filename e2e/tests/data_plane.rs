@@ -417,6 +417,54 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     .await;
     println!("kubectl multigres status {NAME}:\n{screen}");
 
+    // 5c. Replication crosses the pod network encrypted: the primary's pg_stat_ssl shows TLS on
+    // every WAL sender's connection, and pg_hba refuses a replication connection without it.
+    let primary_pod = pool_pods(&client, &namespace)
+        .await
+        .into_iter()
+        .find(|p| p.name_any() == primary)
+        .expect("the primary's pod");
+    let at_primary = Endpoint::pod(&primary_pod, &password).unwrap();
+    let senders = at_primary
+        .query(
+            "SELECT r.application_name, s.ssl, s.version FROM pg_stat_replication r \
+             JOIN pg_stat_ssl s ON s.pid = r.pid ORDER BY 1",
+        )
+        .await
+        .unwrap();
+    println!("WAL senders on {primary} (application, ssl, version): {senders:?}");
+    assert_eq!(senders.len(), 2, "both replicas stream: {senders:?}");
+    assert!(
+        senders.iter().all(|row| row[1].as_deref() == Some("t")),
+        "every replica streams over TLS: {senders:?}"
+    );
+    let replication = |sslmode: &'static str| {
+        let (host, password) = (at_primary.host.clone(), password.clone());
+        async move {
+            tokio::process::Command::new("psql")
+                .arg(format!(
+                    "host={host} user=postgres dbname=postgres replication=database \
+                     sslmode={sslmode} connect_timeout=5"
+                ))
+                .args(["-XAtc", "IDENTIFY_SYSTEM"])
+                .env("PGPASSWORD", password)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let plain = replication("disable").await;
+    let refusal = String::from_utf8_lossy(&plain.stderr).trim().to_owned();
+    assert!(
+        !plain.status.success() && refusal.contains("no pg_hba.conf entry"),
+        "a plaintext replication connection is refused: {refusal}"
+    );
+    println!("plaintext replication connection: {refusal}");
+    assert!(
+        replication("require").await.status.success(),
+        "a replication connection over TLS is admitted"
+    );
+
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
     // acknowledged row is lost. The newcomer is in the cohort (step 5 waited until the Shard
     // said so): until multiorch adds it, the cohort is the two older pods, and without the

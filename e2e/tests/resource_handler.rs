@@ -328,6 +328,23 @@ spec:
     implementation: etcd
 "#;
 
+/// The gateway certificate Secret of cluster `prod`, as the multiadmin controller labels it
+/// (a standalone Cell has no cluster to issue it); kwok pods never read its content.
+const GATEWAY_TLS: &str = r#"
+apiVersion: v1
+kind: Secret
+metadata:
+  name: prod-gateway-tls
+  labels:
+    app.kubernetes.io/managed-by: multigres-operator
+    app.kubernetes.io/component: gateway-tls
+    multigres.com/cluster: prod
+type: kubernetes.io/tls
+stringData:
+  tls.crt: certificate
+  tls.key: key
+"#;
+
 #[tokio::test]
 async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() {
     let cluster = cluster().await;
@@ -335,6 +352,17 @@ async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() 
     let handler = start_handler(cluster, &ns).await;
     let client = cluster.client().unwrap();
     apply_yaml(&client, &ns, &CELL.replace("NAMESPACE", &ns)).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        deployments
+            .get_opt("prod-zone-a-multigateway")
+            .await
+            .unwrap()
+            .is_none(),
+        "no gateway before its certificate"
+    );
+    apply_yaml(&client, &ns, GATEWAY_TLS).await;
 
     let cells: Api<Cell> = Api::namespaced(client.clone(), &ns);
     let cell = wait_condition(
@@ -356,11 +384,15 @@ async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() 
         Some("prod-zone-a-multigateway")
     );
 
-    let gateway: Deployment = Api::namespaced(client.clone(), &ns)
-        .get("prod-zone-a-multigateway")
-        .await
-        .unwrap();
+    let gateway: Deployment = deployments.get("prod-zone-a-multigateway").await.unwrap();
     let pod = deployment_pod(&gateway);
+    let annotations = gateway.spec.as_ref().unwrap().template.metadata.as_ref();
+    assert!(
+        annotations
+            .and_then(|m| m.annotations.as_ref())
+            .is_some_and(|a| a.contains_key("multigres.com/gateway-certificate")),
+        "the gateway pods carry their certificate's digest"
+    );
     assert_eq!(
         args_of(pod, "multigateway"),
         [
@@ -377,6 +409,8 @@ async fn a_cell_runs_its_gateways_reports_them_ready_and_idles_without_writes() 
             "--lameduck-period=5s".to_owned(),
             "--onclose-timeout=1s".to_owned(),
             "--buffer-enabled=true".to_owned(),
+            "--pg-tls-cert-file=/etc/multigres/gateway-tls/tls.crt".to_owned(),
+            "--pg-tls-key-file=/etc/multigres/gateway-tls/tls.key".to_owned(),
         ]
     );
     assert_eq!(pod.image_pull_secrets.as_ref().unwrap()[0].name, "regcred");

@@ -1,35 +1,44 @@
-//! Every shipped multi-cell sample on real pods (`minimal.yaml` is the other real-node files'
-//! cluster): each applied as a user would (with the locally built images), in a namespace of
-//! its own, until its MultigresCluster is Available and `SELECT 1` is answered through every
-//! cell's own gateway. Two at a time: the four together request more CPU in `zone-b` than its
-//! one node offers. `external-topo.yaml` gets the etcd it expects at `topo-etcd:2379`, run
-//! from the same etcd image.
+//! The multi-cell samples on real pods (`minimal.yaml` is the other real-node files' cluster):
+//! `templated.yaml` and `external-topo.yaml`, applied together as a user would (with the
+//! locally built images), each in a namespace of its own, until each MultigresCluster is
+//! Available and `SELECT 1` is answered through every cell's own gateway, in plaintext and with
+//! `sslmode=verify-full` against the CA the operator publishes. `external-topo.yaml` gets the
+//! etcd it expects at `topo-etcd:2379`, run from the same etcd image, and is applied with
+//! `gatewayTLS.required: true`: its gateways must refuse plaintext.
+//!
+//! `inline.yaml` and `overrides.yaml` differ from these in how the spec is written, not in
+//! what runs: the resolver decides that before any pod exists, and
+//! `cluster_handler.rs` (`every_sample_produces_exactly_its_children`) checks the children of
+//! all five samples against it on the kwok tier, as `api.rs` dry-runs every sample document.
 //!
 //! Each sample's multiadmin web UI is then loaded in a real browser (headless Chromium) through
 //! its Service: its pooler table must list the shard's poolers in every cell, one primary.
 //!
 //! The figures (`[figure] …`) are printed, not asserted.
 
-use std::time::{Duration, Instant};
-
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject};
 use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::browser::{rendered_document, table_rows};
 use multigres_e2e::harness::{eventually, fresh_namespace};
 use multigres_e2e::http;
 use multigres_e2e::load::figure;
 use multigres_e2e::manifest::{self, Mode};
-use multigres_e2e::real::{ETCD_IMAGE_PREFIX, Endpoint, image, operator_installed};
+use multigres_e2e::real::{
+    ETCD_IMAGE_PREFIX, Endpoint, cell_gateway_service, image, operator_installed,
+    verified_tls_query,
+};
 use multigres_e2e::sample::apply_sample_file;
 use serde_json::json;
 
-/// The multi-cell samples, by file name under `deploy/samples`, in the pairs that run together.
-const WAVES: [[&str; 2]; 2] = [["templated", "external-topo"], ["inline", "overrides"]];
+/// The multi-cell samples on real pods, by file name under `deploy/samples`, and whether each
+/// is applied with client TLS required.
+const SAMPLES: [(&str, bool); 2] = [("templated", false), ("external-topo", true)];
 /// Two clusters of up to 17 pods each start together on 2 shared cores.
 const WAIT: Duration = Duration::from_secs(600);
 
@@ -61,9 +70,16 @@ async fn run_external_etcd(client: &Client, namespace: &str) {
     }
 }
 
-/// Waits until the cluster is Available and every cell's gateway answers `SELECT 1`; the time
-/// since `sent`.
-async fn wait_served(client: &Client, namespace: &str, name: &str, sent: Instant) -> Duration {
+/// Waits until the cluster is Available and every cell's gateway answers `SELECT 1` with
+/// `sslmode=verify-full`, and in plaintext unless `tls_required` (then plaintext must be
+/// refused); the time since `sent`.
+async fn wait_served(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    tls_required: bool,
+    sent: Instant,
+) -> Duration {
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
     eventually(
         &format!("{namespace}/{name} Available, every cell's gateway answering"),
@@ -80,14 +96,35 @@ async fn wait_served(client: &Client, namespace: &str, name: &str, sent: Instant
                 return Err(format!("Available {available:?}, phase {:?}", status.phase));
             }
             for cell in &cluster.spec.cells {
+                let service = cell_gateway_service(client, namespace, name, &cell.name).await?;
+                let verified = (service.0.as_str(), service.1.as_str());
+                let answer = verified_tls_query(client, namespace, name, verified, "SELECT 1")
+                    .await
+                    .map_err(|e| format!("SELECT 1 through {}'s gateway: {e}", cell.name))?;
+                if answer != "1" {
+                    return Err(format!(
+                        "{}'s gateway answered {answer:?} over TLS",
+                        cell.name
+                    ));
+                }
                 let gateway = Endpoint::cell_gateway(client, namespace, name, &cell.name).await?;
-                let answer =
-                    tokio::time::timeout(Duration::from_secs(5), gateway.query("SELECT 1"))
-                        .await
-                        .unwrap_or_else(|_| Err("no answer within 5 s".to_owned()))
-                        .map_err(|e| format!("SELECT 1 through {}'s gateway: {e}", cell.name))?;
-                if answer != [[Some("1".to_owned())]] {
-                    return Err(format!("{}'s gateway answered {answer:?}", cell.name));
+                let plain = tokio::time::timeout(Duration::from_secs(5), gateway.query("SELECT 1"))
+                    .await
+                    .unwrap_or_else(|_| Err("no answer within 5 s".to_owned()));
+                match (plain, tls_required) {
+                    (Ok(rows), false) if rows == [[Some("1".to_owned())]] => {}
+                    (Err(refusal), true) => {
+                        println!(
+                            "{namespace}/{name} {}: plaintext refused: {refusal}",
+                            cell.name
+                        )
+                    }
+                    (other, _) => {
+                        return Err(format!(
+                            "{}'s gateway in plaintext (TLS required: {tls_required}): {other:?}",
+                            cell.name
+                        ));
+                    }
                 }
             }
             Ok(sent.elapsed())
@@ -164,60 +201,35 @@ async fn web_ui_lists_every_cell(
     .await
 }
 
-/// Deletes `namespace` and waits until none of its pods is left (their CPU requests hold the
-/// next samples' pods otherwise).
-async fn remove(client: &Client, namespace: &str) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .delete(namespace, &DeleteParams::default())
-        .await
-        .unwrap_or_else(|e| panic!("deleting namespace {namespace}: {e}"));
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    eventually(&format!("the pods of {namespace} gone"), WAIT, || async {
-        let left = pods
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .len();
-        if left == 0 {
-            Ok(())
-        } else {
-            Err(format!("{left} pods left"))
-        }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_multi_cell_sample_answers_sql_through_each_cells_gateway() {
     let cluster = operator_installed().await;
     let client = cluster.client().unwrap();
-    for wave in WAVES {
-        let sent = Instant::now();
-        let mut applied = Vec::new();
-        for sample in wave {
-            let namespace = fresh_namespace(cluster, sample).await;
-            if sample == "external-topo" {
-                run_external_etcd(&client, &namespace).await;
+    let sent = Instant::now();
+    let mut applied = Vec::new();
+    for (sample, tls_required) in SAMPLES {
+        let namespace = fresh_namespace(cluster, sample).await;
+        if sample == "external-topo" {
+            run_external_etcd(&client, &namespace).await;
+        }
+        let require_tls = |doc: &mut serde_json::Value| {
+            if tls_required {
+                doc["spec"]["gatewayTLS"] = json!({"required": true});
             }
-            let name = apply_sample_file(&client, &namespace, sample, |_| {}).await;
-            applied.push((sample, namespace, name));
-        }
-        for (sample, namespace, name) in &applied {
-            let took = wait_served(&client, namespace, name, sent).await;
-            figure(
-                &format!("{sample}.yaml applied -> every cell's gateway answers (s)"),
-                format!("{:.1}", took.as_secs_f64()),
-            );
-            let took = web_ui_lists_every_cell(&client, namespace, name, sent).await;
-            figure(
-                &format!("{sample}.yaml applied -> web UI lists every cell's poolers (s)"),
-                format!("{:.1}", took.as_secs_f64()),
-            );
-        }
-        for (_, namespace, _) in &applied {
-            remove(&client, namespace).await;
-        }
+        };
+        let name = apply_sample_file(&client, &namespace, sample, require_tls).await;
+        applied.push((sample, namespace, name, tls_required));
+    }
+    for (sample, namespace, name, tls_required) in &applied {
+        let took = wait_served(&client, namespace, name, *tls_required, sent).await;
+        figure(
+            &format!("{sample}.yaml applied -> every cell's gateway answers (s)"),
+            format!("{:.1}", took.as_secs_f64()),
+        );
+        let took = web_ui_lists_every_cell(&client, namespace, name, sent).await;
+        figure(
+            &format!("{sample}.yaml applied -> web UI lists every cell's poolers (s)"),
+            format!("{:.1}", took.as_secs_f64()),
+        );
     }
 }

@@ -1,16 +1,21 @@
 //! `psql`: a psql session through the cluster's multigateway, as `just demo` tells users to
 //! connect from their machine: `kubectl port-forward` to the gateway Service, then the local
 //! psql with the superuser password from the cluster's Secret (passed in the environment, never
-//! on a command line).
+//! on a command line). When the gateways serve TLS, psql verifies them as an application in
+//! the cluster would: `sslmode=verify-full` against the CA the operator publishes, for the
+//! gateway Service's DNS name (libpq checks `host` and dials `hostaddr`, the forwarded port).
 
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ListParams;
-use kube::{Client, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
-use multigres_api::names::cluster_multigateway;
-use multigres_api::v1alpha1::{Cell, MultigresCluster};
+use multigres_api::names::{self, cluster_multigateway};
+use multigres_api::v1alpha1::{Cell, GatewayTlsConfig, MultigresCluster};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -101,15 +106,37 @@ pub async fn run(
     };
     let db = multigres_api::DEFAULT_DATABASE;
     let user = user(&cluster);
-    let connect = format!("psql -h 127.0.0.1 -p {port} -U {user} {db}");
+    let ca = match GatewayTlsConfig::is_enabled(cluster.spec.gateway_tls.as_ref()) {
+        true => Some(published_ca(client, namespace, name).await?),
+        false => None,
+    };
+    let mut psql = Command::new("psql");
+    let shown = match &ca {
+        Some(ca) => {
+            let host = format!("{service}.{namespace}.svc");
+            psql.args(["-h", &host])
+                .env("PGHOSTADDR", "127.0.0.1")
+                .env("PGSSLMODE", "verify-full")
+                .env("PGSSLROOTCERT", ca.path());
+            format!(
+                "PGSSLMODE=verify-full PGSSLROOTCERT=<ConfigMap {}, key ca.crt> \
+                 PGHOSTADDR=127.0.0.1 psql -h {host}",
+                names::gateway_ca(name)
+            )
+        }
+        None => {
+            psql.args(["-h", "127.0.0.1"]);
+            "psql -h 127.0.0.1".to_owned()
+        }
+    };
     eprintln!(
-        "$ PGPASSWORD=<Secret {}, key {}> {connect} {}",
+        "$ PGPASSWORD=<Secret {}, key {}> {shown} -p {port} -U {user} {db} {}",
         reference.name,
         reference.key,
         args.join(" ")
     );
-    let status = Command::new("psql")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user, db])
+    let status = psql
+        .args(["-p", &port.to_string(), "-U", user, db])
         .args(args)
         .env("PGPASSWORD", password)
         .status()
@@ -118,7 +145,55 @@ pub async fn run(
             "running psql: install the PostgreSQL client (e.g. apt install postgresql-client)",
         )?;
     forward.kill().await.ok();
+    drop(ca);
     Ok(status.code().unwrap_or(1))
+}
+
+/// The gateway CA certificate the operator publishes for `cluster`, in a file only this user
+/// can read, removed when dropped.
+async fn published_ca(client: &Client, namespace: &str, cluster: &str) -> Result<CaFile> {
+    let name = names::gateway_ca(cluster);
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let map = maps.get(&name).await.with_context(|| {
+        format!(
+            "reading ConfigMap {namespace}/{name}, the gateway CA (spec.gatewayTLS is on; the \
+             operator publishes it once the gateway certificate is issued)"
+        )
+    })?;
+    let pem = map
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .ok_or_else(|| anyhow!("ConfigMap {namespace}/{name} has no key ca.crt"))?;
+    CaFile::write(pem)
+}
+
+/// A temporary file holding a CA certificate.
+struct CaFile(PathBuf);
+
+impl CaFile {
+    fn write(pem: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("kubectl-multigres-{}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join("gateway-ca.crt");
+        std::fs::write(&path, pem).with_context(|| format!("writing {}", path.display()))?;
+        Ok(Self(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for CaFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            std::fs::remove_dir_all(dir).ok();
+        }
+    }
 }
 
 /// The local port of a `Forwarding from 127.0.0.1:<port> -> <remote>` line.

@@ -58,7 +58,8 @@ pub const PASSWORD_DIR: &str = "/etc/postgres-password";
 /// The superuser password file (`POSTGRES_PASSWORD_FILE`).
 pub const PASSWORD_FILE: &str = "/etc/postgres-password/password";
 /// pgBackRest TLS certificates (`ca.crt`, `pgbackrest.crt`, `pgbackrest.key`).
-pub const PGBACKREST_CERT_DIR: &str = "/certs/pgbackrest";
+/// PostgreSQL serves the same certificate (see [`multigres_api::postgres::SERVER_CERT_DIR`]).
+pub const PGBACKREST_CERT_DIR: &str = multigres_api::postgres::SERVER_CERT_DIR;
 /// pgBackRest encryption keys (`keys.json`).
 pub const PGBACKREST_CIPHER_DIR: &str = "/secrets/pgbackrest-cipher";
 /// etcd data volume mount; the data directory is a subdirectory so etcd can own it (0700).

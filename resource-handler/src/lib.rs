@@ -137,6 +137,7 @@ pub async fn run(
             deployments: deployments.changes_and_deletions(),
             services: services.changes_and_deletions(),
             pdbs: pdbs.changes_and_deletions(),
+            secrets: secrets.changes_and_deletions(),
             cordons: cells_drained,
         },
         shutdown,

@@ -5,6 +5,10 @@
 //!   `<process>.<cluster>.<namespace>.multigres.internal`, mounted at [`TLS_DIR`] in the
 //!   multiadmin, multigateway, multiorch and multipooler pods, which get the matching gRPC TLS
 //!   flags;
+//! - client TLS of the gateways (on unless `spec.gatewayTLS.enabled: false`): a CA per
+//!   MultigresCluster (`<cluster>-gateway-ca`, its certificate also published for applications
+//!   in the ConfigMap of that name) and one certificate (`<cluster>-gateway-tls`) for every
+//!   gateway Service name and `spec.certCommonName`, mounted at [`GATEWAY_TLS_DIR`];
 //! - pgBackRest TLS per shard when backups are on and no Secret is named: a CA
 //!   (`<shard>-pgbackrest-ca`) and a certificate (`<shard>-pgbackrest-tls`) every pool pod
 //!   mounts at [`PGBACKREST_CERT_DIR`]; a named Secret is checked for its three keys instead.
@@ -19,8 +23,8 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    KeyToPath, PodSpec, ProjectedVolumeSource, Secret, SecretProjection, SecretVolumeSource,
-    Volume, VolumeMount, VolumeProjection,
+    ConfigMap, KeyToPath, PodSpec, ProjectedVolumeSource, Secret, SecretProjection,
+    SecretVolumeSource, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
@@ -29,7 +33,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, COMPONENT, Component, Placement};
 use multigres_api::resolver::ResolvedCluster;
-use multigres_api::v1alpha1::{BackupConfig, InternalTlsConfig, ShardSpec};
+use multigres_api::v1alpha1::{
+    BackupConfig, GatewayTlsConfig, InternalTlsConfig, MultigresClusterSpec, ShardSpec,
+};
 use multigres_common::certs::{self, CertError, LeafSpec, Outcome, Pair};
 use time::OffsetDateTime;
 
@@ -44,6 +50,13 @@ use crate::sync::{self, SyncError};
 pub const TLS_DIR: &str = "/etc/multigres/tls";
 /// The volume holding them.
 pub const TLS_VOLUME: &str = "internal-tls";
+/// Where multigateway finds the certificate and key it serves to PostgreSQL clients.
+pub const GATEWAY_TLS_DIR: &str = "/etc/multigres/gateway-tls";
+/// The volume holding them.
+pub const GATEWAY_TLS_VOLUME: &str = "gateway-tls";
+/// Pod-template annotation of the gateways: a digest of the certificate they serve.
+/// multigateway reads its certificate once, at start, so a new one rolls the gateways.
+pub const GATEWAY_CERT_ANNOTATION: &str = "multigres.com/gateway-certificate";
 /// pgBackRest certificates volume of pool pods.
 pub const PGBACKREST_VOLUME: &str = "pgbackrest-certs";
 /// Condition type reporting a shard's pgBackRest TLS material.
@@ -611,6 +624,167 @@ where
     )?;
     store(ctx, obj, owner, component, issued).await?;
     Ok(())
+}
+
+/// The gateway certificate of a resolved cluster: every name a client may use to reach a
+/// gateway (the cluster-wide and replica Services, each cell's Service) and `common_name`
+/// (`spec.certCommonName`), which is also its subject when set.
+pub fn gateway_leaf_spec(
+    cluster: &str,
+    namespace: &str,
+    resolved: &ResolvedCluster,
+    common_name: Option<&str>,
+) -> LeafSpec {
+    let cluster_service = crate::names::cluster_multigateway(cluster);
+    let mut dns: Vec<String> = Vec::new();
+    let mut services = vec![
+        cluster_service.clone(),
+        crate::names::cluster_multigateway_replica(cluster),
+    ];
+    for cell in &resolved.cells {
+        let cell_cr = multigres_api::names::cell(cluster, cell.spec.name.as_str());
+        services.push(crate::names::multigateway(&cell_cr));
+    }
+    for service in &services {
+        dns.push(service.clone());
+        dns.extend(service_names(service, namespace));
+    }
+    let subject = match common_name.filter(|n| !n.is_empty()) {
+        Some(name) => {
+            dns.push(name.to_owned());
+            name.to_owned()
+        }
+        None => format!("{cluster_service}.{namespace}.svc"),
+    };
+    LeafSpec::new(subject, dns)
+}
+
+/// The ConfigMap publishing the gateway CA certificate.
+fn gateway_ca_config_map(
+    owner: &Owner,
+    labels: &BTreeMap<String, String>,
+    ca_cert: &str,
+) -> ConfigMap {
+    ConfigMap {
+        metadata: crate::stateless::metadata(
+            &multigres_api::names::gateway_ca(&owner.cluster),
+            owner,
+            labels,
+        ),
+        data: Some(BTreeMap::from([(CA_CRT.to_owned(), ca_cert.to_owned())])),
+        ..Default::default()
+    }
+}
+
+/// Issues (or keeps) the gateway CA and certificate of a cluster whose gateways serve TLS and
+/// publishes the CA; removes all three when client TLS is off.
+pub async fn reconcile_gateway<K>(
+    ctx: &Ctx<K>,
+    obj: &K,
+    owner: &Owner,
+    resolved: &ResolvedCluster,
+    cluster: &MultigresClusterSpec,
+) -> Result<(), TlsError>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let component = Component::GatewayTls;
+    let ns = owner.namespace.as_str();
+    let config_maps = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
+    let published_name = multigres_api::names::gateway_ca(&owner.cluster);
+    if !GatewayTlsConfig::is_enabled(cluster.gateway_tls.as_ref()) {
+        prune(ctx, owner, component, &BTreeSet::new()).await?;
+        // The cache keeps no labels of ConfigMaps: the published CA is told by its name.
+        let published: Vec<_> = owned(&ctx.stores.config_maps, ns, owner.uid())
+            .into_iter()
+            .filter(|c| c.name_any() == published_name)
+            .collect();
+        sync::prune(ctx.name, &config_maps, &published, &BTreeSet::new()).await?;
+        return Ok(());
+    }
+    let labels = labels::labels(&owner.cluster, component, &Placement::default());
+    let leaf = SecretFor {
+        name: multigres_api::names::gateway_tls(&owner.cluster),
+        spec: gateway_leaf_spec(
+            &owner.cluster,
+            ns,
+            resolved,
+            cluster.cert_common_name.as_deref(),
+        ),
+    };
+    let issued = plan(
+        owner,
+        &labels,
+        &multigres_api::names::gateway_ca(&owner.cluster),
+        &format!("Multigres gateway CA {}.{ns}", owner.cluster),
+        &[leaf],
+        cached(ctx, ns),
+        OffsetDateTime::now_utc(),
+    )?;
+    let ca_cert = issued
+        .secrets
+        .first()
+        .and_then(|ca| stored_pair(Some(ca), CA_CRT, CA_KEY))
+        .map(|pair| pair.cert)
+        .unwrap_or_default();
+    store(ctx, obj, owner, component, issued).await?;
+    let published = gateway_ca_config_map(owner, &labels, &ca_cert);
+    sync::ensure(ctx.name, &config_maps, &ctx.stores.config_maps, published).await?;
+    Ok(())
+}
+
+/// A short digest of the certificate in a gateway Secret, for [`GATEWAY_CERT_ANNOTATION`].
+pub fn certificate_digest(secret: &Secret) -> Option<String> {
+    let cert = secret.data.as_ref()?.get(TLS_CRT)?;
+    Some(format!("{:016x}", sync::fnv1a64(&cert.0)))
+}
+
+/// Mounts the gateway certificate into a multigateway Deployment and passes multigateway the
+/// flags that serve it (and refuse plaintext when `required`); `digest` rolls the pods when
+/// the certificate changes.
+pub fn mount_gateway(deployment: &mut Deployment, cluster: &str, required: bool, digest: &str) {
+    let Some(template) = deployment.spec.as_mut().map(|s| &mut s.template) else {
+        return;
+    };
+    template
+        .metadata
+        .get_or_insert_default()
+        .annotations
+        .get_or_insert_default()
+        .insert(GATEWAY_CERT_ANNOTATION.to_owned(), digest.to_owned());
+    let Some(pod) = template.spec.as_mut() else {
+        return;
+    };
+    pod.volumes.get_or_insert_default().push(Volume {
+        name: GATEWAY_TLS_VOLUME.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(multigres_api::names::gateway_tls(cluster)),
+            default_mode: Some(0o440),
+            items: Some(vec![key(TLS_CRT, TLS_CRT), key(TLS_KEY, TLS_KEY)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let containers = pod.containers.iter_mut();
+    for container in containers.filter(|c| c.name == Process::Multigateway.as_str()) {
+        container.volume_mounts.get_or_insert_default().push(mount(
+            GATEWAY_TLS_VOLUME,
+            GATEWAY_TLS_DIR,
+            true,
+        ));
+        let args = container.args.get_or_insert_default();
+        args.push(flag(
+            "pg-tls-cert-file",
+            format!("{GATEWAY_TLS_DIR}/{TLS_CRT}"),
+        ));
+        args.push(flag(
+            "pg-tls-key-file",
+            format!("{GATEWAY_TLS_DIR}/{TLS_KEY}"),
+        ));
+        if required {
+            args.push(flag("pg-require-ssl", true));
+        }
+    }
 }
 
 /// Which keys of a user's pgBackRest Secret are missing, as a condition.

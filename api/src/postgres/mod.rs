@@ -11,7 +11,8 @@ mod render;
 mod validate;
 
 pub use render::{
-    BASELINE, RenderError, Rendered, Resources, Split, cluster_name, render, render_shard, split,
+    BASELINE, RenderError, Rendered, Resources, SERVER_CERT_DIR, Split, cluster_name, render,
+    render_shard, serves_tls, split,
 };
 pub use validate::{Problem, validate};
 

@@ -59,6 +59,27 @@ pub const BASELINE: [(&str, &str); 32] = [
     ("wal_log_hints", "on"),
 ];
 
+/// Where a pool pod's PostgreSQL finds the certificate it serves: the shard's pgBackRest
+/// certificate (`pgbackrest.crt`, `pgbackrest.key`; its CA signs every pool pod's names),
+/// mounted whenever the shard has backups, which every resolved shard has.
+pub const SERVER_CERT_DIR: &str = "/certs/pgbackrest";
+
+/// The settings that make PostgreSQL serve TLS with the shard's certificate (replacing the
+/// baseline's `ssl = off`). Replicas ask for it by default (`sslmode=prefer` in the
+/// `primary_conninfo` multipooler writes), and pg_hba admits replication over TLS only.
+fn server_tls() -> [(&'static str, String); 3] {
+    [
+        ("ssl", "on".to_owned()),
+        ("ssl_cert_file", format!("{SERVER_CERT_DIR}/pgbackrest.crt")),
+        ("ssl_key_file", format!("{SERVER_CERT_DIR}/pgbackrest.key")),
+    ]
+}
+
+/// Whether the pool pods of a shard hold a server certificate (see [`SERVER_CERT_DIR`]).
+pub fn serves_tls(spec: &ShardSpec) -> bool {
+    spec.backup.is_some()
+}
+
 /// Connections the sizing divides memory among (the baseline `max_connections`).
 const SIZING_CONNECTIONS: u64 = 60;
 /// WAL segment size in MB (PostgreSQL's default).
@@ -337,16 +358,19 @@ pub fn render_shard(
     render(
         &cluster_name(cluster, spec),
         Resources::of_shard(spec),
+        serves_tls(spec),
         spec.postgres_config_ref.as_ref().zip(reference),
         &spec.postgres_config,
     )
 }
 
-/// The postgresql.conf for servers named `cluster_name` with `resources`: baseline and sized
-/// defaults, then the referenced ConfigMap's content, then `config`, then the reload marker.
+/// The postgresql.conf for servers named `cluster_name` with `resources` (and a server
+/// certificate when `tls`): baseline and sized defaults, then the referenced ConfigMap's
+/// content, then `config`, then the reload marker.
 pub fn render(
     cluster_name: &str,
     resources: Resources,
+    tls: bool,
     reference: Option<(&PostgresConfigRef, &str)>,
     config: &BTreeMap<String, String>,
 ) -> Result<Rendered, RenderError> {
@@ -359,6 +383,9 @@ pub fn render(
         .map(|(name, value)| (*name, (*value).to_owned()))
         .collect();
     defaults.extend(resources.sized());
+    if tls {
+        defaults.extend(server_tls());
+    }
     defaults.insert("cluster_name", cluster_name.to_owned());
 
     let mut settings: BTreeMap<String, String> = defaults

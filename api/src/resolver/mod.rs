@@ -851,6 +851,7 @@ fn resolve_cell(
             log_levels: Some(ctx.log_levels.clone()),
             internal_tls: ctx.cluster.internal_tls.clone(),
             cert_common_name: ctx.cluster.cert_common_name.clone(),
+            gateway_tls: ctx.cluster.gateway_tls.clone(),
         },
         local_topo,
     }

@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     common::{
-        CellImages, CellName, ComponentLogLevels, GlobalTopoServerRef, GoDuration,
-        InternalTlsConfig, ObservabilityConfig, Phase, PodPlacementSpec, Region, StatelessSpec,
-        ZoneId,
+        CellImages, CellName, ComponentLogLevels, GatewayTlsConfig, GlobalTopoServerRef,
+        GoDuration, InternalTlsConfig, ObservabilityConfig, Phase, PodPlacementSpec, Region,
+        StatelessSpec, ZoneId,
     },
     rules,
     toposerver::LocalTopoServerSpec,
@@ -164,6 +164,14 @@ pub struct CellSpec {
     /// the cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_common_name: Option<String>,
+
+    /// Client TLS of the gateways, inherited from the cluster.
+    #[serde(
+        default,
+        rename = "gatewayTLS",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gateway_tls: Option<GatewayTlsConfig>,
 }
 
 /// Observed state of a Cell. Several handlers write it, each its own fields and condition types.

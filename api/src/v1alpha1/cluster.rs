@@ -14,10 +14,11 @@ use serde::{Deserialize, Serialize};
 use super::{
     cell::MultigatewaySpec,
     common::{
-        BackupConfig, CellName, Cidr, ComponentLogLevels, DatabaseName, ImagePullPolicy, ImageRef,
-        InitdbArgs, InternalTlsConfig, IpAddress, ObservabilityConfig, Phase, PodPlacementSpec,
-        PostgresConfigRef, PostgresPasswordSecretRef, PvcDeletionPolicy, Region, ShardName,
-        StatelessSpec, TableGroupName, TemplateRef, TopologyPruningConfig, ZoneId,
+        BackupConfig, CellName, Cidr, ComponentLogLevels, DatabaseName, GatewayTlsConfig,
+        ImagePullPolicy, ImageRef, InitdbArgs, InternalTlsConfig, IpAddress, ObservabilityConfig,
+        Phase, PodPlacementSpec, PostgresConfigRef, PostgresPasswordSecretRef, PvcDeletionPolicy,
+        Region, ShardName, StatelessSpec, TableGroupName, TemplateRef, TopologyPruningConfig,
+        ZoneId,
     },
     rules,
     shard::{MultiorchSpec, Pools},
@@ -152,10 +153,25 @@ pub struct MultigresClusterSpec {
     )]
     pub internal_tls: Option<InternalTlsConfig>,
 
-    /// DNS name (common name and SAN) of the public PostgreSQL TLS certificate served by
-    /// multigateway, e.g. `db.example.com`. Set: a cert-manager Certificate is created and the
-    /// gateway serves TLS. Unset: no TLS for client connections.
+    /// Client TLS of the gateways. Unset: TLS offered, plaintext still accepted.
+    #[serde(
+        default,
+        rename = "gatewayTLS",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[x_kube(validation = Rule::new("!(has(self.required) && self.required && has(self.enabled) && !self.enabled)")
+        .message("spec.gatewayTLS: required: true needs TLS enabled; remove enabled: false or required: true"))]
+    pub gateway_tls: Option<GatewayTlsConfig>,
+
+    /// DNS name clients use for the gateway, e.g. `db.example.com`: the common name and an
+    /// extra DNS name of the certificate multigateway serves (besides its Service names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 253),
+        regex(
+            pattern = r"^((\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
+        )
+    )]
     pub cert_common_name: Option<String>,
 
     /// cert-manager ClusterIssuer of the certificates this cluster creates.

@@ -252,6 +252,33 @@ pub struct InternalTlsConfig {
     pub enabled: Option<bool>,
 }
 
+/// TLS between PostgreSQL clients and multigateway, with a certificate the operator issues
+/// from the cluster's gateway CA (published in ConfigMap `<cluster>-gateway-ca`, key `ca.crt`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayTlsConfig {
+    /// multigateway offers TLS to clients. Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
+    /// multigateway refuses plaintext client connections (a CancelRequest is still accepted).
+    /// Default false: clients choose, as `sslmode=prefer` does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<bool>,
+}
+
+impl GatewayTlsConfig {
+    /// Whether multigateway serves TLS (unset means yes).
+    pub fn is_enabled(config: Option<&Self>) -> bool {
+        config.and_then(|c| c.enabled) != Some(false)
+    }
+
+    /// Whether plaintext clients are refused.
+    pub fn is_required(config: Option<&Self>) -> bool {
+        Self::is_enabled(config) && config.and_then(|c| c.required) == Some(true)
+    }
+}
+
 /// Settings of one container of a pool pod.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

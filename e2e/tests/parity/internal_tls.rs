@@ -6,12 +6,15 @@
 //! gRPC TLS flags. A shard with backups and no named Secret gets its own pgBackRest CA and
 //! certificate, mounted for pgctld and multipooler. Once settled, reconciles write no Secret; a
 //! deleted Secret is issued again; turning internal TLS off removes the Secrets and flags.
+//! Client TLS of the gateways is on by default, independent of internal TLS: a gateway CA
+//! (published alone in a ConfigMap) and a certificate for every gateway Service name and
+//! `certCommonName`, mounted with multigateway's `--pg-tls-*` flags.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PodSpec, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use multigres_api::v1alpha1::MultigresCluster;
@@ -34,6 +37,7 @@ spec:
       rootPath: /tls/global
   postgresPasswordSecretRef: {name: pg, key: password}
   internalTLS: {enabled: true}
+  certCommonName: db.example.com
   cells:
     - {name: zone-a, zoneId: zone-a}
 "#;
@@ -158,6 +162,8 @@ async fn internal_and_pgbackrest_tls_are_issued_mounted_and_kept() {
     let mut wanted: Vec<String> = processes.iter().map(|p| identity(p, &ns)).collect();
     wanted.extend([
         "tls-internal-tls-ca".to_owned(),
+        "tls-gateway-ca".to_owned(),
+        "tls-gateway-tls".to_owned(),
         format!("{SHARD}-pgbackrest-ca"),
         format!("{SHARD}-pgbackrest-tls"),
     ]);
@@ -247,6 +253,52 @@ async fn internal_and_pgbackrest_tls_are_issued_mounted_and_kept() {
     assert_eq!(
         tls_of(&gateway_pod, "multigateway"),
         (Some(identity("multigateway", &ns)), client_flags(&ns))
+    );
+    // Client TLS: the gateway certificate names every gateway Service and certCommonName,
+    // verifies against the gateway CA, whose certificate alone is published in a ConfigMap.
+    let gateway_ca = secrets.get("tls-gateway-ca").await.unwrap();
+    let gateway_cert = secrets.get("tls-gateway-tls").await.unwrap();
+    let (cn, dns) = verified(&gateway_cert, &gateway_ca);
+    assert_eq!(cn, "db.example.com");
+    for name in [
+        format!("tls-multigateway.{ns}.svc"),
+        format!("tls-multigateway-replica.{ns}.svc.cluster.local"),
+        format!("tls-zone-a-multigateway.{ns}.svc"),
+        "db.example.com".to_owned(),
+    ] {
+        assert!(
+            dns.contains(&name),
+            "the gateway certificate lacks {name}: {dns:?}"
+        );
+    }
+    let published = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get("tls-gateway-ca")
+        .await
+        .unwrap()
+        .data
+        .unwrap_or_default();
+    assert_eq!(
+        published.keys().collect::<Vec<_>>(),
+        ["ca.crt"],
+        "only the certificate is published"
+    );
+    assert_eq!(published["ca.crt"], text(&gateway_ca, "ca.crt"));
+    let gateway = gateway_pod
+        .containers
+        .iter()
+        .find(|c| c.name == "multigateway");
+    let pg_tls: Vec<&String> = gateway
+        .and_then(|c| c.args.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.starts_with("--pg-tls") || a.starts_with("--pg-require"))
+        .collect();
+    assert_eq!(
+        pg_tls,
+        [
+            "--pg-tls-cert-file=/etc/multigres/gateway-tls/tls.crt",
+            "--pg-tls-key-file=/etc/multigres/gateway-tls/tls.key",
+        ]
     );
     let orch_pod = pod_of(&deployment(format!("{SHARD}-multiorch-zone-a")).await);
     assert_eq!(

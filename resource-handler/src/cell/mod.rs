@@ -5,19 +5,22 @@ pub mod build;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::Future;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
+use kube::ResourceExt;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
+use multigres_api::labels::{CLUSTER, COMPONENT, Component};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
-use multigres_api::v1alpha1::{Cell, CellStatus};
+use multigres_api::v1alpha1::{Cell, CellStatus, GatewayTlsConfig};
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
@@ -35,6 +38,10 @@ use crate::sync::{self, SyncError};
 
 /// Controller name in metrics and HandlerInfo.
 pub const NAME: &str = "cell";
+
+/// How soon a cell waiting for its gateway certificate looks again, should the Secret's
+/// watch event be missed.
+const GATEWAY_CERT_RECHECK: Duration = Duration::from_secs(5);
 
 type Guard = Guarded<Cell>;
 
@@ -79,8 +86,26 @@ pub struct Triggers {
     pub services: Changes<Service>,
     /// Owned PodDisruptionBudgets.
     pub pdbs: Changes<PodDisruptionBudget>,
+    /// The operator's Secrets; a gateway certificate wakes the cells of its cluster.
+    pub secrets: Changes<Secret>,
     /// A change of the cordoned nodes (a drain may have begun).
     pub cordons: futures::channel::mpsc::UnboundedReceiver<()>,
+}
+
+/// The Cells of the cluster whose gateway certificate `secret` holds (none for any other
+/// Secret).
+fn cells_served_by(cells: &Store<Guard>, secret: &Secret) -> Vec<ObjectRef<Guard>> {
+    let labels = secret.labels();
+    if labels.get(COMPONENT).map(String::as_str) != Some(Component::GatewayTls.as_str()) {
+        return Vec::new();
+    }
+    let cluster = labels.get(CLUSTER);
+    cells
+        .state()
+        .into_iter()
+        .filter(|c| c.namespace() == secret.namespace() && c.labels().get(CLUSTER) == cluster)
+        .map(|c| ObjectRef::from_obj(&*c))
+        .collect()
 }
 
 /// The controller, ready to be polled until shutdown.
@@ -91,11 +116,16 @@ pub fn run(
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
     let controller = Controller::for_shared_stream(cells.changes(), cells.store());
+    let served_by = {
+        let cells = cells.store();
+        move |secret: Arc<Secret>| cells_served_by(&cells, &secret)
+    };
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
     let results = controller
         .owns_shared_stream(triggers.deployments)
         .owns_shared_stream(triggers.services)
         .owns_shared_stream(triggers.pdbs)
+        .watches_shared_stream(triggers.secrets, served_by)
         .reconcile_all_on(triggers.cordons)
         .with_config(Config::default().concurrency(CONCURRENCY))
         .graceful_shutdown_on(shutdown)
@@ -132,6 +162,18 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
                 .map(String::as_str),
         },
     );
+    if GatewayTlsConfig::is_enabled(cell.spec.gateway_tls.as_ref()) {
+        let secret = multigres_api::names::gateway_tls(&owner.cluster);
+        let stored = ctx.stores.secrets.get(&ObjectRef::new(&secret).within(ns));
+        let Some(digest) = stored.as_deref().and_then(crate::tls::certificate_digest) else {
+            // The cluster's multiadmin controller issues it (and reports on the
+            // MultigresCluster when it cannot); its arrival wakes this cell.
+            tracing::info!(cell = %owner.name, namespace = ns, %secret, "waiting for the gateway certificate");
+            return Ok(Action::requeue(GATEWAY_CERT_RECHECK));
+        };
+        let required = GatewayTlsConfig::is_required(cell.spec.gateway_tls.as_ref());
+        crate::tls::mount_gateway(&mut objects.deployment, &owner.cluster, required, &digest);
+    }
     let name = crate::names::multigateway(&owner.name);
     let observed_deployment = ctx
         .stores

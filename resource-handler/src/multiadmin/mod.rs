@@ -231,6 +231,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let resolved = resolve_cluster(ctx, cluster, &owner.namespace)?;
     let internal_tls = cluster.spec.internal_tls.as_ref();
     crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;
+    crate::tls::reconcile_gateway(ctx, guard, &owner, &resolved, &cluster.spec).await?;
     let objects = desire(&owner, cluster, &resolved, &ctx.telemetry);
     apply(ctx, &owner, objects).await?;
     prune(ctx, &owner).await?;

@@ -22,7 +22,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use multigres_api::labels::{self, Component, Placement};
 use multigres_api::postgres::{RenderError, Rendered, render_shard};
-use multigres_api::v1alpha1::{PostgresConfigRef, PostgresConfigStatus, Shard};
+use multigres_api::v1alpha1::{PostgresConfigRef, PostgresConfigStatus, Shard, ShardSpec};
 
 use super::Guard;
 use super::build::ShardObjects;
@@ -47,8 +47,19 @@ pub const RELOAD_HASH: &str = multigres_api::postgres::RELOAD_HASH_ANNOTATION;
 /// replication from loopback only, so a replica in another pod could never stream from the
 /// primary (`no pg_hba.conf entry for replication connection`) and no primary was ever elected.
 pub const HBA_TEMPLATE_KEY: &str = "pg_hba_template.conf";
-/// The pg_hba.conf template: SCRAM for every connection, replication from any pod address.
+/// The pg_hba.conf template: SCRAM for every connection, replication from any pod address over
+/// TLS.
 pub const HBA_TEMPLATE: &str = include_str!("pg_hba_template.conf");
+
+/// The pg_hba.conf template of a shard: [`HBA_TEMPLATE`], whose replication lines need TLS,
+/// unless its pool pods hold no server certificate (a Shard written without backups; every
+/// resolved one has them), whose replicas could not stream otherwise.
+pub fn hba_template(spec: &ShardSpec) -> String {
+    match multigres_api::postgres::serves_tls(spec) {
+        true => HBA_TEMPLATE.to_owned(),
+        false => HBA_TEMPLATE.replace("hostssl replication", "host    replication"),
+    }
+}
 /// pgctld's variable naming the extra configuration file PostgreSQL includes.
 const EXTRA_CONF_ENV: &str = "POSTGRES_INITDB_EXTRA_CONF";
 const VOLUME: &str = "postgres-config";
@@ -144,7 +155,7 @@ pub fn config_map(owner: &Owner, shard: &Shard, rendered: &Rendered) -> ConfigMa
         },
         data: Some(BTreeMap::from([
             (CONFIG_KEY.to_owned(), rendered.text.clone()),
-            (HBA_TEMPLATE_KEY.to_owned(), HBA_TEMPLATE.to_owned()),
+            (HBA_TEMPLATE_KEY.to_owned(), hba_template(spec)),
         ])),
         ..Default::default()
     }

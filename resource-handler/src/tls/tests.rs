@@ -339,3 +339,107 @@ fn a_problem_is_warned_about_once() {
     let other = check_user_secret("other", None);
     assert!(is_new(Some(&[stored]), &other));
 }
+
+#[test]
+fn the_gateway_certificate_names_every_gateway_service_and_the_common_name() {
+    let resolved = resolve(&cluster(), &Templates::default()).unwrap();
+    let plain = gateway_leaf_spec("prod", "db", &resolved, None);
+    assert_eq!(plain.common_name, "prod-multigateway.db.svc");
+    for name in [
+        "prod-multigateway",
+        "prod-multigateway.db.svc",
+        "prod-multigateway.db.svc.cluster.local",
+        "prod-multigateway-replica.db.svc",
+        "prod-zone-a-multigateway.db",
+        "prod-zone-a-multigateway.db.svc.cluster.local",
+    ] {
+        assert!(
+            plain.dns_names.contains(&name.to_owned()),
+            "{name}: {plain:?}"
+        );
+    }
+    let named = gateway_leaf_spec("prod", "db", &resolved, Some("db.example.com"));
+    assert_eq!(named.common_name, "db.example.com");
+    assert!(named.dns_names.contains(&"db.example.com".to_owned()));
+    assert_eq!(named.dns_names.len(), plain.dns_names.len() + 1);
+    assert_eq!(gateway_leaf_spec("prod", "db", &resolved, Some("")), plain);
+}
+
+fn gateway_deployment() -> Deployment {
+    let container = |name: &str| Container {
+        name: name.to_owned(),
+        args: Some(vec!["--cell=a".to_owned()]),
+        ..Default::default()
+    };
+    Deployment {
+        spec: Some(DeploymentSpec {
+            template: PodTemplateSpec {
+                spec: Some(PodSpec {
+                    containers: vec![container("multigateway"), container("sidecar")],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_gateway_serves_its_certificate_and_rolls_when_it_changes() {
+    let mut offered = gateway_deployment();
+    mount_gateway(&mut offered, "prod", false, "0123");
+    let template = &offered.spec.as_ref().unwrap().template;
+    let annotations = template.metadata.as_ref().unwrap().annotations.as_ref();
+    assert_eq!(
+        annotations
+            .unwrap()
+            .get(GATEWAY_CERT_ANNOTATION)
+            .map(String::as_str),
+        Some("0123")
+    );
+    let pod = template.spec.as_ref().unwrap();
+    let volume = &pod.volumes.as_ref().unwrap()[0];
+    let secret = volume.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("prod-gateway-tls"));
+    assert_eq!(secret.default_mode, Some(0o440));
+    let gateway = &pod.containers[0];
+    assert_eq!(
+        gateway.args.as_deref().unwrap(),
+        [
+            "--cell=a",
+            "--pg-tls-cert-file=/etc/multigres/gateway-tls/tls.crt",
+            "--pg-tls-key-file=/etc/multigres/gateway-tls/tls.key",
+        ]
+    );
+    assert_eq!(
+        gateway.volume_mounts.as_ref().unwrap()[0].mount_path,
+        GATEWAY_TLS_DIR
+    );
+    assert!(pod.containers[1].volume_mounts.is_none());
+
+    let mut required = gateway_deployment();
+    mount_gateway(&mut required, "prod", true, "0123");
+    let args = required.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert_eq!(
+        args.last().map(String::as_str),
+        Some("--pg-require-ssl=true")
+    );
+
+    let secret = |cert: &str| Secret {
+        data: Some(BTreeMap::from([(
+            TLS_CRT.to_owned(),
+            ByteString(cert.as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    };
+    let digest = certificate_digest(&secret("a")).unwrap();
+    assert_eq!(digest.len(), 16);
+    assert_eq!(certificate_digest(&secret("a")), Some(digest.clone()));
+    assert_ne!(certificate_digest(&secret("b")), Some(digest));
+    assert_eq!(certificate_digest(&Secret::default()), None);
+}

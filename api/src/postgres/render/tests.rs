@@ -73,7 +73,7 @@ multigres.config_reload_marker = '";
 
 #[test]
 fn without_sizes_the_file_is_the_baseline_and_the_marker() {
-    let r = render(NAME, Resources::default(), None, &BTreeMap::new()).unwrap();
+    let r = render(NAME, Resources::default(), false, None, &BTreeMap::new()).unwrap();
     assert_eq!(
         r.text,
         format!("{DEFAULT_FILE}{}'\n", r.split.reload_hash),
@@ -93,7 +93,9 @@ fn memory_sizes_buffers_caches_and_work_memory() {
         cpu_millis: Some(100),
         disk_bytes: None,
     };
-    let text = render(NAME, small, None, &BTreeMap::new()).unwrap().text;
+    let text = render(NAME, small, false, None, &BTreeMap::new())
+        .unwrap()
+        .text;
     for (name, value) in [
         ("shared_buffers", "'128MB'"),
         ("effective_cache_size", "'384MB'"),
@@ -112,7 +114,9 @@ fn memory_sizes_buffers_caches_and_work_memory() {
         cpu_millis: Some(8000),
         disk_bytes: None,
     };
-    let text = render(NAME, big, None, &BTreeMap::new()).unwrap().text;
+    let text = render(NAME, big, false, None, &BTreeMap::new())
+        .unwrap()
+        .text;
     for (name, value) in [
         ("shared_buffers", "'16384MB'"),
         ("effective_cache_size", "'49152MB'"),
@@ -138,7 +142,7 @@ fn disk_sizes_the_wal_within_bounds() {
             disk_bytes: Some(disk),
             ..Resources::default()
         };
-        let text = render(NAME, r, None, &BTreeMap::new()).unwrap().text;
+        let text = render(NAME, r, false, None, &BTreeMap::new()).unwrap().text;
         [
             "max_wal_size",
             "min_wal_size",
@@ -166,6 +170,7 @@ fn the_reference_then_the_map_follow_the_defaults_and_win() {
     let r = render(
         NAME,
         Resources::default(),
+        false,
         Some((&reference, content)),
         &config,
     )
@@ -224,7 +229,7 @@ fn settings_split_by_when_postgres_applies_them() {
 #[test]
 fn a_reload_class_change_moves_only_the_reload_hash() {
     let at = |config: &[(&str, &str)]| {
-        render(NAME, Resources::default(), None, &map(config))
+        render(NAME, Resources::default(), false, None, &map(config))
             .unwrap()
             .split
     };
@@ -248,6 +253,7 @@ fn refused_maps_and_malformed_references_say_what_and_where() {
     let e = render(
         NAME,
         Resources::default(),
+        false,
         None,
         &map(&[("shared_bufers", "1GB"), ("port", "1")]),
     )
@@ -265,6 +271,7 @@ fn refused_maps_and_malformed_references_say_what_and_where() {
     let e = render(
         NAME,
         Resources::default(),
+        false,
         Some((&reference, "work_mem = 1MB\nwork_mem =\n")),
         &BTreeMap::new(),
     )
@@ -289,6 +296,7 @@ fn referenced_content_is_checked_by_the_same_rules_naming_configmap_key_and_para
     let e = render(
         NAME,
         Resources::default(),
+        false,
         Some((&reference, content)),
         &BTreeMap::new(),
     )
@@ -308,6 +316,7 @@ fn referenced_content_is_checked_by_the_same_rules_naming_configmap_key_and_para
         let e = render(
             NAME,
             Resources::default(),
+            false,
             Some((&reference, directive)),
             &BTreeMap::new(),
         )
@@ -389,4 +398,24 @@ fn quantities_read_as_kubernetes_writes_them() {
     assert_eq!(quantity("2"), Some(2.0));
     assert_eq!(quantity("1e3"), Some(1000.0));
     assert_eq!(quantity("lots"), None);
+}
+
+#[test]
+fn a_server_certificate_turns_tls_on_and_the_baseline_off_is_replaced() {
+    let plain = render(NAME, Resources::default(), false, None, &BTreeMap::new()).unwrap();
+    assert_eq!(line(&plain.text, "ssl"), ["ssl = off"]);
+    assert!(line(&plain.text, "ssl_cert_file").is_empty());
+    let tls = render(NAME, Resources::default(), true, None, &BTreeMap::new()).unwrap();
+    assert_eq!(line(&tls.text, "ssl"), ["ssl = on"]);
+    assert_eq!(
+        line(&tls.text, "ssl_cert_file"),
+        ["ssl_cert_file = '/certs/pgbackrest/pgbackrest.crt'"]
+    );
+    assert_eq!(
+        line(&tls.text, "ssl_key_file"),
+        ["ssl_key_file = '/certs/pgbackrest/pgbackrest.key'"]
+    );
+    // ssl is a reload-class setting: turning it on restarts no pod.
+    assert_eq!(plain.split.restart_hash, tls.split.restart_hash);
+    assert_ne!(plain.split.reload_hash, tls.split.reload_hash);
 }

@@ -29,6 +29,11 @@ fn mounted(shard: &Shard) -> (ShardObjects, Rendered) {
     (objects, rendered)
 }
 
+fn line<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    let prefix = format!("{name} = ");
+    text.lines().filter(|l| l.starts_with(&prefix)).collect()
+}
+
 fn pod_spec(objects: &ShardObjects, index: usize) -> &PodSpec {
     let set = objects.pools[index].statefulset.spec.as_ref().unwrap();
     set.template.spec.as_ref().unwrap()
@@ -75,13 +80,32 @@ fn the_config_map_holds_the_rendered_file_and_both_fingerprints_and_is_owned_by_
         .collect();
     assert!(
         rules.contains(&vec![
-            "host",
+            "hostssl",
             "replication",
             "all",
             "0.0.0.0/0",
             "scram-sha-256"
         ]),
-        "replicas in other pods may stream from the primary: {rules:?}"
+        "replicas in other pods may stream from the primary, over TLS: {rules:?}"
+    );
+    assert!(
+        rules
+            .iter()
+            .all(|r| r[0] != "host" || r[1] != "replication"),
+        "no plaintext replication: {rules:?}"
+    );
+    assert_eq!(
+        line(&rendered.text, "ssl"),
+        ["ssl = on"],
+        "the primary serves the TLS the replicas must use"
+    );
+    let mut without_backups = shard.clone();
+    without_backups.spec.backup = None;
+    let plain = hba_template(&without_backups.spec);
+    assert!(plain.contains("\nhost    replication  all   0.0.0.0/0  scram-sha-256\n"));
+    assert!(
+        !plain.contains("hostssl"),
+        "no certificate, no TLS-only rule"
     );
     assert!(
         rules.iter().all(|r| r.last() == Some(&"scram-sha-256")),
