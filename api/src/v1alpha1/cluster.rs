@@ -85,6 +85,8 @@ pub struct MultigresClusterSpec {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     #[x_kube(validation = Rule::new("oldSelf.all(c, c.name in self.map(x, x.name))")
         .message("Cells cannot be removed or renamed (Append-Only)"))]
+    #[x_kube(validation = Rule::new("self.all(c, c.name != 'global')")
+        .message("the cell name global is reserved: Multigres keeps the global topology under that name; choose another"))]
     pub cells: Vec<CellConfig>,
 
     /// Logical databases with their table groups and shards. In v1alpha1 at most one: `postgres`

@@ -18,6 +18,11 @@ use crate::v1alpha1::BackupKind;
 /// keeps `_` out of cell names, which Multigres uses as a separator in pooler IDs.
 pub const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 
+/// Pattern of a Kubernetes label value (at most 63 characters): letters, digits, `-`, `_` and
+/// `.`, starting and ending with a letter or digit. Zone IDs and regions become node-selector
+/// values, which the API server refuses in a workload otherwise.
+pub const LABEL_VALUE_PATTERN: &str = "^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$";
+
 /// Pattern of a Go duration string such as `10s`, `1m30s` or `250ms`.
 pub const DURATION_PATTERN: &str = "^([0-9]+(\\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h))+$";
 
@@ -60,13 +65,15 @@ constrained_string! {
 }
 
 constrained_string! {
-    /// Cloud availability zone ID, e.g. `use1-az1` (1 to 63 characters).
-    ZoneId { min: 1, max: 63 }
+    /// Cloud availability zone ID, e.g. `use1-az1` (a label value: 1 to 63 letters, digits,
+    /// `-`, `_` or `.`).
+    ZoneId { min: 1, max: 63, pattern: LABEL_VALUE_PATTERN }
 }
 
 constrained_string! {
-    /// Cloud region, e.g. `us-east-1` (1 to 63 characters).
-    Region { min: 1, max: 63 }
+    /// Cloud region, e.g. `us-east-1` (a label value: 1 to 63 letters, digits, `-`, `_` or
+    /// `.`).
+    Region { min: 1, max: 63, pattern: LABEL_VALUE_PATTERN }
 }
 
 constrained_string! {
