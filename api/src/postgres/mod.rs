@@ -5,6 +5,7 @@
 
 pub mod catalog;
 pub mod conf;
+pub mod connections;
 pub mod limits;
 pub mod policy;
 mod render;

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use super::RELOAD_MARKER;
 use super::catalog;
 use super::conf::{self, SyntaxError, quote};
+use super::connections::{PoolCapacity, pool_capacity};
 use super::validate::{Problem, validate};
 use crate::resolver::defaults;
 use crate::v1alpha1::{PostgresConfigRef, ShardSpec};
@@ -336,6 +337,8 @@ pub struct Rendered {
     pub text: String,
     /// Its effective settings (without the marker), split.
     pub split: Split,
+    /// What multipooler's pools may take of its `max_connections`.
+    pub pool: PoolCapacity,
 }
 
 /// `cluster_name` of a shard's servers: `<cluster>/<database>/<tablegroup>/<shard>`.
@@ -434,6 +437,12 @@ pub fn render(
             settings.insert(name.to_ascii_lowercase(), value.clone());
         }
     }
+    let pool = pool_capacity(&settings).map_err(|message| {
+        RenderError::Invalid(vec![Problem {
+            name: "max_connections".to_owned(),
+            message,
+        }])
+    })?;
     let split = split(&settings);
     let _ = write!(
         text,
@@ -441,7 +450,7 @@ pub fn render(
          {RELOAD_MARKER} = {}\n",
         quote(&split.reload_hash)
     );
-    Ok(Rendered { text, split })
+    Ok(Rendered { text, split, pool })
 }
 
 #[cfg(test)]

@@ -28,9 +28,11 @@ impl fmt::Display for Problem {
     }
 }
 
-/// Every problem of a `postgresConfig` map, in name order; empty when PostgreSQL accepts it.
+/// Every problem of a `postgresConfig` map, in name order, then a `max_connections` that
+/// leaves multipooler's pools nothing (see [`super::connections`]); empty when PostgreSQL
+/// accepts it and the pools fit.
 pub fn validate(config: &BTreeMap<String, String>) -> Vec<Problem> {
-    config
+    let mut problems: Vec<Problem> = config
         .iter()
         .filter_map(|(name, value)| {
             check(name, value).err().map(|message| Problem {
@@ -38,7 +40,26 @@ pub fn validate(config: &BTreeMap<String, String>) -> Vec<Problem> {
                 message,
             })
         })
-        .collect()
+        .collect();
+    let lowered: BTreeMap<String, String> = config
+        .iter()
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.clone()))
+        .collect();
+    let sizes = [
+        "max_connections",
+        "superuser_reserved_connections",
+        "reserved_connections",
+    ];
+    let set = sizes.iter().find(|name| lowered.contains_key(**name));
+    if let (Some(name), true) = (set, problems.is_empty()) {
+        if let Err(message) = super::connections::pool_capacity(&lowered) {
+            problems.push(Problem {
+                name: (*name).to_owned(),
+                message,
+            });
+        }
+    }
+    problems
 }
 
 fn check(name: &str, value: &str) -> Result<(), String> {

@@ -65,6 +65,8 @@ const EXTRA_CONF_ENV: &str = "POSTGRES_INITDB_EXTRA_CONF";
 const VOLUME: &str = "postgres-config";
 /// The pgctld container of a pool pod (a native sidecar, so an init container).
 const PGCTLD_CONTAINER: &str = "postgres";
+/// The multipooler container of a pool pod.
+const POOLER_CONTAINER: &str = "multipooler";
 
 /// Why a shard's postgresql.conf cannot be produced.
 #[derive(Debug, thiserror::Error)]
@@ -204,6 +206,16 @@ pub fn mount_into(objects: &mut ShardObjects, config_map: &str, rendered: &Rende
                 .args
                 .get_or_insert_default()
                 .push(format!("--pg-hba-template={CONFIG_DIR}/{HBA_TEMPLATE_KEY}"));
+        }
+        // The pools' capacity follows max_connections, a restart-class setting: it changes
+        // in the same ordered restart as the server it sizes.
+        let pooler = pod
+            .containers
+            .iter_mut()
+            .find(|c| c.name == POOLER_CONTAINER);
+        if let Some(pooler) = pooler {
+            let args = pooler.args.get_or_insert_default();
+            args.extend(rendered.pool.flags());
         }
     }
 }

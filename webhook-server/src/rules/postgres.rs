@@ -89,6 +89,18 @@ mod tests {
     }
 
     #[test]
+    fn a_max_connections_too_small_for_the_pools_is_refused_with_the_minimum() {
+        let findings = check(&[("max_connections", "10")]);
+        assert_eq!(
+            findings.message(),
+            "spec.postgresConfig[max_connections]: max_connections = 10 leaves no connection \
+             for multipooler's pool: it must be at least 14 (3 reserved for superusers, 5 for \
+             multipooler's admin pool, 5 for backups, rewinds and maintenance, and 1 for \
+             clients)"
+        );
+    }
+
+    #[test]
     fn known_and_extension_parameters_pass() {
         let findings = check(&[
             ("work_mem", "4MB"),

@@ -555,3 +555,36 @@ fn only_the_configmaps_shards_name_are_watched_once_each() {
     );
     assert!(referenced_config_maps(&[]).is_empty());
 }
+
+#[test]
+fn multipooler_pools_fit_within_max_connections() {
+    let pooler_args = |shard: &Shard| {
+        let (objects, _) = mounted(shard);
+        let pod = pod_spec(&objects, 0);
+        container(pod, "multipooler")
+            .args
+            .clone()
+            .unwrap_or_default()
+    };
+    let default = pooler_args(&fixture());
+    assert!(
+        default.contains(&"--connpool-global-capacity=47".to_owned()),
+        "{default:?}"
+    );
+    assert!(
+        default.contains(&"--connpool-admin-capacity=5".to_owned()),
+        "{default:?}"
+    );
+    let larger = pooler_args(&with_config(&[("max_connections", "200")]));
+    assert!(
+        larger.contains(&"--connpool-global-capacity=187".to_owned()),
+        "{larger:?}"
+    );
+
+    let too_small = with_config(&[("max_connections", "10")]);
+    let owner = Owner::of(&too_small).unwrap();
+    let error = render_shard(&owner.cluster, &too_small.spec, None).unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("postgresConfig.max_connections"), "{text}");
+    assert!(text.contains("at least 14"), "{text}");
+}
