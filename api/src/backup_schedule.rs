@@ -11,9 +11,10 @@ use k8s_openapi::jiff::tz::TimeZone;
 pub struct Schedule(Cron);
 
 impl Schedule {
-    /// Parses `expression`; the error says what is allowed.
+    /// Parses `expression`; the error says what is allowed. An expression no date matches
+    /// (`0 0 30 2 *`, 30 February) is refused too: it would never take a backup.
     pub fn parse(expression: &str) -> Result<Schedule, String> {
-        CronParser::builder()
+        let schedule = CronParser::builder()
             .seconds(Seconds::Disallowed)
             .build()
             .parse(expression)
@@ -24,7 +25,16 @@ impl Schedule {
                      minute hour day-of-month month day-of-week, e.g. \"0 2 * * *\" for 02:00 \
                      every day"
                 )
-            })
+            })?;
+        // Dates repeat within 28 years, weekdays included; any start before now will do.
+        let start = Timestamp::from_second(946_684_800).unwrap_or(Timestamp::UNIX_EPOCH);
+        match schedule.next_after(start) {
+            Some(_) => Ok(schedule),
+            None => Err(format!(
+                "{expression:?} matches no date, so it would never take a backup; check the \
+                 day of month against the month (e.g. 30 February)"
+            )),
+        }
     }
 
     /// The first scheduled time strictly after `after`; `None` when the expression never
@@ -78,6 +88,9 @@ mod tests {
             assert!(error.contains("five fields in UTC"), "{bad}: {error}");
         }
         assert!(Schedule::parse("30 3 * * SUN").is_ok());
+        let never = Schedule::parse("0 0 30 2 *").unwrap_err();
+        assert!(never.contains("matches no date"), "{never}");
+        assert!(Schedule::parse("0 0 29 2 *").is_ok(), "leap days come");
         assert!(Schedule::parse("*/15 * * * *").is_ok());
     }
 

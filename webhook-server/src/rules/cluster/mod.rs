@@ -272,6 +272,30 @@ templateDefaults: {shardTemplate: default}
     }
 
     #[test]
+    fn a_shard_without_multiorch_is_refused_where_it_was_written() {
+        let inline = shard("spec: {multiorch: {replicas: 0}}");
+        let findings = validate(&cluster(&inline), None, &Templates::default());
+        assert_eq!(
+            fields(&findings),
+            [format!("{SHARD}.spec.multiorch.replicas")]
+        );
+        assert!(
+            findings
+                .message()
+                .contains("without multiorch no primary is ever elected"),
+            "{findings:?}"
+        );
+        let templated = templates("shard: {default: {multiorch: {replicas: 0}}}");
+        let findings = validate(&cluster(BASE), None, &templated);
+        assert_eq!(
+            fields(&findings),
+            ["ShardTemplate \"default\" spec.multiorch.replicas"]
+        );
+        let one = shard("spec: {multiorch: {replicas: 1}}");
+        assert!(validate(&cluster(&one), None, &Templates::default()).allowed());
+    }
+
+    #[test]
     fn problems_the_stored_cluster_already_had_do_not_block_an_edit() {
         let broken = with("durabilityPolicy: LEGACY\n");
         let old = cluster(&broken);

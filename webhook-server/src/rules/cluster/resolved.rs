@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use multigres_api::resolver::GlobalTopo;
-use multigres_api::v1alpha1::{BackupType, PoolSpec, ShardConfig};
+use multigres_api::v1alpha1::{BackupType, MultiorchSpec, PoolSpec, ShardConfig};
 
 use super::view::{ShardSite, View};
 use crate::rules;
@@ -79,6 +79,7 @@ pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {
             );
             durability_warning(findings, shard, pool_name, pool);
         }
+        multiorch_replicas(findings, shard);
         single_loss_warning(findings, shard);
         shared_backup_volume_warning(findings, view, shard);
         override_pools_warning(findings, shard);
@@ -86,26 +87,43 @@ pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {
 }
 
 fn multiorch_cells_field(shard: &ShardSite<'_>) -> String {
+    multiorch_field(shard, "cells", |m| !m.cells.is_empty())
+}
+
+/// Where `multiorch.<leaf>` of a shard was written: its inline spec, its overrides or its
+/// template (the first whose multiorch block `has` it).
+fn multiorch_field(shard: &ShardSite<'_>, leaf: &str, has: fn(&MultiorchSpec) -> bool) -> String {
     let written = |get: &dyn Fn(&ShardConfig) -> bool| shard.config.is_some_and(get);
     let path = shard.describe();
     if written(&|c| {
         c.spec
             .as_ref()
             .and_then(|s| s.multiorch.as_ref())
-            .is_some_and(|m| !m.cells.is_empty())
+            .is_some_and(has)
     }) {
-        format!("{path}.spec.multiorch.cells")
+        format!("{path}.spec.multiorch.{leaf}")
     } else if written(&|c| {
         c.overrides
             .as_ref()
             .and_then(|o| o.multiorch.as_ref())
-            .is_some_and(|m| !m.cells.is_empty())
+            .is_some_and(has)
     }) {
-        format!("{path}.overrides.multiorch.cells")
+        format!("{path}.overrides.multiorch.{leaf}")
     } else if let Some((name, _)) = shard.template {
-        format!("ShardTemplate {name:?} spec.multiorch.cells")
+        format!("ShardTemplate {name:?} spec.multiorch.{leaf}")
     } else {
-        format!("{path}.multiorch.cells")
+        format!("{path}.multiorch.{leaf}")
+    }
+}
+
+/// A shard without multiorch never gets a primary elected, nor a failed one replaced.
+fn multiorch_replicas(findings: &mut Findings, shard: &ShardSite<'_>) {
+    if shard.resolved.multiorch.stateless.replicas == Some(0) {
+        findings.violation(
+            multiorch_field(shard, "replicas", |m| m.stateless.replicas.is_some()),
+            "must be at least 1: without multiorch no primary is ever elected for the shard, \
+             and a failed primary is never replaced",
+        );
     }
 }
 
