@@ -51,13 +51,13 @@ pub fn validate(config: &BTreeMap<String, String>) -> Vec<Problem> {
         "reserved_connections",
     ];
     let set = sizes.iter().find(|name| lowered.contains_key(**name));
-    if let (Some(name), true) = (set, problems.is_empty()) {
-        if let Err(message) = super::connections::pool_capacity(&lowered) {
-            problems.push(Problem {
-                name: (*name).to_owned(),
-                message,
-            });
-        }
+    if let (Some(name), true) = (set, problems.is_empty())
+        && let Err(message) = super::connections::pool_capacity(&lowered)
+    {
+        problems.push(Problem {
+            name: (*name).to_owned(),
+            message,
+        });
     }
     problems
 }

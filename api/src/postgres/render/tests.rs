@@ -403,10 +403,10 @@ fn quantities_read_as_kubernetes_writes_them() {
 #[test]
 fn a_server_certificate_turns_tls_on_and_the_baseline_off_is_replaced() {
     let plain = render(NAME, Resources::default(), false, None, &BTreeMap::new()).unwrap();
-    assert_eq!(line(&plain.text, "ssl"), ["ssl = off"]);
+    assert_eq!(line(&plain.text, "ssl"), ["ssl = 'off'"]);
     assert!(line(&plain.text, "ssl_cert_file").is_empty());
     let tls = render(NAME, Resources::default(), true, None, &BTreeMap::new()).unwrap();
-    assert_eq!(line(&tls.text, "ssl"), ["ssl = on"]);
+    assert_eq!(line(&tls.text, "ssl"), ["ssl = 'on'"]);
     assert_eq!(
         line(&tls.text, "ssl_cert_file"),
         ["ssl_cert_file = '/certs/pgbackrest/pgbackrest.crt'"]

@@ -96,7 +96,7 @@ fn the_config_map_holds_the_rendered_file_and_both_fingerprints_and_is_owned_by_
     );
     assert_eq!(
         line(&rendered.text, "ssl"),
-        ["ssl = on"],
+        ["ssl = 'on'"],
         "the primary serves the TLS the replicas must use"
     );
     let mut without_backups = shard.clone();
