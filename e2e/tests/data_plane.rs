@@ -418,7 +418,8 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     println!("kubectl multigres status {NAME}:\n{screen}");
 
     // 5c. Replication crosses the pod network encrypted: the primary's pg_stat_ssl shows TLS on
-    // every WAL sender's connection, and pg_hba refuses a replication connection without it.
+    // every WAL sender's connection, and pg_hba refuses a physical replication connection (what
+    // a replica opens, `replication=true`) without it.
     let primary_pod = pool_pods(&client, &namespace)
         .await
         .into_iter()
@@ -443,7 +444,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         async move {
             tokio::process::Command::new("psql")
                 .arg(format!(
-                    "host={host} user=postgres dbname=postgres replication=database \
+                    "host={host} user=postgres dbname=postgres replication=true \
                      sslmode={sslmode} connect_timeout=5"
                 ))
                 .args(["-XAtc", "IDENTIFY_SYSTEM"])

@@ -111,18 +111,18 @@ fn each_process_gets_its_exact_tls_flags() {
     }
 }
 
-#[test]
-fn the_certificate_is_mounted_only_into_its_process() {
+/// A Deployment running `process` and a sidecar, each with one argument.
+fn deployment_of(process: &str) -> Deployment {
     let container = |name: &str| Container {
         name: name.to_owned(),
         args: Some(vec!["--cell=a".to_owned()]),
         ..Default::default()
     };
-    let mut deployment = Deployment {
+    Deployment {
         spec: Some(DeploymentSpec {
             template: PodTemplateSpec {
                 spec: Some(PodSpec {
-                    containers: vec![container("multiorch"), container("sidecar")],
+                    containers: vec![container(process), container("sidecar")],
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -130,7 +130,12 @@ fn the_certificate_is_mounted_only_into_its_process() {
             ..Default::default()
         }),
         ..Default::default()
-    };
+    }
+}
+
+#[test]
+fn the_certificate_is_mounted_only_into_its_process() {
+    let mut deployment = deployment_of("multiorch");
     mount_internal_deployment(&mut deployment, Process::Multiorch, "prod", "db");
     let pod = deployment.spec.unwrap().template.spec.unwrap();
     let volume = &pod.volumes.unwrap()[0];
@@ -365,30 +370,9 @@ fn the_gateway_certificate_names_every_gateway_service_and_the_common_name() {
     assert_eq!(gateway_leaf_spec("prod", "db", &resolved, Some("")), plain);
 }
 
-fn gateway_deployment() -> Deployment {
-    let container = |name: &str| Container {
-        name: name.to_owned(),
-        args: Some(vec!["--cell=a".to_owned()]),
-        ..Default::default()
-    };
-    Deployment {
-        spec: Some(DeploymentSpec {
-            template: PodTemplateSpec {
-                spec: Some(PodSpec {
-                    containers: vec![container("multigateway"), container("sidecar")],
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 #[test]
 fn the_gateway_serves_its_certificate_and_rolls_when_it_changes() {
-    let mut offered = gateway_deployment();
+    let mut offered = deployment_of("multigateway");
     mount_gateway(&mut offered, "prod", false, "0123");
     let template = &offered.spec.as_ref().unwrap().template;
     let annotations = template.metadata.as_ref().unwrap().annotations.as_ref();
@@ -419,7 +403,7 @@ fn the_gateway_serves_its_certificate_and_rolls_when_it_changes() {
     );
     assert!(pod.containers[1].volume_mounts.is_none());
 
-    let mut required = gateway_deployment();
+    let mut required = deployment_of("multigateway");
     mount_gateway(&mut required, "prod", true, "0123");
     let args = required.spec.unwrap().template.spec.unwrap().containers[0]
         .args
