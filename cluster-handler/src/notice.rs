@@ -58,25 +58,11 @@ impl Notice {
         Event {
             type_: self.type_,
             reason: self.reason.clone(),
-            note: Some(truncate(&self.message, MAX_NOTE)),
+            note: Some(self.message.clone()),
             action: action.to_owned(),
             secondary: None,
         }
     }
-}
-
-/// Events carry at most 1 kB of note.
-const MAX_NOTE: usize = 1000;
-
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max.saturating_sub(3);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &text[..end])
 }
 
 /// The events for a move from (`old_phase`, `old_degraded`) to (`new_phase`, `new_degraded`):
@@ -269,16 +255,8 @@ mod tests {
     }
 
     #[test]
-    fn long_lists_and_notes_are_cut() {
+    fn long_lists_are_cut() {
         assert_eq!(list(&["a", "b"], 3), "a; b");
         assert_eq!(list(&["a", "b", "c", "d", "e"], 3), "a; b; c; and 2 more");
-        let long = "é".repeat(800);
-        let event = Notice::normal("R", long).event("Reconcile");
-        let note = event.note.unwrap();
-        assert!(
-            note.len() <= MAX_NOTE && note.ends_with("..."),
-            "{}",
-            note.len()
-        );
     }
 }

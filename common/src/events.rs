@@ -161,7 +161,24 @@ fn series_patch(seen: &Published) -> K8sEvent {
     }
 }
 
-/// The Event kube's `Recorder` creates for the first occurrence of `ev` about `reference`.
+/// The longest note the API server accepts in an Event (1 kB): a longer one is refused, and
+/// the Event lost with it.
+pub const MAX_NOTE: usize = 1000;
+
+/// `note` cut to [`MAX_NOTE`] bytes at a character boundary, ending in `...` when cut.
+pub fn fitted_note(note: &str) -> String {
+    if note.len() <= MAX_NOTE {
+        return note.to_owned();
+    }
+    let mut end = MAX_NOTE - 3;
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &note[..end])
+}
+
+/// The Event kube's `Recorder` creates for the first occurrence of `ev` about `reference`, its
+/// note fitted (see [`fitted_note`]).
 fn new_event(
     reporter: &Reporter,
     ev: &Event,
@@ -173,7 +190,7 @@ fn new_event(
         reason: Some(ev.reason.clone()),
         event_time: Some(MicroTime(now)),
         regarding: Some(reference.clone()),
-        note: ev.note.clone(),
+        note: ev.note.as_deref().map(fitted_note),
         metadata: ObjectMeta {
             namespace: reference.namespace.clone(),
             name: Some(format!(
@@ -254,6 +271,22 @@ mod tests {
         let mut newer = pod("p-0");
         newer.resource_version = Some("8".into());
         assert_ne!(base, key(&event("Restarted", "a"), &newer));
+    }
+
+    #[test]
+    fn a_long_note_is_cut_to_what_the_api_server_accepts() {
+        let reporter = Reporter {
+            controller: "multigres-operator/resource-handler".into(),
+            instance: None,
+        };
+        let now: Timestamp = "2026-01-02T03:04:05Z".parse().unwrap();
+        let long = format!("{}é{}", "a".repeat(995), "b".repeat(100));
+        let created = new_event(&reporter, &event("Warned", &long), &pod("p-0"), now);
+        let note = created.note.unwrap();
+        assert!(note.len() <= MAX_NOTE, "{}", note.len());
+        assert!(note.ends_with("..."));
+        assert!(note.starts_with(&"a".repeat(995)));
+        assert_eq!(fitted_note("short"), "short");
     }
 
     #[test]

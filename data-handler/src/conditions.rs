@@ -168,9 +168,6 @@ pub struct Notice {
     pub message: String,
 }
 
-/// Events carry at most 1 kB of note.
-const MAX_NOTE: usize = 1000;
-
 impl Notice {
     /// A Normal event.
     pub fn normal(reason: impl Into<String>, message: impl Into<String>) -> Self {
@@ -192,19 +189,10 @@ impl Notice {
 
     /// The event, with `action` saying what the controller was doing.
     pub fn event(&self, action: &str) -> Event {
-        let mut note = self.message.clone();
-        if note.len() > MAX_NOTE {
-            let mut end = MAX_NOTE - 3;
-            while !note.is_char_boundary(end) {
-                end -= 1;
-            }
-            note.truncate(end);
-            note.push_str("...");
-        }
         Event {
             type_: self.type_,
             reason: self.reason.clone(),
-            note: Some(note),
+            note: Some(self.message.clone()),
             action: action.to_owned(),
             secondary: None,
         }
@@ -334,16 +322,5 @@ mod tests {
         assert!(transitions(&[], &up).is_empty(), "first True is not news");
         let other_reason = vec![condition(TOPO_SERVER_REACHABLE, FALSE, "Rejected", 3)];
         assert_eq!(transitions(&down, &other_reason).len(), 1);
-    }
-
-    #[test]
-    fn long_notes_are_cut() {
-        let event = Notice::normal("R", "é".repeat(800)).event("Reconcile");
-        let note = event.note.unwrap();
-        assert!(
-            note.len() <= MAX_NOTE && note.ends_with("..."),
-            "{}",
-            note.len()
-        );
     }
 }
