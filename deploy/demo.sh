@@ -100,7 +100,7 @@ query() {
     >"$state/gateway-ca.crt" 2>/dev/null && [ -s "$state/gateway-ca.crt" ]; then
     target="host=$svc.$namespace.svc hostaddr=$ip sslmode=verify-full sslrootcert=$state/gateway-ca.crt"
   fi
-  PGPASSWORD=$password PGCONNECT_TIMEOUT=5 psql -X -A -t \
+  PGPASSWORD=$password PGCONNECT_TIMEOUT=5 psql -X -A -t -P pager=off \
     "$target port=5432 user=postgres dbname=postgres" -c "$1"
 }
 
