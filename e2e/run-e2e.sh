@@ -115,8 +115,9 @@ tee -a "$log" <"$kwok_log"
 phase "the kwok tier and ${tail[*]%%|*} done"
 awk '/^ *Running /{ file = $2 } /^test result:/{ printf "[e2e] %-28s %s %s\n", file, $3, $NF }' "$log" >&2
 # A long run's log is cut before it reaches CI's summary; repeat each panic (with the lines
-# after it, where the message continues) at the very end so a failure's cause is never lost.
-grep -A6 -- "panicked at" "$log" | sed 's/^/[e2e] /' >&2 || true
+# after it, where the message continues, up to its backtrace: at most 12) at the very end so a
+# failure's cause is never lost under the frames.
+awk '/panicked at/ { n = 13 } /^stack backtrace:/ { n = 0 } n > 0 { print "[e2e panic] " $0; n-- }' "$log" >&2 || true
 rm -f "$log" "$kwok_log"
 if [ ${#failed[@]} -gt 0 ]; then
   phase "failed: ${failed[*]}"
