@@ -691,6 +691,7 @@ where
     let component = Component::GatewayTls;
     let ns = owner.namespace.as_str();
     let config_maps = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
+    // The CA's Secret and the ConfigMap publishing its certificate share this name.
     let published_name = multigres_api::names::gateway_ca(&owner.cluster);
     if !GatewayTlsConfig::is_enabled(cluster.gateway_tls.as_ref()) {
         prune(ctx, owner, component, &BTreeSet::new()).await?;
@@ -715,7 +716,7 @@ where
     let issued = plan(
         owner,
         &labels,
-        &multigres_api::names::gateway_ca(&owner.cluster),
+        &published_name,
         &format!("Multigres gateway CA {}.{ns}", owner.cluster),
         &[leaf],
         cached(ctx, ns),
