@@ -5,12 +5,13 @@
 //! pooler's `--service-id`) equals the pod name, or its hostname is the pod name or starts with
 //! `<pod>.` (the pod's DNS name under its headless Service). The role is PRIMARY when the record
 //! routes as primary (`routing_state.role`) and no other routes as primary under a higher rule
-//! (see [`primary`]), REPLICA otherwise; records of poolers that shut down are ignored. When a pod has several records (it was recreated with the same name), the
-//! most recently updated wins.
+//! (see [`primary`]) and its pooler, when asked, does not deny it (see [`as_answered`]),
+//! REPLICA otherwise; records of poolers that shut down are ignored. When a pod has several
+//! records (it was recreated with the same name), the most recently updated wins.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use multigres_proto::topo::PoolerLifecycleStatus;
+use multigres_proto::topo::{PoolerLifecycleStatus, RoutingRole, RoutingState};
 
 use crate::conditions::Notice;
 use crate::topo::PoolerRecord;
@@ -72,6 +73,32 @@ pub fn roles(
         if let Some(role) = role {
             out.insert(pod.name.clone(), role);
         }
+    }
+    out
+}
+
+/// `poolers` as the poolers answer now: a record of `shard` that routes as primary for a pod in
+/// `not_primary` (its pooler, asked just now, said it is not the writable primary) reads as a
+/// replica's. Such a record is stale. A recreated pod's pooler writes its own record once the
+/// topology server serves, and until then its earlier process's record still claims PRIMARY,
+/// while the gateways, which route by what each pooler streams to them, have no primary.
+pub fn as_answered(
+    shard: ShardKey<'_>,
+    poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
+    not_primary: &BTreeSet<String>,
+) -> BTreeMap<String, Option<Vec<PoolerRecord>>> {
+    let mut out = poolers.clone();
+    let stale = out
+        .values_mut()
+        .flatten()
+        .flatten()
+        .filter(|r| r.is_primary() && of_shard(r, shard))
+        .filter(|r| not_primary.iter().any(|pod| serves_pod(r, pod)));
+    for record in stale {
+        record.pooler.routing_state = Some(RoutingState {
+            role: RoutingRole::Replica as i32,
+            rule: None,
+        });
     }
     out
 }
@@ -306,6 +333,36 @@ mod tests {
             ])
         );
         assert_eq!(label_value(PRIMARY), "primary");
+    }
+
+    #[test]
+    fn a_primary_record_its_pooler_denies_is_read_as_a_replica() {
+        // The cluster was recreated on its kept volumes: p-0's record from before still claims
+        // PRIMARY, but its new pooler answers that it is a replica (no primary elected yet).
+        let mut other_shard = record("p-0", "", RoutingRole::Primary);
+        other_shard.pooler.shard_key.as_mut().unwrap().table_group = "orders".into();
+        let poolers = read(vec![
+            record("p-0", "", RoutingRole::Primary),
+            record("p-1", "", RoutingRole::Replica),
+            other_shard,
+        ]);
+        let pods = [pod("p-0", "zone-a"), pod("p-1", "zone-a")];
+        let answered = as_answered(SHARD, &poolers, &BTreeSet::from(["p-0".to_owned()]));
+        assert_eq!(
+            roles(SHARD, &pods, &answered, &BTreeMap::new()),
+            BTreeMap::from([
+                ("p-0".to_owned(), REPLICA.to_owned()),
+                ("p-1".to_owned(), REPLICA.to_owned()),
+            ])
+        );
+        let records = answered["zone-a"].as_ref().unwrap();
+        assert!(records[2].is_primary(), "another shard's record is kept");
+        // A pooler that did not deny it (it did not answer, or said PRIMARY) keeps its role.
+        let kept = as_answered(SHARD, &poolers, &BTreeSet::from(["p-1".to_owned()]));
+        assert_eq!(
+            primary(SHARD, &pods, &kept).map(|(pod, _)| pod.name.as_str()),
+            Some("p-0")
+        );
     }
 
     #[test]

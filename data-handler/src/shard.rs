@@ -36,6 +36,7 @@ pub mod consensus;
 pub mod marks;
 pub mod reloads;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -258,23 +259,33 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         connections: &ctx.connections,
     };
     let cohort = cohort::read(&sources, &store, shard, &namespace, &cluster).await;
-    let poolers = &cohort.poolers;
     let pods: Vec<Pod> = valid_in(&ctx.pods, &namespace, |p| {
         is_pool_pod_of(p, shard, &cluster)
     });
     let pool_pods: Vec<PoolPod> = pods.iter().map(pool_pod).collect();
+    let key = shard_key(shard);
+    let answers = consensus::read(shard, key, &pool_pods, &cohort.poolers).await;
+    // Every later step reads the records as the poolers answer now: a stale PRIMARY record is
+    // neither published as the primary nor asked for backups, reloads or switchovers.
+    let poolers = &match &answers {
+        Some(answers) => Cow::Owned(roles::as_answered(
+            key,
+            &cohort.poolers,
+            &consensus::not_primary(answers),
+        )),
+        None => Cow::Borrowed(&cohort.poolers),
+    };
     let previous = shard
         .status
         .as_ref()
         .map(|s| s.pod_roles.clone())
         .unwrap_or_default();
-    let key = shard_key(shard);
     let published = roles::roles(key, &pool_pods, poolers, &previous);
     let stored_cohort = consensus::Published::of(shard.status.as_ref());
-    let cohort_next = match consensus::read(shard, key, &pool_pods, poolers).await {
+    let cohort_next = match &answers {
         Some(answers) => consensus::next(
             &stored_cohort,
-            &answers,
+            answers,
             Timestamp::now(),
             shard.metadata.generation,
         ),

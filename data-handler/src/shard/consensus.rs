@@ -30,7 +30,7 @@ use multigres_common::status_metrics::{self as gauges, StatusGauges};
 use multigres_proto::multipooler::multipoolermanagerdata::{
     PostgresStatus, StatusRequest, StatusResponse,
 };
-use multigres_proto::topo::{QuorumType, ShardRule};
+use multigres_proto::topo::{PoolerType, QuorumType, ShardRule};
 use serde_json::{Map, Value, json};
 
 use crate::conditions::Computed;
@@ -105,6 +105,22 @@ pub async fn read(
             .map(|(pod, status)| Answer { pod, status })
             .collect(),
     )
+}
+
+/// The pods whose multipooler answered that it is not the writable primary: its `Status`
+/// reports the role it derives now from PostgreSQL and the consensus, the role it streams to
+/// the gateways, which its topology record may not show yet.
+pub fn not_primary(answers: &[Answer]) -> BTreeSet<String> {
+    answers
+        .iter()
+        .filter(|a| {
+            a.status
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some_and(|s| s.pooler_type() != PoolerType::Primary)
+        })
+        .map(|a| a.pod.name.clone())
+        .collect()
 }
 
 /// Calls `MultipoolerManager.Status` at `address`.

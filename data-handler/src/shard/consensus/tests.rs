@@ -54,6 +54,7 @@ fn primary(name: &str, rule: &ShardRule, lsn: &str) -> Answer {
         ..Default::default()
     };
     status.set_postgres_status(PostgresStatus::Primary);
+    status.set_pooler_type(PoolerType::Primary);
     answer(name, status, rule)
 }
 
@@ -397,4 +398,15 @@ fn lsns_are_byte_positions() {
     assert_eq!(lsn("16/B374D848"), Some(0x16_B374_D848));
     assert_eq!(lsn(""), None);
     assert_eq!(lsn("x/1"), None);
+}
+
+#[test]
+fn a_pooler_denies_the_primary_role_unless_it_answers_primary() {
+    let r = rule(1, "a-0", &["a-0", "a-1"], POLICY);
+    let answers = [
+        primary("a-0", &r, "0/3000000"),
+        standby("a-1", &r, "streaming", "0/3000000"),
+        silent("a-2"),
+    ];
+    assert_eq!(not_primary(&answers), BTreeSet::from(["a-1".to_owned()]));
 }
