@@ -104,6 +104,19 @@ pub fn gateway_tls(cluster: &str) -> String {
     join(&[cluster, "gateway-tls"], MAX_DNS_LABEL)
 }
 
+/// The internal mutual-TLS identity of `process` in `cluster`: its certificate's common name
+/// and the name of the Secret holding it. Multigres processes verify a peer by this name
+/// (`--multipooler-grpc-server-name`).
+pub fn internal_identity(process: &str, cluster: &str, namespace: &str) -> String {
+    format!("{process}.{cluster}.{namespace}.multigres.internal")
+}
+
+/// The data-handler's client certificate of `cluster`'s internal CA (a Secret in the
+/// cluster's namespace): how it calls the multipoolers when they require client certificates.
+pub fn data_handler_client_tls(cluster: &str, namespace: &str) -> String {
+    internal_identity("data-handler", cluster, namespace)
+}
+
 /// The headless peer Service of an etcd TopoServer.
 pub fn topo_peer_service(topo_server: &str) -> String {
     join(&[topo_server, "peer"], MAX_DNS_LABEL)

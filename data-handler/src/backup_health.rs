@@ -41,6 +41,7 @@ use multigres_proto::multipooler::multipoolermanagerdata::{BackupMetadata, GetBa
 use serde_json::{Map, Value, json};
 
 use crate::conditions::{Computed, Notice};
+use crate::dial::Dial;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::topo::PoolerRecord;
@@ -410,6 +411,7 @@ pub struct Outcome {
 /// (logged).
 pub async fn run(
     checks: &Checks,
+    dial: &Dial,
     shard: &Shard,
     stored: &Published,
     key: ShardKey<'_>,
@@ -422,15 +424,11 @@ pub async fn run(
     if !checks.due(&slot, &pod.name, Instant::now()) {
         return None;
     }
-    if reload::internal_tls(shard) {
-        tracing::debug!(shard = %slot, "backup health not checked: internalTLS is enabled and the data-handler has no client certificate for the multipooler");
-        return None;
-    }
     let Some(address) = reload::address(record) else {
         tracing::debug!(shard = %slot, record = %record.key, "backup health not checked: the primary's pooler record names no gRPC address");
         return None;
     };
-    let (found, retained) = match check(&address).await {
+    let (found, retained) = match check(dial, &address).await {
         Ok(found) => found,
         Err(error) => {
             if error.is_invalid() {
@@ -469,8 +467,9 @@ pub fn slot(shard: &Shard) -> String {
 
 /// Asks the multipooler at `address` for its backups; finds the newest complete one and the
 /// labels of all complete ones.
-async fn check(address: &str) -> Result<(Option<Newest>, Vec<String>), CheckError> {
-    let backups = reload::connect(address, CALL_TIMEOUT)
+async fn check(dial: &Dial, address: &str) -> Result<(Option<Newest>, Vec<String>), CheckError> {
+    let backups = dial
+        .connect(address, CALL_TIMEOUT)
         .await?
         .get_backups(GetBackupsRequest { limit: LIMIT })
         .await

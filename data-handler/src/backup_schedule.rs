@@ -31,6 +31,7 @@ use multigres_proto::topo::PoolerServingStatus;
 
 use crate::backup_health;
 use crate::conditions::Notice;
+use crate::dial::Dial;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::topo::PoolerRecord;
@@ -176,6 +177,7 @@ pub struct Outcome {
 /// to publish. `newest` is when the newest backup of the repository completed.
 pub fn run(
     runs: &Runs,
+    dial: &Dial,
     shard: &Shard,
     key: ShardKey<'_>,
     pods: &[PoolPod],
@@ -208,8 +210,13 @@ pub fn run(
     status.running = None;
     match decide(config, Some(&status), newest, now) {
         Decision::Start => match source(key, pods, poolers) {
-            Some((pod, address, primary)) => {
-                let attempt = start(runs, &slot, config, &pod.name, address, primary, now);
+            Some((pod, address, on_primary)) => {
+                let call = Call {
+                    dial: dial.clone(),
+                    address,
+                    on_primary,
+                };
+                let attempt = start(runs, &slot, config, &pod.name, call, now);
                 outcome.notices.push(Notice::normal(
                     STARTED,
                     format!(
@@ -304,14 +311,21 @@ fn collect(runs: &Runs, slot: &str, now: Timestamp) -> Option<Finished> {
     Some(Finished { attempt, result })
 }
 
+/// How a backup's calls reach the multipooler of the pod it is taken on.
+struct Call {
+    dial: Dial,
+    address: String,
+    /// The pod is the primary (the shard has no other pool pod).
+    on_primary: bool,
+}
+
 /// Starts the calls for a backup of `slot` on `pod` and records the run.
 fn start(
     runs: &Runs,
     slot: &str,
     config: &BackupScheduleConfig,
     pod: &str,
-    address: String,
-    on_primary: bool,
+    call: Call,
     now: Timestamp,
 ) -> ScheduledBackupAttempt {
     let attempt = ScheduledBackupAttempt {
@@ -323,7 +337,7 @@ fn start(
     };
     let result = Arc::new(Mutex::new(None));
     let request = BackupRequest {
-        force_primary: on_primary,
+        force_primary: call.on_primary,
         r#type: kind_name(config.type_).to_owned(),
         ..Default::default()
     };
@@ -331,7 +345,7 @@ fn start(
     let slot_name = slot.to_owned();
     let into = result.clone();
     tokio::spawn(async move {
-        let outcome = take(&address, request, retain_full).await;
+        let outcome = take(&call.dial, &call.address, request, retain_full).await;
         match &outcome {
             Ok(done) => {
                 tracing::info!(shard = %slot_name, backup = %done.backup, expired = ?done.expired, "scheduled backup completed")
@@ -361,6 +375,7 @@ fn kind_name(kind: Option<BackupKind>) -> &'static str {
 
 /// Asks the multipooler at `address` for the backup, then for the expiry of old ones.
 async fn take(
+    dial: &Dial,
     address: &str,
     request: BackupRequest,
     retain_full: Option<u32>,
@@ -375,7 +390,8 @@ async fn take(
             .to_string()
         }
     };
-    let mut client = reload::connect(address, CALL_TIMEOUT)
+    let mut client = dial
+        .connect(address, CALL_TIMEOUT)
         .await
         .map_err(|e| ErrorChain(&e).to_string())?;
     let backup = client

@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod conditions;
 pub mod deletion;
 pub mod desired;
+pub mod dial;
 pub mod finalizer;
 pub mod reload;
 pub mod roles;
@@ -291,6 +292,7 @@ fn shard_controller(
         config_maps: watches.config_maps.store(),
         topo_servers: watches.topo_servers.store(),
         connections: base.connections.clone(),
+        credentials: dial::Credentials::new(base.client.clone()),
         writer: base.writer(shard::CONTROLLER),
         recorder: base.recorder.clone(),
         reload_waits: Default::default(),

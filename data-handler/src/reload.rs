@@ -23,12 +23,11 @@ use multigres_api::labels::CELL;
 use multigres_api::postgres::{
     CONFIG_HASH_ANNOTATION, RELOAD_HASH_ANNOTATION, RELOAD_MARKER, conf, split,
 };
-use multigres_api::v1alpha1::Shard;
-use multigres_proto::multipooler::multipoolermanager::multipooler_manager_client::MultipoolerManagerClient;
 use multigres_proto::multipooler::multipoolermanagerdata::{
     ReloadConfigRequest, ReloadConfigResponse,
 };
 
+use crate::dial::Dial;
 use crate::topo::PoolerRecord;
 
 /// How soon a pending reload is tried again (the kubelet syncs a ConfigMap volume within about
@@ -38,8 +37,6 @@ pub const RETRY: Duration = Duration::from_secs(10);
 pub const CONFIG_KEY: &str = "postgresql.conf";
 /// Name of the multipooler's gRPC port in its record's port map.
 pub const GRPC_PORT: &str = "grpc";
-/// Time allowed to connect to a multipooler.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time allowed for a `ReloadConfig` (the multipooler waits for `pg_conf_load_time()`).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -229,6 +226,9 @@ pub enum RpcError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// Internal TLS is on and the data-handler's client certificate cannot be read.
+    #[error("no client certificate to call the multipooler at {address}: {reason}")]
+    Credentials { address: String, reason: String },
     /// The call failed.
     #[error("{rpc} at {address} failed")]
     Call {
@@ -246,55 +246,22 @@ impl RpcError {
     pub fn is_invalid(&self) -> bool {
         match self {
             RpcError::Address { .. } => true,
-            RpcError::Connect { .. } => false,
+            RpcError::Connect { .. } | RpcError::Credentials { .. } => false,
             RpcError::Call { source, .. } => source.code() == tonic::Code::Unimplemented,
         }
     }
 }
 
-/// Whether `shard`'s multipoolers serve mutual TLS (`internalTLS`): the data-handler holds no
-/// client certificate of the cluster's internal CA, so it cannot call them.
-pub fn internal_tls(shard: &Shard) -> bool {
-    shard
-        .spec
-        .internal_tls
-        .as_ref()
-        .and_then(|t| t.enabled)
-        .unwrap_or(false)
-}
-
-/// A `MultipoolerManager` client of the multipooler at `address`, whose calls may take up to
-/// `timeout`.
-pub async fn connect(
-    address: &str,
-    timeout: Duration,
-) -> Result<MultipoolerManagerClient<tonic::transport::Channel>, RpcError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(address.to_owned())
-        .map_err(|source| RpcError::Address {
-            address: address.to_owned(),
-            source,
-        })?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(timeout);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|source| RpcError::Connect {
-            address: address.to_owned(),
-            source,
-        })?;
-    Ok(MultipoolerManagerClient::new(channel))
-}
-
 /// Calls `MultipoolerManager.ReloadConfig` at `address` with `expected`.
 pub async fn call(
+    dial: &Dial,
     address: &str,
     expected: &BTreeMap<String, String>,
 ) -> Result<ReloadConfigResponse, RpcError> {
     let request = ReloadConfigRequest {
         expected_settings: expected.clone().into_iter().collect(),
     };
-    connect(address, CALL_TIMEOUT)
+    dial.connect(address, CALL_TIMEOUT)
         .await?
         .reload_config(request)
         .await
@@ -522,16 +489,6 @@ mod tests {
             }
             .is_invalid()
         );
-    }
-
-    #[test]
-    fn internal_tls_is_off_unless_enabled() {
-        let mut shard = Shard::new("s", Default::default());
-        assert!(!internal_tls(&shard));
-        shard.spec.internal_tls = Some(Default::default());
-        assert!(!internal_tls(&shard));
-        shard.spec.internal_tls.as_mut().unwrap().enabled = Some(true);
-        assert!(internal_tls(&shard));
     }
 
     #[test]

@@ -60,6 +60,7 @@ use crate::Settings;
 use crate::backup_health::{self, Published};
 use crate::backup_schedule;
 use crate::conditions::{self, Notice};
+use crate::dial::Credentials;
 use crate::reload::{self, DesiredError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::switchover;
@@ -170,6 +171,8 @@ pub struct Context {
     pub topo_servers: Store<Guarded<TopoServer>>,
     /// Open topology connections.
     pub connections: Arc<Connections>,
+    /// The client certificates for multipoolers that require them (internal TLS).
+    pub credentials: Credentials,
     /// The write path.
     pub writer: Writer,
     /// Events on Shards and their pods: roles, reloads, backups and switchovers.
@@ -264,7 +267,8 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     });
     let pool_pods: Vec<PoolPod> = pods.iter().map(pool_pod).collect();
     let key = shard_key(shard);
-    let answers = consensus::read(shard, key, &pool_pods, &cohort.poolers).await;
+    let dial = ctx.credentials.dial(shard, &namespace, &cluster).await;
+    let answers = consensus::read(&dial, key, &pool_pods, &cohort.poolers).await;
     // Every later step reads the records as the poolers answer now: a stale PRIMARY record is
     // neither published as the primary nor asked for backups, reloads or switchovers.
     let poolers = &match &answers {
@@ -295,7 +299,15 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     // or a finished backup also triggers a backup check.
     let stored_backups = Published::of(shard.status.as_ref());
     let newest = stored_backups.time.as_ref().map(|t| t.0);
-    let scheduled = backup_schedule::run(&ctx.backup_runs, shard, key, &pool_pods, poolers, newest);
+    let scheduled = backup_schedule::run(
+        &ctx.backup_runs,
+        &dial,
+        shard,
+        key,
+        &pool_pods,
+        poolers,
+        newest,
+    );
     if scheduled.finished {
         ctx.backup_checks.forget(&backup_health::slot(shard));
     }
@@ -305,6 +317,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     };
     let checked = backup_health::run(
         &ctx.backup_checks,
+        &dial,
         shard,
         &scheduled_backups,
         key,
@@ -342,12 +355,14 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         config_maps: &ctx.config_maps,
         pods: &ctx.pods,
         waits: &ctx.reload_waits,
+        dial: &dial,
     };
     let delivery = reloads::deliver(&lent, shard, key, &pods, poolers).await;
     let stamped = write_marks(ctx, &pods, &published, &cohort_next, &delivery.stamps).await?;
     let lent = switchover::Context {
         switchovers: &ctx.switchovers,
         pods: &ctx.pods,
+        dial: &dial,
     };
     let handover = switchover::run(&lent, shard, key, &pods, poolers).await;
     let unrecorded = write_answers(ctx, &namespace, &reference, handover.answers).await;

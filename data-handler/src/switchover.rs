@@ -28,6 +28,7 @@ use multigres_proto::multipooler::multipoolermanagerdata::ResignLeadershipReques
 use multigres_proto::topo::PoolerLifecycleStatus;
 
 use crate::conditions::Notice;
+use crate::dial::Dial;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::topo::PoolerRecord;
@@ -225,6 +226,8 @@ pub struct Context<'a> {
     pub switchovers: &'a Attempts,
     /// Pool pods in the cache: the attempts of pods gone from it are dropped.
     pub pods: &'a Store<Guarded<Pod>>,
+    /// How to reach the shard's multipoolers.
+    pub dial: &'a Dial,
 }
 
 /// What to write about one pod, for the Shard controller.
@@ -265,7 +268,6 @@ pub async fn run<'p>(
             .get(&ObjectRef::new(pod).within(&namespace))
             .is_some()
     });
-    let tls = reload::internal_tls(shard);
     for pod in pods {
         let state = PodRequest::of(pod);
         let slot = format!("{namespace}/{}", state.name);
@@ -279,7 +281,7 @@ pub async fn run<'p>(
         let remembered = ctx.switchovers.with(&slot, &request, |a| a.resigned);
         let decision = decide(&state, record, standby, remembered);
         out.pending |= !matches!(decision, Decision::Idle | Decision::Forget);
-        let reply = act(ctx.switchovers, &slot, &request, &state.name, decision, tls).await;
+        let reply = act(ctx, &slot, &request, &state.name, decision).await;
         let notice = reply.notice.filter(|notice| {
             let note = notice.message.clone();
             ctx.switchovers.with(&slot, &request, |a| {
@@ -309,13 +311,13 @@ struct Reply {
 /// Carries out `decision` for pod `name`, whose attempts are kept under `slot` for `request`.
 /// Nothing comes of a call whose retry is not due yet.
 async fn act(
-    attempts: &Attempts,
+    ctx: &Context<'_>,
     slot: &str,
     request: &str,
     name: &str,
     decision: Decision,
-    tls: bool,
 ) -> Reply {
+    let attempts = ctx.switchovers;
     match decision {
         Decision::Idle => {
             attempts.forget(slot);
@@ -328,25 +330,25 @@ async fn act(
                 notice: None,
             }
         }
-        Decision::Resign { address } if !tls => {
+        Decision::Resign { address } => {
             let due = attempts.with(slot, request, |a| {
                 a.next.is_none_or(|t| Instant::now() >= t)
             });
             if !due {
                 return Reply::default();
             }
-            resign_for(attempts, slot, request, name, &address).await
+            resign_for(ctx, slot, request, name, &address).await
         }
         waiting => Reply {
             record: None,
-            notice: waiting_notice(&waiting, name, tls),
+            notice: waiting_notice(&waiting, name),
         },
     }
 }
 
 /// The event of pod `name`'s request while it waits by `decision`: none while it waits
 /// quietly, or when nothing waits.
-fn waiting_notice(decision: &Decision, name: &str, tls: bool) -> Option<Notice> {
+fn waiting_notice(decision: &Decision, name: &str) -> Option<Notice> {
     match decision {
         Decision::Idle | Decision::Forget | Decision::NotPrimary | Decision::Resigned => None,
         Decision::NoStandby => Some(Notice::warning(
@@ -354,14 +356,6 @@ fn waiting_notice(decision: &Decision, name: &str, tls: bool) -> Option<Notice> 
             format!(
                 "pod {name}: a switchover is requested, but no other pooler of the shard is \
                  registered to take over; waiting for one"
-            ),
-        )),
-        Decision::NoAddress { .. } | Decision::Resign { .. } if tls => Some(Notice::warning(
-            "SwitchoverUnavailable",
-            format!(
-                "pod {name}: a switchover is requested, but internalTLS is enabled and the \
-                 data-handler has no client certificate for the multipooler, so it cannot ask \
-                 it to resign"
             ),
         )),
         Decision::NoAddress { record } => Some(Notice::warning(
@@ -380,13 +374,14 @@ fn waiting_notice(decision: &Decision, name: &str, tls: bool) -> Option<Notice> 
 /// outcome under `slot`: a resignation (recorded on the pod too), or a failure (retried
 /// with backoff).
 async fn resign_for(
-    attempts: &Attempts,
+    ctx: &Context<'_>,
     slot: &str,
     request: &str,
     name: &str,
     address: &str,
 ) -> Reply {
-    match resign(address).await {
+    let attempts = ctx.switchovers;
+    match resign(ctx.dial, address).await {
         Ok(flush_lsn) => {
             tracing::info!(pod = %name, %flush_lsn, "multipooler resigned leadership for a switchover");
             attempts.with(slot, request, |a| a.resigned = true);
@@ -428,8 +423,8 @@ async fn resign_for(
 
 /// Calls `MultipoolerManager.ResignLeadership` at `address`; returns the LSN at which writes
 /// were quiesced.
-async fn resign(address: &str) -> Result<String, RpcError> {
-    reload::connect(address, CALL_TIMEOUT)
+async fn resign(dial: &Dial, address: &str) -> Result<String, RpcError> {
+    dial.connect(address, CALL_TIMEOUT)
         .await?
         .resign_leadership(ResignLeadershipRequest {})
         .await

@@ -9,6 +9,11 @@
 //! cohort lets it), a backup in status, and data that survives deleting and recreating the
 //! cluster after that scale-down.
 //!
+//! Every hop is encrypted as a production cluster would have it: clients to the gateway and
+//! replication offer or require TLS by default, and the story turns on internal mutual TLS
+//! (`spec.internalTLS`), so each of the operator's calls to a multipooler (cohort, reloads,
+//! switchover, scheduled backups) presents the data-handler's own client certificate.
+//!
 //! One cluster, one story: each step starts from the state the previous one left, as a user's
 //! cluster would, and 2 cores hold one such cluster comfortably, not several. The figures
 //! (`[figure] …` lines) are printed, not asserted: `just data-plane-figures` shows them.
@@ -31,6 +36,11 @@ use multigres_e2e::sample::{
     shard, shard_events, wait_serving, whole,
 };
 use serde_json::json;
+
+/// The sample's edit: internal mutual TLS on.
+fn with_internal_tls(cluster: &mut serde_json::Value) {
+    cluster["spec"]["internalTLS"] = json!({"enabled": true});
+}
 
 /// The primary the data-handler publishes once it is a pod other than `old`; a wait past
 /// [`SLOW`] prints the diagnostics while the change is still recent.
@@ -285,7 +295,7 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
 /// The test's steps; a wait that times out or a failed assertion prints the diagnostics first.
 async fn story(cluster: &'static LocalCluster, client: Client, namespace: String) {
     // 1. Apply → Available → SQL.
-    let sent = apply_sample(&client, &namespace, |_| ()).await;
+    let sent = apply_sample(&client, &namespace, with_internal_tls).await;
     let (to_available, to_sql) = wait_serving(&client, &namespace, sent).await;
     figure(
         "apply -> Available (s)",
@@ -827,7 +837,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         }
     })
     .await;
-    let sent = apply_sample(&client, &namespace, |_| ()).await;
+    let sent = apply_sample(&client, &namespace, with_internal_tls).await;
     set_shard(&client, &namespace, 2, &config).await;
     let (_, to_sql) = wait_serving(&client, &namespace, sent).await;
     figure(

@@ -74,8 +74,6 @@ pub const TLS_KEY: &str = "tls.key";
 pub const RECHECK: Duration = Duration::from_secs(30);
 /// Longest Secret name (a DNS subdomain).
 const MAX_SECRET_NAME: usize = 253;
-/// Domain of internal identities.
-const INTERNAL_DOMAIN: &str = "multigres.internal";
 
 /// The Multigres processes that take part in internal mutual TLS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,10 +115,7 @@ pub fn enabled(config: Option<&InternalTlsConfig>) -> bool {
 
 /// The identity of `process` in `cluster`: its certificate's common name and Secret name.
 pub fn identity(process: Process, cluster: &str, namespace: &str) -> String {
-    format!(
-        "{}.{cluster}.{namespace}.{INTERNAL_DOMAIN}",
-        process.as_str()
-    )
+    multigres_api::names::internal_identity(process.as_str(), cluster, namespace)
 }
 
 /// The Secret holding the cluster's internal CA.
@@ -606,12 +601,17 @@ where
     let (cluster, ns) = (owner.cluster.as_str(), owner.namespace.as_str());
     check_internal_names(cluster, ns).map_err(TlsError::InvalidSpec)?;
     let labels = labels::labels(cluster, component, &Placement::default());
+    let client = multigres_api::names::data_handler_client_tls(cluster, ns);
     let leaves: Vec<SecretFor> = internal_leaf_specs(cluster, ns, resolved)
         .into_iter()
         .map(|(process, spec)| SecretFor {
             name: identity(process, cluster, ns),
             spec,
         })
+        .chain([SecretFor {
+            spec: LeafSpec::new(client.clone(), [client.clone()]),
+            name: client,
+        }])
         .collect();
     let issued = plan(
         owner,

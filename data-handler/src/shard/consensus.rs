@@ -34,6 +34,7 @@ use multigres_proto::topo::{PoolerType, QuorumType, ShardRule};
 use serde_json::{Map, Value, json};
 
 use crate::conditions::Computed;
+use crate::dial::Dial;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::topo::PoolerRecord;
@@ -65,17 +66,13 @@ pub struct Answer {
 }
 
 /// Asks every pool pod's multipooler for its `Status`, all at once. `None` when none can be
-/// asked: no pod has a pooler record with an address yet, or the shard's multipoolers require
-/// client certificates (`internalTLS`) that the data-handler does not hold.
+/// asked: no pod has a pooler record with an address yet.
 pub async fn read(
-    shard: &Shard,
+    dial: &Dial,
     key: ShardKey<'_>,
     pods: &[PoolPod],
     poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
 ) -> Option<Vec<Answer>> {
-    if reload::internal_tls(shard) {
-        return None;
-    }
     let addresses: Vec<Option<String>> = pods
         .iter()
         .map(|pod| roles::pooler_of(key, pod, poolers).and_then(reload::address))
@@ -85,7 +82,7 @@ pub async fn read(
     }
     let calls = addresses.iter().map(|address| async move {
         let address = address.as_deref()?;
-        match tokio::time::timeout(STATUS_TIMEOUT, status(address)).await {
+        match tokio::time::timeout(STATUS_TIMEOUT, status(dial, address)).await {
             Ok(Ok(status)) => Some(status),
             Ok(Err(error)) => {
                 tracing::debug!(%address, error = %multigres_common::telemetry::ErrorChain(&error), "multipooler Status failed");
@@ -124,8 +121,8 @@ pub fn not_primary(answers: &[Answer]) -> BTreeSet<String> {
 }
 
 /// Calls `MultipoolerManager.Status` at `address`.
-async fn status(address: &str) -> Result<StatusResponse, RpcError> {
-    reload::connect(address, STATUS_TIMEOUT)
+async fn status(dial: &Dial, address: &str) -> Result<StatusResponse, RpcError> {
+    dial.connect(address, STATUS_TIMEOUT)
         .await?
         .status(StatusRequest {})
         .await

@@ -13,6 +13,7 @@ use multigres_api::v1alpha1::Shard;
 use multigres_common::telemetry::ErrorChain;
 
 use crate::conditions::Notice;
+use crate::dial::Dial;
 use crate::reload::{self, Desired, DesiredError, PodState, Verdict};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::topo::PoolerRecord;
@@ -26,6 +27,8 @@ pub struct Context<'a> {
     pub pods: &'a Store<Guarded<Pod>>,
     /// Why each pod's reload is waiting, as last reported.
     pub waits: &'a Waits,
+    /// How to reach the shard's multipoolers.
+    pub dial: &'a Dial,
 }
 
 /// What one pass of reload delivery found.
@@ -106,14 +109,13 @@ pub async fn deliver(
         }
     };
     let states: Vec<PodState> = pods.iter().map(PodState::of).collect();
-    let tls = reload::internal_tls(shard);
     for pod in reload::to_reload(&desired, &states) {
         let pool_pod = PoolPod {
             name: pod.name.clone(),
             cell: pod.cell.clone(),
         };
         let record = roles::pooler_of(key, &pool_pod, poolers);
-        match attempt(pod, record, &desired, tls).await {
+        match attempt(ctx.dial, pod, record, &desired).await {
             Attempt::Reloaded => {
                 out.stamps
                     .insert(pod.name.clone(), desired.reload_hash.clone());
@@ -171,29 +173,16 @@ enum Attempt {
 
 /// Asks `pod`'s multipooler, found by its pooler `record`, to reload to `desired`.
 async fn attempt(
+    dial: &Dial,
     pod: &PodState,
     record: Option<&PoolerRecord>,
     desired: &Desired,
-    tls: bool,
 ) -> Attempt {
-    if tls {
-        // The multipooler serves mutual TLS with the cluster's internal CA; the data-handler
-        // holds no client certificate of it, so it cannot call.
-        return Attempt::Wait(Notice::warning(
-            "ConfigReloadSkipped",
-            format!(
-                "pod {}: internalTLS is enabled and the data-handler has no client certificate \
-                 for the multipooler, so reload-class settings are not reloaded in place; they \
-                 apply when the pod restarts",
-                pod.name
-            ),
-        ));
-    }
     let Some(address) = record.and_then(reload::address) else {
         tracing::debug!(pod = %pod.name, "reload waits for the pooler record");
         return Attempt::Wait(unregistered(pod, record));
     };
-    match reload::call(&address, &desired.expected).await {
+    match reload::call(dial, &address, &desired.expected).await {
         Ok(response) => judge(&pod.name, &desired.reload_hash, reload::verdict(&response)),
         Err(error) => {
             tracing::warn!(pod = %pod.name, error = %ErrorChain(&error), "ReloadConfig failed; retrying");

@@ -158,7 +158,14 @@ async fn internal_and_pgbackrest_tls_are_issued_mounted_and_kept() {
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &ns);
 
-    let processes = ["multiadmin", "multigateway", "multiorch", "multipooler"];
+    // The data-handler's is a client certificate for its calls to the multipoolers.
+    let processes = [
+        "multiadmin",
+        "multigateway",
+        "multiorch",
+        "multipooler",
+        "data-handler",
+    ];
     let mut wanted: Vec<String> = processes.iter().map(|p| identity(p, &ns)).collect();
     wanted.extend([
         "tls-internal-tls-ca".to_owned(),
