@@ -71,10 +71,8 @@ pub(super) async fn run(
     let observed_conditions = shard.status.as_ref().map(|s| s.conditions.as_slice());
     let tls = crate::tls::reconcile_pgbackrest(ctx, guard, owner, &shard.spec).await?;
     crate::tls::warn_if_new(ctx, guard, observed_conditions, tls.as_ref()).await;
-    let handover = switchover::possible(shard);
     let cohort = shard.status.as_ref().and_then(|s| s.cohort.as_ref());
     let gates = Gates {
-        handover,
         cohort,
         evictions: Evictions::of(shard),
     };
@@ -104,15 +102,13 @@ pub(super) async fn run(
         restart(ctx, guard, ns, &step).await?;
         Some(step)
     };
-    let mut requests = switchover::user_requests(pods, handover, cohort.is_some());
-    let drains = switchover::drain_requests(pods, handover, cohort.is_some());
+    let mut requests = switchover::user_requests(pods, cohort.is_some());
+    let drains = switchover::drain_requests(pods, cohort.is_some());
     requests.ask.extend(drains.ask);
     requests.waiting.extend(drains.waiting);
     let mut asked = switchover::needed(step.as_ref(), &downs);
     asked.extend(requests.ask.clone());
-    if handover {
-        asked.extend(scale::leaders_to_hand_over(&cohort_holds));
-    }
+    asked.extend(scale::leaders_to_hand_over(&cohort_holds));
     switchover::answer_users(ctx, guard, ns, pods, &requests.answered).await;
     let changes = switchover::changes(pods, &asked, step.is_some(), Timestamp::now());
     switchover::request(ctx, guard, ns, &changes).await;
@@ -134,8 +130,6 @@ pub(super) async fn run(
 
 /// What the shard's disruptive steps wait for.
 struct Gates<'a> {
-    /// Whether a switchover can be asked for.
-    handover: bool,
     /// The consensus cohort, when the data-handler publishes it.
     cohort: Option<&'a CohortStatus>,
     /// Whether a drain may evict a replica.
@@ -292,7 +286,7 @@ async fn apply_workloads(
             Some(CohortHold {
                 waiting: Some(_), ..
             }) => None,
-            _ => scale::hold_down(&mut set, current.as_deref(), pods, gates.handover),
+            _ => scale::hold_down(&mut set, current.as_deref(), pods),
         };
         let (_, _, set_written) = futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, p.service.clone()),
@@ -537,7 +531,7 @@ fn plan_restart(
             },
         })
         .collect();
-    rollout::plan(&sets, pods, gates.handover, gates.cohort.is_some())
+    rollout::plan(&sets, pods, gates.cohort.is_some())
 }
 
 /// Carries out a [`Step::Restart`]: deletes the pod (if it is still the one planned) so its

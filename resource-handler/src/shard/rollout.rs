@@ -4,8 +4,8 @@
 //! pod is Ready again, replicas first and the primary last, and never while it cannot tell
 //! which pod is the primary. The primary is not restarted while a Ready replica could take
 //! over: it is asked to hand over first (see [`super::switchover`]), and restarted once it is
-//! a replica; only when no replica can take over (or a switchover cannot be asked for) is it
-//! restarted as the primary, as a failover.
+//! a replica; only when no replica can take over is it restarted as the primary, as a
+//! failover.
 //!
 //! Once the data-handler publishes the shard's consensus cohort (`status.cohort`), a Ready pod
 //! is restarted (or the primary asked to hand over) only while every other pod is a healthy
@@ -269,10 +269,9 @@ pub fn set_view(sts: &StatefulSet) -> SetView {
 }
 
 /// Decides the next restart across all pools of one shard (the shard has one primary across
-/// all of them). `switchover`: whether the primary can be asked to hand over (else it is
-/// restarted as the primary, and multiorch fails over); `cohort`: whether the shard's cohort
-/// is published, so Ready pods restart only while every other pod is a healthy member.
-pub fn plan(sets: &[SetView], pods: &[PodView], switchover: bool, cohort: bool) -> Step {
+/// all of them). `cohort`: whether the shard's cohort is published, so Ready pods restart only
+/// while every other pod is a healthy member.
+pub fn plan(sets: &[SetView], pods: &[PodView], cohort: bool) -> Step {
     let by_set: BTreeMap<&str, &SetView> = sets.iter().map(|s| (s.name.as_str(), s)).collect();
     let mut pods: Vec<&PodView> = pods
         .iter()
@@ -360,7 +359,7 @@ pub fn plan(sets: &[SetView], pods: &[PodView], switchover: bool, cohort: bool) 
         return restart(p);
     }
     match primaries.first() {
-        Some(primary) if switchover && pods.iter().any(|p| p.can_take_over()) => {
+        Some(primary) if pods.iter().any(|p| p.can_take_over()) => {
             wait(Wait::Switchover(primary.name.clone()))
         }
         Some(primary) => restart(primary),
@@ -401,7 +400,7 @@ mod tests {
     fn run_to_completion(sets: &[SetView], mut pods: Vec<PodView>) -> Vec<String> {
         let mut order = Vec::new();
         for _ in 0..20 {
-            match plan(sets, &pods, true, false) {
+            match plan(sets, &pods, false) {
                 Step::UpToDate { .. } => return order,
                 Step::Restart { pod: name, .. } => {
                     let p = pods.iter_mut().find(|p| p.name == name).unwrap();
@@ -447,7 +446,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v2", Role::Replica),
         ];
-        let step = plan(&sets, &pods, true, false);
+        let step = plan(&sets, &pods, false);
         assert_eq!(
             step,
             Step::Wait {
@@ -465,7 +464,7 @@ mod tests {
         pods[0].role = Role::Replica;
         pods[1].role = Role::Primary;
         assert_eq!(
-            plan(&sets, &pods, true, false),
+            plan(&sets, &pods, false),
             Step::Restart {
                 pod: "pool-a-0".into(),
                 uid: "uid-pool-a-0".into(),
@@ -481,7 +480,7 @@ mod tests {
         let sets = [set("pool-a", "v2", 1)];
         let alone = [pod("pool-a-0", "v1", Role::Primary)];
         assert_eq!(
-            plan(&sets, &alone, true, false),
+            plan(&sets, &alone, false),
             Step::Restart {
                 pod: "pool-a-0".into(),
                 uid: "uid-pool-a-0".into(),
@@ -491,28 +490,13 @@ mod tests {
             },
             "a one-pod pool has nobody to hand over to"
         );
-        // A replica without a known role cannot take over; nor can anyone when a switchover
-        // cannot be asked for.
+        // A replica without a known role cannot take over.
         let sets = [set("pool-a", "v2", 2)];
         let unknown = [
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v2", Role::Unknown),
         ];
-        assert_eq!(restarted(&plan(&sets, &unknown, true, false)), "pool-a-0");
-        let pods = [
-            pod("pool-a-0", "v1", Role::Primary),
-            pod("pool-a-1", "v2", Role::Replica),
-        ];
-        assert_eq!(
-            plan(&sets, &pods, false, false),
-            Step::Restart {
-                pod: "pool-a-0".into(),
-                uid: "uid-pool-a-0".into(),
-                primary: true,
-                outdated: 1,
-                total: 2,
-            }
-        );
+        assert_eq!(restarted(&plan(&sets, &unknown, false)), "pool-a-0");
     }
 
     #[test]
@@ -522,7 +506,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v1", Role::Unknown),
         ];
-        assert_eq!(plan(&sets, &pods, true, false), Step::UpToDate { pods: 2 });
+        assert_eq!(plan(&sets, &pods, false), Step::UpToDate { pods: 2 });
     }
 
     #[test]
@@ -532,7 +516,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Unknown),
             pod("pool-a-1", "v1", Role::Replica),
         ];
-        let step = plan(&sets, &pods, true, false);
+        let step = plan(&sets, &pods, false);
         assert!(
             matches!(
                 &step,
@@ -548,7 +532,7 @@ mod tests {
         for p in &mut pods {
             p.ready = false;
         }
-        assert_eq!(restarted(&plan(&sets, &pods, true, false)), "pool-a-0");
+        assert_eq!(restarted(&plan(&sets, &pods, false)), "pool-a-0");
     }
 
     #[test]
@@ -561,7 +545,7 @@ mod tests {
         ];
         pods[1].ready = false;
         assert_eq!(
-            plan(&sets, &pods, true, false),
+            plan(&sets, &pods, false),
             Step::Wait {
                 wait: Wait::PodNotReady("pool-a-1".into()),
                 outdated: 2,
@@ -570,7 +554,7 @@ mod tests {
         );
         pods[1].terminating = true;
         assert!(matches!(
-            plan(&sets, &pods, true, false),
+            plan(&sets, &pods, false),
             Step::Wait {
                 wait: Wait::PodTerminating(_),
                 ..
@@ -578,7 +562,7 @@ mod tests {
         ));
         let missing = [pods[0].clone(), pods[2].clone()];
         assert!(matches!(
-            plan(&sets, &missing, true, false),
+            plan(&sets, &missing, false),
             Step::Wait {
                 wait: Wait::PodMissing {
                     have: 2,
@@ -599,7 +583,7 @@ mod tests {
             pod("pool-a-2", "v1", Role::Replica),
         ];
         pods[2].ready = false;
-        assert_eq!(restarted(&plan(&sets, &pods, true, false)), "pool-a-2");
+        assert_eq!(restarted(&plan(&sets, &pods, false)), "pool-a-2");
     }
 
     #[test]
@@ -611,13 +595,13 @@ mod tests {
             pod("pool-a-1", "v1", Role::Primary),
         ];
         assert!(matches!(
-            plan(&[stale], &pods, true, false),
+            plan(&[stale], &pods, false),
             Step::Wait {
                 wait: Wait::SetNotObserved(_),
                 ..
             }
         ));
-        let step = plan(&[set("pool-a", "v2", 2)], &pods, true, false);
+        let step = plan(&[set("pool-a", "v2", 2)], &pods, false);
         assert!(
             matches!(&step, Step::Wait { wait: Wait::SeveralPrimaries(p), .. } if p.len() == 2),
             "{step:?}"
@@ -664,7 +648,7 @@ mod tests {
             pod("pool-a-2", "v1", Role::Replica),
         ];
         pods[1].in_cohort = false;
-        let step = plan(&sets, &pods, true, true);
+        let step = plan(&sets, &pods, true);
         let Step::Wait { wait, .. } = &step else {
             panic!("expected a wait, got {step:?}");
         };
@@ -672,12 +656,12 @@ mod tests {
         assert_eq!(wait.reason(), "WaitingForCohort");
         assert!(wait.message().contains("pool-a-1"), "{}", wait.message());
         assert_eq!(
-            restarted(&plan(&sets, &pods, true, false)),
+            restarted(&plan(&sets, &pods, false)),
             "pool-a-2",
             "without a published cohort, readiness decides"
         );
         pods[1].in_cohort = true;
-        assert_eq!(restarted(&plan(&sets, &pods, true, true)), "pool-a-2");
+        assert_eq!(restarted(&plan(&sets, &pods, true)), "pool-a-2");
     }
 
     #[test]
@@ -690,7 +674,7 @@ mod tests {
         ];
         pods[2].in_cohort = false;
         assert!(matches!(
-            plan(&sets, &pods, true, true),
+            plan(&sets, &pods, true),
             Step::Wait {
                 wait: Wait::Cohort(_),
                 ..
@@ -699,7 +683,7 @@ mod tests {
         pods[2].in_cohort = true;
         pods[0].in_cohort = false;
         assert_eq!(
-            plan(&sets, &pods, true, true),
+            plan(&sets, &pods, true),
             Step::Wait {
                 wait: Wait::Switchover("pool-a-0".into()),
                 outdated: 1,
@@ -720,6 +704,6 @@ mod tests {
         pods[1].ready = false;
         pods[1].in_cohort = false;
         pods[2].in_cohort = false;
-        assert_eq!(restarted(&plan(&sets, &pods, true, true)), "pool-a-1");
+        assert_eq!(restarted(&plan(&sets, &pods, true)), "pool-a-1");
     }
 }

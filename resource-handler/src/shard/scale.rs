@@ -112,7 +112,7 @@ pub enum Handover {
     Requested,
     /// Pods stay, but none is a Ready replica: held, until one can take over.
     NoReadyReplica,
-    /// No pod stays (or a switchover cannot be asked for): not held; the primary goes, and
+    /// No pod stays: not held; the primary goes, and
     /// multiorch fails over if any pooler is left.
     Unavailable,
 }
@@ -155,12 +155,11 @@ fn scaling_down(desired: &StatefulSet, current: Option<&StatefulSet>) -> Option<
 /// Holds a scale-down of `desired` above the primary's ordinal while it has not handed over.
 ///
 /// `current` is the StatefulSet as it is now; `pods` are all pool pods of the shard (any of
-/// them may take over); `switchover`: whether the primary can be asked to hand over.
+/// them may take over).
 pub fn hold_down(
     desired: &mut StatefulSet,
     current: Option<&StatefulSet>,
     pods: &[PodView],
-    switchover: bool,
 ) -> Option<ScaleDown> {
     let (wanted, from) = scaling_down(desired, current)?;
     let statefulset = desired.name_any();
@@ -174,7 +173,7 @@ pub fn hold_down(
         .iter()
         .filter(|p| !leaving(p) && !p.terminating)
         .collect();
-    let handover = if !switchover || staying.is_empty() {
+    let handover = if staying.is_empty() {
         Handover::Unavailable
     } else if staying.iter().any(|p| p.can_take_over()) {
         Handover::Requested
@@ -539,7 +538,7 @@ mod tests {
             member("pool-2", Role::Replica),
         ];
         let mut desired = set(1);
-        let down = hold_down(&mut desired, Some(&set(3)), &pods, true).unwrap();
+        let down = hold_down(&mut desired, Some(&set(3)), &pods).unwrap();
         assert_eq!(
             down,
             ScaleDown {
@@ -558,7 +557,7 @@ mod tests {
         // pool-0 not Ready: nobody can take over yet, still held, nothing requested.
         pods[0].ready = false;
         let mut desired = set(1);
-        let down = hold_down(&mut desired, Some(&set(2)), &pods, true).unwrap();
+        let down = hold_down(&mut desired, Some(&set(2)), &pods).unwrap();
         assert_eq!(
             (down.replicas, down.handover),
             (2, Handover::NoReadyReplica)
@@ -569,7 +568,7 @@ mod tests {
         pods[0].role = Role::Primary;
         pods[1].role = Role::Replica;
         let mut desired = set(1);
-        assert_eq!(hold_down(&mut desired, Some(&set(2)), &pods, true), None);
+        assert_eq!(hold_down(&mut desired, Some(&set(2)), &pods), None);
         assert_eq!(desired.spec.unwrap().replicas, Some(1));
     }
 
@@ -580,7 +579,7 @@ mod tests {
             member("other-0", Role::Replica),
         ];
         let mut desired = set(0);
-        let down = hold_down(&mut desired, Some(&set(1)), &pods, true).unwrap();
+        let down = hold_down(&mut desired, Some(&set(1)), &pods).unwrap();
         assert_eq!((down.replicas, down.handover), (1, Handover::Requested));
     }
 
@@ -588,21 +587,9 @@ mod tests {
     fn without_anyone_to_take_over_the_scale_down_goes_on() {
         let pods = [member("pool-0", Role::Primary)];
         let mut desired = set(0);
-        let down = hold_down(&mut desired, Some(&set(1)), &pods, true).unwrap();
+        let down = hold_down(&mut desired, Some(&set(1)), &pods).unwrap();
         assert_eq!((down.replicas, down.handover), (0, Handover::Unavailable));
         assert_eq!(desired.spec.unwrap().replicas, Some(0));
-
-        let pods = [
-            member("pool-0", Role::Replica),
-            member("pool-1", Role::Primary),
-        ];
-        let mut desired = set(1);
-        let down = hold_down(&mut desired, Some(&set(2)), &pods, false).unwrap();
-        assert_eq!(
-            (down.replicas, down.handover),
-            (1, Handover::Unavailable),
-            "no switchover can be asked for"
-        );
     }
 
     #[test]
@@ -612,25 +599,25 @@ mod tests {
             member("pool-1", Role::Replica),
         ];
         let mut desired = set(1);
-        assert_eq!(hold_down(&mut desired, Some(&set(2)), &pods, true), None);
+        assert_eq!(hold_down(&mut desired, Some(&set(2)), &pods), None);
         let unknown = [
             member("pool-0", Role::Unknown),
             member("pool-1", Role::Unknown),
         ];
-        assert_eq!(hold_down(&mut desired, Some(&set(2)), &unknown, true), None);
+        assert_eq!(hold_down(&mut desired, Some(&set(2)), &unknown), None);
         assert_eq!(desired.spec.unwrap().replicas, Some(1));
         let mut terminating = member("pool-1", Role::Primary);
         terminating.terminating = true;
         let pods = [member("pool-0", Role::Replica), terminating];
         let mut desired = set(1);
         assert_eq!(
-            hold_down(&mut desired, Some(&set(2)), &pods, true),
+            hold_down(&mut desired, Some(&set(2)), &pods),
             None,
             "already going"
         );
         let mut desired = set(3);
         assert_eq!(
-            hold_down(&mut desired, Some(&set(2)), &pods, true),
+            hold_down(&mut desired, Some(&set(2)), &pods),
             None,
             "scale-up"
         );

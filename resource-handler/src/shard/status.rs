@@ -78,7 +78,6 @@ pub(super) async fn write(
         .stores
         .pods
         .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard));
-    let handover = switchover::possible(shard);
     let report = Report {
         pools,
         orchs,
@@ -86,12 +85,7 @@ pub(super) async fn write(
         rollout: outcome.step.clone(),
         storage: Some(outcome.resize.condition()),
         pgbackrest_tls: outcome.tls,
-        switchover: switchover::condition(
-            outcome.step.as_ref(),
-            &outcome.downs,
-            &outcome.requests,
-            handover,
-        ),
+        switchover: switchover::condition(outcome.step.as_ref(), &outcome.downs, &outcome.requests),
         held: outcome.held,
         scale_down: scale::condition(&outcome.cohort_holds),
         drain: outcome.drain,
@@ -700,7 +694,7 @@ mod tests {
             orchs: vec![counts(1, 1)],
             pool_pods: pods(3),
             rollout: Some(Step::UpToDate { pods: 3 }),
-            switchover: switchover::condition(None, &[down], &Default::default(), true),
+            switchover: switchover::condition(None, &[down], &Default::default()),
             ..Report::default()
         };
         let s = with_roles(shard(), &[("zone-a-2", "PRIMARY")]);

@@ -26,7 +26,6 @@ use kube::Api;
 use kube::api::Patch;
 use kube::runtime::events::EventType;
 use multigres_api::labels::{SWITCHOVER_REQUESTED, USER_SWITCHOVER};
-use multigres_api::v1alpha1::Shard;
 use multigres_common::apply::patch_params;
 use multigres_common::telemetry::ErrorChain;
 use serde_json::json;
@@ -75,11 +74,10 @@ pub struct Requests {
     pub answered: Vec<String>,
 }
 
-/// Reads the requests people put on `pods`. `possible`: whether a switchover can be asked for;
-/// `cohort`: whether the shard's cohort is published (then every other pod must be a healthy
+/// Reads the requests people put on `pods`. `cohort`: whether the shard's cohort is published (then every other pod must be a healthy
 /// member first). A request on a pod with no known role, or on a replica while no pod is the
 /// primary (a hand-over under way), stays.
-pub fn user_requests(pods: &[PodView], possible: bool, cohort: bool) -> Requests {
+pub fn user_requests(pods: &[PodView], cohort: bool) -> Requests {
     let mut out = Requests::default();
     let primary = pods
         .iter()
@@ -89,7 +87,7 @@ pub fn user_requests(pods: &[PodView], possible: bool, cohort: bool) -> Requests
             Role::Replica if primary.is_some() => out.answered.push(pod.name.clone()),
             Role::Primary => {
                 let what = format!("the switchover asked for on the primary {}", pod.name);
-                match gate(pods, pod, possible, cohort, &what) {
+                match gate(pods, pod, cohort, &what) {
                     Ok(()) => {
                         let purpose = "as asked for on it (annotation multigres.com/switchover)";
                         out.ask.insert(pod.name.clone(), purpose.to_owned());
@@ -106,14 +104,14 @@ pub fn user_requests(pods: &[PodView], possible: bool, cohort: bool) -> Requests
 /// The hand-overs a drain calls for: the primary, when its node is cordoned, under the same
 /// gates as a person's request (nothing is ever answered: the drain evicts the pod once it is
 /// a replica).
-pub fn drain_requests(pods: &[PodView], possible: bool, cohort: bool) -> Requests {
+pub fn drain_requests(pods: &[PodView], cohort: bool) -> Requests {
     let mut out = Requests::default();
     let draining = pods
         .iter()
         .filter(|p| p.role == Role::Primary && p.cordoned && !p.terminating);
     for pod in draining {
         let what = format!("the primary {} on a cordoned node", pod.name);
-        match gate(pods, pod, possible, cohort, &what) {
+        match gate(pods, pod, cohort, &what) {
             Ok(()) => {
                 let purpose = "before its node, cordoned, is drained";
                 out.ask.insert(pod.name.clone(), purpose.to_owned());
@@ -124,27 +122,16 @@ pub fn drain_requests(pods: &[PodView], possible: bool, cohort: bool) -> Request
     out
 }
 
-/// Whether `primary` may be asked to hand over now (`what` names the request): a switchover can
-/// be asked for, a Ready replica can take over, and (with a published `cohort`) every other pod
+/// Whether `primary` may be asked to hand over now (`what` names the request): a Ready replica
+/// can take over, and (with a published `cohort`) every other pod
 /// takes part in commits; otherwise what it waits for.
-fn gate(
-    pods: &[PodView],
-    primary: &PodView,
-    possible: bool,
-    cohort: bool,
-    what: &str,
-) -> Result<(), String> {
+fn gate(pods: &[PodView], primary: &PodView, cohort: bool, what: &str) -> Result<(), String> {
     let outside: Vec<&str> = pods
         .iter()
         .filter(|p| p.name != primary.name && !p.terminating && !p.in_cohort)
         .map(|p| p.name.as_str())
         .collect();
-    if !possible {
-        Err(format!(
-            "{what} cannot hand over: internalTLS is enabled and the data-handler has no client \
-             certificate for the multipooler to ask it to resign"
-        ))
-    } else if !pods.iter().any(PodView::can_take_over) {
+    if !pods.iter().any(PodView::can_take_over) {
         Err(format!(
             "{what} waits for a Ready replica on a node that is not cordoned to take over"
         ))
@@ -210,14 +197,8 @@ pub fn changes(
 }
 
 /// The `Switchover` condition: True while a primary must hand over before it goes, False when
-/// one goes without (nobody can take over, or a switchover cannot be asked for), absent when no
-/// primary is about to go. `possible`: whether a switchover can be asked for.
-pub fn condition(
-    step: Option<&Step>,
-    downs: &[ScaleDown],
-    asked: &Requests,
-    possible: bool,
-) -> Option<Cond> {
+/// one goes without (nobody can take over), absent when no primary is about to go.
+pub fn condition(step: Option<&Step>, downs: &[ScaleDown], asked: &Requests) -> Option<Cond> {
     let process = "the data-handler has its multipooler resign leadership (annotation \
                    multigres.com/switchover-requested) and multiorch promotes a replica";
     let mut requested = Vec::new();
@@ -274,14 +255,9 @@ pub fn condition(
     if without.is_empty() {
         return None;
     }
-    let why = if possible {
-        "no other pool pod is a Ready replica to take over"
-    } else {
-        "internalTLS is enabled and the data-handler has no client certificate for the \
-         multipooler to ask it to resign"
-    };
     let message = format!(
-        "{} without a switchover: {why}; multiorch fails over",
+        "{} without a switchover: no other pool pod is a Ready replica to take over; \
+         multiorch fails over",
         without.join("; ")
     );
     Some(Cond::new(SWITCHOVER, FALSE, "WithoutSwitchover", message))
@@ -395,12 +371,6 @@ pub async fn request(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, changes: &[Chang
         ctx.event_about(guard, Some(related), EventType::Normal, reason, note)
             .await;
     }
-}
-
-/// Whether the primary of `shard` can be asked to hand over: the data-handler holds no client
-/// certificate for multipoolers that serve internal mutual TLS.
-pub fn possible(shard: &Shard) -> bool {
-    !crate::tls::enabled(shard.spec.internal_tls.as_ref())
 }
 
 #[cfg(test)]
@@ -518,7 +488,7 @@ mod tests {
     #[test]
     fn the_condition_names_the_pod_and_what_it_waits_for() {
         let step = rollout_wait("pool-0");
-        let c = condition(Some(&step), &[], &Requests::default(), true).unwrap();
+        let c = condition(Some(&step), &[], &Requests::default()).unwrap();
         assert_eq!((c.status, c.reason), (TRUE, "WaitingForSwitchover"));
         assert_eq!(
             c.message,
@@ -527,13 +497,7 @@ mod tests {
              multigres.com/switchover-requested) and multiorch promotes a replica"
         );
 
-        let c = condition(
-            None,
-            &[down(Handover::Requested)],
-            &Requests::default(),
-            true,
-        )
-        .unwrap();
+        let c = condition(None, &[down(Handover::Requested)], &Requests::default()).unwrap();
         assert!(
             c.message
                 .starts_with("the primary pool-1 hands over before pool scales down from 3 to 1 replicas (held at 2)"),
@@ -544,7 +508,6 @@ mod tests {
             None,
             &[down(Handover::NoReadyReplica)],
             &Requests::default(),
-            true,
         )
         .unwrap();
         assert_eq!((c.status, c.reason), (TRUE, "WaitingForReplica"));
@@ -560,22 +523,15 @@ mod tests {
             outdated: 1,
             total: 1,
         };
-        let c = condition(Some(&restart), &[], &Requests::default(), true).unwrap();
+        let c = condition(Some(&restart), &[], &Requests::default()).unwrap();
         assert_eq!((c.status, c.reason), (FALSE, "WithoutSwitchover"));
         assert_eq!(
             c.message,
             "the primary pool-0 restarts without a switchover: no other pool pod is a Ready \
              replica to take over; multiorch fails over"
         );
-        let c = condition(
-            None,
-            &[down(Handover::Unavailable)],
-            &Requests::default(),
-            false,
-        )
-        .unwrap();
+        let c = condition(None, &[down(Handover::Unavailable)], &Requests::default()).unwrap();
         assert!(c.message.contains("the primary pool-1 is removed"));
-        assert!(c.message.contains("internalTLS is enabled"));
 
         let replica = Step::Restart {
             pod: "pool-0".into(),
@@ -584,17 +540,9 @@ mod tests {
             outdated: 1,
             total: 2,
         };
+        assert_eq!(condition(Some(&replica), &[], &Requests::default()), None);
         assert_eq!(
-            condition(Some(&replica), &[], &Requests::default(), true),
-            None
-        );
-        assert_eq!(
-            condition(
-                Some(&Step::UpToDate { pods: 2 }),
-                &[],
-                &Requests::default(),
-                true
-            ),
+            condition(Some(&Step::UpToDate { pods: 2 }), &[], &Requests::default()),
             None
         );
     }
@@ -613,34 +561,33 @@ mod tests {
             with_role("pool-1", Role::Replica),
         ];
         pods[0].user_switchover = true;
-        let users = user_requests(&pods, true, true);
+        let users = user_requests(&pods, true);
         assert_eq!(users.ask.keys().collect::<Vec<_>>(), ["pool-0"]);
         assert!(users.waiting.is_empty() && users.answered.is_empty());
-        let c = condition(None, &[], &users, true).unwrap();
+        let c = condition(None, &[], &users).unwrap();
         assert_eq!((c.status, c.reason), (TRUE, "WaitingForSwitchover"));
         assert!(c.message.contains("as asked for on it"), "{}", c.message);
 
         pods[1].in_cohort = false;
-        let users = user_requests(&pods, true, true);
+        let users = user_requests(&pods, true);
         assert!(users.ask.is_empty());
         assert!(users.waiting[0].contains("waits for pool-1 to be healthy cohort members"));
         assert_eq!(
-            user_requests(&pods, true, false).ask.len(),
+            user_requests(&pods, false).ask.len(),
             1,
             "without a published cohort, readiness decides"
         );
 
         pods[1].ready = false;
-        let users = user_requests(&pods, true, false);
+        let users = user_requests(&pods, false);
         assert!(users.waiting[0].contains("waits for a Ready replica"));
-        let drained = drain_requests(&pods, true, false);
+        let drained = drain_requests(&pods, false);
         assert!(
             drained.ask.is_empty() && drained.waiting.is_empty(),
             "no cordoned node"
         );
-        let c = condition(None, &[], &users, true).unwrap();
+        let c = condition(None, &[], &users).unwrap();
         assert_eq!(c.reason, "WaitingForReplica");
-        assert!(user_requests(&pods, false, false).waiting[0].contains("internalTLS"));
     }
 
     #[test]
@@ -651,12 +598,12 @@ mod tests {
         ];
         pods[0].user_switchover = true;
         assert_eq!(
-            user_requests(&pods, true, true),
+            user_requests(&pods, true),
             Requests::default(),
             "no primary yet: the hand-over is under way"
         );
         pods[1].role = Role::Primary;
-        let users = user_requests(&pods, true, true);
+        let users = user_requests(&pods, true);
         assert_eq!(users.answered, ["pool-0"]);
         assert!(users.ask.is_empty());
     }
@@ -668,12 +615,12 @@ mod tests {
             with_role("pool-1", Role::Replica),
         ];
         pods[0].cordoned = true;
-        let drained = drain_requests(&pods, true, true);
+        let drained = drain_requests(&pods, true);
         assert_eq!(
             drained.ask.get("pool-0").map(String::as_str),
             Some("before its node, cordoned, is drained")
         );
-        let c = condition(None, &[], &drained, true).unwrap();
+        let c = condition(None, &[], &drained).unwrap();
         assert!(
             c.message.contains("pool-0 hands over before its node"),
             "{}",
@@ -681,7 +628,7 @@ mod tests {
         );
 
         pods[1].cordoned = true;
-        let drained = drain_requests(&pods, true, true);
+        let drained = drain_requests(&pods, true);
         assert!(drained.ask.is_empty());
         assert!(
             drained.waiting[0].contains("not cordoned"),
