@@ -169,7 +169,13 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             // The cluster's multiadmin controller issues it (and reports on the
             // MultigresCluster when it cannot); its arrival wakes this cell.
             tracing::info!(cell = %owner.name, namespace = ns, %secret, "waiting for the gateway certificate");
-            return Ok(Action::requeue(GATEWAY_CERT_RECHECK));
+            let service = crate::names::multigateway(&owner.name);
+            let desired = waiting_for_certificate(cell, &secret, &service, Timestamp::now());
+            let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
+            let stored = cell.status.as_ref();
+            let deferred =
+                sync::ensure_status(NAME, &api, cell, &desired, stored, &ctx.pacer).await?;
+            return Ok(status_pacer::action(Some(GATEWAY_CERT_RECHECK), deferred));
         };
         let required = GatewayTlsConfig::is_required(cell.spec.gateway_tls.as_ref());
         crate::tls::mount_gateway(&mut objects.deployment, &owner.cluster, required, &digest);
@@ -307,11 +313,62 @@ pub fn status(
     }
 }
 
+/// The status of `cell` while its gateways wait for the cluster's gateway certificate
+/// (Secret `secret`): not Available, saying what it waits for; the gateway counts stay as last
+/// published.
+pub fn waiting_for_certificate(
+    cell: &Cell,
+    secret: &str,
+    service: &str,
+    now: Timestamp,
+) -> CellStatus {
+    let message = format!(
+        "waiting for Secret {secret}, the gateway certificate (spec.gatewayTLS): the \
+         MultigresCluster's controller issues it, and its events say why when it cannot; the \
+         gateways start once it exists"
+    );
+    let available = Cond::new(
+        AVAILABLE,
+        FALSE,
+        "WaitingForGatewayCertificate",
+        message.clone(),
+    );
+    let stored = cell.status.as_ref();
+    let observed = stored.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    CellStatus {
+        observed_generation: cell.metadata.generation,
+        conditions: merge(observed, &[available], cell.metadata.generation, now),
+        phase: Some(phase(false, None, &BTreeSet::new())),
+        message: Some(message),
+        gateway_replicas: stored.and_then(|s| s.gateway_replicas),
+        gateway_ready_replicas: stored.and_then(|s| s.gateway_ready_replicas),
+        gateway_service_name: Some(service.to_owned()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use multigres_api::v1alpha1::Phase;
 
     use super::*;
+
+    #[test]
+    fn a_cell_waiting_for_its_gateway_certificate_says_so() {
+        let cell: Cell = serde_yaml::from_str(include_str!("../../fixtures/cell.yaml")).unwrap();
+        let now = Timestamp::from_second(5).unwrap();
+        let st = waiting_for_certificate(&cell, "prod-gateway-tls", "svc", now);
+        let available = &st.conditions[0];
+        assert_eq!(
+            (available.status.as_str(), available.reason.as_str()),
+            (FALSE, "WaitingForGatewayCertificate")
+        );
+        assert!(
+            available
+                .message
+                .starts_with("waiting for Secret prod-gateway-tls")
+        );
+        assert_eq!(st.phase, Some(Phase::Progressing));
+    }
 
     #[test]
     fn status_reports_gateway_counts_and_availability() {
