@@ -359,7 +359,18 @@ async fn mutate_cluster(
             return allow;
         }
     };
-    match defaults::patch(&cluster, present) {
+    let old = match request.operation {
+        Operation::Update => {
+            typed::<MultigresCluster>(request.old_object.as_ref(), "old object").ok()
+        }
+        _ => None,
+    };
+    let stored = match (&request.operation, &old) {
+        (Operation::Create, _) => defaults::Stored::Nothing,
+        (_, Some(old)) => defaults::Stored::Spec(&old.spec),
+        (_, None) => defaults::Stored::Unreadable,
+    };
+    match defaults::patch(&cluster, stored, present) {
         Ok(patch) if patch.0.is_empty() => allow,
         Ok(patch) => match allow.clone().with_patch(patch) {
             Ok(patched) => patched,

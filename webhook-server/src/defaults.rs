@@ -5,6 +5,8 @@
 //! namespace template named `default` into an empty `templateDefaults` field (which is what the
 //! resolver would pick anyway, and makes the dependency visible and protected from deletion).
 //!
+//! Internal mutual TLS is on for a cluster created without saying (see [`internal_tls`]).
+//!
 //! Component specs are not materialised: an inline value written here would override every
 //! template created afterwards, changing what the user's manifest means. `pvcDeletionPolicy` is
 //! never written: its absence means Retain/Retain by inheritance from the levels above, and a
@@ -13,8 +15,8 @@
 use multigres_api::DEFAULT_TEMPLATE;
 use multigres_api::resolver::defaults::DURABILITY_POLICY;
 use multigres_api::v1alpha1::{
-    ClusterImages, ComponentLogLevels, ImagePullPolicy, LogLevel, MultigresCluster,
-    MultigresClusterSpec, TemplateDefaults, TemplateRef, TopologyPruningConfig,
+    ClusterImages, ComponentLogLevels, ImagePullPolicy, InternalTlsConfig, LogLevel,
+    MultigresCluster, MultigresClusterSpec, TemplateDefaults, TemplateRef, TopologyPruningConfig,
 };
 
 /// Which namespace templates named `default` exist.
@@ -72,6 +74,40 @@ pub fn apply(spec: &mut MultigresClusterSpec, present: DefaultTemplates) {
     }
 }
 
+/// What the webhook knows of the stored object before this request.
+#[derive(Debug, Clone, Copy)]
+pub enum Stored<'a> {
+    /// The cluster is being created.
+    Nothing,
+    /// The cluster is being updated; its stored spec.
+    Spec(&'a MultigresClusterSpec),
+    /// The cluster is being updated, but its stored object could not be read.
+    Unreadable,
+}
+
+/// Internal mutual TLS (`internalTLS.enabled`), when the request leaves it out: on for a cluster
+/// being created; an existing cluster keeps the value it has (an apply that no longer lists the
+/// value this webhook wrote at creation removes it otherwise), and one that never had a value
+/// keeps none, so stays off. Turning it on rolls every pod, and a Multigres process serves
+/// either TLS or plaintext gRPC, never both (`--grpc-enable-optional-tls` is not implemented),
+/// so pods on either side of the change cannot talk until the roll ends: that is the owner's
+/// decision, never an upgrade's (docs/tls.md).
+pub fn internal_tls(spec: &mut MultigresClusterSpec, stored: Stored<'_>) {
+    if spec.internal_tls.as_ref().and_then(|t| t.enabled).is_some() {
+        return;
+    }
+    let enabled = match stored {
+        Stored::Nothing => Some(true),
+        Stored::Spec(old) => old.internal_tls.as_ref().and_then(|t| t.enabled),
+        Stored::Unreadable => None,
+    };
+    if let Some(enabled) = enabled {
+        spec.internal_tls
+            .get_or_insert_with(InternalTlsConfig::default)
+            .enabled = Some(enabled);
+    }
+}
+
 /// The `templateDefaults` fields still empty, whose `default` template must be looked up.
 pub fn promotable(spec: &MultigresClusterSpec) -> DefaultTemplates {
     let defaults = spec.template_defaults.as_ref();
@@ -86,11 +122,13 @@ pub fn promotable(spec: &MultigresClusterSpec) -> DefaultTemplates {
 /// defaulted, so only the fields this webhook sets are touched.
 pub fn patch(
     cluster: &MultigresCluster,
+    stored: Stored<'_>,
     present: DefaultTemplates,
 ) -> Result<json_patch::Patch, serde_json::Error> {
     let before = serde_json::to_value(cluster)?;
     let mut defaulted = cluster.clone();
     apply(&mut defaulted.spec, present);
+    internal_tls(&mut defaulted.spec, stored);
     let after = serde_json::to_value(&defaulted)?;
     Ok(json_patch::diff(&before, &after))
 }
@@ -118,13 +156,14 @@ mod tests {
             "logLevels": {"multiorch": "debug"},
             "cells": [{"name": "zone-a", "zoneId": "z-a"}],
         }));
-        let patch = patch(&typed, DefaultTemplates::default()).unwrap();
+        let patch = patch(&typed, Stored::Nothing, DefaultTemplates::default()).unwrap();
         json_patch::patch(&mut raw, &patch).unwrap();
         assert_eq!(
             raw["spec"],
             json!({
                 "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
                 "cells": [{"name": "zone-a", "zoneId": "z-a"}],
+                "internalTLS": {"enabled": true},
                 "images": {"imagePullPolicy": "IfNotPresent"},
                 "logLevels": {
                     "pgctld": "info", "multipooler": "info", "multiorch": "debug",
@@ -156,7 +195,7 @@ mod tests {
             cell: false,
             shard: true,
         };
-        json_patch::patch(&mut raw, &patch(&typed, present).unwrap()).unwrap();
+        json_patch::patch(&mut raw, &patch(&typed, Stored::Nothing, present).unwrap()).unwrap();
         assert_eq!(
             raw["spec"]["templateDefaults"],
             json!({"coreTemplate": "default", "shardTemplate": "mine"})
@@ -174,6 +213,42 @@ mod tests {
             shard: true,
         };
         apply(&mut typed.spec, all);
-        assert!(patch(&typed, all).unwrap().0.is_empty());
+        internal_tls(&mut typed.spec, Stored::Nothing);
+        assert!(patch(&typed, Stored::Nothing, all).unwrap().0.is_empty());
+        assert!(
+            patch(&typed, Stored::Spec(&typed.spec), all)
+                .unwrap()
+                .0
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn internal_tls_is_on_for_new_clusters_and_kept_as_it_was_for_existing_ones() {
+        let enabled = |spec: &MultigresClusterSpec| spec.internal_tls.as_ref()?.enabled;
+        let (_, sent) = cluster(json!({
+            "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+        }));
+        let (_, off) = cluster(json!({
+            "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+            "internalTLS": {"enabled": false},
+        }));
+        let defaulted = |stored: Stored<'_>| {
+            let mut spec = sent.spec.clone();
+            internal_tls(&mut spec, stored);
+            enabled(&spec)
+        };
+        assert_eq!(defaulted(Stored::Nothing), Some(true), "created: on");
+        let mut explicit = off.spec.clone();
+        internal_tls(&mut explicit, Stored::Nothing);
+        assert_eq!(enabled(&explicit), Some(false), "a value sent is kept");
+        // An update that leaves the field out: the stored value stays, and a cluster created
+        // before this default (no value) stays off; so does one whose stored object is unread.
+        let mut on = sent.spec.clone();
+        internal_tls(&mut on, Stored::Nothing);
+        assert_eq!(defaulted(Stored::Spec(&on)), Some(true));
+        assert_eq!(defaulted(Stored::Spec(&off.spec)), Some(false));
+        assert_eq!(defaulted(Stored::Spec(&sent.spec)), None);
+        assert_eq!(defaulted(Stored::Unreadable), None);
     }
 }

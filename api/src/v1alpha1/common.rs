@@ -254,7 +254,8 @@ pub struct TopologyPruningConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InternalTlsConfig {
-    /// Enables mutual TLS between internal components. Default false.
+    /// Enables mutual TLS between internal components (gRPC). The webhook sets it to true on a
+    /// cluster created without it; a cluster stored without it has it off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 }
