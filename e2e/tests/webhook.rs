@@ -253,6 +253,20 @@ async fn the_api_server_enforces_the_webhook() {
         Some("default")
     );
     assert!(spec.pvc_deletion_policy.is_none(), "{spec:?}");
+    let internal_tls = |c: &MultigresCluster| c.spec.internal_tls.as_ref().and_then(|t| t.enabled);
+    assert_eq!(
+        internal_tls(&stored),
+        Some(true),
+        "internal mTLS on for a new cluster"
+    );
+    // An update that drops the field (as an apply that no longer lists it does) keeps the
+    // stored value: the webhook never turns internal TLS on or off for a running cluster.
+    let dropped = json!({"spec": {"internalTLS": null}});
+    let patched = clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&dropped))
+        .await
+        .unwrap();
+    assert_eq!(internal_tls(&patched), Some(true), "{:?}", patched.spec);
 
     // 3. The template the cluster uses cannot be deleted; an unused one can.
     let message = refusal(templates.delete("default", &DeleteParams::default()).await);
