@@ -429,6 +429,7 @@ async fn defaults_are_patched_and_default_templates_promoted() {
     );
     spec.insert("topologyPruning".into(), json!({"enabled": true}));
     spec.insert("durabilityPolicy".into(), json!("AT_LEAST_2"));
+    spec.insert("internalTLS".into(), json!({"enabled": true}));
     spec.insert(
         "templateDefaults".into(),
         json!({"cellTemplate": "default"}),
