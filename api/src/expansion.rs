@@ -31,14 +31,12 @@ const NESTED_FIELDS: [(&str, &str); 1] = [("s3", "region")];
 /// The CEL rule on the same fields (their CRD schema), for when the webhook is not installed.
 pub const NO_REFERENCE_RULE: &str = "!self.contains('$(')";
 
-/// The message of [`NO_REFERENCE_RULE`]; the API server prefixes the field's path.
-pub const NO_REFERENCE_MESSAGE: &str = "must not contain \"$(\": the kubelet would expand $(NAME) \
-                                        from the container's environment, Secrets among them";
-
-/// Why a field may not hold `$(`.
-pub const REFUSAL: &str = "must not contain \"$(\": the kubelet would replace $(NAME) with the \
-                           value of the container's variable NAME (Secrets among them) when \
-                           it passes this text to Multigres";
+/// Why a field may not hold `$(`: the message of [`NO_REFERENCE_RULE`] (the API server prefixes
+/// the field's path) and of the webhook's refusal, one text whichever refuses.
+pub const NO_REFERENCE_MESSAGE: &str = "must not contain \"$(\": the kubelet would replace \
+                                        $(NAME) with the value of the container's variable NAME \
+                                        (Secrets among them) when it passes this text to \
+                                        Multigres";
 
 /// The paths (under `base`, as written: `spec.cells[0].spec.localTopoServer.external.rootPath`)
 /// of the strings in `spec` that reach container args or env and contain `$(`.

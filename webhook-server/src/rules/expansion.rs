@@ -5,7 +5,7 @@
 //! ([`multigres_api::expansion::literal`]), so text admitted before this rule, or past the
 //! webhook, is still never expanded.
 
-use multigres_api::expansion::{REFUSAL, references};
+use multigres_api::expansion::{NO_REFERENCE_MESSAGE, references};
 use serde::Serialize;
 
 use crate::violation::Findings;
@@ -17,7 +17,7 @@ pub fn expansions(findings: &mut Findings, base: &str, spec: &impl Serialize) {
         return;
     };
     for path in references(&value, base) {
-        findings.violation(path, REFUSAL);
+        findings.violation(path, NO_REFERENCE_MESSAGE);
     }
 }
 
@@ -32,6 +32,9 @@ mod tests {
             serde_json::from_value(serde_json::json!({"initdbArgs": "--locale=$(X)"})).unwrap();
         let mut findings = Findings::default();
         expansions(&mut findings, "spec", &spec);
-        assert_eq!(findings.message(), format!("spec.initdbArgs: {REFUSAL}"));
+        assert_eq!(
+            findings.message(),
+            format!("spec.initdbArgs: {NO_REFERENCE_MESSAGE}")
+        );
     }
 }
