@@ -495,6 +495,7 @@ mod tests {
     fn the_address_is_the_hostname_and_grpc_port() {
         let mut record = PoolerRecord {
             key: "k".into(),
+            revision: 0,
             id: "multipooler-zone-a-p-0".into(),
             pooler: Multipooler {
                 hostname: "p-0.svc".into(),

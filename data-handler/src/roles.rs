@@ -103,6 +103,40 @@ pub fn as_answered(
     out
 }
 
+/// Margin for the clocks of the API server (a pod's creation time) and of the node (a
+/// pooler's record time) in [`stale`].
+const CLOCK_MARGIN_SECONDS: i64 = 5;
+
+/// The records among `records` of `shard` that an earlier pod wrote: each names a pod of
+/// `created` (pod name to its creation time, in seconds) and its lifecycle time is before that
+/// pod was created, so no process of the pod can have written it. A cluster deleted and applied
+/// again leaves them behind when its topology server stopped with the pods (their poolers could
+/// not mark themselves shut down), and a gateway that dials one before its pod's new pooler
+/// listens backs off for up to half a minute. Shut-down records are not stale; a record without
+/// a lifecycle time is never judged. With the pod of each.
+pub fn stale<'r, 'p>(
+    shard: ShardKey<'_>,
+    created: &'p BTreeMap<String, i64>,
+    records: &'r [PoolerRecord],
+) -> Vec<(&'r PoolerRecord, &'p str)> {
+    records
+        .iter()
+        .filter(|r| of_shard(r, shard))
+        .filter_map(|r| {
+            let lifecycle = r.pooler.lifecycle_status.as_ref()?;
+            if lifecycle.status() == PoolerLifecycleStatus::LifecycleShutdown {
+                return None;
+            }
+            let written = lifecycle.updated.as_ref()?.seconds;
+            created
+                .iter()
+                .find(|(pod, _)| serves_pod(r, pod))
+                .filter(|(_, at)| written + CLOCK_MARGIN_SECONDS < **at)
+                .map(|(pod, _)| (r, pod.as_str()))
+        })
+        .collect()
+}
+
 /// The record of the pooler serving `pod` among the readable cells' records of `shard`: the
 /// most recently updated one of a pooler that did not shut down.
 pub fn pooler_of<'r>(
@@ -259,6 +293,7 @@ mod tests {
     fn record(service_id: &str, hostname: &str, role: RoutingRole) -> PoolerRecord {
         PoolerRecord {
             key: format!("/multigres/zone-a/poolers/multipooler-zone-a-{service_id}/Pooler"),
+            revision: 0,
             id: format!("multipooler-zone-a-{service_id}"),
             pooler: Multipooler {
                 id: Some(Id {
@@ -362,6 +397,47 @@ mod tests {
         assert_eq!(
             primary(SHARD, &pods, &kept).map(|(pod, _)| pod.name.as_str()),
             Some("p-0")
+        );
+    }
+
+    #[test]
+    fn records_written_before_their_pod_was_created_are_stale() {
+        let created = BTreeMap::from([("p-0".to_owned(), 1_000), ("p-1".to_owned(), 1_000)]);
+        let old = with_lifecycle(
+            record("p-0", "", RoutingRole::Primary),
+            PoolerLifecycleStatus::LifecycleActive,
+            400,
+        );
+        // Written by the pod's own pooler (after it was created, or within the clock margin).
+        let own = with_lifecycle(
+            record("p-1", "", RoutingRole::Replica),
+            PoolerLifecycleStatus::LifecycleStarting,
+            997,
+        );
+        let shut = with_lifecycle(
+            record("p-0", "", RoutingRole::Replica),
+            PoolerLifecycleStatus::LifecycleShutdown,
+            10,
+        );
+        let no_pod = with_lifecycle(
+            record("p-9", "", RoutingRole::Replica),
+            PoolerLifecycleStatus::LifecycleActive,
+            10,
+        );
+        let mut other_shard = old.clone();
+        other_shard.pooler.shard_key.as_mut().unwrap().table_group = "orders".into();
+        let untimed = record("p-1", "", RoutingRole::Replica);
+        let records = [old, own, shut, no_pod, other_shard, untimed];
+        let found: Vec<(&str, &str)> = stale(SHARD, &created, &records)
+            .into_iter()
+            .map(|(r, pod)| (r.key.as_str(), pod))
+            .collect();
+        assert_eq!(
+            found,
+            [(
+                "/multigres/zone-a/poolers/multipooler-zone-a-p-0/Pooler",
+                "p-0"
+            )]
         );
     }
 

@@ -261,10 +261,19 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         cells: &ctx.cells,
         connections: &ctx.connections,
     };
-    let cohort = cohort::read(&sources, &store, shard, &namespace, &cluster).await;
     let pods: Vec<Pod> = valid_in(&ctx.pods, &namespace, |p| {
         is_pool_pod_of(p, shard, &cluster)
     });
+    let created: BTreeMap<String, i64> = pods
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p.name_any(),
+                p.metadata.creation_timestamp.as_ref()?.0.as_second(),
+            ))
+        })
+        .collect();
+    let cohort = cohort::read(&sources, &store, shard, (&namespace, &cluster), &created).await;
     let pool_pods: Vec<PoolPod> = pods.iter().map(pool_pod).collect();
     let key = shard_key(shard);
     let dial = ctx.credentials.dial(shard, &namespace, &cluster).await;
@@ -338,6 +347,18 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let reference = shard.object_ref(&());
     for notice in conditions::transitions(&stored_cohort.conditions, &cohort_next.conditions) {
         publish(ctx, &reference, &notice, "Cohort", None).await;
+    }
+    for pod in &cohort.retired {
+        let notice = Notice::normal(
+            "StalePoolerRecord",
+            format!(
+                "marked the pooler record of pod {pod} shut down: an earlier pod of that name \
+                 wrote it (before this pod was created), and gateways must not dial it before \
+                 the pod's own multipooler registers, which rewrites it"
+            ),
+        );
+        let about = pod_reference(&namespace, pod.clone());
+        publish(ctx, &reference, &notice, "Roles", Some(about)).await;
     }
     if let Some((pod, notice)) = roles::primary_change(&previous, &published) {
         // The pod as the related object: events about different pods form their own series,

@@ -474,6 +474,7 @@ mod tests {
         }
         PoolerRecord {
             key: format!("/multigres/zone-a/poolers/multipooler-zone-a-{pod}/Pooler"),
+            revision: 0,
             id: format!("multipooler-zone-a-{pod}"),
             pooler,
         }

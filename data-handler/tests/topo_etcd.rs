@@ -13,7 +13,7 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use multigres_e2e::etcd::{EtcdConfig, EtcdProcess, EtcdTls};
 use multigres_e2e::pki::Pki;
 use multigres_proto::topo::{
-    Cell, Database, Id, Multipooler, RoutingRole, RoutingState, ShardKey, id,
+    Cell, Database, Id, Multipooler, PoolerLifecycleStatus, RoutingRole, RoutingState, ShardKey, id,
 };
 use prost::Message;
 
@@ -465,6 +465,53 @@ async fn poolers_are_listed_from_the_cell_topology() {
     );
     assert!(!malformed.is_transient());
     assert!(malformed.to_string().contains("multipooler-zone-a-bad"));
+}
+
+#[tokio::test]
+async fn a_stale_pooler_record_is_marked_shut_down_unless_rewritten() {
+    let global = etcd().await;
+    let local = etcd().await;
+    let store = store(&global).await;
+    let mut raw_local = raw(&local).await;
+    store.register_cell(&cell("zone-b", &local)).await.unwrap();
+    let key = "/multigres/zone-b/poolers/multipooler-zone-b-q/Pooler";
+    let written = pooler("zone-b", "q", RoutingRole::Primary);
+    raw_local
+        .put(key, written.encode_to_vec(), None)
+        .await
+        .unwrap();
+    let read = store
+        .list_poolers("zone-b", &CellTls::Global)
+        .await
+        .unwrap();
+    // Its pooler rewrites it first: the mark is not written.
+    let mut rewritten = read[0].clone();
+    rewritten.revision -= 1;
+    let reason = "operator: stale";
+    assert!(
+        !store
+            .mark_shut_down("zone-b", &CellTls::Global, &rewritten, reason)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .mark_shut_down("zone-b", &CellTls::Global, &read[0], reason)
+            .await
+            .unwrap()
+    );
+    let after = store
+        .list_poolers("zone-b", &CellTls::Global)
+        .await
+        .unwrap();
+    let lifecycle = after[0].pooler.lifecycle_status.clone().unwrap();
+    assert_eq!(lifecycle.status(), PoolerLifecycleStatus::LifecycleShutdown);
+    assert_eq!(lifecycle.reason, reason);
+    assert!(lifecycle.updated.is_some());
+    // Nothing else of the record changed.
+    let mut unchanged = after[0].pooler.clone();
+    unchanged.lifecycle_status = None;
+    assert_eq!(unchanged, written);
 }
 
 #[tokio::test]

@@ -216,6 +216,7 @@ fn record(pod: &str, primary: bool, serving: PoolerServingStatus) -> PoolerRecor
     pooler.set_serving_status(serving);
     PoolerRecord {
         key: format!("poolers/{pod}"),
+        revision: 0,
         id: format!("multipooler-zone-a-{pod}"),
         pooler,
     }

@@ -1,6 +1,8 @@
 //! The cohort step of the Shard controller: the pooler records of the shard's cells, read from
 //! the topology. Every cell is read even when one fails: a cell that cannot be read is `None`
-//! (its pods keep their published roles), and the first failure is reported.
+//! (its pods keep their published roles), and the first failure is reported. A record an
+//! earlier pod of the same name left behind ([`roles::stale`]) is marked shut down, as its
+//! pooler would have done had the topology server still answered when it stopped.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,6 +10,9 @@ use kube::runtime::reflector::Store;
 use multigres_api::names;
 use multigres_api::v1alpha1::{Cell, Shard};
 
+use multigres_proto::topo::{PoolerLifecycle, PoolerLifecycleStatus};
+
+use crate::roles;
 use crate::target::{CellTopo, ConnectError, Connections, TargetError};
 use crate::topo::{CellTls, PoolerRecord, TopoError, TopoStore};
 use crate::watch::{Guarded, valid};
@@ -37,16 +42,19 @@ pub struct Cohort {
     pub poolers: BTreeMap<String, Option<Vec<PoolerRecord>>>,
     /// The first cell that could not be read.
     pub failure: Option<CellError>,
+    /// The pods whose stale record this pass marked shut down.
+    pub retired: Vec<String>,
 }
 
 /// Reads the pooler records of every cell of `shard`'s pools from `store`, the topology of
-/// cluster `cluster` in `namespace`.
+/// cluster `cluster` in `namespace`, and retires the stale ones of the pool pods `created`
+/// (pod name to creation time, in seconds).
 pub async fn read(
     sources: &Sources<'_>,
     store: &TopoStore,
     shard: &Shard,
-    namespace: &str,
-    cluster: &str,
+    (namespace, cluster): (&str, &str),
+    created: &BTreeMap<String, i64>,
 ) -> Cohort {
     let cells: BTreeSet<&str> = shard
         .spec
@@ -57,10 +65,32 @@ pub async fn read(
     let mut cohort = Cohort {
         poolers: BTreeMap::new(),
         failure: None,
+        retired: Vec::new(),
+    };
+    let key = roles::ShardKey {
+        database: shard.spec.database_name.as_str(),
+        table_group: shard.spec.table_group_name.as_str(),
+        shard: shard.spec.shard_name.as_str(),
     };
     for cell in cells {
         let records = match cell_tls(sources, namespace, cluster, cell).await {
-            Ok(tls) => list(store, cell, &tls).await,
+            Ok(tls) => match list(store, cell, &tls).await {
+                Ok(Some(mut records)) => {
+                    let retired = retire(store, cell, &tls, key, created, &records).await;
+                    for record in records.iter_mut() {
+                        if let Some((_, pod)) = retired.iter().find(|(k, _)| *k == record.key) {
+                            record.pooler.lifecycle_status = Some(PoolerLifecycle {
+                                status: PoolerLifecycleStatus::LifecycleShutdown as i32,
+                                reason: STALE.to_owned(),
+                                updated: None,
+                            });
+                            cohort.retired.push(pod.clone());
+                        }
+                    }
+                    Ok(Some(records))
+                }
+                other => other,
+            },
             Err(error) => Err(error),
         };
         let records = records.unwrap_or_else(|error| {
@@ -70,6 +100,38 @@ pub async fn read(
         cohort.poolers.insert(cell.to_owned(), records);
     }
     cohort
+}
+
+/// Why a stale record is marked shut down (its `lifecycle_status.reason`).
+const STALE: &str = "operator: written before its pod was created, by an earlier pod of that name";
+
+/// Marks the stale records among `records` of `cell` shut down; the keys and pods of those
+/// marked. A record its pooler rewrote meanwhile is left, and a failed write is tried again on
+/// the next pass.
+async fn retire(
+    store: &TopoStore,
+    cell: &str,
+    tls: &CellTls,
+    key: roles::ShardKey<'_>,
+    created: &BTreeMap<String, i64>,
+    records: &[PoolerRecord],
+) -> Vec<(String, String)> {
+    let mut retired = Vec::new();
+    for (record, pod) in roles::stale(key, created, records) {
+        match store.mark_shut_down(cell, tls, record, STALE).await {
+            Ok(true) => {
+                tracing::info!(%cell, %pod, record = %record.key, "marked a stale pooler record shut down");
+                retired.push((record.key.clone(), pod.to_owned()));
+            }
+            Ok(false) => {
+                tracing::debug!(%cell, %pod, record = %record.key, "stale pooler record rewritten meanwhile")
+            }
+            Err(error) => {
+                tracing::warn!(%cell, %pod, record = %record.key, error = %multigres_common::telemetry::ErrorChain(&error), "cannot mark a stale pooler record shut down; trying again")
+            }
+        }
+    }
+    retired
 }
 
 /// The pooler records of `cell`: `None` when it could not be read (with the reason).

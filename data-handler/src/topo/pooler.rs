@@ -7,6 +7,9 @@ use multigres_proto::topo::{Multipooler, RoutingRole};
 pub struct PoolerRecord {
     /// The etcd key the record was read from.
     pub key: String,
+    /// Its etcd modification revision when read: a write conditional on it changes only the
+    /// record as read.
+    pub revision: i64,
     /// The pooler directory name, `multipooler-<cell>-<service id>`.
     pub id: String,
     /// The decoded record.
@@ -33,6 +36,7 @@ mod tests {
     fn record(pooler: Multipooler) -> PoolerRecord {
         PoolerRecord {
             key: "k".into(),
+            revision: 0,
             id: "multipooler-z-p".into(),
             pooler,
         }

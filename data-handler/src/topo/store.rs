@@ -10,7 +10,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
     KeyValue, TlsOptions, Txn, TxnOp, TxnResponse,
 };
-use multigres_proto::topo::{Cell, Database, Multipooler};
+use multigres_proto::topo::{Cell, Database, Multipooler, PoolerLifecycle, PoolerLifecycleStatus};
 use prost::Message;
 
 use super::config::{CellTls, TlsPem, TopoConfig};
@@ -436,11 +436,54 @@ impl TopoStore {
             };
             poolers.push(PoolerRecord {
                 key: key.to_string(),
+                revision: entry.mod_revision(),
                 id: id.to_string(),
                 pooler: decode::<Multipooler>(key, entry.value())?,
             });
         }
         Ok(poolers)
+    }
+
+    /// Marks the pooler `record` of `cell` shut down (`lifecycle_status` SHUTDOWN with
+    /// `reason`), as upstream's operator does for records no pod backs, unless the record
+    /// changed since it was read. Nothing is deleted: a pooler that registers again overwrites
+    /// its record, and the gateways treat a SHUTDOWN record as gone. `Ok(false)` when the record
+    /// changed (its pooler wrote it meanwhile).
+    pub async fn mark_shut_down(
+        &self,
+        cell: &str,
+        tls: &CellTls,
+        record: &PoolerRecord,
+        reason: &str,
+    ) -> Result<bool, TopoError> {
+        let cell_record =
+            self.get_cell(cell)
+                .await?
+                .ok_or_else(|| TopoError::CellNotRegistered {
+                    cell: cell.to_string(),
+                })?;
+        let client = self.client_for(&cell_record.server_addresses, tls).await?;
+        let mut pooler = record.pooler.clone();
+        let now = std::time::SystemTime::now();
+        pooler.lifecycle_status = Some(PoolerLifecycle {
+            status: PoolerLifecycleStatus::LifecycleShutdown as i32,
+            reason: reason.to_owned(),
+            updated: Some(prost_types::Timestamp::from(now)),
+        });
+        let key = record.key.as_str();
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key,
+                CompareOp::Equal,
+                record.revision,
+            )])
+            .and_then([TxnOp::put(key, pooler.encode_to_vec(), None)]);
+        let operation = "mark a pooler shut down";
+        let response = self.request(operation, client.kv_client().txn(txn)).await?;
+        if response.succeeded() {
+            self.op_results(operation, &response, &[OpKind::Put])?;
+        }
+        Ok(response.succeeded())
     }
 
     async fn register<F, Fut>(&self, key: &str, plan: F) -> Result<Registration, TopoError>
