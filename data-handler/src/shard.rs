@@ -273,9 +273,16 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
             ))
         })
         .collect();
-    let cohort = cohort::read(&sources, &store, shard, (&namespace, &cluster), &created).await;
-    let pool_pods: Vec<PoolPod> = pods.iter().map(pool_pod).collect();
     let key = shard_key(shard);
+    let cohort = cohort::read(
+        &sources,
+        &store,
+        (shard, key),
+        (&namespace, &cluster),
+        &created,
+    )
+    .await;
+    let pool_pods: Vec<PoolPod> = pods.iter().map(pool_pod).collect();
     let dial = ctx.credentials.dial(shard, &namespace, &cluster).await;
     let answers = consensus::read(&dial, key, &pool_pods, &cohort.poolers).await;
     // Every later step reads the records as the poolers answer now: a stale PRIMARY record is

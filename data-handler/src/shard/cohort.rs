@@ -46,13 +46,13 @@ pub struct Cohort {
     pub retired: Vec<String>,
 }
 
-/// Reads the pooler records of every cell of `shard`'s pools from `store`, the topology of
-/// cluster `cluster` in `namespace`, and retires the stale ones of the pool pods `created`
-/// (pod name to creation time, in seconds).
+/// Reads the pooler records of every cell of `shard`'s pools (`key` in the topology) from
+/// `store`, the topology of cluster `cluster` in `namespace`, and retires the stale ones of the
+/// pool pods `created` (pod name to creation time, in seconds).
 pub async fn read(
     sources: &Sources<'_>,
     store: &TopoStore,
-    shard: &Shard,
+    (shard, key): (&Shard, roles::ShardKey<'_>),
     (namespace, cluster): (&str, &str),
     created: &BTreeMap<String, i64>,
 ) -> Cohort {
@@ -66,11 +66,6 @@ pub async fn read(
         poolers: BTreeMap::new(),
         failure: None,
         retired: Vec::new(),
-    };
-    let key = roles::ShardKey {
-        database: shard.spec.database_name.as_str(),
-        table_group: shard.spec.table_group_name.as_str(),
-        shard: shard.spec.shard_name.as_str(),
     };
     for cell in cells {
         let records = match cell_tls(sources, namespace, cluster, cell).await {
