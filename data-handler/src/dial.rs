@@ -132,7 +132,11 @@ impl Credentials {
         match config {
             Ok(config) => {
                 let stored = (Instant::now(), config.clone());
-                self.read.lock().expect("not poisoned").insert(slot, stored);
+                let mut read = self.read.lock().expect("not poisoned");
+                // Expired entries would be read again anyway: dropping them keeps clusters
+                // deleted long ago out of memory.
+                read.retain(|_, (at, _)| at.elapsed() < REREAD);
+                read.insert(slot, stored);
                 Dial::Tls(config)
             }
             Err(why) => Dial::Unavailable(format!(
