@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use multigres_api::names;
-use multigres_api::v1alpha1::Shard;
+use multigres_api::v1alpha1::{InternalTlsConfig, Shard};
 use multigres_proto::multipooler::multipoolermanager::multipooler_manager_client::MultipoolerManagerClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -80,16 +80,6 @@ impl Dial {
     }
 }
 
-/// Whether `shard`'s multipoolers serve mutual TLS (`internalTLS`, off unless enabled).
-pub fn internal_tls(shard: &Shard) -> bool {
-    shard
-        .spec
-        .internal_tls
-        .as_ref()
-        .and_then(|t| t.enabled)
-        .unwrap_or(false)
-}
-
 /// The client certificates read so far, per cluster.
 pub struct Credentials {
     client: kube::Client,
@@ -107,7 +97,7 @@ impl Credentials {
 
     /// How to dial the multipoolers of `shard`, of cluster `cluster` in `namespace`.
     pub async fn dial(&self, shard: &Shard, namespace: &str, cluster: &str) -> Dial {
-        if !internal_tls(shard) {
+        if !InternalTlsConfig::is_enabled(shard.spec.internal_tls.as_ref()) {
             return Dial::Plain;
         }
         let slot = format!("{namespace}/{cluster}");
@@ -170,16 +160,6 @@ mod tests {
     use k8s_openapi::ByteString;
 
     use super::*;
-
-    #[test]
-    fn internal_tls_is_off_unless_enabled() {
-        let mut shard = Shard::new("s", Default::default());
-        assert!(!internal_tls(&shard));
-        shard.spec.internal_tls = Some(Default::default());
-        assert!(!internal_tls(&shard));
-        shard.spec.internal_tls.as_mut().unwrap().enabled = Some(true);
-        assert!(internal_tls(&shard));
-    }
 
     #[test]
     fn an_incomplete_secret_names_the_keys_it_needs() {

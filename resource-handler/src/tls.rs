@@ -108,11 +108,6 @@ impl Process {
     }
 }
 
-/// Whether internal TLS is on (unset means off).
-pub fn enabled(config: Option<&InternalTlsConfig>) -> bool {
-    config.and_then(|c| c.enabled) == Some(true)
-}
-
 /// The identity of `process` in `cluster`: its certificate's common name and Secret name.
 pub fn identity(process: Process, cluster: &str, namespace: &str) -> String {
     multigres_api::names::internal_identity(process.as_str(), cluster, namespace)
@@ -594,7 +589,7 @@ where
     K: Resource<DynamicType = ()>,
 {
     let component = Component::InternalTls;
-    if !enabled(config) {
+    if !InternalTlsConfig::is_enabled(config) {
         prune(ctx, owner, component, &BTreeSet::new()).await?;
         return Ok(());
     }

@@ -275,6 +275,14 @@ pub struct GatewayTlsConfig {
     pub required: Option<bool>,
 }
 
+impl InternalTlsConfig {
+    /// Whether internal mutual TLS is on: a stored cluster without a value has it off (the
+    /// webhook sets it on for a new cluster).
+    pub fn is_enabled(config: Option<&Self>) -> bool {
+        config.and_then(|c| c.enabled) == Some(true)
+    }
+}
+
 impl GatewayTlsConfig {
     /// Whether multigateway serves TLS (unset means yes).
     pub fn is_enabled(config: Option<&Self>) -> bool {
@@ -750,4 +758,25 @@ pub struct GlobalTopoServerRef {
     /// Topology client implementation, e.g. `etcd`.
     #[schemars(length(min = 1, max = 63))]
     pub implementation: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_tls_is_off_unless_enabled_and_gateway_tls_on_unless_disabled() {
+        let internal = |enabled| InternalTlsConfig { enabled };
+        assert!(!InternalTlsConfig::is_enabled(None));
+        assert!(!InternalTlsConfig::is_enabled(Some(&internal(None))));
+        assert!(!InternalTlsConfig::is_enabled(Some(&internal(Some(false)))));
+        assert!(InternalTlsConfig::is_enabled(Some(&internal(Some(true)))));
+        assert!(GatewayTlsConfig::is_enabled(None));
+        let off = GatewayTlsConfig {
+            enabled: Some(false),
+            required: Some(true),
+        };
+        assert!(!GatewayTlsConfig::is_enabled(Some(&off)));
+        assert!(!GatewayTlsConfig::is_required(Some(&off)));
+    }
 }

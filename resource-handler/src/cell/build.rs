@@ -154,7 +154,7 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
         .unwrap_or(multigres_api::resolver::defaults::MULTIGATEWAY_REPLICAS);
     let pdb = stateless::budget(&workload, replicas);
     let mut deployment = stateless::deployment(workload);
-    if crate::tls::enabled(spec.internal_tls.as_ref()) {
+    if multigres_api::v1alpha1::InternalTlsConfig::is_enabled(spec.internal_tls.as_ref()) {
         let gateway = crate::tls::Process::Multigateway;
         crate::tls::mount_internal_deployment(
             &mut deployment,

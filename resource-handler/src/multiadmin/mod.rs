@@ -284,7 +284,7 @@ fn desire(
                 .map(String::as_str),
         },
     );
-    if crate::tls::enabled(cluster.spec.internal_tls.as_ref()) {
+    if multigres_api::v1alpha1::InternalTlsConfig::is_enabled(cluster.spec.internal_tls.as_ref()) {
         let process = crate::tls::Process::Multiadmin;
         let deployment = &mut admin.deployment;
         crate::tls::mount_internal_deployment(

@@ -321,7 +321,7 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
     };
     let pdb = stateless::budget(&workload, replicas);
     let mut deployment = stateless::deployment(workload);
-    if crate::tls::enabled(spec.internal_tls.as_ref()) {
+    if multigres_api::v1alpha1::InternalTlsConfig::is_enabled(spec.internal_tls.as_ref()) {
         let orch = crate::tls::Process::Multiorch;
         crate::tls::mount_internal_deployment(
             &mut deployment,
@@ -753,7 +753,7 @@ fn pool_pod(
         termination_grace_period_seconds: Some(POOL_TERMINATION_GRACE_SECONDS),
         ..Default::default()
     };
-    if crate::tls::enabled(spec.internal_tls.as_ref()) {
+    if multigres_api::v1alpha1::InternalTlsConfig::is_enabled(spec.internal_tls.as_ref()) {
         let pooler = crate::tls::Process::Multipooler;
         crate::tls::mount_internal(&mut pod, pooler, &owner.cluster, ns);
     }
