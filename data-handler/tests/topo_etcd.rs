@@ -488,22 +488,26 @@ async fn a_stale_pooler_record_is_marked_shut_down_unless_rewritten() {
     let mut rewritten = read[0].clone();
     rewritten.revision -= 1;
     let reason = "operator: stale";
-    assert!(
-        !store
+    assert_eq!(
+        store
             .mark_shut_down("zone-b", &CellTls::Global, &rewritten, reason)
             .await
-            .unwrap()
+            .unwrap(),
+        None
     );
-    assert!(
-        store
-            .mark_shut_down("zone-b", &CellTls::Global, &read[0], reason)
-            .await
-            .unwrap()
-    );
+    let marked = store
+        .mark_shut_down("zone-b", &CellTls::Global, &read[0], reason)
+        .await
+        .unwrap();
     let after = store
         .list_poolers("zone-b", &CellTls::Global)
         .await
         .unwrap();
+    assert_eq!(
+        marked.as_ref(),
+        Some(&after[0].pooler),
+        "what it wrote is returned"
+    );
     let lifecycle = after[0].pooler.lifecycle_status.clone().unwrap();
     assert_eq!(lifecycle.status(), PoolerLifecycleStatus::LifecycleShutdown);
     assert_eq!(lifecycle.reason, reason);

@@ -10,8 +10,6 @@ use kube::runtime::reflector::Store;
 use multigres_api::names;
 use multigres_api::v1alpha1::{Cell, Shard};
 
-use multigres_proto::topo::{PoolerLifecycle, PoolerLifecycleStatus};
-
 use crate::roles;
 use crate::target::{CellTopo, ConnectError, Connections, TargetError};
 use crate::topo::{CellTls, PoolerRecord, TopoError, TopoStore};
@@ -71,17 +69,8 @@ pub async fn read(
         let records = match cell_tls(sources, namespace, cluster, cell).await {
             Ok(tls) => match list(store, cell, &tls).await {
                 Ok(Some(mut records)) => {
-                    let retired = retire(store, cell, &tls, key, created, &records).await;
-                    for record in records.iter_mut() {
-                        if let Some((_, pod)) = retired.iter().find(|(k, _)| *k == record.key) {
-                            record.pooler.lifecycle_status = Some(PoolerLifecycle {
-                                status: PoolerLifecycleStatus::LifecycleShutdown as i32,
-                                reason: STALE.to_owned(),
-                                updated: None,
-                            });
-                            cohort.retired.push(pod.clone());
-                        }
-                    }
+                    let marked = retire(store, cell, &tls, key, created, &mut records).await;
+                    cohort.retired.extend(marked);
                     Ok(Some(records))
                 }
                 other => other,
@@ -100,25 +89,34 @@ pub async fn read(
 /// Why a stale record is marked shut down (its `lifecycle_status.reason`).
 const STALE: &str = "operator: written before its pod was created, by an earlier pod of that name";
 
-/// Marks the stale records among `records` of `cell` shut down; the keys and pods of those
-/// marked. A record its pooler rewrote meanwhile is left, and a failed write is tried again on
-/// the next pass.
+/// Marks the stale records among `records` of `cell` shut down, in the topology and in
+/// `records`; the pods of those marked. A record its pooler rewrote meanwhile is left, and a
+/// failed write is tried again on the next pass.
 async fn retire(
     store: &TopoStore,
     cell: &str,
     tls: &CellTls,
     key: roles::ShardKey<'_>,
     created: &BTreeMap<String, i64>,
-    records: &[PoolerRecord],
-) -> Vec<(String, String)> {
+    records: &mut [PoolerRecord],
+) -> Vec<String> {
+    let stale: Vec<(usize, String)> = roles::stale(key, created, records)
+        .into_iter()
+        .filter_map(|(record, pod)| {
+            let index = records.iter().position(|r| r.key == record.key)?;
+            Some((index, pod.to_owned()))
+        })
+        .collect();
     let mut retired = Vec::new();
-    for (record, pod) in roles::stale(key, created, records) {
+    for (index, pod) in stale {
+        let record = &mut records[index];
         match store.mark_shut_down(cell, tls, record, STALE).await {
-            Ok(true) => {
+            Ok(Some(written)) => {
                 tracing::info!(%cell, %pod, record = %record.key, "marked a stale pooler record shut down");
-                retired.push((record.key.clone(), pod.to_owned()));
+                record.pooler = written;
+                retired.push(pod);
             }
-            Ok(false) => {
+            Ok(None) => {
                 tracing::debug!(%cell, %pod, record = %record.key, "stale pooler record rewritten meanwhile")
             }
             Err(error) => {

@@ -447,15 +447,15 @@ impl TopoStore {
     /// Marks the pooler `record` of `cell` shut down (`lifecycle_status` SHUTDOWN with
     /// `reason`), as upstream's operator does for records no pod backs, unless the record
     /// changed since it was read. Nothing is deleted: a pooler that registers again overwrites
-    /// its record, and the gateways treat a SHUTDOWN record as gone. `Ok(false)` when the record
-    /// changed (its pooler wrote it meanwhile).
+    /// its record, and the gateways treat a SHUTDOWN record as gone. The record as written, or
+    /// `None` when it changed (its pooler wrote it meanwhile).
     pub async fn mark_shut_down(
         &self,
         cell: &str,
         tls: &CellTls,
         record: &PoolerRecord,
         reason: &str,
-    ) -> Result<bool, TopoError> {
+    ) -> Result<Option<Multipooler>, TopoError> {
         let cell_record =
             self.get_cell(cell)
                 .await?
@@ -480,10 +480,11 @@ impl TopoStore {
             .and_then([TxnOp::put(key, pooler.encode_to_vec(), None)]);
         let operation = "mark a pooler shut down";
         let response = self.request(operation, client.kv_client().txn(txn)).await?;
-        if response.succeeded() {
-            self.op_results(operation, &response, &[OpKind::Put])?;
+        if !response.succeeded() {
+            return Ok(None);
         }
-        Ok(response.succeeded())
+        self.op_results(operation, &response, &[OpKind::Put])?;
+        Ok(Some(pooler))
     }
 
     async fn register<F, Fut>(&self, key: &str, plan: F) -> Result<Registration, TopoError>
