@@ -162,6 +162,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
                 .map(String::as_str),
         },
     );
+    let name = crate::names::multigateway(&owner.name);
     if GatewayTlsConfig::is_enabled(cell.spec.gateway_tls.as_ref()) {
         let secret = multigres_api::names::gateway_tls(&owner.cluster);
         let stored = ctx.stores.secrets.get(&ObjectRef::new(&secret).within(ns));
@@ -169,8 +170,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             // The cluster's multiadmin controller issues it (and reports on the
             // MultigresCluster when it cannot); its arrival wakes this cell.
             tracing::info!(cell = %owner.name, namespace = ns, %secret, "waiting for the gateway certificate");
-            let service = crate::names::multigateway(&owner.name);
-            let desired = waiting_for_certificate(cell, &secret, &service, Timestamp::now());
+            let desired = waiting_for_certificate(cell, &secret, &name, Timestamp::now());
             let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
             let stored = cell.status.as_ref();
             let deferred =
@@ -180,7 +180,6 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         let required = GatewayTlsConfig::is_required(cell.spec.gateway_tls.as_ref());
         crate::tls::mount_gateway(&mut objects.deployment, &owner.cluster, required, &digest);
     }
-    let name = crate::names::multigateway(&owner.name);
     let observed_deployment = ctx
         .stores
         .deployments
@@ -296,6 +295,20 @@ pub fn status(
     } else {
         Cond::new(AVAILABLE, FALSE, NODES_NOT_REPORTING, message.clone())
     };
+    let counts = (Some(counts.desired), Some(counts.ready));
+    composed(cell, (available, message), silent, counts, service, now)
+}
+
+/// The status of `cell` with its `Available` condition and message, the lost nodes `silent`,
+/// the gateway counts (desired, ready) and its Service.
+fn composed(
+    cell: &Cell,
+    (available, message): (Cond, String),
+    silent: &BTreeSet<String>,
+    (replicas, ready): (Option<i32>, Option<i32>),
+    service: &str,
+    now: Timestamp,
+) -> CellStatus {
     let observed = cell
         .status
         .as_ref()
@@ -307,8 +320,8 @@ pub fn status(
         conditions: merge(observed, &[available], cell.metadata.generation, now),
         phase: Some(phase(healthy, None, silent)),
         message: Some(message),
-        gateway_replicas: Some(counts.desired),
-        gateway_ready_replicas: Some(counts.ready),
+        gateway_replicas: replicas,
+        gateway_ready_replicas: ready,
         gateway_service_name: Some(service.to_owned()),
     }
 }
@@ -334,16 +347,12 @@ pub fn waiting_for_certificate(
         message.clone(),
     );
     let stored = cell.status.as_ref();
-    let observed = stored.map(|s| s.conditions.as_slice()).unwrap_or_default();
-    CellStatus {
-        observed_generation: cell.metadata.generation,
-        conditions: merge(observed, &[available], cell.metadata.generation, now),
-        phase: Some(phase(false, None, &BTreeSet::new())),
-        message: Some(message),
-        gateway_replicas: stored.and_then(|s| s.gateway_replicas),
-        gateway_ready_replicas: stored.and_then(|s| s.gateway_ready_replicas),
-        gateway_service_name: Some(service.to_owned()),
-    }
+    let counts = (
+        stored.and_then(|s| s.gateway_replicas),
+        stored.and_then(|s| s.gateway_ready_replicas),
+    );
+    let silent = BTreeSet::new();
+    composed(cell, (available, message), &silent, counts, service, now)
 }
 
 #[cfg(test)]
