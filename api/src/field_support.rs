@@ -176,9 +176,11 @@ const POSTGRES_CONFIG_REF: &str = "resource-handler: the ConfigMap key checked w
 const PGBACKREST_TLS: &str = "resource-handler: the named Secret checked and mounted, or a \
      per-shard CA and certificate issued and mounted (docs/tls.md)";
 const INTERNAL_TLS: &str = "resource-handler: a CA and per-process certificates, mounted with \
-     the gRPC TLS flags of multiadmin, multigateway, multiorch and multipooler, and the \
-     data-handler's client certificate, so reloads, the cohort, switchovers and backups work \
-     the same (docs/tls.md)";
+     the gRPC TLS flags of multiadmin, multigateway, multiorch and multipooler (enabled) and \
+     their --topo-etcd-tls-* flags (topology), a certificate for the managed etcd members, \
+     which then serve clients and peers over TLS and require client certificates, and the \
+     data-handler's client certificate, so reloads, the cohort, switchovers, backups and the \
+     topology records work the same (docs/tls.md)";
 const MULTIADMIN_WEB: &str = "resource-handler: the multiadmin-web Deployment and Service";
 const TOPO_IMPLEMENTATION: &str = "Multigres only implements etcd; other values are ignored";
 const GLOBAL_TOPO_TLS: &str = "only the operator's own client uses it; data-plane pods get no \

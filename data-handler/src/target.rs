@@ -14,7 +14,8 @@ use kube::Api;
 use multigres_api::names;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
-    CellSpec, ExternalTopoServerSpec, GlobalTopoServerRef, MultigresCluster, TopoServer,
+    CellSpec, ExternalTopoServerSpec, GlobalTopoServerRef, InternalTlsConfig, MultigresCluster,
+    TopoServer,
 };
 
 use crate::topo::{CellTls, EtcdConnection, TlsPem, TopoConfig, TopoError, TopoStore, qualified};
@@ -32,6 +33,10 @@ pub const EXTERNAL_FIELD: &str = "spec.globalTopoServer.external";
 /// `localTopoServer.external` in the cluster's cell or its CellTemplate).
 pub const CELL_EXTERNAL_FIELD: &str = "spec.topoServer.external";
 
+/// The field turning on TLS to the managed etcd servers, for messages: the data-handler then
+/// dials them with its own client certificate, which also holds the internal CA.
+pub const INTERNAL_FIELD: &str = "spec.internalTLS.topology";
+
 /// Which kind of server holds the global topology.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Server {
@@ -44,10 +49,11 @@ pub enum Server {
     External,
 }
 
-/// Secrets holding the TLS material for an external etcd.
+/// Secrets holding the TLS material for an etcd: an external one's, or the data-handler's own
+/// client certificate for the managed ones.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TlsSecrets {
-    /// The field naming the server (global or a cell's), for messages.
+    /// The field naming the server (global or a cell's) or [`INTERNAL_FIELD`], for messages.
     pub field: &'static str,
     /// Secret with `ca.crt`.
     pub ca: String,
@@ -97,6 +103,39 @@ pub enum TargetError {
     NoEndpoints,
 }
 
+impl TlsSecrets {
+    /// The data-handler's client certificate Secret of `cluster` (`ca.crt`, `tls.crt`,
+    /// `tls.key`, issued by the resource-handler), for the managed etcd servers.
+    /// `None` when `config` leaves topology TLS off.
+    pub fn internal(
+        config: Option<&InternalTlsConfig>,
+        cluster: &str,
+        namespace: &str,
+    ) -> Option<Self> {
+        if !InternalTlsConfig::topology_enabled(config) {
+            return None;
+        }
+        let secret = names::data_handler_client_tls(cluster, namespace);
+        Some(Self {
+            field: INTERNAL_FIELD,
+            ca: secret.clone(),
+            client_cert: Some(secret),
+        })
+    }
+
+    /// The fields to name when the CA or the client certificate cannot be read.
+    fn fields(&self) -> (String, String) {
+        if self.field == INTERNAL_FIELD {
+            let issued = format!("{INTERNAL_FIELD} (the data-handler's client certificate)");
+            return (issued.clone(), issued);
+        }
+        (
+            format!("{}.caSecret", self.field),
+            format!("{}.clientCertSecret", self.field),
+        )
+    }
+}
+
 impl Target {
     /// The target of `cluster` whose global topology `topo_ref` resolves to: an external server's
     /// endpoints (with their scheme) and TLS Secrets come from the cluster spec, a managed
@@ -132,7 +171,11 @@ impl Target {
             None => Target {
                 endpoints: split_addresses(&topo_ref.address),
                 root: topo_ref.root_path.clone(),
-                tls: None,
+                tls: TlsSecrets::internal(
+                    cluster.spec.internal_tls.as_ref(),
+                    cluster.metadata.name.as_deref().unwrap_or_default(),
+                    cluster.metadata.namespace.as_deref().unwrap_or_default(),
+                ),
                 server: Server::Managed {
                     topo_server: names::global_topo_server(
                         cluster.metadata.name.as_deref().unwrap_or_default(),
@@ -202,28 +245,31 @@ fn external_tls(
 
 /// How a cell's own topology, where its poolers register, is reached. Its addresses come from
 /// the cell's record in the global topology; the TLS settings from the Cell, since a cell with
-/// its own etcd has its own (a managed one is plaintext, an external one has its own Secrets),
-/// and the global server's would fail its handshake or leak its client certificate there.
+/// its own etcd has its own (a managed one is dialled with the data-handler's certificate when
+/// topology TLS is on, an external one with its own Secrets), and the global server's would
+/// fail its handshake or leak its client certificate there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CellTopo {
     /// The cell keeps its records on the global topology server.
     Global,
-    /// The cell has its own etcd: managed (plaintext), or external with these TLS Secrets.
+    /// The cell has its own etcd: managed, or external, with these TLS Secrets.
     Own {
-        /// The external server's TLS Secrets; `None` for plaintext.
+        /// The server's TLS Secrets; `None` for plaintext.
         tls: Option<TlsSecrets>,
     },
 }
 
 impl CellTopo {
-    /// How the cell of `spec` is reached.
-    pub fn of(spec: &CellSpec) -> Result<Self, TargetError> {
+    /// How the cell of `spec`, in `cluster` of `namespace`, is reached.
+    pub fn of(spec: &CellSpec, cluster: &str, namespace: &str) -> Result<Self, TargetError> {
         let local = spec.topo_server.as_ref();
         match (
             local.and_then(|l| l.etcd.as_ref()),
             local.and_then(|l| l.external.as_ref()),
         ) {
-            (Some(_), _) => Ok(CellTopo::Own { tls: None }),
+            (Some(_), _) => Ok(CellTopo::Own {
+                tls: TlsSecrets::internal(spec.internal_tls.as_ref(), cluster, namespace),
+            }),
             (None, Some(external)) => Ok(CellTopo::Own {
                 tls: external_tls(external, &external_endpoints(external), CELL_EXTERNAL_FIELD)?,
             }),
@@ -443,13 +489,16 @@ impl Connections {
         namespace: &str,
         secrets: &TlsSecrets,
     ) -> Result<TlsPem, ConnectError> {
-        let ca_field = format!("{}.caSecret", secrets.field);
+        let (ca_field, cert_field) = secrets.fields();
         let ca_secret = self.secret(namespace, &secrets.ca, &ca_field).await?;
         let ca = secret_key(&ca_secret, namespace, &secrets.ca, &ca_field, CA_KEY)?;
         let (client_cert, client_key) = match &secrets.client_cert {
             Some(name) => {
-                let field = format!("{}.clientCertSecret", secrets.field);
-                let secret = self.secret(namespace, name, &field).await?;
+                let field = cert_field;
+                let secret = match *name == secrets.ca {
+                    true => ca_secret,
+                    false => self.secret(namespace, name, &field).await?,
+                };
                 (
                     Some(secret_key(&secret, namespace, name, &field, CERT_KEY)?),
                     Some(secret_key(&secret, namespace, name, &field, KEY_KEY)?),
@@ -572,6 +621,22 @@ mod tests {
             target.describe(),
             "etcd at prod-global-topo.team-a.svc:2379 (root /multigres/global)"
         );
+        let mut secure = cluster(None);
+        secure.spec.internal_tls = Some(InternalTlsConfig {
+            enabled: Some(true),
+            topology: Some(true),
+        });
+        let address = topo_ref("prod-global-topo.team-a.svc:2379", "/multigres/global");
+        let client = "data-handler.prod.team-a.multigres.internal".to_owned();
+        assert_eq!(
+            Target::new(&secure, &address).unwrap().tls,
+            Some(TlsSecrets {
+                field: INTERNAL_FIELD,
+                ca: client.clone(),
+                client_cert: Some(client),
+            }),
+            "topology TLS: the data-handler's own certificate, with the internal CA in it"
+        );
     }
 
     #[test]
@@ -644,6 +709,10 @@ mod tests {
         );
     }
 
+    fn cell_topo(spec: &CellSpec) -> Result<CellTopo, TargetError> {
+        CellTopo::of(spec, "prod", "db")
+    }
+
     fn cell(topo_server: Option<LocalTopoServerSpec>) -> CellSpec {
         CellSpec {
             topo_server,
@@ -653,22 +722,38 @@ mod tests {
 
     #[test]
     fn a_cell_is_reached_with_its_own_topology_settings() {
-        assert_eq!(CellTopo::of(&cell(None)), Ok(CellTopo::Global));
+        assert_eq!(cell_topo(&cell(None)), Ok(CellTopo::Global));
         let managed = LocalTopoServerSpec {
             etcd: Some(EtcdSpec::default()),
             ..Default::default()
         };
         assert_eq!(
-            CellTopo::of(&cell(Some(managed))),
+            cell_topo(&cell(Some(managed.clone()))),
             Ok(CellTopo::Own { tls: None }),
-            "a managed etcd is plaintext, whatever the global server uses"
+            "a managed etcd without topology TLS is plaintext"
+        );
+        let mut secure = cell(Some(managed));
+        secure.internal_tls = Some(InternalTlsConfig {
+            enabled: None,
+            topology: Some(true),
+        });
+        assert_eq!(
+            cell_topo(&secure),
+            Ok(CellTopo::Own {
+                tls: Some(TlsSecrets {
+                    field: INTERNAL_FIELD,
+                    ca: "data-handler.prod.db.multigres.internal".into(),
+                    client_cert: Some("data-handler.prod.db.multigres.internal".into()),
+                })
+            }),
+            "with topology TLS, a managed etcd is dialled with the data-handler's certificate"
         );
         let own = |e: ExternalTopoServerSpec| LocalTopoServerSpec {
             external: Some(e),
             ..Default::default()
         };
         assert_eq!(
-            CellTopo::of(&cell(Some(own(external(
+            cell_topo(&cell(Some(own(external(
                 &["https://zone-a-etcd:2379"],
                 Some("zone-a-ca"),
                 Some("zone-a-client"),
@@ -682,14 +767,14 @@ mod tests {
             })
         );
         assert_eq!(
-            CellTopo::of(&cell(Some(own(external(
+            cell_topo(&cell(Some(own(external(
                 &["http://zone-a-etcd:2379"],
                 None,
                 None
             ))))),
             Ok(CellTopo::Own { tls: None })
         );
-        let err = CellTopo::of(&cell(Some(own(external(
+        let err = cell_topo(&cell(Some(own(external(
             &["https://zone-a-etcd:2379"],
             None,
             None,

@@ -1,10 +1,11 @@
 //! TLS material of the workloads, issued by the operator itself (no cert-manager):
 //!
-//! - internal mutual TLS (`spec.internalTLS.enabled`): a CA per MultigresCluster and one
-//!   certificate per process kind, in Secrets named like the certificate,
-//!   `<process>.<cluster>.<namespace>.multigres.internal`, mounted at [`TLS_DIR`] in the
-//!   multiadmin, multigateway, multiorch and multipooler pods, which get the matching gRPC TLS
-//!   flags;
+//! - internal mutual TLS (`spec.internalTLS.enabled` for gRPC, `spec.internalTLS.topology` for
+//!   etcd): a CA per MultigresCluster and one certificate per process kind, in Secrets named
+//!   like the certificate, `<process>.<cluster>.<namespace>.multigres.internal`, mounted at
+//!   [`TLS_DIR`] in the multiadmin, multigateway, multiorch and multipooler pods, which get the
+//!   gRPC and etcd client TLS flags of the hops that are on; one more for the managed etcd
+//!   members ([`etcd_identity`]) and one for the data-handler's client;
 //! - client TLS of the gateways (on unless `spec.gatewayTLS.enabled: false`): a CA per
 //!   MultigresCluster (`<cluster>-gateway-ca`, its certificate also published for applications
 //!   in the ConfigMap of that name) and one certificate (`<cluster>-gateway-tls`) for every
@@ -32,7 +33,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, COMPONENT, Component, Placement};
-use multigres_api::resolver::ResolvedCluster;
+use multigres_api::resolver::{GlobalTopo, ResolvedCluster};
 use multigres_api::v1alpha1::{
     BackupConfig, GatewayTlsConfig, InternalTlsConfig, MultigresClusterSpec, ShardSpec,
 };
@@ -74,6 +75,9 @@ pub const TLS_KEY: &str = "tls.key";
 pub const RECHECK: Duration = Duration::from_secs(30);
 /// Longest Secret name (a DNS subdomain).
 const MAX_SECRET_NAME: usize = 253;
+
+/// Name of the managed etcd servers in their internal identity.
+const ETCD: &str = "etcd";
 
 /// The Multigres processes that take part in internal mutual TLS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,6 +223,34 @@ pub fn internal_leaf_specs(
         .collect()
 }
 
+/// The identity of the managed etcd servers of `cluster`: their certificate's common name and
+/// Secret name.
+pub fn etcd_identity(cluster: &str, namespace: &str) -> String {
+    multigres_api::names::internal_identity(ETCD, cluster, namespace)
+}
+
+/// The certificate every managed etcd member of a resolved cluster serves to clients and
+/// presents to its peers: the client Service names of each TopoServer (the global one and every
+/// cell's own) and its members' names behind the peer Service.
+pub fn etcd_leaf_spec(cluster: &str, namespace: &str, resolved: &ResolvedCluster) -> LeafSpec {
+    let global = matches!(resolved.global_topo, GlobalTopo::Managed(_))
+        .then(|| multigres_api::names::global_topo_server(cluster));
+    let cells = resolved
+        .cells
+        .iter()
+        .filter(|c| c.local_topo.is_some())
+        .map(|c| multigres_api::names::local_topo_server(cluster, c.spec.name.as_str()));
+    let id = etcd_identity(cluster, namespace);
+    let mut dns = BTreeSet::from([id.clone()]);
+    for topo_server in global.into_iter().chain(cells) {
+        let client = crate::names::topo_client_service(&topo_server);
+        dns.extend(service_names(&client, namespace));
+        let peer = multigres_api::names::topo_peer_service(&topo_server);
+        dns.extend(pod_wildcards(&peer, namespace));
+    }
+    LeafSpec::new(id, dns)
+}
+
 /// The Secret holding a shard's generated pgBackRest CA.
 pub fn pgbackrest_ca_secret(shard: &str) -> String {
     format!("{shard}-pgbackrest-ca")
@@ -337,18 +369,62 @@ fn multipooler_client_flags(cluster: &str, namespace: &str) -> [String; 5] {
     ]
 }
 
-/// The TLS flags of `process`.
-pub fn flags(process: Process, cluster: &str, namespace: &str) -> Vec<String> {
-    let mut args = server_flags().to_vec();
-    if process != Process::Multipooler {
-        args.extend(multipooler_client_flags(cluster, namespace));
+/// Client flags of every topology client: present the internal certificate to etcd and trust
+/// only the cluster CA. Multigres applies them to every etcd the process dials.
+fn topology_client_flags() -> [String; 3] {
+    [
+        flag("topo-etcd-tls-cert", format!("{TLS_DIR}/{TLS_CRT}")),
+        flag("topo-etcd-tls-key", format!("{TLS_DIR}/{TLS_KEY}")),
+        flag("topo-etcd-tls-ca", format!("{TLS_DIR}/{CA_CRT}")),
+    ]
+}
+
+/// Which hops of a process its internal certificate secures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Uses {
+    /// gRPC between Multigres processes (`internalTLS.enabled`).
+    pub grpc: bool,
+    /// The process's etcd connections (`internalTLS.topology`).
+    pub topology: bool,
+}
+
+impl Uses {
+    /// What the cluster's `internalTLS` turns on.
+    pub fn of(config: Option<&InternalTlsConfig>) -> Self {
+        Self {
+            grpc: InternalTlsConfig::is_enabled(config),
+            topology: InternalTlsConfig::topology_enabled(config),
+        }
+    }
+}
+
+/// The TLS flags of `process` for the hops in `uses`.
+pub fn flags(process: Process, cluster: &str, namespace: &str, uses: Uses) -> Vec<String> {
+    let mut args = Vec::new();
+    if uses.grpc {
+        args.extend(server_flags());
+        if process != Process::Multipooler {
+            args.extend(multipooler_client_flags(cluster, namespace));
+        }
+    }
+    if uses.topology {
+        args.extend(topology_client_flags());
     }
     args
 }
 
-/// Mounts the internal certificate of `process` into `pod` and appends its TLS flags to the
-/// container of that name.
-pub fn mount_internal(pod: &mut PodSpec, process: Process, cluster: &str, namespace: &str) {
+/// Mounts the internal certificate of `process` into `pod` and appends its TLS flags for the
+/// hops in `uses` to the container of that name; nothing when `uses` has none.
+pub fn mount_internal(
+    pod: &mut PodSpec,
+    process: Process,
+    cluster: &str,
+    namespace: &str,
+    uses: Uses,
+) {
+    if uses == Uses::default() {
+        return;
+    }
     pod.volumes.get_or_insert_default().push(Volume {
         name: TLS_VOLUME.to_owned(),
         secret: Some(SecretVolumeSource {
@@ -367,7 +443,7 @@ pub fn mount_internal(pod: &mut PodSpec, process: Process, cluster: &str, namesp
         container
             .args
             .get_or_insert_default()
-            .extend(flags(process, cluster, namespace));
+            .extend(flags(process, cluster, namespace, uses));
     }
 }
 
@@ -377,13 +453,14 @@ pub fn mount_internal_deployment(
     process: Process,
     cluster: &str,
     namespace: &str,
+    uses: Uses,
 ) {
     if let Some(pod) = deployment
         .spec
         .as_mut()
         .and_then(|s| s.template.spec.as_mut())
     {
-        mount_internal(pod, process, cluster, namespace);
+        mount_internal(pod, process, cluster, namespace, uses);
     }
 }
 
@@ -589,7 +666,7 @@ where
     K: Resource<DynamicType = ()>,
 {
     let component = Component::InternalTls;
-    if !InternalTlsConfig::is_enabled(config) {
+    if !InternalTlsConfig::needs_certificates(config) {
         prune(ctx, owner, component, &BTreeSet::new()).await?;
         return Ok(());
     }
@@ -603,10 +680,16 @@ where
             name: identity(process, cluster, ns),
             spec,
         })
-        .chain([SecretFor {
-            spec: LeafSpec::new(client.clone(), [client.clone()]),
-            name: client,
-        }])
+        .chain([
+            SecretFor {
+                spec: LeafSpec::new(client.clone(), [client.clone()]),
+                name: client,
+            },
+            SecretFor {
+                name: etcd_identity(cluster, ns),
+                spec: etcd_leaf_spec(cluster, ns, resolved),
+            },
+        ])
         .collect();
     let issued = plan(
         owner,

@@ -370,7 +370,11 @@ async fn mutate_cluster(
         (_, Some(old)) => defaults::Stored::Spec(&old.spec),
         (_, None) => defaults::Stored::Unreadable,
     };
-    match defaults::patch(&cluster, stored, present) {
+    let all_managed = match stored {
+        defaults::Stored::Nothing => all_topology_managed(state, &cluster, namespace).await,
+        _ => false,
+    };
+    match defaults::patch(&cluster, stored, present, all_managed) {
         Ok(patch) if patch.0.is_empty() => allow,
         Ok(patch) => match allow.clone().with_patch(patch) {
             Ok(patched) => patched,
@@ -382,6 +386,28 @@ async fn mutate_cluster(
         Err(error) => {
             tracing::warn!(%error, "defaults not applied");
             allow
+        }
+    }
+}
+
+/// Whether every topology server of a new `cluster` is one the operator runs, with its
+/// templates; `false` when that cannot be known (a template unreadable or missing, which
+/// validation then reports), so topology TLS is never turned on against an external etcd.
+async fn all_topology_managed(
+    state: &AdmissionState,
+    cluster: &MultigresCluster,
+    namespace: &str,
+) -> bool {
+    let clusters = || std::iter::once(cluster);
+    let names = cluster::needed_templates(clusters());
+    let implicit = cluster::implicit_defaults(clusters());
+    match state.lookups.templates(namespace, &names, &implicit).await {
+        Ok(templates) => multigres_api::resolver::resolve(cluster, &templates).is_ok_and(|r| {
+            multigres_api::resolver::external_topology_server(&r.global_topo, &r.cells).is_none()
+        }),
+        Err(error) => {
+            tracing::warn!(%error, "topology TLS not defaulted");
+            false
         }
     }
 }

@@ -92,19 +92,30 @@ pub enum Stored<'a> {
 /// either TLS or plaintext gRPC, never both (`--grpc-enable-optional-tls` is not implemented),
 /// so pods on either side of the change cannot talk until the roll ends: that is the owner's
 /// decision, never an upgrade's (docs/tls.md).
-pub fn internal_tls(spec: &mut MultigresClusterSpec, stored: Stored<'_>) {
-    if spec.internal_tls.as_ref().and_then(|t| t.enabled).is_some() {
-        return;
-    }
-    let enabled = match stored {
-        Stored::Nothing => Some(true),
-        Stored::Spec(old) => old.internal_tls.as_ref().and_then(|t| t.enabled),
+///
+/// Topology TLS (`internalTLS.topology`), when left out, is set the same way, except that a new
+/// cluster gets it only when `all_managed` (no topology server is external: Multigres dials
+/// every etcd of a cluster with one TLS setting). It cannot change later (validation refuses
+/// it), so an update that leaves it out keeps the stored value too.
+pub fn internal_tls(spec: &mut MultigresClusterSpec, stored: Stored<'_>, all_managed: bool) {
+    let sent = spec.internal_tls.clone().unwrap_or_default();
+    let old = match stored {
+        Stored::Nothing => Some(InternalTlsConfig {
+            enabled: Some(true),
+            topology: Some(all_managed),
+        }),
+        Stored::Spec(old) => Some(old.internal_tls.clone().unwrap_or_default()),
         Stored::Unreadable => None,
     };
-    if let Some(enabled) = enabled {
-        spec.internal_tls
-            .get_or_insert_with(InternalTlsConfig::default)
-            .enabled = Some(enabled);
+    let Some(old) = old else {
+        return;
+    };
+    let wanted = InternalTlsConfig {
+        enabled: sent.enabled.or(old.enabled),
+        topology: sent.topology.or(old.topology),
+    };
+    if wanted != sent {
+        spec.internal_tls = Some(wanted);
     }
 }
 
@@ -124,11 +135,12 @@ pub fn patch(
     cluster: &MultigresCluster,
     stored: Stored<'_>,
     present: DefaultTemplates,
+    all_managed: bool,
 ) -> Result<json_patch::Patch, serde_json::Error> {
     let before = serde_json::to_value(cluster)?;
     let mut defaulted = cluster.clone();
     apply(&mut defaulted.spec, present);
-    internal_tls(&mut defaulted.spec, stored);
+    internal_tls(&mut defaulted.spec, stored, all_managed);
     let after = serde_json::to_value(&defaulted)?;
     Ok(json_patch::diff(&before, &after))
 }
@@ -156,14 +168,14 @@ mod tests {
             "logLevels": {"multiorch": "debug"},
             "cells": [{"name": "zone-a", "zoneId": "z-a"}],
         }));
-        let patch = patch(&typed, Stored::Nothing, DefaultTemplates::default()).unwrap();
+        let patch = patch(&typed, Stored::Nothing, DefaultTemplates::default(), true).unwrap();
         json_patch::patch(&mut raw, &patch).unwrap();
         assert_eq!(
             raw["spec"],
             json!({
                 "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
                 "cells": [{"name": "zone-a", "zoneId": "z-a"}],
-                "internalTLS": {"enabled": true},
+                "internalTLS": {"enabled": true, "topology": true},
                 "images": {"imagePullPolicy": "IfNotPresent"},
                 "logLevels": {
                     "pgctld": "info", "multipooler": "info", "multiorch": "debug",
@@ -195,7 +207,11 @@ mod tests {
             cell: false,
             shard: true,
         };
-        json_patch::patch(&mut raw, &patch(&typed, Stored::Nothing, present).unwrap()).unwrap();
+        json_patch::patch(
+            &mut raw,
+            &patch(&typed, Stored::Nothing, present, true).unwrap(),
+        )
+        .unwrap();
         assert_eq!(
             raw["spec"]["templateDefaults"],
             json!({"coreTemplate": "default", "shardTemplate": "mine"})
@@ -213,10 +229,15 @@ mod tests {
             shard: true,
         };
         apply(&mut typed.spec, all);
-        internal_tls(&mut typed.spec, Stored::Nothing);
-        assert!(patch(&typed, Stored::Nothing, all).unwrap().0.is_empty());
+        internal_tls(&mut typed.spec, Stored::Nothing, true);
         assert!(
-            patch(&typed, Stored::Spec(&typed.spec), all)
+            patch(&typed, Stored::Nothing, all, true)
+                .unwrap()
+                .0
+                .is_empty()
+        );
+        assert!(
+            patch(&typed, Stored::Spec(&typed.spec), all, false)
                 .unwrap()
                 .0
                 .is_empty()
@@ -235,20 +256,61 @@ mod tests {
         }));
         let defaulted = |stored: Stored<'_>| {
             let mut spec = sent.spec.clone();
-            internal_tls(&mut spec, stored);
+            internal_tls(&mut spec, stored, true);
             enabled(&spec)
         };
         assert_eq!(defaulted(Stored::Nothing), Some(true), "created: on");
         let mut explicit = off.spec.clone();
-        internal_tls(&mut explicit, Stored::Nothing);
+        internal_tls(&mut explicit, Stored::Nothing, true);
         assert_eq!(enabled(&explicit), Some(false), "a value sent is kept");
         // An update that leaves the field out: the stored value stays, and a cluster created
         // before this default (no value) stays off; so does one whose stored object is unread.
         let mut on = sent.spec.clone();
-        internal_tls(&mut on, Stored::Nothing);
+        internal_tls(&mut on, Stored::Nothing, true);
         assert_eq!(defaulted(Stored::Spec(&on)), Some(true));
         assert_eq!(defaulted(Stored::Spec(&off.spec)), Some(false));
         assert_eq!(defaulted(Stored::Spec(&sent.spec)), None);
         assert_eq!(defaulted(Stored::Unreadable), None);
+    }
+
+    #[test]
+    fn topology_tls_is_on_for_new_clusters_of_managed_etcd_only_and_then_kept() {
+        let topology = |spec: &MultigresClusterSpec| spec.internal_tls.as_ref()?.topology;
+        let (_, sent) = cluster(json!({
+            "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+        }));
+        let defaulted = |stored: Stored<'_>, all_managed: bool| {
+            let mut spec = sent.spec.clone();
+            internal_tls(&mut spec, stored, all_managed);
+            spec
+        };
+        let created = defaulted(Stored::Nothing, true);
+        assert_eq!(
+            topology(&created),
+            Some(true),
+            "created, every etcd managed: on"
+        );
+        let external = defaulted(Stored::Nothing, false);
+        assert_eq!(
+            topology(&external),
+            Some(false),
+            "created with an external etcd: off"
+        );
+        assert_eq!(
+            external.internal_tls.as_ref().unwrap().enabled,
+            Some(true),
+            "gRPC TLS does not depend on the topology servers"
+        );
+        // Updates keep what creation chose, and a cluster from before this default stays off.
+        assert_eq!(
+            topology(&defaulted(Stored::Spec(&created), false)),
+            Some(true)
+        );
+        assert_eq!(
+            topology(&defaulted(Stored::Spec(&external), true)),
+            Some(false)
+        );
+        assert_eq!(topology(&defaulted(Stored::Spec(&sent.spec), true)), None);
+        assert_eq!(topology(&defaulted(Stored::Unreadable, true)), None);
     }
 }

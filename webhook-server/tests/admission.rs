@@ -429,7 +429,10 @@ async fn defaults_are_patched_and_default_templates_promoted() {
     );
     spec.insert("topologyPruning".into(), json!({"enabled": true}));
     spec.insert("durabilityPolicy".into(), json!("AT_LEAST_2"));
-    spec.insert("internalTLS".into(), json!({"enabled": true}));
+    spec.insert(
+        "internalTLS".into(),
+        json!({"enabled": true, "topology": true}),
+    );
     spec.insert(
         "templateDefaults".into(),
         json!({"cellTemplate": "default"}),
@@ -690,4 +693,27 @@ async fn metadata_only_updates_and_deletions_are_not_rechecked() {
     )
     .await;
     assert_eq!(response["allowed"], true, "{response:#}");
+}
+
+#[tokio::test]
+async fn changed_topology_tls_is_refused() {
+    let response = review(VALIDATE_CLUSTER, "cluster-update-topology-tls-changed").await;
+    assert_denied(&response, 422);
+    assert_eq!(causes(&response), ["spec.internalTLS.topology"]);
+    assert!(
+        message(&response).contains("cannot change from true to false")
+            && message(&response).contains("set it back to true"),
+        "{response:#}"
+    );
+}
+
+#[tokio::test]
+async fn topology_tls_with_an_external_etcd_is_refused() {
+    let response = review(VALIDATE_CLUSTER, "cluster-create-topology-tls-external").await;
+    assert_denied(&response, 422);
+    assert_eq!(causes(&response), ["spec.internalTLS.topology"]);
+    assert!(
+        message(&response).contains("spec.globalTopoServer.external is external"),
+        "{response:#}"
+    );
 }

@@ -83,6 +83,13 @@ pub enum ResolveError {
     MissingTemplates(Vec<MissingTemplate>),
     #[error("{field}: durability policy {value:?} is not supported; allowed: {}", defaults::DURABILITY_POLICIES.join(", "))]
     UnsupportedDurabilityPolicy { field: String, value: String },
+    #[error(
+        "spec.internalTLS.topology: true needs every topology server to be an etcd the operator \
+         runs, but {server} is external: Multigres dials every etcd of a cluster with one TLS \
+         setting (--topo-etcd-tls-*); use a managed etcd there, or create the cluster with \
+         spec.internalTLS.topology: false"
+    )]
+    TopologyTlsWithExternalServer { server: String },
 }
 
 fn missing_message(missing: &[MissingTemplate]) -> String {
@@ -346,6 +353,11 @@ pub fn resolve(
     if let Some(err) = bad_durability {
         return Err(err);
     }
+    if crate::v1alpha1::InternalTlsConfig::topology_enabled(spec.internal_tls.as_ref())
+        && let Some(server) = external_topology_server(&global_topo, &cells)
+    {
+        return Err(ResolveError::TopologyTlsWithExternalServer { server });
+    }
     Ok(ResolvedCluster {
         global_topo,
         topo_ref,
@@ -358,6 +370,28 @@ pub fn resolve(
         table_groups,
         pvc_deletion_policy: cluster_pvc,
     })
+}
+
+/// The first topology server of the cluster the operator does not run, as a field path (a cell's
+/// may come from its CellTemplate, hence its name rather than an index).
+pub fn external_topology_server(global: &GlobalTopo, cells: &[ResolvedCell]) -> Option<String> {
+    if matches!(global, GlobalTopo::External(_)) {
+        return Some("spec.globalTopoServer.external".to_owned());
+    }
+    cells
+        .iter()
+        .find(|c| {
+            c.spec
+                .topo_server
+                .as_ref()
+                .is_some_and(|t| t.external.is_some())
+        })
+        .map(|c| {
+            format!(
+                "the localTopoServer.external of cell {}",
+                c.spec.name.as_str()
+            )
+        })
 }
 
 /// The global topology server: the external one as written, or the managed etcd laid template →

@@ -357,6 +357,54 @@ fn external_topology_server() {
 }
 
 #[test]
+fn topology_tls_needs_every_topology_server_managed() {
+    let managed = with_spec("  internalTLS: {topology: true}\n");
+    assert!(resolve(&managed, &Templates::default()).is_ok());
+    let external_global = with_spec(
+        "  internalTLS: {topology: true}\n  globalTopoServer:\n    external:\n      endpoints: [\"http://10.0.0.1:2379\"]\n",
+    );
+    let err = resolve(&external_global, &Templates::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("spec.globalTopoServer.external is external"),
+        "{err}"
+    );
+    // A cell's external etcd may come from its CellTemplate: named by the cell.
+    let external_cell = cluster(
+        r#"
+apiVersion: multigres.com/v1alpha1
+kind: MultigresCluster
+metadata: {name: prod}
+spec:
+  postgresPasswordSecretRef: {name: pg, key: password}
+  internalTLS: {topology: true}
+  cells:
+    - {name: zone-a, zoneId: use1-az1, cellTemplate: remote}
+"#,
+    );
+    let remote = templates(
+        r#"
+apiVersion: multigres.com/v1alpha1
+kind: CellTemplate
+metadata: {name: remote}
+spec:
+  localTopoServer:
+    external: {endpoints: ["http://etcd.zone-a:2379"]}
+"#,
+    );
+    let err = resolve(&external_cell, &remote).unwrap_err();
+    assert!(err.to_string().contains("cell zone-a"), "{err}");
+    let plain = with_spec(
+        "  globalTopoServer:\n    external:\n      endpoints: [\"http://10.0.0.1:2379\"]\n",
+    );
+    let r = resolve(&plain, &Templates::default()).unwrap();
+    assert_eq!(
+        super::external_topology_server(&r.global_topo, &r.cells).as_deref(),
+        Some("spec.globalTopoServer.external")
+    );
+}
+
+#[test]
 fn missing_named_templates_are_errors_listing_every_reference() {
     let c = cluster(
         r#"

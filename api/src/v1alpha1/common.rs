@@ -258,6 +258,16 @@ pub struct InternalTlsConfig {
     /// cluster created without it; a cluster stored without it has it off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+
+    /// The etcd servers the operator runs (the global one and every cell's own) serve clients
+    /// and peers over TLS with a certificate of the cluster's internal CA and accept only
+    /// clients presenting one; every Multigres process and the operator dial them with their
+    /// internal certificate. Multigres takes one TLS setting for every etcd a process dials, so
+    /// it needs every topology server of the cluster to be one the operator runs. The webhook
+    /// sets it on a new cluster (true when no topology server is external); it cannot change
+    /// afterwards, since etcd members keep the peer URLs they were created with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<bool>,
 }
 
 /// TLS between PostgreSQL clients and multigateway, with a certificate the operator issues
@@ -280,6 +290,16 @@ impl InternalTlsConfig {
     /// webhook sets it on for a new cluster).
     pub fn is_enabled(config: Option<&Self>) -> bool {
         config.and_then(|c| c.enabled) == Some(true)
+    }
+
+    /// Whether the managed etcd servers serve TLS: a stored cluster without a value has it off.
+    pub fn topology_enabled(config: Option<&Self>) -> bool {
+        config.and_then(|c| c.topology) == Some(true)
+    }
+
+    /// Whether the cluster needs its internal CA and certificates (for gRPC or for etcd).
+    pub fn needs_certificates(config: Option<&Self>) -> bool {
+        Self::is_enabled(config) || Self::topology_enabled(config)
     }
 }
 
@@ -766,7 +786,10 @@ mod tests {
 
     #[test]
     fn internal_tls_is_off_unless_enabled_and_gateway_tls_on_unless_disabled() {
-        let internal = |enabled| InternalTlsConfig { enabled };
+        let internal = |enabled| InternalTlsConfig {
+            enabled,
+            topology: None,
+        };
         assert!(!InternalTlsConfig::is_enabled(None));
         assert!(!InternalTlsConfig::is_enabled(Some(&internal(None))));
         assert!(!InternalTlsConfig::is_enabled(Some(&internal(Some(false)))));

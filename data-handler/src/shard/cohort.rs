@@ -154,9 +154,11 @@ async fn cell_tls(
     cell: &str,
 ) -> Result<CellTls, CellError> {
     let topo = match valid(sources.cells, namespace, &names::cell(cluster, cell)) {
-        Some(resource) => CellTopo::of(&resource.spec).map_err(|source| CellError::Target {
-            cell: cell.to_owned(),
-            source,
+        Some(resource) => CellTopo::of(&resource.spec, cluster, namespace).map_err(|source| {
+            CellError::Target {
+                cell: cell.to_owned(),
+                source,
+            }
         })?,
         None => CellTopo::Global,
     };

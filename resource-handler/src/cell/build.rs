@@ -154,15 +154,13 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
         .unwrap_or(multigres_api::resolver::defaults::MULTIGATEWAY_REPLICAS);
     let pdb = stateless::budget(&workload, replicas);
     let mut deployment = stateless::deployment(workload);
-    if multigres_api::v1alpha1::InternalTlsConfig::is_enabled(spec.internal_tls.as_ref()) {
-        let gateway = crate::tls::Process::Multigateway;
-        crate::tls::mount_internal_deployment(
-            &mut deployment,
-            gateway,
-            &owner.cluster,
-            &owner.namespace,
-        );
-    }
+    crate::tls::mount_internal_deployment(
+        &mut deployment,
+        crate::tls::Process::Multigateway,
+        &owner.cluster,
+        &owner.namespace,
+        crate::tls::Uses::of(spec.internal_tls.as_ref()),
+    );
     let service = stateless::service(
         &name,
         owner,

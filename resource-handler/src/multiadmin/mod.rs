@@ -284,16 +284,13 @@ fn desire(
                 .map(String::as_str),
         },
     );
-    if multigres_api::v1alpha1::InternalTlsConfig::is_enabled(cluster.spec.internal_tls.as_ref()) {
-        let process = crate::tls::Process::Multiadmin;
-        let deployment = &mut admin.deployment;
-        crate::tls::mount_internal_deployment(
-            deployment,
-            process,
-            &owner.cluster,
-            &owner.namespace,
-        );
-    }
+    crate::tls::mount_internal_deployment(
+        &mut admin.deployment,
+        crate::tls::Process::Multiadmin,
+        &owner.cluster,
+        &owner.namespace,
+        crate::tls::Uses::of(cluster.spec.internal_tls.as_ref()),
+    );
     let superuser = cluster
         .spec
         .postgres_superuser

@@ -321,15 +321,13 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
     };
     let pdb = stateless::budget(&workload, replicas);
     let mut deployment = stateless::deployment(workload);
-    if multigres_api::v1alpha1::InternalTlsConfig::is_enabled(spec.internal_tls.as_ref()) {
-        let orch = crate::tls::Process::Multiorch;
-        crate::tls::mount_internal_deployment(
-            &mut deployment,
-            orch,
-            &owner.cluster,
-            &owner.namespace,
-        );
-    }
+    crate::tls::mount_internal_deployment(
+        &mut deployment,
+        crate::tls::Process::Multiorch,
+        &owner.cluster,
+        &owner.namespace,
+        crate::tls::Uses::of(spec.internal_tls.as_ref()),
+    );
     let service = stateless::service(
         &name,
         owner,
@@ -753,10 +751,9 @@ fn pool_pod(
         termination_grace_period_seconds: Some(POOL_TERMINATION_GRACE_SECONDS),
         ..Default::default()
     };
-    if multigres_api::v1alpha1::InternalTlsConfig::is_enabled(spec.internal_tls.as_ref()) {
-        let pooler = crate::tls::Process::Multipooler;
-        crate::tls::mount_internal(&mut pod, pooler, &owner.cluster, ns);
-    }
+    let uses = crate::tls::Uses::of(spec.internal_tls.as_ref());
+    let pooler = crate::tls::Process::Multipooler;
+    crate::tls::mount_internal(&mut pod, pooler, &owner.cluster, ns, uses);
     pod
 }
 

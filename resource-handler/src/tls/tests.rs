@@ -80,10 +80,15 @@ fn process_certificates_name_their_services_and_identity() {
     }
 }
 
+const GRPC: Uses = Uses {
+    grpc: true,
+    topology: false,
+};
+
 #[test]
 fn each_process_gets_its_exact_tls_flags() {
     assert_eq!(
-        flags(Process::Multipooler, "prod", "db"),
+        flags(Process::Multipooler, "prod", "db", GRPC),
         [
             "--grpc-cert=/etc/multigres/tls/tls.crt",
             "--grpc-key=/etc/multigres/tls/tls.key",
@@ -96,7 +101,7 @@ fn each_process_gets_its_exact_tls_flags() {
         Process::Multigateway,
         Process::Multiorch,
     ] {
-        let args = flags(process, "prod", "db");
+        let args = flags(process, "prod", "db", GRPC);
         assert_eq!(
             args[4..],
             [
@@ -109,6 +114,43 @@ fn each_process_gets_its_exact_tls_flags() {
             "{process:?}"
         );
     }
+}
+
+#[test]
+fn topology_tls_adds_the_etcd_client_flags_to_every_process_alone_or_with_grpc() {
+    let etcd = [
+        "--topo-etcd-tls-cert=/etc/multigres/tls/tls.crt",
+        "--topo-etcd-tls-key=/etc/multigres/tls/tls.key",
+        "--topo-etcd-tls-ca=/etc/multigres/tls/ca.crt",
+    ];
+    let topology = Uses {
+        grpc: false,
+        topology: true,
+    };
+    let both = Uses {
+        grpc: true,
+        topology: true,
+    };
+    for process in Process::ALL {
+        assert_eq!(flags(process, "prod", "db", topology), etcd, "{process:?}");
+        let all = flags(process, "prod", "db", both);
+        assert_eq!(all[all.len() - 3..], etcd, "{process:?}");
+        assert_eq!(all.len(), flags(process, "prod", "db", GRPC).len() + 3);
+        assert!(flags(process, "prod", "db", Uses::default()).is_empty());
+    }
+    let mut untouched = deployment_of("multiorch");
+    mount_internal_deployment(
+        &mut untouched,
+        Process::Multiorch,
+        "prod",
+        "db",
+        Uses::default(),
+    );
+    assert_eq!(
+        untouched,
+        deployment_of("multiorch"),
+        "nothing on, nothing mounted"
+    );
 }
 
 /// A Deployment running `process` and a sidecar, each with one argument.
@@ -136,7 +178,7 @@ fn deployment_of(process: &str) -> Deployment {
 #[test]
 fn the_certificate_is_mounted_only_into_its_process() {
     let mut deployment = deployment_of("multiorch");
-    mount_internal_deployment(&mut deployment, Process::Multiorch, "prod", "db");
+    mount_internal_deployment(&mut deployment, Process::Multiorch, "prod", "db", GRPC);
     let pod = deployment.spec.unwrap().template.spec.unwrap();
     let volume = &pod.volumes.unwrap()[0];
     assert_eq!(volume.name, TLS_VOLUME);
@@ -426,4 +468,43 @@ fn the_gateway_serves_its_certificate_and_rolls_when_it_changes() {
     assert_eq!(certificate_digest(&secret("a")), Some(digest.clone()));
     assert_ne!(certificate_digest(&secret("b")), Some(digest));
     assert_eq!(certificate_digest(&Secret::default()), None);
+}
+
+#[test]
+fn the_etcd_certificate_names_every_managed_topo_server_and_its_members() {
+    let mut c = cluster();
+    c.spec.global_topo_server = None;
+    let own: multigres_api::v1alpha1::CellConfig = serde_yaml::from_str(
+        "{name: zone-b, zoneId: use1-az2, spec: {localTopoServer: {etcd: {}}}}",
+    )
+    .unwrap();
+    c.spec.cells.push(own);
+    let resolved = resolve(&c, &Templates::default()).unwrap();
+    let etcd = etcd_leaf_spec("prod", "db", &resolved);
+    assert_eq!(etcd.common_name, "etcd.prod.db.multigres.internal");
+    for name in [
+        "etcd.prod.db.multigres.internal",
+        "prod-global-topo.db.svc",
+        "prod-global-topo.db.svc.cluster.local",
+        "*.prod-global-topo-peer.db.svc",
+        "prod-zone-b-local-topo.db.svc",
+        "*.prod-zone-b-local-topo-peer.db.svc",
+    ] {
+        assert!(
+            etcd.dns_names.contains(&name.to_owned()),
+            "{name}: {:?}",
+            etcd.dns_names
+        );
+    }
+    assert!(
+        !etcd.dns_names.iter().any(|n| n.contains("zone-a")),
+        "a cell on the global topology has no etcd of its own: {:?}",
+        etcd.dns_names
+    );
+    let external = resolve(&cluster(), &Templates::default()).unwrap();
+    assert_eq!(
+        etcd_leaf_spec("prod", "db", &external).dns_names,
+        ["etcd.prod.db.multigres.internal".to_owned()],
+        "an external global topology: no managed etcd to name"
+    );
 }

@@ -10,8 +10,8 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Service,
-    ServiceSpec, VolumeResourceRequirements,
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec,
+    SecretVolumeSource, Service, ServiceSpec, Volume, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -36,6 +36,10 @@ use crate::podspec::{
 
 /// Name of the data volume claim template (PVCs are `data-<pod>`).
 pub const DATA_VOLUME: &str = "data";
+/// The volume of the members' certificate (topology TLS).
+const TLS_VOLUME: &str = "etcd-tls";
+/// Where etcd reads it: `tls.crt`, `tls.key` and the cluster's internal `ca.crt`.
+const TLS_DIR: &str = "/etc/etcd/tls";
 
 /// Where a TopoServer sits: the cluster's global topology, or one cell's.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +80,9 @@ pub struct TopoInput<'a> {
     pub spec: &'a TopoServerSpec,
     /// Pull settings of the cluster.
     pub pull: &'a PullSettings,
+    /// Serve clients and peers over TLS and require client certificates of the cluster's
+    /// internal CA (`internalTLS.topology`).
+    pub tls: bool,
 }
 
 /// The objects realising one TopoServer.
@@ -130,8 +137,17 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
     let replicas = members(etcd)?;
     let owner = input.owner;
     let names = Names::of(input);
-    let args = etcd_args(owner, &names, replicas);
-    let pod = etcd_pod(input, &names, etcd_container(etcd, input.pull, args));
+    let args = etcd_args(owner, &names, replicas, input.tls);
+    let mut container = etcd_container(etcd, input.pull, args);
+    let mut pod_volumes = vec![tmp_volume()];
+    if input.tls {
+        container
+            .volume_mounts
+            .get_or_insert_default()
+            .push(mount(TLS_VOLUME, TLS_DIR, true));
+        pod_volumes.push(tls_volume(owner));
+    }
+    let pod = etcd_pod(input, &names, container, pod_volumes);
     let (storage_size, claim) = data_claim(etcd, &names.labels);
     Ok(TopoObjects {
         statefulset: etcd_statefulset(input, etcd, &names, replicas, pod, claim),
@@ -197,36 +213,49 @@ impl Names {
     }
 }
 
+/// The scheme of etcd's client and peer URLs.
+pub fn scheme(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
+}
+
 /// etcd's command line: every one of `replicas` members listed in `--initial-cluster`, each
-/// addressed through the peer Service.
-fn etcd_args(owner: &Owner, names: &Names, replicas: i32) -> Vec<String> {
+/// addressed through the peer Service; with `tls`, clients and peers served over TLS and both
+/// required to present a certificate of the cluster's internal CA (the members present theirs
+/// to each other).
+fn etcd_args(owner: &Owner, names: &Names, replicas: i32, tls: bool) -> Vec<String> {
     let ns = &owner.namespace;
     let (name, peer) = (&names.statefulset, &names.peer);
+    let scheme = scheme(tls);
     let host = |pod: &str| format!("{pod}.{peer}.{ns}.svc");
     let initial_cluster = (0..replicas)
         .map(|i| {
             let pod = format!("{name}-{i}");
-            format!("{pod}=http://{}:{ETCD_PEER}", host(&pod))
+            format!("{pod}={scheme}://{}:{ETCD_PEER}", host(&pod))
         })
         .collect::<Vec<_>>()
         .join(",");
     let self_host = host("$(POD_NAME)");
-    vec![
+    let mut args = vec![
         flag_expanding("name", "$(POD_NAME)"),
         flag("data-dir", ETCD_DATA_DIR),
         flag(
             "listen-client-urls",
-            format!("http://0.0.0.0:{ETCD_CLIENT}"),
+            format!("{scheme}://0.0.0.0:{ETCD_CLIENT}"),
         ),
         flag_expanding(
             "advertise-client-urls",
-            format!("http://{self_host}:{ETCD_CLIENT}"),
+            format!("{scheme}://{self_host}:{ETCD_CLIENT}"),
         ),
-        flag("listen-peer-urls", format!("http://0.0.0.0:{ETCD_PEER}")),
+        flag(
+            "listen-peer-urls",
+            format!("{scheme}://0.0.0.0:{ETCD_PEER}"),
+        ),
         flag_expanding(
             "initial-advertise-peer-urls",
-            format!("http://{self_host}:{ETCD_PEER}"),
+            format!("{scheme}://{self_host}:{ETCD_PEER}"),
         ),
+        // Probes and Prometheus read health and metrics here, plaintext and without a
+        // certificate: nothing on this port writes.
         flag(
             "listen-metrics-urls",
             format!("http://0.0.0.0:{ETCD_METRICS}"),
@@ -235,7 +264,39 @@ fn etcd_args(owner: &Owner, names: &Names, replicas: i32) -> Vec<String> {
         flag("initial-cluster-state", "new"),
         flag("initial-cluster-token", format!("{}.{ns}", owner.name)),
         flag("auto-compaction-retention", "1"),
-    ]
+    ];
+    if tls {
+        let (cert, key, ca) = (
+            format!("{TLS_DIR}/{}", crate::tls::TLS_CRT),
+            format!("{TLS_DIR}/{}", crate::tls::TLS_KEY),
+            format!("{TLS_DIR}/{}", crate::tls::CA_CRT),
+        );
+        args.extend([
+            flag("cert-file", &cert),
+            flag("key-file", &key),
+            flag("trusted-ca-file", &ca),
+            flag("client-cert-auth", true),
+            flag("peer-cert-file", &cert),
+            flag("peer-key-file", &key),
+            flag("peer-trusted-ca-file", &ca),
+            flag("peer-client-cert-auth", true),
+            flag("tls-min-version", "TLS1.2"),
+        ]);
+    }
+    args
+}
+
+/// The members' certificate (the cluster's etcd identity, with the internal CA).
+fn tls_volume(owner: &Owner) -> Volume {
+    Volume {
+        name: TLS_VOLUME.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(crate::tls::etcd_identity(&owner.cluster, &owner.namespace)),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// The etcd container, run with `args`.
@@ -273,11 +334,16 @@ fn etcd_container(etcd: &EtcdSpec, pull: &PullSettings, args: Vec<String>) -> Co
 
 /// The etcd pod of `container`, placed as the spec says (members on different nodes unless
 /// the spec gives an affinity).
-fn etcd_pod(input: &TopoInput<'_>, names: &Names, container: Container) -> PodSpec {
+fn etcd_pod(
+    input: &TopoInput<'_>,
+    names: &Names,
+    container: Container,
+    volumes: Vec<Volume>,
+) -> PodSpec {
     let placement = input.spec.placement.clone().unwrap_or_default();
     PodSpec {
         containers: vec![container],
-        volumes: Some(vec![tmp_volume()]),
+        volumes: Some(volumes),
         security_context: Some(pod_security(RunAs::NONROOT, RunAs::NONROOT.group)),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),

@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
-use multigres_api::v1alpha1::{MultigresCluster, TopoServer, TopoServerStatus};
+use multigres_api::v1alpha1::{InternalTlsConfig, MultigresCluster, TopoServer, TopoServerStatus};
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
@@ -135,18 +135,23 @@ fn scope_of(topo: &TopoServer) -> Scope {
     }
 }
 
-/// Pull settings of the cluster the TopoServer belongs to (TopoServer specs carry none).
-fn pull_settings(ctx: &Ctx<Guard>, owner: &Owner) -> PullSettings {
+/// Pull settings and topology TLS (`internalTLS.topology`) of the cluster the TopoServer
+/// belongs to (TopoServer specs carry neither).
+fn cluster_settings(ctx: &Ctx<Guard>, owner: &Owner) -> (PullSettings, bool) {
     let cluster = ctx
         .stores
         .clusters
         .get(&ObjectRef::new(&owner.cluster).within(&owner.namespace));
-    let images = cluster
+    let spec = cluster
         .as_ref()
         .and_then(|c| c.0.as_ref().ok())
-        .and_then(|c| c.spec.images.clone())
-        .unwrap_or_default();
-    PullSettings::new(images.image_pull_policy, &images.image_pull_secrets)
+        .map(|c| &c.spec);
+    let images = spec.and_then(|s| s.images.clone()).unwrap_or_default();
+    let tls = InternalTlsConfig::topology_enabled(spec.and_then(|s| s.internal_tls.as_ref()));
+    (
+        PullSettings::new(images.image_pull_policy, &images.image_pull_secrets),
+        tls,
+    )
 }
 
 /// The etcd StatefulSet of the TopoServer as cached.
@@ -167,13 +172,14 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         return Ok(Action::await_change());
     }
     let owner = Owner::of(topo)?;
-    let pull = pull_settings(ctx, &owner);
+    let (pull, tls) = cluster_settings(ctx, &owner);
     let observed_sts = observed_statefulset(ctx, &owner);
     let input = TopoInput {
         owner: &owner,
         scope: scope_of(topo),
         spec: &topo.spec,
         pull: &pull,
+        tls,
     };
     let statuses: Api<TopoServer> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let objects = match desire(&input, observed_sts.as_deref()) {
@@ -197,6 +203,7 @@ fn desire(input: &TopoInput<'_>, observed: Option<&StatefulSet>) -> Result<TopoO
     let objects = build::build(input)?;
     if let Some(observed) = observed
         && let Some(problem) = replicas_changed(observed, &objects.statefulset)
+            .or_else(|| peer_scheme_changed(observed, &objects.statefulset))
     {
         return Err(problem);
     }
@@ -303,6 +310,36 @@ fn replicas_changed(observed: &StatefulSet, desired: &StatefulSet) -> Option<Str
         format!(
             "spec.etcd.replicas cannot change from {have} to {want}: etcd members are \
              bootstrapped statically; set it back to {have}"
+        )
+    })
+}
+
+/// A change between plaintext and TLS peers, which running members cannot follow: each keeps
+/// the peer URLs it was bootstrapped with in the membership, and would dial the others with the
+/// old scheme. The webhook refuses the change; this holds where no webhook runs.
+fn peer_scheme_changed(observed: &StatefulSet, desired: &StatefulSet) -> Option<String> {
+    let peer_scheme = |s: &StatefulSet| {
+        let container = s
+            .spec
+            .as_ref()?
+            .template
+            .spec
+            .as_ref()?
+            .containers
+            .first()?;
+        let arg = container
+            .args
+            .as_ref()?
+            .iter()
+            .find_map(|a| a.strip_prefix("--listen-peer-urls="))?;
+        Some(arg.split("://").next()?.to_owned())
+    };
+    let (have, want) = (peer_scheme(observed)?, peer_scheme(desired)?);
+    (have != want).then(|| {
+        format!(
+            "spec.internalTLS.topology cannot change on a running etcd: its members were \
+             created with {have}:// peer URLs and keep them; set it back to {}",
+            have == build::scheme(true)
         )
     })
 }
@@ -517,6 +554,7 @@ mod tests {
             scope: Scope::Global,
             spec: &t.spec,
             pull: &pull,
+            tls: false,
         };
         let three = build::build(&input).unwrap().statefulset;
         assert!(desire(&input, None).is_ok());
@@ -525,13 +563,30 @@ mod tests {
         five_spec.etcd.as_mut().unwrap().replicas = Some(5);
         let five = TopoInput {
             spec: &five_spec,
-            ..input
+            ..input.clone()
         };
         assert!(desire(&five, None).is_ok());
         assert!(
             desire(&five, Some(&three))
                 .unwrap_err()
                 .contains("from 3 to 5")
+        );
+        let tls = TopoInput {
+            tls: true,
+            ..input.clone()
+        };
+        assert!(desire(&tls, None).is_ok(), "a new etcd may start with TLS");
+        let problem = desire(&tls, Some(&three)).unwrap_err();
+        assert!(
+            problem.contains("created with http:// peer URLs") && problem.contains("back to false"),
+            "{problem}"
+        );
+        let secure = build::build(&tls).unwrap().statefulset;
+        assert!(desire(&tls, Some(&secure)).is_ok());
+        assert!(
+            desire(&input, Some(&secure))
+                .unwrap_err()
+                .contains("back to true")
         );
     }
 

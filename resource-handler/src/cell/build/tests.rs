@@ -219,6 +219,7 @@ fn internal_tls_mounts_the_gateway_certificate_and_adds_its_flags() {
     let mut cell = fixture();
     cell.spec.internal_tls = Some(multigres_api::v1alpha1::InternalTlsConfig {
         enabled: Some(true),
+        topology: None,
     });
     let objects = objects(&cell);
     let pod = objects.deployment.spec.unwrap().template.spec.unwrap();
@@ -238,7 +239,12 @@ fn internal_tls_mounts_the_gateway_certificate_and_adds_its_flags() {
     let tail = &args[args.len() - 9..];
     assert_eq!(
         tail,
-        crate::tls::flags(crate::tls::Process::Multigateway, &cluster, &ns)
+        crate::tls::flags(
+            crate::tls::Process::Multigateway,
+            &cluster,
+            &ns,
+            crate::tls::Uses::of(cell.spec.internal_tls.as_ref())
+        )
     );
 }
 

@@ -599,6 +599,7 @@ fn internal_tls_reaches_multiorch_and_multipooler_but_not_pgctld() {
     let plain = objects(&shard);
     shard.spec.internal_tls = Some(multigres_api::v1alpha1::InternalTlsConfig {
         enabled: Some(true),
+        topology: None,
     });
     let o = objects(&shard);
     let tls_volume = |pod: &PodSpec| {

@@ -16,6 +16,7 @@ fn build_fixture(topo: &TopoServer, scope: Scope, pull: &PullSettings) -> TopoOb
         scope,
         spec: &topo.spec,
         pull,
+        tls: false,
     })
     .unwrap()
 }
@@ -268,6 +269,7 @@ fn even_or_missing_members_are_refused() {
         scope: Scope::Global,
         spec: &even.spec,
         pull: &pull(),
+        tls: false,
     };
     assert!(build(&input).unwrap_err().contains("odd number"));
     let mut none = even.clone();
@@ -277,4 +279,83 @@ fn even_or_missing_members_are_refused() {
         ..input
     };
     assert!(build(&input).unwrap_err().contains("spec.etcd is required"));
+}
+
+#[test]
+fn topology_tls_serves_clients_and_peers_with_the_etcd_certificate_and_requires_one() {
+    let topo = fixture();
+    let owner = Owner::of(&topo).unwrap();
+    let input = TopoInput {
+        owner: &owner,
+        scope: Scope::Global,
+        spec: &topo.spec,
+        pull: &pull(),
+        tls: true,
+    };
+    let objects = build(&input).unwrap();
+    let c = etcd_container(&objects);
+    let args = c.args.clone().unwrap();
+    let peer = "prod-global-topo-peer.db.svc";
+    for url in [
+        "--listen-client-urls=https://0.0.0.0:2379".to_owned(),
+        format!("--advertise-client-urls=https://$(POD_NAME).{peer}:2379"),
+        "--listen-peer-urls=https://0.0.0.0:2380".to_owned(),
+        format!("--initial-advertise-peer-urls=https://$(POD_NAME).{peer}:2380"),
+        // Health and metrics stay plaintext: the probes read them without a certificate.
+        "--listen-metrics-urls=http://0.0.0.0:2381".to_owned(),
+    ] {
+        assert!(args.contains(&url), "{url} in {args:?}");
+    }
+    let initial = args
+        .iter()
+        .find(|a| a.starts_with("--initial-cluster="))
+        .unwrap();
+    assert_eq!(initial.matches("=https://").count(), 3, "{initial}");
+    assert!(!initial.contains("http://"), "{initial}");
+    assert_eq!(
+        args[args.len() - 9..],
+        [
+            "--cert-file=/etc/etcd/tls/tls.crt",
+            "--key-file=/etc/etcd/tls/tls.key",
+            "--trusted-ca-file=/etc/etcd/tls/ca.crt",
+            "--client-cert-auth=true",
+            "--peer-cert-file=/etc/etcd/tls/tls.crt",
+            "--peer-key-file=/etc/etcd/tls/tls.key",
+            "--peer-trusted-ca-file=/etc/etcd/tls/ca.crt",
+            "--peer-client-cert-auth=true",
+            "--tls-min-version=TLS1.2",
+        ]
+    );
+    let mounts = c.volume_mounts.clone().unwrap();
+    let tls = mounts.iter().find(|m| m.name == "etcd-tls").unwrap();
+    assert_eq!(
+        (tls.mount_path.as_str(), tls.read_only),
+        ("/etc/etcd/tls", Some(true))
+    );
+    let pod = objects
+        .statefulset
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "etcd-tls")
+        .unwrap();
+    assert_eq!(
+        volume.secret.as_ref().unwrap().secret_name.as_deref(),
+        Some("etcd.prod.db.multigres.internal")
+    );
+    let plain = build_fixture(&topo, Scope::Global, &pull());
+    let plain_args = etcd_container(&plain).args.clone().unwrap();
+    assert!(
+        plain_args
+            .iter()
+            .all(|a| !a.contains("https://") && !a.contains("tls"))
+    );
 }

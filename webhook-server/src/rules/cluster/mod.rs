@@ -120,11 +120,15 @@ fn state_checks(cluster: &MultigresCluster, templates: &Templates) -> Findings {
     network::network(&mut findings, &cluster.spec);
     // A cluster that does not resolve has a missing template or an unsupported durability
     // policy, both reported above.
-    if let Ok(resolved) = resolver::resolve(cluster, templates) {
-        resolved_checks(
+    match resolver::resolve(cluster, templates) {
+        Ok(resolved) => resolved_checks(
             &mut findings,
             &View::new(&cluster.spec, templates, &resolved),
-        );
+        ),
+        Err(error @ resolver::ResolveError::TopologyTlsWithExternalServer { .. }) => {
+            findings.violation("spec.internalTLS.topology", error.to_string());
+        }
+        Err(_) => {}
     }
     findings
 }
@@ -137,10 +141,14 @@ pub fn template_change(
     new_templates: &Templates,
 ) -> Findings {
     let mut findings = Findings::default();
-    if let (Ok(old_resolved), Ok(new_resolved)) = (
-        resolver::resolve(cluster, old_templates),
-        resolver::resolve(cluster, new_templates),
-    ) {
+    let old = resolver::resolve(cluster, old_templates);
+    let new = resolver::resolve(cluster, new_templates);
+    if old.is_ok()
+        && let Err(error @ resolver::ResolveError::TopologyTlsWithExternalServer { .. }) = &new
+    {
+        findings.violation("spec.internalTLS.topology", error.to_string());
+    }
+    if let (Ok(old_resolved), Ok(new_resolved)) = (old, new) {
         let old_view = View::new(&cluster.spec, old_templates, &old_resolved);
         let new_view = View::new(&cluster.spec, new_templates, &new_resolved);
         transition(&mut findings, &old_view, &new_view);

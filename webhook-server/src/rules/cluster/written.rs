@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use multigres_api::backup_schedule::Schedule;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
-    BackupConfig, CellConfig, EtcdSpec, ExternalServiceConfig, MultigresClusterSpec, ShardConfig,
-    TemplateRef,
+    BackupConfig, CellConfig, EtcdSpec, ExternalServiceConfig, InternalTlsConfig,
+    MultigresClusterSpec, ShardConfig, TemplateRef,
 };
 
 use crate::rules::{self, TemplateKind, Templates};
@@ -369,11 +369,33 @@ fn external_service(findings: &mut Findings, path: &str, service: Option<&Extern
 }
 
 /// On update, cells stay (by name) and keep their zone and region.
+/// `internalTLS.topology` stays as the cluster was created: etcd members keep the peer URLs
+/// (`https://` or `http://`) they were bootstrapped with, so a change would split the members.
+fn topology_tls_transition(
+    findings: &mut Findings,
+    old: &MultigresClusterSpec,
+    new: &MultigresClusterSpec,
+) {
+    let was = InternalTlsConfig::topology_enabled(old.internal_tls.as_ref());
+    let is = InternalTlsConfig::topology_enabled(new.internal_tls.as_ref());
+    if was != is {
+        findings.violation(
+            "spec.internalTLS.topology",
+            format!(
+                "cannot change from {was} to {is}: the etcd members keep the peer URLs they \
+                 were created with, so topology TLS is chosen when the cluster is created; \
+                 set it back to {was}"
+            ),
+        );
+    }
+}
+
 pub(super) fn written_transition(
     findings: &mut Findings,
     old: &MultigresClusterSpec,
     new: &MultigresClusterSpec,
 ) {
+    topology_tls_transition(findings, old, new);
     let new_cells: BTreeMap<&str, (usize, &CellConfig)> = new
         .cells
         .iter()
