@@ -1,16 +1,20 @@
 //! The real-node tier: the operator installed by `helm install` from the image `just image`
 //! builds, its four handlers running as real pods (containerd, runc, CNI) under the chart's
 //! ServiceAccounts and RBAC, the API server calling the webhook through its Service, and a
-//! managed etcd topology that the data-handler reaches through cluster DNS.
+//! managed etcd topology that the data-handler reaches through cluster DNS, over TLS with its
+//! client certificate.
 //!
 //! One control plane with real nodes (zones `zone-a` twice, `zone-b`, `zone-c`) per test
 //! process; the release is installed once and shared; tests that change it run one at a time.
 
 use std::time::Duration;
 
+use etcd_client::{
+    Certificate, Client as EtcdClient, ConnectOptions, GetOptions, Identity, TlsOptions,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, MultigresCluster};
@@ -232,6 +236,86 @@ async fn the_webhook_refuses_bad_input_through_its_service() {
     );
 }
 
+/// The webhook turned topology TLS on for the sample (every etcd managed): one member, dialled
+/// at its pod IP, refuses plaintext and a TLS client without a certificate, and answers the
+/// data-handler's client certificate (the one it registered the cell with, above) by the
+/// member's own DNS name. Its peers formed a quorum over TLS, with certificates both ways.
+async fn etcd_refuses_clients_without_a_certificate(client: &Client, namespace: &str) {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let stored = clusters.get("minimal").await.unwrap();
+    assert_eq!(
+        stored.spec.internal_tls.as_ref().and_then(|t| t.topology),
+        Some(true),
+        "the webhook sets internalTLS.topology on a new cluster of managed etcds"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let member = pods.get("minimal-global-topo-0").await.unwrap();
+    let ip = member
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap();
+    let args = member.spec.as_ref().unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    let initial = args
+        .iter()
+        .find(|a| a.starts_with("--initial-cluster="))
+        .unwrap();
+    assert_eq!(initial.matches("=https://").count(), 3, "{initial}");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let issued = secrets
+        .get(&multigres_api::names::data_handler_client_tls(
+            "minimal", namespace,
+        ))
+        .await
+        .unwrap();
+    let key = |k: &str| issued.data.as_ref().unwrap()[k].0.clone();
+    let timeout = Duration::from_secs(5);
+    let options = || {
+        ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout)
+    };
+    let root = "/multigres/global";
+    let read = |endpoint: String, options: ConnectOptions| async move {
+        let mut etcd = EtcdClient::connect([endpoint], Some(options))
+            .await
+            .map_err(|e| e.to_string())?;
+        etcd.get(root, Some(GetOptions::new().with_prefix().with_keys_only()))
+            .await
+            .map(|r| r.kvs().len())
+            .map_err(|e| e.to_string())
+    };
+    let plain = read(format!("http://{ip}:2379"), options()).await;
+    assert!(plain.is_err(), "plaintext answered: {plain:?}");
+    let server = format!("minimal-global-topo-0.minimal-global-topo-peer.{namespace}.svc");
+    let ca_only = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(key("ca.crt")))
+        .domain_name(&server);
+    let anonymous = read(
+        format!("https://{ip}:2379"),
+        options().with_tls(ca_only.clone()),
+    )
+    .await;
+    assert!(
+        anonymous.is_err(),
+        "a TLS client without a certificate answered: {anonymous:?}"
+    );
+    let identified = ca_only.identity(Identity::from_pem(key("tls.crt"), key("tls.key")));
+    let keys = read(format!("https://{ip}:2379"), options().with_tls(identified))
+        .await
+        .expect("the data-handler's certificate is accepted");
+    assert!(keys > 0, "the global topology holds the cell's record");
+    println!(
+        "etcd {ip}: plaintext refused ({}), TLS without a certificate refused ({}), with the \
+         data-handler's certificate {keys} keys under {root}",
+        plain.unwrap_err(),
+        anonymous.unwrap_err()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_leader_handover() {
     let _serial = SERIAL.lock().await;
@@ -312,6 +396,7 @@ async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_le
         }
     })
     .await;
+    etcd_refuses_clients_without_a_certificate(&client, &namespace).await;
 
     // Hand over: delete the cluster-handler's leader pod; another takes the Lease, and
     // reconciling goes on (a scaled gateway is rolled out by the new leaders).
