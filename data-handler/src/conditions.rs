@@ -12,7 +12,7 @@ use multigres_common::conditions::{DesiredCondition, FALSE, TRUE, UNKNOWN, set_c
 use multigres_common::telemetry::ErrorChain;
 use serde_json::{Value, json};
 
-use crate::target::EXTERNAL_FIELD;
+use crate::target::{EXTERNAL_FIELD, INTERNAL_FIELD};
 use crate::topo::TopoError;
 
 /// Whether the operator can talk to the topology server.
@@ -132,7 +132,9 @@ pub fn reachable(server: &str, error: Option<&TopoError>) -> Computed {
             "Rejected",
             format!(
                 "{server} refused the request: {}. Check the client certificate in \
-                 {EXTERNAL_FIELD}.clientCertSecret and the etcd user's permissions on the root.",
+                 {EXTERNAL_FIELD}.clientCertSecret (with {INTERNAL_FIELD}, the data-handler's \
+                 own, issued by the resource-handler) and the etcd user's permissions on the \
+                 root.",
                 ErrorChain(e)
             ),
         ),
@@ -150,7 +152,8 @@ pub fn reachable(server: &str, error: Option<&TopoError>) -> Computed {
             "TLSConfigInvalid",
             format!(
                 "Cannot set up the connection to {server}: {e}. Check the certificates in the \
-                 Secrets named by {EXTERNAL_FIELD}.caSecret and clientCertSecret."
+                 Secrets named by {EXTERNAL_FIELD}.caSecret and clientCertSecret (with \
+                 {INTERNAL_FIELD}, the data-handler's client certificate Secret)."
             ),
         ),
         _ => Computed::yes(t, "Reachable", format!("{server} answered.")),

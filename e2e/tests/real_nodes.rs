@@ -341,7 +341,7 @@ async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_le
             .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
     }
     let cells: Api<Cell> = Api::namespaced(client.clone(), &namespace);
-    let registered = |cells: Api<Cell>| async move {
+    let registered = |cells: Api<Cell>, ns: String| async move {
         let list = cells
             .list(&ListParams::default())
             .await
@@ -370,12 +370,25 @@ async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_le
                         .any(|c| c.type_ == "TopologyRegistered" && c.status == "True")
                 })
             });
-        if all { Ok(()) } else { Err(states.join("; ")) }
+        if all {
+            return Ok(());
+        }
+        // What the first etcd member says, for a topology that never serves.
+        let pods: Api<Pod> = Api::namespaced(cells.clone().into_client(), &ns);
+        let params = kube::api::LogParams {
+            tail_lines: Some(5),
+            ..Default::default()
+        };
+        let etcd = pods
+            .logs("minimal-global-topo-0", &params)
+            .await
+            .unwrap_or_default();
+        Err(format!("{}; etcd-0 says: {etcd}", states.join("; ")))
     };
     eventually(
         "the cell is registered in the managed etcd (data-handler pod -> cluster DNS -> etcd pods)",
         WAIT * 2,
-        || registered(cells.clone()),
+        || registered(cells.clone(), namespace.clone()),
     )
     .await;
     // A quorum (two members) is enough to register; the third may still be starting.

@@ -313,7 +313,7 @@ fn topology_tls_serves_clients_and_peers_with_the_etcd_certificate_and_requires_
     assert_eq!(initial.matches("=https://").count(), 3, "{initial}");
     assert!(!initial.contains("http://"), "{initial}");
     assert_eq!(
-        args[args.len() - 9..],
+        args[args.len() - 10..],
         [
             "--cert-file=/etc/etcd/tls/tls.crt",
             "--key-file=/etc/etcd/tls/tls.key",
@@ -323,6 +323,7 @@ fn topology_tls_serves_clients_and_peers_with_the_etcd_certificate_and_requires_
             "--peer-key-file=/etc/etcd/tls/tls.key",
             "--peer-trusted-ca-file=/etc/etcd/tls/ca.crt",
             "--peer-client-cert-auth=true",
+            "--peer-skip-client-san-verification=true",
             "--tls-min-version=TLS1.2",
         ]
     );
