@@ -12,7 +12,9 @@
 //! Every hop is encrypted as a production cluster would have it: clients to the gateway and
 //! replication offer or require TLS by default, and the story turns on internal mutual TLS
 //! (`spec.internalTLS`), so each of the operator's calls to a multipooler (cohort, reloads,
-//! switchover, scheduled backups) presents the data-handler's own client certificate.
+//! switchover, scheduled backups) presents the data-handler's own client certificate; the
+//! webhook turns topology TLS on (`internalTLS.topology`), so every Multigres process and the
+//! data-handler reach etcd over TLS with a client certificate.
 //!
 //! One cluster, one story: each step starts from the state the previous one left, as a user's
 //! cluster would, and 2 cores hold one such cluster comfortably, not several. The figures
@@ -304,6 +306,16 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     figure(
         "apply -> first SELECT 1 answered (s)",
         format!("{:.1}", to_sql.as_secs_f64()),
+    );
+    let stored = Api::<MultigresCluster>::namespaced(client.clone(), &namespace)
+        .get(NAME)
+        .await
+        .unwrap();
+    let tls = stored.spec.internal_tls.unwrap_or_default();
+    assert_eq!(
+        (tls.enabled, tls.topology),
+        (Some(true), Some(true)),
+        "gRPC and etcd both mutual TLS"
     );
     let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
     let password = gateway.password.clone();

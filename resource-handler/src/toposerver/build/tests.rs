@@ -30,8 +30,8 @@ fn pull() -> PullSettings {
     )
 }
 
-fn etcd_container(objects: &TopoObjects) -> &Container {
-    let pod = objects
+fn pod_of(objects: &TopoObjects) -> &PodSpec {
+    objects
         .statefulset
         .spec
         .as_ref()
@@ -39,7 +39,11 @@ fn etcd_container(objects: &TopoObjects) -> &Container {
         .template
         .spec
         .as_ref()
-        .unwrap();
+        .unwrap()
+}
+
+fn etcd_container(objects: &TopoObjects) -> &Container {
+    let pod = pod_of(objects);
     assert_eq!(pod.containers.len(), 1);
     &pod.containers[0]
 }
@@ -333,16 +337,7 @@ fn topology_tls_serves_clients_and_peers_with_the_etcd_certificate_and_requires_
         (tls.mount_path.as_str(), tls.read_only),
         ("/etc/etcd/tls", Some(true))
     );
-    let pod = objects
-        .statefulset
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap();
-    let volume = pod
+    let volume = pod_of(&objects)
         .volumes
         .iter()
         .flatten()
