@@ -183,10 +183,11 @@ const INTERNAL_TLS: &str = "resource-handler: a CA and per-process certificates,
      topology records work the same (docs/tls.md)";
 const MULTIADMIN_WEB: &str = "resource-handler: the multiadmin-web Deployment and Service";
 const TOPO_IMPLEMENTATION: &str = "Multigres only implements etcd; other values are ignored";
-const GLOBAL_TOPO_TLS: &str = "only the operator's own client uses it; data-plane pods get no \
-     --topo-etcd-tls-* flags and cannot reach a TLS etcd";
-const LOCAL_TOPO_TLS: &str =
-    "data-plane pods get no --topo-etcd-tls-* flags and cannot reach a TLS cell etcd";
+const GLOBAL_TOPO_TLS: &str = "data-handler: its etcd client's TLS; resource-handler: mounted \
+     into multiadmin, multigateway, multiorch and multipooler with --topo-etcd-tls-* (a \
+     clientCertSecret is required with caSecret, docs/tls.md)";
+const LOCAL_TOPO_TLS: &str = "data-handler: its client's TLS to the cell's etcd; the data plane \
+     dials every etcd with the global server's Secrets, so a cell's must name the same ones";
 
 const fn done(kind: Kind, path: &'static str, note: &'static str) -> Field {
     Field {
@@ -323,17 +324,15 @@ pub static FIELDS: &[Field] = &[
         TOPO_IMPLEMENTATION,
         When::Other("etcd"),
     ),
-    todo(
+    done(
         Mgc,
         "spec.globalTopoServer.external.caSecret",
         GLOBAL_TOPO_TLS,
-        When::Set,
     ),
-    todo(
+    done(
         Mgc,
         "spec.globalTopoServer.external.clientCertSecret",
         GLOBAL_TOPO_TLS,
-        When::Set,
     ),
     done(
         Mgc,
@@ -366,17 +365,15 @@ pub static FIELDS: &[Field] = &[
         TOPO_IMPLEMENTATION,
         When::Other("etcd"),
     ),
-    todo(
+    done(
         Mgc,
         "spec.cells[].spec.localTopoServer.external.caSecret",
         LOCAL_TOPO_TLS,
-        When::Set,
     ),
-    todo(
+    done(
         Mgc,
         "spec.cells[].spec.localTopoServer.external.clientCertSecret",
         LOCAL_TOPO_TLS,
-        When::Set,
     ),
     todo(
         Mgc,
@@ -570,17 +567,15 @@ pub static FIELDS: &[Field] = &[
         TOPO_IMPLEMENTATION,
         When::Other("etcd"),
     ),
-    todo(
+    done(
         Cet,
         "spec.localTopoServer.external.caSecret",
         LOCAL_TOPO_TLS,
-        When::Set,
     ),
-    todo(
+    done(
         Cet,
         "spec.localTopoServer.external.clientCertSecret",
         LOCAL_TOPO_TLS,
-        When::Set,
     ),
     // ShardTemplate.
     done(Sht, "spec.multiorch", SHARD),

@@ -333,6 +333,7 @@ pub fn deletion_topo_ref(
         address,
         root_path: root.unwrap_or_else(|| defaults::GLOBAL_ROOT.to_owned()),
         implementation: defaults::TOPO_IMPLEMENTATION.to_owned(),
+        ..Default::default()
     })
 }
 
@@ -598,6 +599,7 @@ mod tests {
             address: address.into(),
             root_path: root.into(),
             implementation: "etcd".into(),
+            ..Default::default()
         }
     }
 

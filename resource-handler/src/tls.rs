@@ -35,7 +35,8 @@ use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, COMPONENT, Component, Placement};
 use multigres_api::resolver::{GlobalTopo, ResolvedCluster};
 use multigres_api::v1alpha1::{
-    BackupConfig, GatewayTlsConfig, InternalTlsConfig, MultigresClusterSpec, ShardSpec,
+    BackupConfig, GatewayTlsConfig, GlobalTopoServerRef, InternalTlsConfig, MultigresClusterSpec,
+    ShardSpec,
 };
 use multigres_common::certs::{self, CertError, LeafSpec, Outcome, Pair};
 use time::OffsetDateTime;
@@ -51,6 +52,10 @@ use crate::sync::{self, SyncError};
 pub const TLS_DIR: &str = "/etc/multigres/tls";
 /// The volume holding them.
 pub const TLS_VOLUME: &str = "internal-tls";
+/// Where a process finds an external topology server's CA and its client certificate.
+pub const TOPO_TLS_DIR: &str = "/etc/multigres/topo-tls";
+/// The volume holding them.
+const TOPO_TLS_VOLUME: &str = "topo-tls";
 /// Where multigateway finds the certificate and key it serves to PostgreSQL clients.
 pub const GATEWAY_TLS_DIR: &str = "/etc/multigres/gateway-tls";
 /// The volume holding them.
@@ -447,20 +452,77 @@ pub fn mount_internal(
     }
 }
 
-/// [`mount_internal`] on the pod template of a Deployment.
-pub fn mount_internal_deployment(
+/// Mounts an external topology server's Secrets (`topo.ca_secret` as `ca.crt`,
+/// `topo.client_cert_secret` as `tls.crt` and `tls.key`) at [`TOPO_TLS_DIR`] and gives the
+/// container of `process` the `--topo-etcd-tls-*` flags; nothing when the server takes no
+/// client certificate (Multigres dials etcd over TLS only with one).
+pub fn mount_external_topology(pod: &mut PodSpec, process: Process, topo: &GlobalTopoServerRef) {
+    let Some(client_cert) = &topo.client_cert_secret else {
+        return;
+    };
+    let mut sources = vec![projection(
+        client_cert,
+        vec![key(TLS_CRT, TLS_CRT), key(TLS_KEY, TLS_KEY)],
+    )];
+    let mut args = vec![
+        flag("topo-etcd-tls-cert", format!("{TOPO_TLS_DIR}/{TLS_CRT}")),
+        flag("topo-etcd-tls-key", format!("{TOPO_TLS_DIR}/{TLS_KEY}")),
+    ];
+    if let Some(ca) = &topo.ca_secret {
+        sources.push(projection(ca, vec![key(CA_CRT, CA_CRT)]));
+        args.push(flag("topo-etcd-tls-ca", format!("{TOPO_TLS_DIR}/{CA_CRT}")));
+    }
+    pod.volumes.get_or_insert_default().push(Volume {
+        name: TOPO_TLS_VOLUME.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: Some(0o440),
+            sources: Some(sources),
+        }),
+        ..Default::default()
+    });
+    for container in pod
+        .containers
+        .iter_mut()
+        .filter(|c| c.name == process.as_str())
+    {
+        container.volume_mounts.get_or_insert_default().push(mount(
+            TOPO_TLS_VOLUME,
+            TOPO_TLS_DIR,
+            true,
+        ));
+        container.args.get_or_insert_default().extend(args.clone());
+    }
+}
+
+/// The TLS of `process` in `pod`: its internal certificate for the hops `internal` turns on
+/// ([`mount_internal`]) and an external topology server's client certificate
+/// ([`mount_external_topology`]); the resolver lets at most one of them reach etcd.
+pub fn mount_process_tls(
+    pod: &mut PodSpec,
+    process: Process,
+    owner: &crate::owner::Owner,
+    internal: Option<&InternalTlsConfig>,
+    topo: &GlobalTopoServerRef,
+) {
+    let uses = Uses::of(internal);
+    mount_internal(pod, process, &owner.cluster, &owner.namespace, uses);
+    mount_external_topology(pod, process, topo);
+}
+
+/// [`mount_process_tls`] on the pod template of a Deployment.
+pub fn mount_process_tls_deployment(
     deployment: &mut Deployment,
     process: Process,
-    cluster: &str,
-    namespace: &str,
-    uses: Uses,
+    owner: &crate::owner::Owner,
+    internal: Option<&InternalTlsConfig>,
+    topo: &GlobalTopoServerRef,
 ) {
     if let Some(pod) = deployment
         .spec
         .as_mut()
         .and_then(|s| s.template.spec.as_mut())
     {
-        mount_internal(pod, process, cluster, namespace, uses);
+        mount_process_tls(pod, process, owner, internal, topo);
     }
 }
 

@@ -90,6 +90,38 @@ pub enum ResolveError {
          spec.internalTLS.topology: false"
     )]
     TopologyTlsWithExternalServer { server: String },
+    #[error(
+        "spec.globalTopoServer.external.clientCertSecret is required with caSecret: Multigres \
+         dials etcd over TLS only with a client certificate (--topo-etcd-tls-cert and -key); \
+         name a Secret holding tls.crt and tls.key"
+    )]
+    TopologyCaWithoutClientCertificate,
+    #[error(
+        "{server} cannot take other TLS settings than spec.globalTopoServer.external \
+         (caSecret {global_ca:?}, clientCertSecret {global_cert:?}): Multigres dials every etcd \
+         of a cluster with one TLS setting (--topo-etcd-tls-*); name the same Secrets there, \
+         or none when the global server has none"
+    )]
+    TopologyTlsMismatch {
+        server: String,
+        global_ca: Option<String>,
+        global_cert: Option<String>,
+    },
+}
+
+impl ResolveError {
+    /// The field a topology TLS conflict is reported at; `None` for the other errors.
+    pub fn topology_field(&self) -> Option<&'static str> {
+        match self {
+            ResolveError::TopologyTlsWithExternalServer { .. } => Some("spec.internalTLS.topology"),
+            ResolveError::TopologyCaWithoutClientCertificate => {
+                Some("spec.globalTopoServer.external.clientCertSecret")
+            }
+            ResolveError::TopologyTlsMismatch { .. } => Some("spec.cells"),
+            ResolveError::MissingTemplates(_)
+            | ResolveError::UnsupportedDurabilityPolicy { .. } => None,
+        }
+    }
 }
 
 fn missing_message(missing: &[MissingTemplate]) -> String {
@@ -358,6 +390,7 @@ pub fn resolve(
     {
         return Err(ResolveError::TopologyTlsWithExternalServer { server });
     }
+    check_topology_tls(&topo_ref, &cells)?;
     Ok(ResolvedCluster {
         global_topo,
         topo_ref,
@@ -392,6 +425,46 @@ pub fn external_topology_server(global: &GlobalTopo, cells: &[ResolvedCell]) -> 
                 c.spec.name.as_str()
             )
         })
+}
+
+/// Every topology server of the cluster takes the global one's TLS settings, since Multigres
+/// applies one set of `--topo-etcd-tls-*` flags to every etcd a process dials: a cell's
+/// external etcd names the same Secrets, and a cell's managed etcd (plaintext unless topology
+/// TLS is on, which needs a managed global server) only goes with a plaintext global server.
+fn check_topology_tls(
+    global: &GlobalTopoServerRef,
+    cells: &[ResolvedCell],
+) -> Result<(), ResolveError> {
+    if global.ca_secret.is_some() && global.client_cert_secret.is_none() {
+        return Err(ResolveError::TopologyCaWithoutClientCertificate);
+    }
+    let external_tls = global.client_cert_secret.is_some();
+    for cell in cells {
+        let Some(local) = &cell.spec.topo_server else {
+            continue;
+        };
+        let name = cell.spec.name.as_str();
+        let same = match &local.external {
+            Some(e) => {
+                let secret = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+                secret(&e.ca_secret) == global.ca_secret
+                    && secret(&e.client_cert_secret) == global.client_cert_secret
+            }
+            None => !external_tls,
+        };
+        if !same {
+            let server = match local.external {
+                Some(_) => format!("the localTopoServer.external of cell {name}"),
+                None => format!("the managed localTopoServer.etcd of cell {name}"),
+            };
+            return Err(ResolveError::TopologyTlsMismatch {
+                server,
+                global_ca: global.ca_secret.clone(),
+                global_cert: global.client_cert_secret.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The global topology server: the external one as written, or the managed etcd laid template →
@@ -446,6 +519,7 @@ fn global_topo_ref(cluster: &MultigresCluster, global_topo: &GlobalTopo) -> Glob
                     .and_then(|e| e.root_path.clone())
                     .unwrap_or_else(|| defaults::GLOBAL_ROOT.to_string()),
                 implementation: defaults::TOPO_IMPLEMENTATION.to_string(),
+                ..Default::default()
             }
         }
         GlobalTopo::External(e) => GlobalTopoServerRef {
@@ -463,6 +537,8 @@ fn global_topo_ref(cluster: &MultigresCluster, global_topo: &GlobalTopo) -> Glob
                 .implementation
                 .clone()
                 .unwrap_or_else(|| defaults::TOPO_IMPLEMENTATION.to_string()),
+            ca_secret: e.ca_secret.clone().filter(|s| !s.is_empty()),
+            client_cert_secret: e.client_cert_secret.clone().filter(|s| !s.is_empty()),
         },
     }
 }

@@ -405,6 +405,54 @@ spec:
 }
 
 #[test]
+fn an_external_topology_passes_its_tls_secrets_to_every_process_and_every_cell_agrees() {
+    let global = "  globalTopoServer:\n    external:\n      endpoints: [\"https://etcd.infra:2379\"]\n      caSecret: etcd-ca\n      clientCertSecret: etcd-client\n";
+    let r = resolve(&with_spec(global), &Templates::default()).unwrap();
+    assert_eq!(r.topo_ref.ca_secret.as_deref(), Some("etcd-ca"));
+    assert_eq!(
+        r.topo_ref.client_cert_secret.as_deref(),
+        Some("etcd-client")
+    );
+    assert_eq!(r.cells[0].spec.global_topo_server, r.topo_ref);
+    assert_eq!(r.table_groups[0].global_topo_server, r.topo_ref);
+
+    let ca_only = "  globalTopoServer:\n    external:\n      endpoints: [\"https://etcd.infra:2379\"]\n      caSecret: etcd-ca\n";
+    let err = resolve(&with_spec(ca_only), &Templates::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("clientCertSecret is required with caSecret"),
+        "{err}"
+    );
+
+    let cell = |local: &str| {
+        cluster(&format!(
+            "apiVersion: multigres.com/v1alpha1\nkind: MultigresCluster\nmetadata: {{name: prod}}\nspec:\n  postgresPasswordSecretRef: {{name: pg, key: password}}\n{global}  cells:\n    - {{name: zone-a, zoneId: a, spec: {{localTopoServer: {local}}}}}\n"
+        ))
+    };
+    let same = cell(
+        "{external: {endpoints: [\"https://etcd.a:2379\"], caSecret: etcd-ca, clientCertSecret: etcd-client}}",
+    );
+    assert!(resolve(&same, &Templates::default()).is_ok());
+    let other = cell(
+        "{external: {endpoints: [\"https://etcd.a:2379\"], caSecret: a-ca, clientCertSecret: a-client}}",
+    );
+    let err = resolve(&other, &Templates::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the localTopoServer.external of cell zone-a")
+            && err.to_string().contains("name the same Secrets there"),
+        "{err}"
+    );
+    let managed = cell("{etcd: {}}");
+    let err = resolve(&managed, &Templates::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the managed localTopoServer.etcd of cell zone-a"),
+        "{err}"
+    );
+}
+
+#[test]
 fn missing_named_templates_are_errors_listing_every_reference() {
     let c = cluster(
         r#"

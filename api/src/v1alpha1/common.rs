@@ -778,6 +778,18 @@ pub struct GlobalTopoServerRef {
     /// Topology client implementation, e.g. `etcd`.
     #[schemars(length(min = 1, max = 63))]
     pub implementation: String,
+
+    /// An external server's CA Secret (`ca.crt`): every Multigres process mounts it and
+    /// verifies etcd with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub ca_secret: Option<String>,
+
+    /// An external server's client certificate Secret (`tls.crt`, `tls.key`): every Multigres
+    /// process mounts it and presents it to etcd, which turns on TLS to the topology.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub client_cert_secret: Option<String>,
 }
 
 #[cfg(test)]

@@ -58,8 +58,7 @@ fn cells_use_their_local_server_when_they_have_one() {
         "
   globalTopoServer:
     external:
-      endpoints: [https://etcd-0.example:2379/, https://etcd-1.example:2379]
-      caSecret: etcd-ca
+      endpoints: [http://etcd-0.example:2379/, http://etcd-1.example:2379]
       rootPath: /shared/global
   cells:
     - name: zone-b

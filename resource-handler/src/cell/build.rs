@@ -154,12 +154,12 @@ pub fn build(owner: &Owner, spec: &CellSpec) -> CellObjects {
         .unwrap_or(multigres_api::resolver::defaults::MULTIGATEWAY_REPLICAS);
     let pdb = stateless::budget(&workload, replicas);
     let mut deployment = stateless::deployment(workload);
-    crate::tls::mount_internal_deployment(
+    crate::tls::mount_process_tls_deployment(
         &mut deployment,
         crate::tls::Process::Multigateway,
-        &owner.cluster,
-        &owner.namespace,
-        crate::tls::Uses::of(spec.internal_tls.as_ref()),
+        owner,
+        spec.internal_tls.as_ref(),
+        &spec.global_topo_server,
     );
     let service = stateless::service(
         &name,

@@ -284,12 +284,12 @@ fn desire(
                 .map(String::as_str),
         },
     );
-    crate::tls::mount_internal_deployment(
+    crate::tls::mount_process_tls_deployment(
         &mut admin.deployment,
         crate::tls::Process::Multiadmin,
-        &owner.cluster,
-        &owner.namespace,
-        crate::tls::Uses::of(cluster.spec.internal_tls.as_ref()),
+        owner,
+        cluster.spec.internal_tls.as_ref(),
+        &resolved.topo_ref,
     );
     let superuser = cluster
         .spec

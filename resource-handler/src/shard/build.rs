@@ -321,12 +321,12 @@ fn multiorch_objects(owner: &Owner, spec: &ShardSpec, cell: String) -> Multiorch
     };
     let pdb = stateless::budget(&workload, replicas);
     let mut deployment = stateless::deployment(workload);
-    crate::tls::mount_internal_deployment(
+    crate::tls::mount_process_tls_deployment(
         &mut deployment,
         crate::tls::Process::Multiorch,
-        &owner.cluster,
-        &owner.namespace,
-        crate::tls::Uses::of(spec.internal_tls.as_ref()),
+        owner,
+        spec.internal_tls.as_ref(),
+        &spec.global_topo_server,
     );
     let service = stateless::service(
         &name,
@@ -751,9 +751,13 @@ fn pool_pod(
         termination_grace_period_seconds: Some(POOL_TERMINATION_GRACE_SECONDS),
         ..Default::default()
     };
-    let uses = crate::tls::Uses::of(spec.internal_tls.as_ref());
-    let pooler = crate::tls::Process::Multipooler;
-    crate::tls::mount_internal(&mut pod, pooler, &owner.cluster, ns, uses);
+    crate::tls::mount_process_tls(
+        &mut pod,
+        crate::tls::Process::Multipooler,
+        owner,
+        spec.internal_tls.as_ref(),
+        &spec.global_topo_server,
+    );
     pod
 }
 

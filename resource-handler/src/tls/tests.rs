@@ -139,13 +139,15 @@ fn topology_tls_adds_the_etcd_client_flags_to_every_process_alone_or_with_grpc()
         assert!(flags(process, "prod", "db", Uses::default()).is_empty());
     }
     let mut untouched = deployment_of("multiorch");
-    mount_internal_deployment(
-        &mut untouched,
-        Process::Multiorch,
-        "prod",
-        "db",
-        Uses::default(),
-    );
+    let pod = untouched
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap();
+    mount_internal(pod, Process::Multiorch, "prod", "db", Uses::default());
     assert_eq!(
         untouched,
         deployment_of("multiorch"),
@@ -178,7 +180,23 @@ fn deployment_of(process: &str) -> Deployment {
 #[test]
 fn the_certificate_is_mounted_only_into_its_process() {
     let mut deployment = deployment_of("multiorch");
-    mount_internal_deployment(&mut deployment, Process::Multiorch, "prod", "db", GRPC);
+    let owner = owner();
+    let topo = GlobalTopoServerRef::default();
+    mount_process_tls_deployment(&mut deployment, Process::Multiorch, &owner, None, &topo);
+    assert_eq!(
+        deployment,
+        deployment_of("multiorch"),
+        "internal TLS off: nothing"
+    );
+    let pod = deployment
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap();
+    mount_internal(pod, Process::Multiorch, "prod", "db", GRPC);
     let pod = deployment.spec.unwrap().template.spec.unwrap();
     let volume = &pod.volumes.unwrap()[0];
     assert_eq!(volume.name, TLS_VOLUME);
@@ -506,5 +524,61 @@ fn the_etcd_certificate_names_every_managed_topo_server_and_its_members() {
         etcd_leaf_spec("prod", "db", &external).dns_names,
         ["etcd.prod.db.multigres.internal".to_owned()],
         "an external global topology: no managed etcd to name"
+    );
+}
+
+#[test]
+fn an_external_topology_client_certificate_is_mounted_with_the_etcd_flags() {
+    let mut deployment = deployment_of("multigateway");
+    let owner = owner();
+    let topo = GlobalTopoServerRef {
+        ca_secret: Some("etcd-ca".into()),
+        client_cert_secret: Some("etcd-client".into()),
+        ..Default::default()
+    };
+    mount_process_tls_deployment(&mut deployment, Process::Multigateway, &owner, None, &topo);
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    let volume = &pod.volumes.unwrap()[0];
+    assert_eq!(volume.name, "topo-tls");
+    let sources = volume.projected.as_ref().unwrap().sources.clone().unwrap();
+    let named: Vec<(String, Vec<String>)> = sources
+        .iter()
+        .map(|p| {
+            let secret = p.secret.as_ref().unwrap();
+            let keys = secret
+                .items
+                .iter()
+                .flatten()
+                .map(|k| k.key.clone())
+                .collect();
+            (secret.name.clone(), keys)
+        })
+        .collect();
+    assert_eq!(
+        named,
+        [
+            (
+                "etcd-client".to_owned(),
+                vec!["tls.crt".to_owned(), "tls.key".to_owned()]
+            ),
+            ("etcd-ca".to_owned(), vec!["ca.crt".to_owned()]),
+        ]
+    );
+    let gateway = &pod.containers[0];
+    assert_eq!(
+        gateway.args.as_ref().unwrap()[1..],
+        [
+            "--topo-etcd-tls-cert=/etc/multigres/topo-tls/tls.crt",
+            "--topo-etcd-tls-key=/etc/multigres/topo-tls/tls.key",
+            "--topo-etcd-tls-ca=/etc/multigres/topo-tls/ca.crt",
+        ]
+    );
+    assert_eq!(
+        gateway.volume_mounts.as_ref().unwrap()[0].mount_path,
+        "/etc/multigres/topo-tls"
+    );
+    assert!(
+        pod.containers[1].args.as_ref().unwrap().len() == 1,
+        "the sidecar is left alone"
     );
 }

@@ -125,10 +125,11 @@ fn state_checks(cluster: &MultigresCluster, templates: &Templates) -> Findings {
             &mut findings,
             &View::new(&cluster.spec, templates, &resolved),
         ),
-        Err(error @ resolver::ResolveError::TopologyTlsWithExternalServer { .. }) => {
-            findings.violation("spec.internalTLS.topology", error.to_string());
+        Err(error) => {
+            if let Some(field) = error.topology_field() {
+                findings.violation(field, error.to_string());
+            }
         }
-        Err(_) => {}
     }
     findings
 }
@@ -144,9 +145,10 @@ pub fn template_change(
     let old = resolver::resolve(cluster, old_templates);
     let new = resolver::resolve(cluster, new_templates);
     if old.is_ok()
-        && let Err(error @ resolver::ResolveError::TopologyTlsWithExternalServer { .. }) = &new
+        && let Err(error) = &new
+        && let Some(field) = error.topology_field()
     {
-        findings.violation("spec.internalTLS.topology", error.to_string());
+        findings.violation(field, error.to_string());
     }
     if let (Ok(old_resolved), Ok(new_resolved)) = (old, new) {
         let old_view = View::new(&cluster.spec, old_templates, &old_resolved);
