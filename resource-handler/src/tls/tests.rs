@@ -139,20 +139,25 @@ fn topology_tls_adds_the_etcd_client_flags_to_every_process_alone_or_with_grpc()
         assert!(flags(process, "prod", "db", Uses::default()).is_empty());
     }
     let mut untouched = deployment_of("multiorch");
-    let pod = untouched
-        .spec
-        .as_mut()
-        .unwrap()
-        .template
-        .spec
-        .as_mut()
-        .unwrap();
+    let pod = pod_mut(&mut untouched);
     mount_internal(pod, Process::Multiorch, "prod", "db", Uses::default());
     assert_eq!(
         untouched,
         deployment_of("multiorch"),
         "nothing on, nothing mounted"
     );
+}
+
+/// The pod template of `deployment`, to mount into.
+fn pod_mut(deployment: &mut Deployment) -> &mut PodSpec {
+    deployment
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
 }
 
 /// A Deployment running `process` and a sidecar, each with one argument.
@@ -188,14 +193,7 @@ fn the_certificate_is_mounted_only_into_its_process() {
         deployment_of("multiorch"),
         "internal TLS off: nothing"
     );
-    let pod = deployment
-        .spec
-        .as_mut()
-        .unwrap()
-        .template
-        .spec
-        .as_mut()
-        .unwrap();
+    let pod = pod_mut(&mut deployment);
     mount_internal(pod, Process::Multiorch, "prod", "db", GRPC);
     let pod = deployment.spec.unwrap().template.spec.unwrap();
     let volume = &pod.volumes.unwrap()[0];
