@@ -23,7 +23,7 @@ use crate::reload::RpcError;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a read client certificate is used before the Secret is read again. The
 /// resource-handler renews a certificate 30 days before it ends, so a minute is never late.
-const REREAD: Duration = Duration::from_secs(60);
+pub const REREAD: Duration = Duration::from_secs(60);
 /// The Secret keys of the client certificate (a `kubernetes.io/tls` Secret plus its CA).
 const KEYS: [&str; 3] = ["ca.crt", "tls.crt", "tls.key"];
 

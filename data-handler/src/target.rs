@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -400,6 +400,10 @@ pub struct Connections {
     connect_timeout: Duration,
     request_timeout: Duration,
     pool: Mutex<Pool>,
+    /// TLS Secrets read in the last [`crate::dial::REREAD`], by namespace and name: every
+    /// reconcile of a cluster with topology TLS opens its stores, and would otherwise GET the
+    /// same Secret each time.
+    secrets: Mutex<HashMap<(String, String), (Instant, Secret)>>,
 }
 
 impl Connections {
@@ -410,6 +414,7 @@ impl Connections {
             connect_timeout,
             request_timeout,
             pool: Mutex::new(Pool::default()),
+            secrets: Mutex::new(HashMap::new()),
         }
     }
 
@@ -478,6 +483,15 @@ impl Connections {
         links.retain(|link, _| stores.keys().any(|key| key.link() == *link));
     }
 
+    fn read_secrets(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Instant, Secret)>> {
+        // Nothing panics while the lock is held; recover the map if something ever does.
+        self.secrets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn locked(&self) -> std::sync::MutexGuard<'_, Pool> {
         // Nothing panics while the lock is held; recover the map if something ever does.
         self.pool
@@ -521,9 +535,23 @@ impl Connections {
         name: &str,
         field: &str,
     ) -> Result<Secret, ConnectError> {
+        let slot = (namespace.to_owned(), name.to_owned());
+        let fresh = |at: &Instant| at.elapsed() < crate::dial::REREAD;
+        if let Some((at, secret)) = self.read_secrets().get(&slot)
+            && fresh(at)
+        {
+            return Ok(secret.clone());
+        }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         match api.get_opt(name).await {
-            Ok(Some(secret)) => Ok(secret),
+            Ok(Some(secret)) => {
+                let mut read = self.read_secrets();
+                // Expired entries would be read again anyway: dropping them keeps the Secrets
+                // of clusters deleted long ago out of memory.
+                read.retain(|_, (at, _)| fresh(at));
+                read.insert(slot, (Instant::now(), secret.clone()));
+                Ok(secret)
+            }
             Ok(None) => Err(ConnectError::SecretMissing {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),

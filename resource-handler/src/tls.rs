@@ -374,14 +374,17 @@ fn multipooler_client_flags(cluster: &str, namespace: &str) -> [String; 5] {
     ]
 }
 
-/// Client flags of every topology client: present the internal certificate to etcd and trust
-/// only the cluster CA. Multigres applies them to every etcd the process dials.
-fn topology_client_flags() -> [String; 3] {
-    [
-        flag("topo-etcd-tls-cert", format!("{TLS_DIR}/{TLS_CRT}")),
-        flag("topo-etcd-tls-key", format!("{TLS_DIR}/{TLS_KEY}")),
-        flag("topo-etcd-tls-ca", format!("{TLS_DIR}/{CA_CRT}")),
-    ]
+/// Client flags of a topology client: present the certificate in `dir` to etcd and, `with_ca`,
+/// trust only the CA there. Multigres applies them to every etcd the process dials.
+fn topology_client_flags(dir: &str, with_ca: bool) -> Vec<String> {
+    let mut args = vec![
+        flag("topo-etcd-tls-cert", format!("{dir}/{TLS_CRT}")),
+        flag("topo-etcd-tls-key", format!("{dir}/{TLS_KEY}")),
+    ];
+    if with_ca {
+        args.push(flag("topo-etcd-tls-ca", format!("{dir}/{CA_CRT}")));
+    }
+    args
 }
 
 /// Which hops of a process its internal certificate secures.
@@ -413,7 +416,7 @@ pub fn flags(process: Process, cluster: &str, namespace: &str, uses: Uses) -> Ve
         }
     }
     if uses.topology {
-        args.extend(topology_client_flags());
+        args.extend(topology_client_flags(TLS_DIR, true));
     }
     args
 }
@@ -464,14 +467,10 @@ pub fn mount_external_topology(pod: &mut PodSpec, process: Process, topo: &Globa
         client_cert,
         vec![key(TLS_CRT, TLS_CRT), key(TLS_KEY, TLS_KEY)],
     )];
-    let mut args = vec![
-        flag("topo-etcd-tls-cert", format!("{TOPO_TLS_DIR}/{TLS_CRT}")),
-        flag("topo-etcd-tls-key", format!("{TOPO_TLS_DIR}/{TLS_KEY}")),
-    ];
     if let Some(ca) = &topo.ca_secret {
         sources.push(projection(ca, vec![key(CA_CRT, CA_CRT)]));
-        args.push(flag("topo-etcd-tls-ca", format!("{TOPO_TLS_DIR}/{CA_CRT}")));
     }
+    let args = topology_client_flags(TOPO_TLS_DIR, topo.ca_secret.is_some());
     pod.volumes.get_or_insert_default().push(Volume {
         name: TOPO_TLS_VOLUME.to_owned(),
         projected: Some(ProjectedVolumeSource {
