@@ -277,21 +277,21 @@ pub static FIELDS: &[Field] = &[
     done(
         Mgc,
         "spec.gatewayTLS",
-        "resource-handler: the gateway certificate from the cluster's gateway CA, \
-         multigateway's --pg-tls-* and --pg-require-ssl flags, ConfigMap <cluster>-gateway-ca",
+        "resource-handler: the gateway certificate (from the cluster's gateway CA, cert-manager \
+         or the user's Secret), multigateway's --pg-tls-* and --pg-require-ssl flags, ConfigMap \
+         <cluster>-gateway-ca",
     ),
     done(
         Mgc,
         "spec.certCommonName",
-        "resource-handler: the common name and an extra DNS name of the gateway certificate \
-         (issued by the operator's gateway CA, not by cert-manager)",
+        "resource-handler: the common name and an extra DNS name of the gateway certificate, \
+         whoever issues it",
     ),
-    todo(
+    done(
         Mgc,
         "spec.issuerName",
-        "no cert-manager Certificates are created: the operator's own gateway CA signs the \
-         gateway certificate",
-        When::Set,
+        "resource-handler: cert-manager Certificate <cluster>-gateway-cert signed by this \
+         ClusterIssuer; multigateway serves the Secret cert-manager writes",
     ),
     done(
         Mgc,

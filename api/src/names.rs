@@ -104,6 +104,12 @@ pub fn gateway_tls(cluster: &str) -> String {
     join(&[cluster, "gateway-tls"], MAX_DNS_LABEL)
 }
 
+/// The cert-manager Certificate of the gateway (with `spec.issuerName`), and the Secret
+/// cert-manager writes for it.
+pub fn gateway_certificate(cluster: &str) -> String {
+    join(&[cluster, "gateway-cert"], MAX_DNS_LABEL)
+}
+
 /// The internal mutual-TLS identity of `process` in `cluster`: its certificate's common name
 /// and the name of the Secret holding it. Multigres processes verify a peer by this name
 /// (`--multipooler-grpc-server-name`).

@@ -3,6 +3,7 @@
 //! launcher used as the Multigres topology server in component tests.
 
 pub mod browser;
+pub mod cert_manager;
 pub mod cluster;
 pub mod etcd;
 pub mod harness;
@@ -16,6 +17,7 @@ pub mod poolers;
 pub mod ports;
 pub mod process;
 pub mod prometheus;
+pub mod reach;
 pub mod real;
 pub mod s3;
 pub mod sample;

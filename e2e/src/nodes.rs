@@ -1,7 +1,8 @@
 //! Real nodes beside the local control plane: per node a containerd (Debian's, with runc and the
-//! CNI plugins) and a kubelet built with the control plane; one kube-proxy for the shared network
-//! namespace; CoreDNS as a pod; and a local-path provisioner that gives each claim a directory
-//! under the run's state directory. Pods really run, from images imported into every node.
+//! CNI plugins) and a kubelet built with the control plane; one kube-proxy and one NetworkPolicy
+//! enforcer (kube-network-policies) for the shared network namespace; CoreDNS as a pod; and a
+//! local-path provisioner that gives each claim a directory under the run's state directory.
+//! Pods really run, from images imported into every node.
 //!
 //! Everything happens inside the sandbox `e2e/run-e2e.sh` creates (private network, mount and PID
 //! namespaces): node addresses live on its loopback, Service IPs are routed to it, and whatever
@@ -310,6 +311,7 @@ impl RealNodes {
             real.start_kubelet(&node, pki, server, &logs)?;
         }
         real.start_kube_proxy(state, pki, server, &logs)?;
+        real.start_network_policies(state, pki, server, &logs)?;
         real.start_provisioner(state, config.clone());
         Ok(real)
     }
@@ -555,6 +557,35 @@ state = "{dir}/state"
             &[format!("--config={}", config_path.display())],
             &[],
             &logs.join("kube-proxy.log"),
+        )?;
+        self.components.push(process);
+        Ok(())
+    }
+
+    /// NetworkPolicies are enforced as a cluster with Calico or Cilium enforces them: by
+    /// kube-network-policies (`e2e/toolchain/netpol`), one controller for every node, since
+    /// they share the sandbox's network namespace. Without it the policies the operator writes
+    /// would be objects nobody acts on, and no test could show a refusal.
+    fn start_network_policies(
+        &mut self,
+        state: &Path,
+        pki: &Pki,
+        server: &str,
+        logs: &Path,
+    ) -> Result<(), NodesError> {
+        let (cert, key) = pki.client("netpol", "netpol", Some("system:masters"))?;
+        let kubeconfig = state.join("netpol.kubeconfig");
+        write_kubeconfig(&kubeconfig, server, &pki.ca_cert, &cert, &key)?;
+        let process = Supervised::spawn(
+            "netpol",
+            &crate::toolchain::binary("netpol")?,
+            &[
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--pod-cidr={POD_CIDR}"),
+                "--v=1".to_owned(),
+            ],
+            &[],
+            &logs.join("netpol.log"),
         )?;
         self.components.push(process);
         Ok(())

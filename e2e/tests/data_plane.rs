@@ -32,6 +32,7 @@ use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{self, eventually, fresh_namespace, run_plugin};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure};
+use multigres_e2e::reach::{self, Reach};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
     NAME, WAIT, apply_sample, cohort_until, diagnosed, diagnosed_if_slow, pool_pods, settled_roles,
@@ -295,6 +296,139 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
 }
 
 /// The test's steps; a wait that times out or a failed assertion prints the diagnostics first.
+/// Step 5d: one probe pod in a fresh namespace and one labelled as the cluster's own, each
+/// dialling every control port of the cluster once. Prints the table both saw.
+async fn strangers_are_refused(
+    client: &Client,
+    cluster: &LocalCluster,
+    namespace: &str,
+    primary: &str,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let ip_of = |component: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let selector = format!(
+                "{}={component},{}={NAME}",
+                labels::COMPONENT,
+                labels::CLUSTER
+            );
+            let list = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .unwrap();
+            let pod = list
+                .items
+                .iter()
+                .find(|p| component != "shard-pool" || p.name_any() == primary)
+                .unwrap_or_else(|| panic!("a {component} pod"));
+            let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap();
+            (pod.name_any(), ip.parse::<std::net::IpAddr>().unwrap())
+        }
+    };
+    // (what, component, port, a stranger reaches it, the cluster's own pod reaches it)
+    let rows: [(&str, &str, u16, Reach, Reach); 10] = [
+        (
+            "etcd client",
+            "global-topo",
+            2379,
+            Reach::Filtered,
+            Reach::Open,
+        ),
+        (
+            "etcd peer",
+            "global-topo",
+            2380,
+            Reach::Filtered,
+            Reach::Open,
+        ),
+        (
+            "etcd metrics",
+            "global-topo",
+            2381,
+            Reach::Open,
+            Reach::Open,
+        ),
+        (
+            "multipooler gRPC",
+            "shard-pool",
+            15270,
+            Reach::Filtered,
+            Reach::Open,
+        ),
+        (
+            "multipooler HTTP",
+            "shard-pool",
+            15200,
+            Reach::Filtered,
+            Reach::Open,
+        ),
+        (
+            "PostgreSQL",
+            "shard-pool",
+            5432,
+            Reach::Filtered,
+            Reach::Open,
+        ),
+        (
+            "pgctld gRPC",
+            "shard-pool",
+            15470,
+            Reach::Filtered,
+            Reach::Refused,
+        ),
+        (
+            "multiorch gRPC",
+            "multiorch",
+            15370,
+            Reach::Filtered,
+            Reach::Open,
+        ),
+        (
+            "multiadmin gRPC",
+            "multiadmin",
+            18070,
+            Reach::Filtered,
+            Reach::Open,
+        ),
+        (
+            "multigateway PostgreSQL",
+            "multigateway",
+            5432,
+            Reach::Open,
+            Reach::Open,
+        ),
+    ];
+    let mut targets = Vec::new();
+    for (_, component, port, _, _) in &rows {
+        let (_, ip) = ip_of(component).await;
+        targets.push(std::net::SocketAddr::new(ip, *port));
+    }
+    let elsewhere = fresh_namespace(cluster, "stranger").await;
+    let stranger = reach::probe(client, &elsewhere, "probe", &BTreeMap::new(), &targets)
+        .await
+        .unwrap();
+    let own_labels = BTreeMap::from([(labels::CLUSTER.to_owned(), NAME.to_owned())]);
+    let own = reach::probe(client, namespace, "probe", &own_labels, &targets)
+        .await
+        .unwrap();
+    let mut wrong = Vec::new();
+    for ((what, _, _, want_stranger, want_own), target) in rows.iter().zip(&targets) {
+        let (got_stranger, got_own) = (&stranger[target], &own[target]);
+        println!("{what:<24} {target:<22} stranger: {got_stranger:?}, cluster pod: {got_own:?}");
+        if got_stranger != want_stranger || got_own != want_own {
+            wrong.push(format!(
+                "{what} {target}: stranger {got_stranger:?} (want {want_stranger:?}), \
+                 cluster pod {got_own:?} (want {want_own:?})"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "reachability differs from docs/security.md: {wrong:#?}"
+    );
+}
+
 async fn story(cluster: &'static LocalCluster, client: Client, namespace: String) {
     // 1. Apply → Available → SQL.
     let sent = apply_sample(&client, &namespace, with_internal_tls).await;
@@ -487,6 +621,12 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         replication("require").await.status.success(),
         "a replication connection over TLS is admitted"
     );
+
+    // 5d. Nothing answers strangers: the network enforces the cluster's NetworkPolicies (the
+    // real-node tier runs kube-network-policies), so a pod of another namespace reaches the
+    // gateway and etcd's metrics only; the same probe as one of the cluster's pods reaches
+    // every internal port, and pgctld's gRPC from no one (it listens on loopback).
+    strangers_are_refused(&client, cluster, &namespace, &primary).await;
 
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
     // acknowledged row is lost. The newcomer is in the cohort (step 5 waited until the Shard

@@ -1911,3 +1911,206 @@ async fn a_cluster_gets_network_policies_and_loses_them_when_it_opts_out() {
     })
     .await;
 }
+
+/// The gateway Certificates of cert-manager, read as the test sees them.
+fn certificates(client: &Client, ns: &str) -> Api<kube::api::DynamicObject> {
+    let gvk = kube::api::GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate");
+    let resource = kube::api::ApiResource::from_gvk(&gvk);
+    Api::namespaced_with(client.clone(), ns, &resource)
+}
+
+/// Whether `cert` (PEM) chains to `ca` (PEM) and is valid for `name`, as openssl verifies a
+/// server certificate for a client.
+fn verifies_for(cert: &str, ca: &str, name: &str) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let (cert_path, ca_path) = (dir.path().join("tls.crt"), dir.path().join("ca.crt"));
+    std::fs::write(&cert_path, cert).map_err(|e| e.to_string())?;
+    std::fs::write(&ca_path, ca).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new("openssl")
+        .args([
+            "verify",
+            "-purpose",
+            "sslserver",
+            "-verify_hostname",
+            name,
+            "-CAfile",
+        ])
+        .arg(&ca_path)
+        .arg(&cert_path)
+        .output()
+        .map_err(|e| format!("openssl: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "openssl verify for {name}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The Secret a gateway Deployment mounts its certificate from.
+fn gateway_secret(d: &Deployment) -> Option<String> {
+    deployment_pod(d)
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|v| v.name == "gateway-tls")?
+        .secret
+        .as_ref()?
+        .secret_name
+        .clone()
+}
+
+#[tokio::test]
+async fn the_gateway_serves_a_certificate_from_cert_manager_or_from_the_users_own_secret() {
+    let cluster = cluster().await;
+    let manager = multigres_e2e::cert_manager::CertManager::start(cluster)
+        .await
+        .unwrap();
+    let ca = manager.ca_issuer(cluster, "corp-ca").await.unwrap();
+    let ns = fresh_namespace(cluster, "rh-issuer").await;
+    let _handler = start_handler(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    let spec = CLUSTER.replace("name: admin", "name: prod").replace(
+        "  cells:",
+        "  issuerName: corp-ca\n  certCommonName: db.example.com\n  cells:",
+    );
+    apply_yaml(&client, &ns, &spec).await;
+
+    // The Certificate names the issuer and the gateway's names; cert-manager issues it, and
+    // the CA that signed it is published for clients.
+    let certs = certificates(&client, &ns);
+    let cert = eventually("the gateway Certificate", WAIT, || async {
+        certs
+            .get_opt("prod-gateway-cert")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "no Certificate yet".to_owned())
+    })
+    .await;
+    assert_eq!(cert.data["spec"]["issuerRef"]["name"], "corp-ca");
+    assert_eq!(cert.data["spec"]["commonName"], "db.example.com");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    let wait = multigres_e2e::cert_manager::ISSUE_WAIT;
+    let served =
+        multigres_e2e::cert_manager::tls_secret_key(&secrets, "prod-gateway-cert", "tls.crt", wait)
+            .await;
+    for name in [
+        "db.example.com",
+        &format!("prod-multigateway.{ns}.svc"),
+        &format!("prod-zone-a-multigateway.{ns}.svc.cluster.local"),
+    ] {
+        verifies_for(&served, &ca, name).unwrap();
+    }
+    let issued = secrets.get("prod-gateway-cert").await.unwrap();
+    assert_eq!(
+        issued
+            .labels()
+            .get("app.kubernetes.io/component")
+            .map(String::as_str),
+        Some("gateway-tls"),
+        "cert-manager labels the Secret as the operator asked, so its cache sees it"
+    );
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns);
+    eventually("the issuer's CA published", WAIT, || async {
+        let published = config_maps
+            .get_opt("prod-gateway-ca")
+            .await
+            .map_err(|e| e.to_string())?
+            .and_then(|c| c.data?.get("ca.crt").cloned());
+        (published.as_deref() == Some(ca.as_str()))
+            .then_some(())
+            .ok_or(format!("published: {published:?}"))
+    })
+    .await;
+    assert!(
+        secrets.get_opt("prod-gateway-tls").await.unwrap().is_none(),
+        "the operator's own gateway CA issues nothing"
+    );
+
+    // A cell serves the Secret its spec names (the cluster-handler writes the cert-manager
+    // one there): from the cache for cert-manager's, by a read for the user's own.
+    let cell = CELL.replace("NAMESPACE", &ns).replace(
+        "  name: zone-a\n",
+        "  name: zone-a\n  gatewayTLS: {secretName: prod-gateway-cert}\n",
+    );
+    apply_yaml(&client, &ns, &cell).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let mounted = |want: &'static str| {
+        let deployments = deployments.clone();
+        async move {
+            eventually(&format!("the gateway mounts {want}"), WAIT, || async {
+                let d = deployments
+                    .get_opt("prod-zone-a-multigateway")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or("no gateway yet")?;
+                let secret = gateway_secret(&d);
+                (secret.as_deref() == Some(want))
+                    .then_some(())
+                    .ok_or(format!("mounts {secret:?}"))
+            })
+            .await
+        }
+    };
+    mounted("prod-gateway-cert").await;
+
+    // Both sources at once are refused by name.
+    let clusters: Api<multigres_api::v1alpha1::MultigresCluster> =
+        Api::namespaced(client.clone(), &ns);
+    let both = json!({"spec": {"gatewayTLS": {"secretName": "mine"}}});
+    let refused = clusters
+        .patch("prod", &PatchParams::default(), &Patch::Merge(&both))
+        .await
+        .expect_err("issuerName with gatewayTLS.secretName");
+    assert!(
+        refused
+            .to_string()
+            .contains("spec.issuerName and spec.gatewayTLS.secretName"),
+        "{refused}"
+    );
+
+    // The user's own Secret: the Certificate goes (its Secret stays: cert-manager's
+    // convention), the user's CA is published, and the cell serves the user's Secret.
+    let mine = secrets.get("prod-gateway-cert").await.unwrap();
+    let own = json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "mine"},
+        "data": mine.data,
+    });
+    apply_yaml(&client, &ns, &serde_yaml::to_string(&own).unwrap()).await;
+    let user = json!({"spec": {"issuerName": null, "gatewayTLS": {"secretName": "mine"}}});
+    clusters
+        .patch("prod", &PatchParams::default(), &Patch::Merge(&user))
+        .await
+        .unwrap();
+    eventually("the Certificate removed", WAIT, || async {
+        match certs.get_opt("prod-gateway-cert").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        secrets
+            .get_opt("prod-gateway-cert")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let cells: Api<Cell> = Api::namespaced(client.clone(), &ns);
+    let to_mine = json!({"spec": {"gatewayTLS": {"secretName": "mine"}}});
+    cells
+        .patch(
+            "prod-zone-a",
+            &PatchParams::default(),
+            &Patch::Merge(&to_mine),
+        )
+        .await
+        .unwrap();
+    mounted("mine").await;
+    drop(manager);
+}

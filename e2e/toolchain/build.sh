@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds the real control-plane binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, etcd, kwok, helm), the real-node binaries (kubelet, kube-proxy, CoreDNS, SeaweedFS's
-# `weed` as the S3 server of backups), Prometheus's promtool (checks and unit-tests the chart's
+# kubectl, etcd, kwok, helm), the real-node binaries (kubelet, kube-proxy, CoreDNS,
+# kube-network-policies as `netpol` (NetworkPolicy enforcement, wrapped in ./netpol), SeaweedFS's
+# `weed` as the S3 server of backups), cert-manager's controller (issues the gateway certificates
+# of spec.issuerName; ./cert-manager), Prometheus's promtool (checks and unit-tests the chart's
 # alerts) and Prometheus itself (scrapes the handlers, receives the data plane's OTLP metrics and
-# evaluates the alerts in the real-node tier) from the Go module proxy into a cache outside the repository, keyed by version, so a
-# machine builds them once. Prints the binary directory on stdout.
+# evaluates the alerts in the real-node tier) from the Go module proxy into a cache outside the
+# repository, keyed by version, so a machine builds them once. Prints the binary directory on stdout.
 set -euo pipefail
 
 KUBE_VERSION=v1.36.2
@@ -24,6 +26,11 @@ wanted=("${k8s_cmds[@]}" etcd kwok helm coredns weed)
 # version rebuilds them alone and not the control plane.
 promtool_dir="$cache_root/promtool-$PROMETHEUS_VERSION"
 prometheus_dir="$cache_root/prometheus-$PROMETHEUS_VERSION"
+# netpol and cert-manager are our own wrappers: keyed by their sources, so a change to them
+# rebuilds them.
+source_key() { cat "$here/$1"/main.go "$here/$1"/go.mod "$here/$1"/go.sum | sha256sum | cut -c1-16; }
+netpol_dir="$cache_root/netpol-$(source_key netpol)"
+cert_manager_dir="$cache_root/cert-manager-$(source_key cert-manager)"
 
 missing=()
 for b in "${wanted[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
@@ -31,6 +38,9 @@ for b in "${wanted[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
   missing+=(promtool)
 [ -x "$prometheus_dir/prometheus" ] && [ "$(readlink "$bin/prometheus")" = "$prometheus_dir/prometheus" ] ||
   missing+=(prometheus)
+[ -x "$netpol_dir/netpol" ] && [ "$(readlink "$bin/netpol")" = "$netpol_dir/netpol" ] || missing+=(netpol)
+[ -x "$cert_manager_dir/cert-manager" ] && [ -d "$cert_manager_dir/crds" ] &&
+  [ "$(readlink "$bin/cert-manager")" = "$cert_manager_dir/cert-manager" ] || missing+=(cert-manager)
 stages="$bin/../kwok-stages"
 if [ ${#missing[@]} -eq 0 ] && [ -d "$stages" ]; then
   echo "$bin"
@@ -83,6 +93,25 @@ if [ ! -x "$bin/coredns" ]; then
   log "building CoreDNS $COREDNS_VERSION"
   (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$bin/coredns" github.com/coredns/coredns)
 fi
+if [ ! -x "$netpol_dir/netpol" ]; then
+  log "building kube-network-policies (netpol, about 2 minutes)"
+  mkdir -p "$netpol_dir"
+  (cd "$here/netpol" && go build -trimpath -ldflags "-s -w" -o "$netpol_dir/netpol.tmp" .)
+  mv "$netpol_dir/netpol.tmp" "$netpol_dir/netpol"
+fi
+ln -sfn "$netpol_dir/netpol" "$bin/netpol"
+if [ ! -x "$cert_manager_dir/cert-manager" ] || [ ! -d "$cert_manager_dir/crds" ]; then
+  # Its CRDs ship in the module; a copy beside the binary (crds/) lets the tests install them.
+  log "building cert-manager's controller (about 3 minutes)"
+  mkdir -p "$cert_manager_dir"
+  (cd "$here/cert-manager" && go build -trimpath -ldflags "-s -w" -o "$cert_manager_dir/cert-manager.tmp" .)
+  src=$(cd "$here/cert-manager" && go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)
+  rm -rf "$cert_manager_dir/crds"
+  cp -r "$src/deploy/crds" "$cert_manager_dir/crds"
+  chmod -R u+w "$cert_manager_dir/crds"
+  mv "$cert_manager_dir/cert-manager.tmp" "$cert_manager_dir/cert-manager"
+fi
+ln -sfn "$cert_manager_dir/cert-manager" "$bin/cert-manager"
 if [ ! -x "$bin/weed" ]; then
   log "building SeaweedFS weed (first time on this machine: ~10 minutes)"
   (cd "$here/seaweedfs" && go build -trimpath -ldflags "-s -w" -o "$bin/weed" github.com/seaweedfs/seaweedfs/weed)

@@ -645,6 +645,9 @@ pub enum TlsError {
     /// Writing a Secret failed.
     #[error(transparent)]
     Sync(#[from] SyncError),
+    /// The gateway's cert-manager Certificate could not be written.
+    #[error(transparent)]
+    CertManager(#[from] cert_manager::CertManagerError),
 }
 
 impl TlsError {
@@ -815,8 +818,11 @@ fn gateway_ca_config_map(
     }
 }
 
-/// Issues (or keeps) the gateway CA and certificate of a cluster whose gateways serve TLS and
-/// publishes the CA; removes all three when client TLS is off.
+/// Provides the certificate a cluster's gateways serve and publishes the CA that signed it,
+/// from the source the spec names: the operator's own gateway CA (issued and kept here),
+/// cert-manager (`spec.issuerName`: a Certificate, and the CA from the Secret cert-manager
+/// writes) or the user's Secret (`spec.gatewayTLS.secretName`: only read). What another
+/// source left behind is removed, and everything when client TLS is off.
 pub async fn reconcile_gateway<K>(
     ctx: &Ctx<K>,
     obj: &K,
@@ -832,30 +838,128 @@ where
     let config_maps = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
     // The CA's Secret and the ConfigMap publishing its certificate share this name.
     let published_name = multigres_api::names::gateway_ca(&owner.cluster);
-    if !GatewayTlsConfig::is_enabled(cluster.gateway_tls.as_ref()) {
-        prune(ctx, owner, component, &BTreeSet::new()).await?;
-        // The cache keeps no labels of ConfigMaps: the published CA is told by its name.
+    // The cache keeps no labels of ConfigMaps: the published CA is told by its name.
+    let unpublish = || async {
         let published: Vec<_> = owned(&ctx.stores.config_maps, ns, owner.uid())
             .into_iter()
             .filter(|c| c.name_any() == published_name)
             .collect();
-        sync::prune(ctx.name, &config_maps, &published, &BTreeSet::new()).await?;
-        return Ok(());
-    }
+        sync::prune(ctx.name, &config_maps, &published, &BTreeSet::new()).await
+    };
     let labels = labels::labels(&owner.cluster, component, &Placement::default());
+    let leaf_spec = gateway_leaf_spec(
+        &owner.cluster,
+        ns,
+        resolved,
+        cluster.cert_common_name.as_deref(),
+    );
+    let source = GatewaySource::of(cluster);
+    if source != GatewaySource::CertManager {
+        cert_manager::remove(ctx, owner).await?;
+    }
+    if source != GatewaySource::Operator {
+        prune(ctx, owner, component, &BTreeSet::new()).await?;
+    }
+    let ca_cert = match source {
+        GatewaySource::Off => {
+            unpublish().await?;
+            return Ok(());
+        }
+        GatewaySource::CertManager => {
+            let issuer = cluster.issuer_name.as_deref().unwrap_or_default();
+            let certificate = cert_manager::gateway_certificate(owner, &labels, issuer, &leaf_spec);
+            cert_manager::ensure(ctx, certificate).await?;
+            let issued =
+                cached(ctx, ns)(&multigres_api::names::gateway_certificate(&owner.cluster));
+            match issued {
+                Some(secret) => secret_ca(&secret),
+                // Not issued yet: the Secret's arrival brings this back.
+                None => return Ok(()),
+            }
+        }
+        GatewaySource::User(name) => {
+            let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+            let secret = api.get_opt(name).await.map_err(|source| SyncError::Get {
+                kind: "Secret".to_owned(),
+                name: name.to_owned(),
+                source,
+            })?;
+            secret.as_ref().and_then(secret_ca)
+        }
+        GatewaySource::Operator => {
+            Some(issue_gateway(ctx, obj, owner, &labels, &published_name, leaf_spec).await?)
+        }
+    };
+    match ca_cert {
+        Some(ca_cert) => {
+            let published = gateway_ca_config_map(owner, &labels, &ca_cert);
+            sync::ensure(ctx.name, &config_maps, &ctx.stores.config_maps, published).await?;
+        }
+        // An issuer without a CA in its Secrets (a public ACME one, say): clients trust it
+        // through their system roots.
+        None => {
+            unpublish().await?;
+        }
+    }
+    Ok(())
+}
+
+/// Where a cluster's gateway certificate comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GatewaySource<'a> {
+    /// Client TLS is off.
+    Off,
+    /// The cluster's own gateway CA.
+    Operator,
+    /// cert-manager, for `spec.issuerName`.
+    CertManager,
+    /// The user's Secret of this name.
+    User(&'a str),
+}
+
+impl<'a> GatewaySource<'a> {
+    fn of(cluster: &'a MultigresClusterSpec) -> Self {
+        let tls = cluster.gateway_tls.as_ref();
+        if !GatewayTlsConfig::is_enabled(tls) {
+            GatewaySource::Off
+        } else if cluster.issuer_name.is_some() {
+            GatewaySource::CertManager
+        } else if let Some(name) = tls.and_then(|t| t.secret_name.as_deref()) {
+            GatewaySource::User(name)
+        } else {
+            GatewaySource::Operator
+        }
+    }
+}
+
+/// The `ca.crt` of a TLS Secret, if it has a non-empty one.
+fn secret_ca(secret: &Secret) -> Option<String> {
+    let ca = secret.data.as_ref()?.get(CA_CRT)?;
+    let ca = String::from_utf8(ca.0.clone()).ok()?;
+    (!ca.trim().is_empty()).then_some(ca)
+}
+
+/// Issues (or keeps) the gateway CA and leaf certificate; returns the CA certificate.
+async fn issue_gateway<K>(
+    ctx: &Ctx<K>,
+    obj: &K,
+    owner: &Owner,
+    labels: &BTreeMap<String, String>,
+    published_name: &str,
+    leaf_spec: LeafSpec,
+) -> Result<String, TlsError>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let ns = owner.namespace.as_str();
     let leaf = SecretFor {
         name: multigres_api::names::gateway_tls(&owner.cluster),
-        spec: gateway_leaf_spec(
-            &owner.cluster,
-            ns,
-            resolved,
-            cluster.cert_common_name.as_deref(),
-        ),
+        spec: leaf_spec,
     };
     let issued = plan(
         owner,
-        &labels,
-        &published_name,
+        labels,
+        published_name,
         &format!("Multigres gateway CA {}.{ns}", owner.cluster),
         &[leaf],
         cached(ctx, ns),
@@ -867,10 +971,8 @@ where
         .and_then(|ca| stored_pair(Some(ca), CA_CRT, CA_KEY))
         .map(|pair| pair.cert)
         .unwrap_or_default();
-    store(ctx, obj, owner, component, issued).await?;
-    let published = gateway_ca_config_map(owner, &labels, &ca_cert);
-    sync::ensure(ctx.name, &config_maps, &ctx.stores.config_maps, published).await?;
-    Ok(())
+    store(ctx, obj, owner, Component::GatewayTls, issued).await?;
+    Ok(ca_cert)
 }
 
 /// A short digest of the certificate in a gateway Secret, for [`GATEWAY_CERT_ANNOTATION`].
@@ -879,10 +981,10 @@ pub fn certificate_digest(secret: &Secret) -> Option<String> {
     Some(format!("{:016x}", sync::fnv1a64(&cert.0)))
 }
 
-/// Mounts the gateway certificate into a multigateway Deployment and passes multigateway the
-/// flags that serve it (and refuse plaintext when `required`); `digest` rolls the pods when
-/// the certificate changes.
-pub fn mount_gateway(deployment: &mut Deployment, cluster: &str, required: bool, digest: &str) {
+/// Mounts the gateway certificate of Secret `secret` into a multigateway Deployment and
+/// passes multigateway the flags that serve it (and refuse plaintext when `required`);
+/// `digest` rolls the pods when the certificate changes.
+pub fn mount_gateway(deployment: &mut Deployment, secret: &str, required: bool, digest: &str) {
     let Some(template) = deployment.spec.as_mut().map(|s| &mut s.template) else {
         return;
     };
@@ -898,7 +1000,7 @@ pub fn mount_gateway(deployment: &mut Deployment, cluster: &str, required: bool,
     pod.volumes.get_or_insert_default().push(Volume {
         name: GATEWAY_TLS_VOLUME.to_owned(),
         secret: Some(SecretVolumeSource {
-            secret_name: Some(multigres_api::names::gateway_tls(cluster)),
+            secret_name: Some(secret.to_owned()),
             default_mode: Some(0o440),
             items: Some(vec![key(TLS_CRT, TLS_CRT), key(TLS_KEY, TLS_KEY)]),
             ..Default::default()
@@ -1082,6 +1184,8 @@ impl From<SyncError> for PgBackRestError {
         PgBackRestError::Tls(TlsError::Sync(error))
     }
 }
+
+pub mod cert_manager;
 
 #[cfg(test)]
 mod tests;

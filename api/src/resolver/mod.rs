@@ -21,12 +21,13 @@ mod pvc;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::LocalObjectReference;
+use kube::ResourceExt;
 
 use crate::v1alpha1::{
     BackupConfig, BackupType, CellConfig, CellImages, CellName, CellSpec, CellTemplateSpec,
     ComponentLogLevels, ContainerConfig, CoreTemplateSpec, DatabaseConfig, EtcdSpec,
-    ExternalTopoServerSpec, FilesystemBackupConfig, GlobalTopoServerRef, GoDuration,
-    ImagePullPolicy, ImageRef, LocalTopoServerSpec, LogLevel, MultigresCluster,
+    ExternalTopoServerSpec, FilesystemBackupConfig, GatewayTlsConfig, GlobalTopoServerRef,
+    GoDuration, ImagePullPolicy, ImageRef, LocalTopoServerSpec, LogLevel, MultigresCluster,
     MultigresClusterSpec, ObservabilityConfig, PodPlacementSpec, PoolName, PoolSpec, PoolType,
     PvcDeletionPolicy, ResolvedTemplates, ShardConfig, ShardImages, ShardResolvedSpec, ShardSpec,
     ShardTemplateSpec, StatelessSpec, StorageSpec, TableGroupConfig, TableGroupSpec,
@@ -376,6 +377,7 @@ pub fn resolve(
         pruning: &pruning,
         log_levels: &log_levels,
         observability: observability.as_ref(),
+        gateway_tls: resolve_gateway_tls(cluster),
         cluster: spec,
     };
     let cells = resolve_cells(&mut picker, &inherited);
@@ -403,6 +405,18 @@ pub fn resolve(
         table_groups,
         pvc_deletion_policy: cluster_pvc,
     })
+}
+
+/// The cells' gateway TLS: with `spec.issuerName`, the Secret the cells serve is the one
+/// cert-manager issues for the cluster's gateway Certificate.
+fn resolve_gateway_tls(cluster: &MultigresCluster) -> Option<GatewayTlsConfig> {
+    let spec = &cluster.spec;
+    if spec.issuer_name.is_none() {
+        return spec.gateway_tls.clone();
+    }
+    let mut tls = spec.gateway_tls.clone().unwrap_or_default();
+    tls.secret_name = Some(crate::names::gateway_certificate(&cluster.name_any()));
+    Some(tls)
 }
 
 /// The first topology server of the cluster the operator does not run, as a field path (a cell's
@@ -872,6 +886,7 @@ struct Inherited<'a> {
     pruning: &'a TopologyPruningConfig,
     log_levels: &'a ComponentLogLevels,
     observability: Option<&'a ObservabilityConfig>,
+    gateway_tls: Option<GatewayTlsConfig>,
     cluster: &'a MultigresClusterSpec,
 }
 
@@ -961,7 +976,7 @@ fn resolve_cell(
             log_levels: Some(ctx.log_levels.clone()),
             internal_tls: ctx.cluster.internal_tls.clone(),
             cert_common_name: ctx.cluster.cert_common_name.clone(),
-            gateway_tls: ctx.cluster.gateway_tls.clone(),
+            gateway_tls: ctx.gateway_tls.clone(),
         },
         local_topo,
     }

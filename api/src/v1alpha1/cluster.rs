@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 use super::{
     cell::MultigatewaySpec,
     common::{
-        BackupConfig, CellName, Cidr, ComponentLogLevels, DatabaseName, GatewayTlsConfig,
-        ImagePullPolicy, ImageRef, InitdbArgs, InternalTlsConfig, IpAddress, ObservabilityConfig,
-        Phase, PodPlacementSpec, PostgresConfigRef, PostgresPasswordSecretRef, PvcDeletionPolicy,
-        Region, ShardName, StatelessSpec, TableGroupName, TemplateRef, TopologyPruningConfig,
-        ZoneId,
+        BackupConfig, CellName, Cidr, ComponentLogLevels, DNS_SUBDOMAIN_PATTERN, DatabaseName,
+        GatewayTlsConfig, ImagePullPolicy, ImageRef, InitdbArgs, InternalTlsConfig, IpAddress,
+        ObservabilityConfig, Phase, PodPlacementSpec, PostgresConfigRef, PostgresPasswordSecretRef,
+        PvcDeletionPolicy, Region, ShardName, StatelessSpec, TableGroupName, TemplateRef,
+        TopologyPruningConfig, ZoneId,
     },
     rules,
     shard::{MultiorchSpec, Pools},
@@ -45,6 +45,10 @@ use crate::schema::{embedded_list, embedded_list_of_at_most, is_false};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.issuerName) && has(self.gatewayTLS) && has(self.gatewayTLS.secretName))")
+    .message("spec.issuerName and spec.gatewayTLS.secretName both name a source of the gateway certificate; keep one"))]
+#[x_kube(validation = Rule::new("!(has(self.issuerName) && has(self.gatewayTLS) && has(self.gatewayTLS.enabled) && !self.gatewayTLS.enabled)")
+    .message("spec.issuerName: a gateway certificate needs gateway TLS; remove spec.gatewayTLS.enabled: false or spec.issuerName"))]
 pub struct MultigresClusterSpec {
     /// Images and pull settings of every component. Unset images come from the operator's
     /// defaults, chosen at reconcile time and never written here.
@@ -176,8 +180,13 @@ pub struct MultigresClusterSpec {
     )]
     pub cert_common_name: Option<String>,
 
-    /// cert-manager ClusterIssuer of the certificates this cluster creates.
+    /// cert-manager ClusterIssuer that signs the certificate multigateway serves to clients:
+    /// the operator writes a cert-manager Certificate `<cluster>-gateway-cert` for the gateway's
+    /// Service names and `certCommonName`, and multigateway serves the Secret cert-manager
+    /// issues. Unset: the cluster's own gateway CA signs it. Internal certificates always come
+    /// from the cluster's internal CA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
     pub issuer_name: Option<String>,
 }
 

@@ -23,6 +23,10 @@ pub const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 /// values, which the API server refuses in a workload otherwise.
 pub const LABEL_VALUE_PATTERN: &str = "^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$";
 
+/// Pattern of a DNS subdomain (RFC 1123), the names of most Kubernetes objects.
+pub const DNS_SUBDOMAIN_PATTERN: &str =
+    "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
 /// Pattern of a Go duration string such as `10s`, `1m30s` or `250ms`.
 pub const DURATION_PATTERN: &str = "^([0-9]+(\\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h))+$";
 
@@ -270,10 +274,14 @@ pub struct InternalTlsConfig {
     pub topology: Option<bool>,
 }
 
-/// TLS between PostgreSQL clients and multigateway, with a certificate the operator issues
-/// from the cluster's gateway CA (published in ConfigMap `<cluster>-gateway-ca`, key `ca.crt`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// TLS between PostgreSQL clients and multigateway. The certificate comes from the cluster's
+/// gateway CA (the default), from cert-manager (`spec.issuerName`) or from the user's own
+/// Secret (`secretName`); the CA that signed it is published in ConfigMap
+/// `<cluster>-gateway-ca`, key `ca.crt`, when the operator knows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.secretName) && has(self.enabled) && !self.enabled)")
+    .message("spec.gatewayTLS.secretName: a gateway certificate needs TLS enabled; remove enabled: false or secretName"))]
 pub struct GatewayTlsConfig {
     /// multigateway offers TLS to clients. Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -283,6 +291,13 @@ pub struct GatewayTlsConfig {
     /// Default false: clients choose, as `sslmode=prefer` does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub required: Option<bool>,
+
+    /// The user's own `kubernetes.io/tls` Secret in the cluster's namespace (keys `tls.crt`,
+    /// `tls.key`, optionally `ca.crt`), served instead of a certificate the operator issues.
+    /// The operator only reads it, and rolls the gateways when its certificate changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub secret_name: Option<String>,
 }
 
 impl InternalTlsConfig {
@@ -312,6 +327,13 @@ impl GatewayTlsConfig {
     /// Whether plaintext clients are refused.
     pub fn is_required(config: Option<&Self>) -> bool {
         Self::is_enabled(config) && config.and_then(|c| c.required) == Some(true)
+    }
+
+    /// The Secret multigateway serves: the named one, or the one the operator issues.
+    pub fn served_secret(config: Option<&Self>, cluster: &str) -> String {
+        config
+            .and_then(|c| c.secret_name.clone())
+            .unwrap_or_else(|| crate::names::gateway_tls(cluster))
     }
 }
 
@@ -504,10 +526,7 @@ pub struct PgBackRestTlsConfig {
 #[serde(rename_all = "camelCase")]
 pub struct PostgresPasswordSecretRef {
     /// Name of the Secret (a DNS subdomain).
-    #[schemars(
-        length(min = 1, max = 253),
-        regex(pattern = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-    )]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
     pub name: String,
 
     /// Key of the password inside the Secret's data.
@@ -810,6 +829,7 @@ mod tests {
         let off = GatewayTlsConfig {
             enabled: Some(false),
             required: Some(true),
+            secret_name: None,
         };
         assert!(!GatewayTlsConfig::is_enabled(Some(&off)));
         assert!(!GatewayTlsConfig::is_required(Some(&off)));

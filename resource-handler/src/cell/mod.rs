@@ -43,6 +43,35 @@ pub const NAME: &str = "cell";
 /// watch event be missed.
 const GATEWAY_CERT_RECHECK: Duration = Duration::from_secs(5);
 
+/// How often a cell serving the user's own gateway Secret reads it again: it is not watched
+/// (the operator watches only the Secrets it labels), so a renewed certificate reaches the
+/// gateways within this long.
+const USER_CERT_RECHECK: Duration = Duration::from_secs(300);
+
+/// Who provides the gateway certificate a cell serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CertificateSource {
+    /// The cluster's gateway CA, through the MultigresCluster's controller.
+    Operator,
+    /// cert-manager, for `spec.issuerName`.
+    CertManager,
+    /// The user, in `spec.gatewayTLS.secretName`.
+    User,
+}
+
+impl CertificateSource {
+    /// Told by the Secret's name: the operator's and cert-manager's have fixed names.
+    pub fn of(secret: &str, cluster: &str) -> Self {
+        if secret == multigres_api::names::gateway_tls(cluster) {
+            CertificateSource::Operator
+        } else if secret == multigres_api::names::gateway_certificate(cluster) {
+            CertificateSource::CertManager
+        } else {
+            CertificateSource::User
+        }
+    }
+}
+
 type Guard = Guarded<Cell>;
 
 /// Why a Cell could not be reconciled.
@@ -163,14 +192,33 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         },
     );
     let name = crate::names::multigateway(&owner.name);
+    let mut recheck = None;
     if GatewayTlsConfig::is_enabled(cell.spec.gateway_tls.as_ref()) {
-        let secret = multigres_api::names::gateway_tls(&owner.cluster);
-        let stored = ctx.stores.secrets.get(&ObjectRef::new(&secret).within(ns));
+        let secret =
+            GatewayTlsConfig::served_secret(cell.spec.gateway_tls.as_ref(), &owner.cluster);
+        let source = CertificateSource::of(&secret, &owner.cluster);
+        let stored = match ctx.stores.secrets.get(&ObjectRef::new(&secret).within(ns)) {
+            Some(cached) => Some(cached),
+            // The user's own Secret carries none of the labels the cache selects by.
+            None if source == CertificateSource::User => {
+                recheck = Some(USER_CERT_RECHECK);
+                let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+                api.get_opt(&secret)
+                    .await
+                    .map_err(|source| SyncError::Get {
+                        kind: "Secret".to_owned(),
+                        name: secret.clone(),
+                        source,
+                    })?
+                    .map(Arc::new)
+            }
+            None => None,
+        };
         let Some(digest) = stored.as_deref().and_then(crate::tls::certificate_digest) else {
-            // The cluster's multiadmin controller issues it (and reports on the
-            // MultigresCluster when it cannot); its arrival wakes this cell.
+            // Its arrival in the cache wakes this cell; the user's own Secret is looked at
+            // again after GATEWAY_CERT_RECHECK.
             tracing::info!(cell = %owner.name, namespace = ns, %secret, "waiting for the gateway certificate");
-            let desired = waiting_for_certificate(cell, &secret, &name, Timestamp::now());
+            let desired = waiting_for_certificate(cell, &secret, source, &name, Timestamp::now());
             let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
             let stored = cell.status.as_ref();
             let deferred =
@@ -178,7 +226,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             return Ok(status_pacer::action(Some(GATEWAY_CERT_RECHECK), deferred));
         };
         let required = GatewayTlsConfig::is_required(cell.spec.gateway_tls.as_ref());
-        crate::tls::mount_gateway(&mut objects.deployment, &owner.cluster, required, &digest);
+        crate::tls::mount_gateway(&mut objects.deployment, &secret, required, &digest);
     }
     let observed_deployment = ctx
         .stores
@@ -261,7 +309,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
     let stored = cell.status.as_ref();
     let deferred = sync::ensure_status(NAME, &api, cell, &desired, stored, &ctx.pacer).await?;
-    Ok(status_pacer::action(None, deferred))
+    Ok(status_pacer::action(recheck, deferred))
 }
 
 /// The status fields and conditions this handler owns on a Cell; `silent` are the nodes of
@@ -332,13 +380,26 @@ fn composed(
 pub fn waiting_for_certificate(
     cell: &Cell,
     secret: &str,
+    source: CertificateSource,
     service: &str,
     now: Timestamp,
 ) -> CellStatus {
+    let who = match source {
+        CertificateSource::Operator => {
+            "the MultigresCluster's controller issues it, and its events say why when it cannot"
+                .to_owned()
+        }
+        CertificateSource::CertManager => format!(
+            "cert-manager issues it for spec.issuerName; `kubectl describe certificate \
+             {secret}` says why when it cannot"
+        ),
+        CertificateSource::User => "spec.gatewayTLS.secretName names it: create it in this \
+             namespace as a kubernetes.io/tls Secret (keys tls.crt and tls.key)"
+            .to_owned(),
+    };
     let message = format!(
-        "waiting for Secret {secret}, the gateway certificate (spec.gatewayTLS): the \
-         MultigresCluster's controller issues it, and its events say why when it cannot; the \
-         gateways start once it exists"
+        "waiting for Secret {secret} with keys tls.crt and tls.key, the gateway certificate: \
+         {who}; the gateways start once it exists"
     );
     let available = Cond::new(
         AVAILABLE,
@@ -365,7 +426,13 @@ mod tests {
     fn a_cell_waiting_for_its_gateway_certificate_says_so() {
         let cell: Cell = serde_yaml::from_str(include_str!("../../fixtures/cell.yaml")).unwrap();
         let now = Timestamp::from_second(5).unwrap();
-        let st = waiting_for_certificate(&cell, "prod-gateway-tls", "svc", now);
+        let st = waiting_for_certificate(
+            &cell,
+            "prod-gateway-tls",
+            CertificateSource::Operator,
+            "svc",
+            now,
+        );
         let available = &st.conditions[0];
         assert_eq!(
             (available.status.as_str(), available.reason.as_str()),

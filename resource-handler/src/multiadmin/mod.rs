@@ -126,23 +126,26 @@ fn clusters_in_namespace_of<T: Resource>(
     }
 }
 
-/// The cluster a Deployment matters to: its controller when that is a MultigresCluster, or
-/// the cluster of a multigateway Deployment (owned by a Cell).
-fn cluster_of_deployment(deployment: Arc<Deployment>) -> Option<ObjectRef<Guard>> {
-    let namespace = deployment.namespace()?;
-    let owner = deployment
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "MultigresCluster")
-        .map(|o| o.name.clone());
-    let labels = deployment.labels();
-    let gateway_of = || {
-        (labels.get(COMPONENT).map(String::as_str) == Some(Component::Multigateway.as_str()))
-            .then(|| labels.get(CLUSTER).cloned())
-            .flatten()
-    };
-    let cluster = owner.or_else(gateway_of)?;
-    Some(ObjectRef::new(&cluster).within(&namespace))
+/// The cluster an object matters to: its controller when that is a MultigresCluster, or else
+/// the cluster its labels name when it is of component `labelled` (a multigateway Deployment,
+/// owned by a Cell; the gateway Secret cert-manager writes, owned by nobody).
+fn cluster_of<K: Resource>(labelled: Component) -> impl Fn(Arc<K>) -> Option<ObjectRef<Guard>> {
+    move |obj: Arc<K>| {
+        let namespace = obj.meta().namespace.clone()?;
+        let owner = obj
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true) && o.kind == "MultigresCluster")
+            .map(|o| o.name.clone());
+        let labels = obj.labels();
+        let by_label = || {
+            (labels.get(COMPONENT).map(String::as_str) == Some(labelled.as_str()))
+                .then(|| labels.get(CLUSTER).cloned())
+                .flatten()
+        };
+        let cluster = owner.or_else(by_label)?;
+        Some(ObjectRef::new(&cluster).within(&namespace))
+    }
 }
 
 /// The controller, ready to be polled until shutdown.
@@ -154,9 +157,15 @@ pub fn run(
     let clusters = ctx.stores.clusters.clone();
     let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
     let results = Controller::for_shared_stream(triggers.clusters, clusters.clone())
-        .watches_shared_stream(triggers.deployments, cluster_of_deployment)
+        .watches_shared_stream(
+            triggers.deployments,
+            cluster_of::<Deployment>(Component::Multigateway),
+        )
         .owns_shared_stream(triggers.services)
-        .owns_shared_stream(triggers.secrets)
+        .watches_shared_stream(
+            triggers.secrets,
+            cluster_of::<Secret>(Component::GatewayTls),
+        )
         .owns_shared_stream(triggers.network_policies)
         .watches_shared_stream(triggers.core_templates, clusters_in_namespace_of(&clusters))
         .watches_shared_stream(triggers.cell_templates, clusters_in_namespace_of(&clusters))

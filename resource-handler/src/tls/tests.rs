@@ -431,7 +431,7 @@ fn the_gateway_certificate_names_every_gateway_service_and_the_common_name() {
 #[test]
 fn the_gateway_serves_its_certificate_and_rolls_when_it_changes() {
     let mut offered = deployment_of("multigateway");
-    mount_gateway(&mut offered, "prod", false, "0123");
+    mount_gateway(&mut offered, "prod-gateway-tls", false, "0123");
     let template = &offered.spec.as_ref().unwrap().template;
     let annotations = template.metadata.as_ref().unwrap().annotations.as_ref();
     assert_eq!(
@@ -462,7 +462,7 @@ fn the_gateway_serves_its_certificate_and_rolls_when_it_changes() {
     assert!(pod.containers[1].volume_mounts.is_none());
 
     let mut required = deployment_of("multigateway");
-    mount_gateway(&mut required, "prod", true, "0123");
+    mount_gateway(&mut required, "prod-gateway-tls", true, "0123");
     let args = required.spec.unwrap().template.spec.unwrap().containers[0]
         .args
         .clone()
