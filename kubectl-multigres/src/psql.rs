@@ -106,13 +106,20 @@ pub async fn run(
     };
     let db = multigres_api::DEFAULT_DATABASE;
     let user = user(&cluster);
-    let ca = match GatewayTlsConfig::is_enabled(cluster.spec.gateway_tls.as_ref()) {
-        true => Some(published_ca(client, namespace, name).await?),
+    let tls = cluster.spec.gateway_tls.as_ref();
+    let ca = match GatewayTlsConfig::is_enabled(tls) {
+        true => Some(published_ca(client, namespace, &cluster).await?),
         false => None,
     };
     let mut psql = Command::new("psql");
     let shown = match &ca {
-        Some(ca) => {
+        // The user's own certificate or issuer, whose CA the operator was not given: encrypted,
+        // and the server is the one port-forward reaches; verify it with your own CA.
+        Some(None) => {
+            psql.args(["-h", "127.0.0.1"]).env("PGSSLMODE", "require");
+            "PGSSLMODE=require psql -h 127.0.0.1".to_owned()
+        }
+        Some(Some(ca)) => {
             let host = format!("{service}.{namespace}.svc");
             psql.args(["-h", &host])
                 .env("PGHOSTADDR", "127.0.0.1")
@@ -150,22 +157,39 @@ pub async fn run(
 }
 
 /// The gateway CA certificate the operator publishes for `cluster`, in a file only this user
-/// can read, removed when dropped.
-async fn published_ca(client: &Client, namespace: &str, cluster: &str) -> Result<CaFile> {
-    let name = names::gateway_ca(cluster);
+/// can read, removed when dropped. None when the certificate is the user's (their own Secret
+/// or issuer) and its CA was not published: that Secret had no `ca.crt`.
+async fn published_ca(
+    client: &Client,
+    namespace: &str,
+    cluster: &MultigresCluster,
+) -> Result<Option<CaFile>> {
+    let name = names::gateway_ca(&cluster.name_any());
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let map = maps.get(&name).await.with_context(|| {
-        format!(
-            "reading ConfigMap {namespace}/{name}, the gateway CA (spec.gatewayTLS is on; the \
-             operator publishes it once the gateway certificate is issued)"
-        )
+    let users_own = cluster.spec.issuer_name.is_some()
+        || cluster
+            .spec
+            .gateway_tls
+            .as_ref()
+            .is_some_and(|t| t.secret_name.is_some());
+    let map = maps.get_opt(&name).await.with_context(|| {
+        format!("reading ConfigMap {namespace}/{name}, the gateway CA")
     })?;
+    let Some(map) = map else {
+        if users_own {
+            return Ok(None);
+        }
+        bail!(
+            "ConfigMap {namespace}/{name}, the gateway CA, does not exist yet (spec.gatewayTLS \
+             is on; the operator publishes it once the gateway certificate is issued)"
+        );
+    };
     let pem = map
         .data
         .as_ref()
         .and_then(|d| d.get("ca.crt"))
         .ok_or_else(|| anyhow!("ConfigMap {namespace}/{name} has no key ca.crt"))?;
-    CaFile::write(pem)
+    CaFile::write(pem).map(Some)
 }
 
 /// A temporary file holding a CA certificate.
