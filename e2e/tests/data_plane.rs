@@ -429,6 +429,73 @@ async fn strangers_are_refused(
     );
 }
 
+/// Runs pgbench through `gateway` with `args` and libpq's `sslmode`; its standard output.
+async fn pgbench(gateway: &Endpoint, sslmode: &str, args: &[&str]) -> String {
+    let out = tokio::process::Command::new("pgbench")
+        .args([
+            "-h",
+            &gateway.host,
+            "-p",
+            &gateway.port.to_string(),
+            "-U",
+            "postgres",
+        ])
+        .args(args)
+        .arg("postgres")
+        .env("PGPASSWORD", &gateway.password)
+        .env("PGSSLMODE", sslmode)
+        .output()
+        .await
+        .expect("running pgbench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "pgbench {args:?} (sslmode={sslmode}): {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The `tps = N (without initial connection time)` of a pgbench report.
+fn tps(report: &str) -> f64 {
+    report
+        .lines()
+        .find_map(|line| line.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no tps in the pgbench report: {report}"))
+}
+
+/// The median of a few figures.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// pgbench select-only (`-S`, 4 clients, 5 s a round) through the gateway, rounds alternating
+/// plaintext (`sslmode=disable`) and TLS (`sslmode=require`); prints the medians and their
+/// ratio. Tables from the server-side generator (the gateway has no COPY FROM STDIN), scale 1,
+/// dropped afterwards.
+async fn tls_cost(gateway: &Endpoint) {
+    const ROUNDS: usize = 3;
+    pgbench(gateway, "require", &["-i", "-I", "dtGp", "-s", "1", "-q"]).await;
+    let run = ["-n", "-S", "-c", "4", "-j", "2", "-T", "5"];
+    let (mut plain, mut tls) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        plain.push(tps(&pgbench(gateway, "disable", &run).await));
+        tls.push(tps(&pgbench(gateway, "require", &run).await));
+    }
+    println!("pgbench -S tps per round: plaintext {plain:?}, TLS {tls:?}");
+    let (plain, tls) = (median(plain), median(tls));
+    figure(
+        "gateway select-only tps, plaintext (median)",
+        format!("{plain:.0}"),
+    );
+    figure("gateway select-only tps, TLS (median)", format!("{tls:.0}"));
+    figure("gateway TLS / plaintext tps", format!("{:.2}", tls / plain));
+    pgbench(gateway, "require", &["-i", "-I", "d"]).await;
+}
+
 async fn story(cluster: &'static LocalCluster, client: Client, namespace: String) {
     // 1. Apply → Available → SQL.
     let sent = apply_sample(&client, &namespace, with_internal_tls).await;
@@ -470,6 +537,10 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         },
     )
     .await;
+
+    // 3. What client TLS costs: pgbench's select-only transactions through the gateway,
+    // plaintext and TLS side by side (docs/security.md quotes the figures).
+    tls_cost(&gateway).await;
 
     // 4. A reload-class setting: applied by the real multipooler's ReloadConfig, no restart.
     let before = uids(&client, &namespace).await;

@@ -172,9 +172,10 @@ async fn published_ca(
             .gateway_tls
             .as_ref()
             .is_some_and(|t| t.secret_name.is_some());
-    let map = maps.get_opt(&name).await.with_context(|| {
-        format!("reading ConfigMap {namespace}/{name}, the gateway CA")
-    })?;
+    let map = maps
+        .get_opt(&name)
+        .await
+        .with_context(|| format!("reading ConfigMap {namespace}/{name}, the gateway CA"))?;
     let Some(map) = map else {
         if users_own {
             return Ok(None);
