@@ -63,8 +63,9 @@ pub enum Error {
     /// would refuse.
     #[error(transparent)]
     Network(#[from] multigres_api::network::InvalidNetworkField),
-    /// Internal TLS certificates could not be issued or stored.
-    #[error("internal TLS")]
+    /// The cluster's internal or gateway certificates could not be issued, stored or asked
+    /// of cert-manager.
+    #[error("certificates")]
     Tls(#[from] crate::tls::TlsError),
     /// A write to the API server failed.
     #[error(transparent)]

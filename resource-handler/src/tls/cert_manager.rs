@@ -127,6 +127,16 @@ pub enum CertManagerError {
     Sync(#[from] SyncError),
 }
 
+/// The stored Certificate `name`, if any. Without cert-manager the API server answers 404 with
+/// a plain-text body, which the client does not read as a `NotFound` Status: any 404 is none.
+async fn stored(api: &Api<Certificate>, name: &str) -> Result<Option<Certificate>, kube::Error> {
+    match api.get(name).await {
+        Ok(certificate) => Ok(Some(certificate)),
+        Err(kube::Error::Api(response)) if response.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Writes `desired` unless the stored Certificate already is what it says.
 pub async fn ensure<K>(ctx: &Ctx<K>, desired: Certificate) -> Result<(), CertManagerError>
 where
@@ -135,7 +145,7 @@ where
     let namespace = desired.namespace().unwrap_or_default();
     let api = Api::<Certificate>::namespaced(ctx.client.clone(), &namespace);
     let name = desired.name_any();
-    let stored = api.get_opt(&name).await.map_err(|source| SyncError::Get {
+    let stored = stored(&api, &name).await.map_err(|source| SyncError::Get {
         kind: "Certificate".to_owned(),
         name: name.clone(),
         source,
@@ -166,7 +176,7 @@ where
 {
     let api = Api::<Certificate>::namespaced(ctx.client.clone(), &owner.namespace);
     let name = multigres_api::names::gateway_certificate(&owner.cluster);
-    let stored = match api.get_opt(&name).await {
+    let stored = match stored(&api, &name).await {
         Ok(stored) => stored,
         Err(kube::Error::Api(response)) if response.code == 403 => None,
         Err(source) => {
