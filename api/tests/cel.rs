@@ -457,3 +457,26 @@ fn templates_without_a_spec_are_accepted() {
         assert_eq!(schema["properties"]["spec"]["default"], json!({}), "{kind}");
     }
 }
+
+#[test]
+fn the_gateway_certificate_has_one_source_and_needs_tls() {
+    accepted(&cluster(json!({"issuerName": "corp-ca"})));
+    accepted(&cluster(
+        json!({"gatewayTLS": {"secretName": "db-gateway-tls", "required": true}}),
+    ));
+    accepted(&cluster(
+        json!({"issuerName": "corp-ca", "gatewayTLS": {"required": true}}),
+    ));
+    refused(
+        &cluster(json!({"issuerName": "corp-ca", "gatewayTLS": {"secretName": "mine"}})),
+        "spec.issuerName and spec.gatewayTLS.secretName both name a source",
+    );
+    refused(
+        &cluster(json!({"issuerName": "corp-ca", "gatewayTLS": {"enabled": false}})),
+        "spec.issuerName: a gateway certificate needs gateway TLS",
+    );
+    refused(
+        &cluster(json!({"gatewayTLS": {"enabled": false, "secretName": "mine"}})),
+        "spec.gatewayTLS.secretName: a gateway certificate needs TLS enabled",
+    );
+}
