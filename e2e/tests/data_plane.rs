@@ -370,12 +370,14 @@ async fn strangers_are_refused(
             Reach::Filtered,
             Reach::Open,
         ),
+        // No policy admits it, not even to the cluster's own pods: pgctld listens on loopback
+        // and is dialled only from its own pod.
         (
             "pgctld gRPC",
             "shard-pool",
             15470,
             Reach::Filtered,
-            Reach::Refused,
+            Reach::Filtered,
         ),
         (
             "multiorch gRPC",
@@ -696,7 +698,8 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     // 5d. Nothing answers strangers: the network enforces the cluster's NetworkPolicies (the
     // real-node tier runs kube-network-policies), so a pod of another namespace reaches the
     // gateway and etcd's metrics only; the same probe as one of the cluster's pods reaches
-    // every internal port, and pgctld's gRPC from no one (it listens on loopback).
+    // every internal port, and pgctld's gRPC no one (it listens on loopback, and no policy
+    // admits its port).
     strangers_are_refused(&client, cluster, &namespace, &primary).await;
 
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
