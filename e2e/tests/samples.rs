@@ -20,6 +20,7 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::Client;
 use kube::api::{Api, DynamicObject};
@@ -230,6 +231,23 @@ async fn every_multi_cell_sample_answers_sql_through_each_cells_gateway() {
         figure(
             &format!("{sample}.yaml applied -> web UI lists every cell's poolers (s)"),
             format!("{:.1}", took.as_secs_f64()),
+        );
+        // Where the gateways require TLS, the UI's plaintext PostgreSQL client could never
+        // use a password: it holds none, and its topology pages (above) still work.
+        let web: Deployment = Api::namespaced(client.clone(), namespace)
+            .get(&format!("{name}-multiadmin-web"))
+            .await
+            .unwrap();
+        let holds_password = web
+            .spec
+            .and_then(|s| s.template.spec)
+            .into_iter()
+            .flat_map(|pod| pod.containers)
+            .flat_map(|c| c.env.unwrap_or_default())
+            .any(|e| e.name == "POSTGRES_PASSWORD");
+        assert_eq!(
+            holds_password, !*tls_required,
+            "{sample}: the web UI holds the superuser password only where TLS is not required"
         );
     }
 }

@@ -26,7 +26,9 @@ use multigres_api::observability::{InheritedEnv, PROJECT_REF_ANNOTATION, Process
 use multigres_api::resolver::{
     ResolveError, ResolvedCluster, Templates, defaults, images, resolve,
 };
-use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
+use multigres_api::v1alpha1::{
+    CellTemplate, CoreTemplate, GatewayTlsConfig, MultigresCluster, ShardTemplate,
+};
 use multigres_common::apply::apply_status;
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
@@ -306,11 +308,13 @@ fn desire(
         .postgres_superuser
         .as_deref()
         .unwrap_or(defaults::POSTGRES_SUPERUSER);
+    // With TLS required the UI's plaintext client is refused: it gets no password to hold.
+    let required = GatewayTlsConfig::is_required(cluster.spec.gateway_tls.as_ref());
     let web = web::build(
         owner,
         resolved,
         superuser,
-        &cluster.spec.postgres_password_secret_ref,
+        (!required).then_some(&cluster.spec.postgres_password_secret_ref),
     );
     let mut web_service = web.service;
     external::expose(&mut web_service, Exposed::AdminWeb.enabled(cluster));

@@ -67,13 +67,15 @@ fn secret_env(name: &str, secret: &PostgresPasswordSecretRef) -> EnvVar {
 }
 
 /// The UI's environment: where it listens, multiadmin's API, and how it reaches PostgreSQL
-/// through the cluster-wide gateway Service.
+/// through the cluster-wide gateway Service. Without `password` the UI holds none: its
+/// PostgreSQL client connects without TLS (`web/multiadmin/lib/db.ts`, `ssl: false`), so where
+/// the gateways require TLS the password could never be used and is only a liability.
 pub fn web_env(
     cluster: &str,
     superuser: &str,
-    password: &PostgresPasswordSecretRef,
+    password: Option<&PostgresPasswordSecretRef>,
 ) -> Vec<EnvVar> {
-    vec![
+    let mut env_vars = vec![
         env("HOSTNAME", "::"),
         env("PORT", MULTIADMIN_WEB_HTTP.to_string()),
         env(
@@ -87,17 +89,18 @@ pub fn web_env(
         env("POSTGRES_PORT", POSTGRES_PORT.to_string()),
         env("POSTGRES_DATABASE", CATALOG_DATABASE),
         env("POSTGRES_USER", superuser),
-        secret_env("POSTGRES_PASSWORD", password),
-    ]
+    ];
+    env_vars.extend(password.map(|p| secret_env("POSTGRES_PASSWORD", p)));
+    env_vars
 }
 
 /// Builds multiadmin-web for a resolved cluster owned by `owner`; `superuser` and `password`
-/// are the cluster's PostgreSQL superuser and its password Secret.
+/// are the cluster's PostgreSQL superuser and its password Secret (none: see [`web_env`]).
 pub fn build(
     owner: &Owner,
     resolved: &ResolvedCluster,
     superuser: &str,
-    password: &PostgresPasswordSecretRef,
+    password: Option<&PostgresPasswordSecretRef>,
 ) -> WebObjects {
     let at = Placement::default();
     let labels = labels::labels(&owner.cluster, Component::MultiadminWeb, &at);
@@ -201,7 +204,7 @@ mod tests {
             &owner,
             &resolved,
             "admin",
-            &c.spec.postgres_password_secret_ref,
+            Some(&c.spec.postgres_password_secret_ref),
         )
     }
 
@@ -300,6 +303,13 @@ mod tests {
             (secret.name.as_str(), secret.key.as_str()),
             ("pg", "password")
         );
+    }
+
+    #[test]
+    fn without_a_password_the_ui_holds_none() {
+        let env = web_env("prod", "admin", None);
+        assert!(env.iter().all(|e| e.name != "POSTGRES_PASSWORD"), "{env:?}");
+        assert!(env.iter().any(|e| e.name == "POSTGRES_USER"));
     }
 
     #[test]
