@@ -48,6 +48,10 @@ const GATEWAY_CERT_RECHECK: Duration = Duration::from_secs(5);
 /// gateways within this long.
 const USER_CERT_RECHECK: Duration = Duration::from_secs(300);
 
+/// How soon a cell waiting for the user's own gateway Secret, which no watch announces, reads
+/// it again: each look is a GET, so not as often as [`GATEWAY_CERT_RECHECK`].
+const USER_CERT_WAIT: Duration = Duration::from_secs(30);
+
 /// Who provides the gateway certificate a cell serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CertificateSource {
@@ -215,15 +219,19 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             None => None,
         };
         let Some(digest) = stored.as_deref().and_then(crate::tls::certificate_digest) else {
-            // Its arrival in the cache wakes this cell; the user's own Secret is looked at
-            // again after GATEWAY_CERT_RECHECK.
+            // Its arrival in the cache wakes this cell; the user's own Secret is read again
+            // after USER_CERT_WAIT.
             tracing::info!(cell = %owner.name, namespace = ns, %secret, "waiting for the gateway certificate");
             let desired = waiting_for_certificate(cell, &secret, source, &name, Timestamp::now());
             let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
             let stored = cell.status.as_ref();
             let deferred =
                 sync::ensure_status(NAME, &api, cell, &desired, stored, &ctx.pacer).await?;
-            return Ok(status_pacer::action(Some(GATEWAY_CERT_RECHECK), deferred));
+            let again = match source {
+                CertificateSource::User => USER_CERT_WAIT,
+                _ => GATEWAY_CERT_RECHECK,
+            };
+            return Ok(status_pacer::action(Some(again), deferred));
         };
         let required = GatewayTlsConfig::is_required(cell.spec.gateway_tls.as_ref());
         crate::tls::mount_gateway(&mut objects.deployment, &secret, required, &digest);
