@@ -270,6 +270,18 @@ pub static FIELDS: &[Field] = &[
     ),
     done(
         Mgc,
+        "spec.applicationRole",
+        "resource-handler: Secret <cluster>-app (generated password, connection settings); \
+         data-handler: the role and its schema in every shard's PostgreSQL",
+    ),
+    done(
+        Mgc,
+        "spec.roles",
+        "data-handler: CREATE, ALTER and DROP ROLE in every shard's PostgreSQL, status.roles \
+         and the RolesReconciled condition",
+    ),
+    done(
+        Mgc,
         "spec.observability",
         "resource-handler: OTEL_* environment of every Multigres container",
     ),

@@ -480,3 +480,39 @@ fn the_gateway_certificate_has_one_source_and_needs_tls() {
         "spec.gatewayTLS.secretName: a gateway certificate needs TLS enabled",
     );
 }
+
+#[test]
+fn declared_roles_keep_clear_of_the_superuser_and_the_application_role() {
+    accepted(&cluster(json!({"roles": [
+        {"name": "reporting", "inRoles": ["pg_read_all_data"], "validUntil": "2027-01-01T00:00:00Z"},
+        {"name": "old_batch", "ensure": "absent"}
+    ]})));
+    accepted(&cluster(json!({
+        "applicationRole": {"enabled": false},
+        "roles": [{"name": "app"}]
+    })));
+    accepted(&cluster(json!({
+        "applicationRole": {"name": "shop"},
+        "roles": [{"name": "app"}]
+    })));
+    accepted(&cluster(json!({
+        "postgresSuperuser": "admin",
+        "roles": [{"name": "postgres"}]
+    })));
+    refused(
+        &cluster(json!({"postgresSuperuser": "admin", "roles": [{"name": "admin"}]})),
+        "spec.roles: the superuser is the operator's",
+    );
+    refused(
+        &cluster(json!({"applicationRole": {"name": "shop"}, "roles": [{"name": "shop"}]})),
+        "spec.roles: a declared role takes the application role's name",
+    );
+    refused(
+        &cluster(json!({"roles": [{"name": "multiadmin_web"}]})),
+        "multiadmin_web is the operator's",
+    );
+    refused(
+        &cluster(json!({"applicationRole": {"name": "multiadmin_web"}})),
+        "spec.applicationRole.name: names starting with pg_",
+    );
+}

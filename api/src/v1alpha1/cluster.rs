@@ -20,6 +20,7 @@ use super::{
         PvcDeletionPolicy, Region, ShardName, StatelessSpec, TableGroupName, TemplateRef,
         TopologyPruningConfig, ZoneId,
     },
+    roles::{ApplicationRoleConfig, ManagedRole, RoleStatus},
     rules,
     shard::{MultiorchSpec, Pools},
     toposerver::{GlobalTopoServerSpec, LocalTopoServerSpec},
@@ -49,6 +50,12 @@ use crate::schema::{embedded_list, embedded_list_of_at_most, is_false};
     .message("spec.issuerName and spec.gatewayTLS.secretName both name a source of the gateway certificate; keep one"))]
 #[x_kube(validation = Rule::new("!(has(self.issuerName) && has(self.gatewayTLS) && has(self.gatewayTLS.enabled) && !self.gatewayTLS.enabled)")
     .message("spec.issuerName: a gateway certificate needs gateway TLS; remove spec.gatewayTLS.enabled: false or spec.issuerName"))]
+#[x_kube(validation = Rule::new("!has(self.roles) || self.roles.all(r, r.name != (has(self.postgresSuperuser) ? self.postgresSuperuser : 'postgres') && !(has(r.inRoles) && (has(self.postgresSuperuser) ? self.postgresSuperuser : 'postgres') in r.inRoles))")
+    .message("spec.roles: the superuser is the operator's; a declared role cannot take its name or be a member of it"))]
+#[x_kube(validation = Rule::new("!has(self.roles) || (has(self.applicationRole) && has(self.applicationRole.enabled) && !self.applicationRole.enabled) || self.roles.all(r, r.name != (has(self.applicationRole) && has(self.applicationRole.name) ? self.applicationRole.name : 'app'))")
+    .message("spec.roles: a declared role takes the application role's name; rename it, or set spec.applicationRole.name"))]
+#[x_kube(validation = Rule::new("!has(self.applicationRole) || !has(self.applicationRole.name) || self.applicationRole.name != (has(self.postgresSuperuser) ? self.postgresSuperuser : 'postgres')")
+    .message("spec.applicationRole.name: the superuser is the operator's; choose another name"))]
 pub struct MultigresClusterSpec {
     /// Images and pull settings of every component. Unset images come from the operator's
     /// defaults, chosen at reconcile time and never written here.
@@ -150,6 +157,18 @@ pub struct MultigresClusterSpec {
 
     /// Existing Secret holding the Postgres superuser password. Required.
     pub postgres_password_secret_ref: PostgresPasswordSecretRef,
+
+    /// The application role: a login role that is no superuser, owning the schema of its
+    /// name, with its connection settings in Secret `<cluster>-app`. Unset: role `app`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub application_role: Option<ApplicationRoleConfig>,
+
+    /// Further PostgreSQL roles the operator keeps in every shard (at most 64), keyed by name.
+    /// Removing one from the list leaves it in PostgreSQL; `ensure: absent` drops it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub roles: Vec<ManagedRole>,
 
     /// Mutual TLS between Multigres components. Default disabled.
     #[serde(
@@ -675,6 +694,13 @@ pub struct MultigresClusterStatus {
     /// External admin web endpoint; absent when `externalAdminWeb` is unset or disabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_web: Option<ExternalEndpointStatus>,
+
+    /// Each managed PostgreSQL role's state in the cluster's shards: the application role, the
+    /// web UI's and the declared ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 66))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub roles: Vec<RoleStatus>,
 
     /// Summary of each database (at most 50).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -4,6 +4,7 @@
 pub mod cell;
 pub mod cluster;
 pub mod common;
+pub mod roles;
 mod rules;
 pub mod shard;
 pub mod tablegroup;
@@ -13,6 +14,7 @@ pub mod toposerver;
 pub use cell::*;
 pub use cluster::*;
 pub use common::*;
+pub use roles::*;
 pub use shard::*;
 pub use tablegroup::*;
 pub use templates::*;
