@@ -6,6 +6,7 @@ pub mod crd;
 pub mod expansion;
 pub mod field_support;
 pub mod labels;
+pub mod managed_roles;
 pub mod names;
 pub mod network;
 pub mod observability;

@@ -110,6 +110,16 @@ pub fn gateway_certificate(cluster: &str) -> String {
     join(&[cluster, "gateway-cert"], MAX_DNS_LABEL)
 }
 
+/// The Secret with the application role's generated password and connection settings.
+pub fn application_role_secret(cluster: &str) -> String {
+    join(&[cluster, "app"], MAX_DNS_LABEL)
+}
+
+/// The Secret with the generated password of the web UI's read-only role.
+pub fn web_ui_role_secret(cluster: &str) -> String {
+    join(&[cluster, "web-ui-role"], MAX_DNS_LABEL)
+}
+
 /// The internal mutual-TLS identity of `process` in `cluster`: its certificate's common name
 /// and the name of the Secret holding it. Multigres processes verify a peer by this name
 /// (`--multipooler-grpc-server-name`).
