@@ -1,7 +1,7 @@
 //! Protocol messages shared by the handlers: the `HandlerInfo` gRPC service, in `topo` the
 //! Multigres topology records the data-handler writes to etcd, and in `multipooler` the
 //! multipooler's management service, whose `ReloadConfig` the data-handler calls to apply
-//! reload-class settings. The Multigres messages come from upstream's own `.proto` files,
+//! reload-class settings, and its query service, through which it keeps PostgreSQL roles. The Multigres messages come from upstream's own `.proto` files,
 //! unchanged (`proto/multigres/UPSTREAM` names the commit; a test checks them).
 
 /// `multigres.operator.v1`: the HandlerInfo service.
@@ -31,5 +31,19 @@ pub mod multipooler {
     /// The `MultipoolerManager` service client and server.
     pub mod multipoolermanager {
         tonic::include_proto!("multipoolermanager");
+    }
+    /// Query messages (targets, results), used by the query service.
+    pub mod query {
+        tonic::include_proto!("query");
+    }
+    /// Caller identities and RPC errors, used by the query service.
+    pub mod mtrpc {
+        tonic::include_proto!("mtrpc");
+    }
+    /// The `MultipoolerService` query service: the data-handler runs its role statements
+    /// through the primary's multipooler, as the superuser the multipooler already holds, so
+    /// the operator itself never reads the superuser password.
+    pub mod multipoolerservice {
+        tonic::include_proto!("multipoolerservice");
     }
 }
