@@ -1,8 +1,9 @@
 //! Protocol messages shared by the handlers: the `HandlerInfo` gRPC service, in `topo` the
 //! Multigres topology records the data-handler writes to etcd, and in `multipooler` the
 //! multipooler's management service, whose `ReloadConfig` the data-handler calls to apply
-//! reload-class settings, and its query service, through which it keeps PostgreSQL roles. The Multigres messages come from upstream's own `.proto` files,
-//! unchanged (`proto/multigres/UPSTREAM` names the commit; a test checks them).
+//! reload-class settings, and its query service, through which it keeps PostgreSQL roles. The
+//! Multigres messages come from upstream's own `.proto` files, unchanged
+//! (`proto/multigres/UPSTREAM` names the commit; a test checks them).
 
 /// `multigres.operator.v1`: the HandlerInfo service.
 pub mod operator {
