@@ -58,7 +58,8 @@ pub struct Stores {
     pub pvcs: Store<PersistentVolumeClaim>,
     /// Pool pods only (what the ordered restarts need).
     pub pods: Store<Pod>,
-    /// TLS Secrets this operator issued (labelled; users' Secrets are read directly).
+    /// TLS and role Secrets this operator generated (labelled; users' Secrets are read
+    /// directly).
     pub secrets: Store<Secret>,
     /// Rendered postgresql.conf ConfigMaps (labelled; referenced ones are read directly),
     /// without the file.

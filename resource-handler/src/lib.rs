@@ -2,8 +2,10 @@
 //! multiadmin-web and (externally exposable) cluster-wide gateway Service into Kubernetes
 //! workloads that run Multigres as Multigres expects (etcd StatefulSets,
 //! multigateway and multiorch Deployments, PostgreSQL pool StatefulSets, Services,
-//! PodDisruptionBudgets and each cluster's NetworkPolicies), restarts pool pods in a safe order, grows volumes, and reports
-//! readiness on the custom resources' status.
+//! PodDisruptionBudgets and each cluster's NetworkPolicies), generates the TLS material and the
+//! Secrets of the PostgreSQL roles whose passwords the operator makes ([`role_secrets`]),
+//! restarts pool pods in a safe order, grows volumes, and reports readiness on the custom
+//! resources' status.
 
 pub mod cell;
 pub mod conditions;
@@ -18,6 +20,7 @@ pub mod netpol;
 pub mod owner;
 pub mod podspec;
 pub mod readiness;
+pub mod role_secrets;
 pub mod shard;
 pub mod slim_cache;
 pub mod stateless;

@@ -1,6 +1,8 @@
 //! MultigresCluster controller of this handler: runs the cluster's multiadmin and
 //! multiadmin-web, the cluster-wide multigateway Service, their external exposure, and reports
-//! the external endpoints on the cluster's status. The cluster is resolved here with the
+//! the external endpoints on the cluster's status; it also keeps the cluster's TLS material and
+//! the Secrets of the PostgreSQL roles whose passwords the operator generates
+//! ([`crate::role_secrets`]). The cluster is resolved here with the
 //! templates of its namespace, exactly as the cluster-handler resolves it, so these follow the
 //! same images and the same global topology as every other component.
 
@@ -69,6 +71,10 @@ pub enum Error {
     /// of cert-manager.
     #[error("certificates")]
     Tls(#[from] crate::tls::TlsError),
+    /// A generated role Secret (the web UI's, the application role's) could not be read,
+    /// generated or written.
+    #[error(transparent)]
+    RoleSecret(#[from] crate::role_secrets::RoleSecretError),
     /// A write to the API server failed.
     #[error(transparent)]
     Sync(#[from] SyncError),
@@ -77,7 +83,7 @@ pub enum Error {
 impl Classify for Error {
     fn is_invalid_spec(&self) -> bool {
         match self {
-            Error::Sync(_) => false,
+            Error::Sync(_) | Error::RoleSecret(_) => false,
             Error::Tls(e) => e.is_invalid_spec(),
             _ => true,
         }
@@ -101,7 +107,7 @@ pub struct Triggers {
     pub deployments: Changes<Deployment>,
     /// Owned Services (their load-balancer status is the external endpoints').
     pub services: Changes<Service>,
-    /// Owned TLS Secrets (a deleted one is issued again).
+    /// Owned TLS and generated role Secrets (a deleted one is made again).
     pub secrets: Changes<Secret>,
     /// Owned NetworkPolicies (a deleted or edited one is applied again).
     pub network_policies: Changes<NetworkPolicy>,
@@ -244,6 +250,8 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let internal_tls = cluster.spec.internal_tls.as_ref();
     crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;
     crate::tls::reconcile_gateway(ctx, guard, &owner, &resolved, &cluster.spec).await?;
+    // Before the Deployments: multiadmin-web reads its password from one of them.
+    crate::role_secrets::reconcile(ctx, guard, &owner, &cluster.spec).await?;
     let objects = desire(&owner, cluster, &resolved, &ctx.telemetry);
     apply(ctx, &owner, objects).await?;
     prune(ctx, &owner).await?;
