@@ -232,22 +232,39 @@ async fn every_multi_cell_sample_answers_sql_through_each_cells_gateway() {
             &format!("{sample}.yaml applied -> web UI lists every cell's poolers (s)"),
             format!("{:.1}", took.as_secs_f64()),
         );
-        // Where the gateways require TLS, the UI's plaintext PostgreSQL client could never
-        // use a password: it holds none, and its topology pages (above) still work.
+        // The UI logs in as its own read-only role, never as the superuser. Where the
+        // gateways require TLS, its plaintext PostgreSQL client could never use a password:
+        // it holds none, and its topology pages (above) still work.
         let web: Deployment = Api::namespaced(client.clone(), namespace)
             .get(&format!("{name}-multiadmin-web"))
             .await
             .unwrap();
-        let holds_password = web
+        let env: Vec<_> = web
             .spec
             .and_then(|s| s.template.spec)
             .into_iter()
             .flat_map(|pod| pod.containers)
             .flat_map(|c| c.env.unwrap_or_default())
-            .any(|e| e.name == "POSTGRES_PASSWORD");
+            .collect();
+        let user = env.iter().find(|e| e.name == "POSTGRES_USER");
         assert_eq!(
-            holds_password, !*tls_required,
-            "{sample}: the web UI holds the superuser password only where TLS is not required"
+            user.and_then(|e| e.value.as_deref()),
+            Some("multiadmin_web"),
+            "{sample}: the web UI logs in as its own role"
+        );
+        let password = env
+            .iter()
+            .find(|e| e.name == "POSTGRES_PASSWORD")
+            .map(|e| {
+                let from = e.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref());
+                from.map(|r| (r.name.clone(), r.key.clone()))
+            });
+        let expected = (!*tls_required)
+            .then(|| Some((format!("{name}-web-ui-role"), "password".to_owned())));
+        assert_eq!(
+            password, expected,
+            "{sample}: the web UI holds its role's generated password (never the superuser's), \
+             and only where TLS is not required"
         );
     }
 }

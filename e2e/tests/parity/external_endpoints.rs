@@ -220,7 +220,8 @@ async fn external_endpoints_and_multiadmin_web_follow_the_spec() {
     );
     assert_eq!(value("POSTGRES_HOST").as_deref(), Some("ext-multigateway"));
     assert_eq!(value("POSTGRES_PORT").as_deref(), Some("5432"));
-    assert_eq!(value("POSTGRES_USER").as_deref(), Some("dba"));
+    // Its own read-only role, not the superuser (`dba`), with the generated password.
+    assert_eq!(value("POSTGRES_USER").as_deref(), Some("multiadmin_web"));
     assert_eq!(value("PORT").as_deref(), Some("18100"));
     let password = env["POSTGRES_PASSWORD"]
         .value_from
@@ -230,7 +231,7 @@ async fn external_endpoints_and_multiadmin_web_follow_the_spec() {
         .unwrap();
     assert_eq!(
         (password.name, password.key),
-        ("pg".into(), "password".into())
+        ("ext-web-ui-role".into(), "password".into())
     );
     let probe = c.readiness_probe.clone().unwrap().http_get.unwrap();
     assert_eq!(

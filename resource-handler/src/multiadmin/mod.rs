@@ -25,9 +25,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_api::labels::{CLUSTER, COMPONENT, Component};
 use multigres_api::observability::{InheritedEnv, PROJECT_REF_ANNOTATION, Process};
-use multigres_api::resolver::{
-    ResolveError, ResolvedCluster, Templates, defaults, images, resolve,
-};
+use multigres_api::resolver::{ResolveError, ResolvedCluster, Templates, images, resolve};
 use multigres_api::v1alpha1::{
     CellTemplate, CoreTemplate, GatewayTlsConfig, MultigresCluster, ShardTemplate,
 };
@@ -311,19 +309,10 @@ fn desire(
         cluster.spec.internal_tls.as_ref(),
         &resolved.topo_ref,
     );
-    let superuser = cluster
-        .spec
-        .postgres_superuser
-        .as_deref()
-        .unwrap_or(defaults::POSTGRES_SUPERUSER);
-    // With TLS required the UI's plaintext client is refused: it gets no password to hold.
+    // The UI logs in as its own read-only role. With TLS required its plaintext client is
+    // refused: it gets no password to hold.
     let required = GatewayTlsConfig::is_required(cluster.spec.gateway_tls.as_ref());
-    let web = web::build(
-        owner,
-        resolved,
-        superuser,
-        (!required).then_some(&cluster.spec.postgres_password_secret_ref),
-    );
+    let web = web::build(owner, resolved, !required);
     let mut web_service = web.service;
     external::expose(&mut web_service, Exposed::AdminWeb.enabled(cluster));
     let mut gateway_service = external::gateway_service(owner);

@@ -4,16 +4,19 @@
 //!
 //! The image runs its own entrypoint (`node server.js`) as its own user (`nextjs`, 1001); the
 //! root filesystem stays read-only with writable `/tmp` and Next.js cache directories. Unlike
-//! the upstream operator, the superuser password is passed from the cluster's Secret, so the
-//! UI's catalog queries authenticate instead of trying the literal default `postgres`.
+//! the upstream operator, the UI does not log in as the superuser: its catalog queries use the
+//! operator's read-only role [`WEB_UI_ROLE`] (`multiadmin_web`, which may read only the tables
+//! the UI reads) with the password the operator generates in Secret `<cluster>-web-ui-role`
+//! ([`crate::role_secrets`]), so the UI holds no superuser password at all.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
     EnvVar, EnvVarSource, PodSpec, SecretKeySelector, Service, Volume,
 };
 use multigres_api::labels::{self, Component, Placement};
+use multigres_api::managed_roles::PASSWORD_KEY;
 use multigres_api::resolver::{ResolvedCluster, defaults};
-use multigres_api::v1alpha1::PostgresPasswordSecretRef;
+use multigres_api::v1alpha1::WEB_UI_ROLE;
 
 use crate::contract::{MULTIADMIN_HTTP, POSTGRES_PORT};
 use crate::owner::Owner;
@@ -51,13 +54,13 @@ pub struct WebObjects {
     pub service: Service,
 }
 
-fn secret_env(name: &str, secret: &PostgresPasswordSecretRef) -> EnvVar {
+fn secret_env(name: &str, secret: String, key: &str) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
-                name: secret.name.clone(),
-                key: secret.key.clone(),
+                name: secret,
+                key: key.to_owned(),
                 optional: Some(false),
             }),
             ..Default::default()
@@ -67,14 +70,11 @@ fn secret_env(name: &str, secret: &PostgresPasswordSecretRef) -> EnvVar {
 }
 
 /// The UI's environment: where it listens, multiadmin's API, and how it reaches PostgreSQL
-/// through the cluster-wide gateway Service. Without `password` the UI holds none: its
-/// PostgreSQL client connects without TLS (`web/multiadmin/lib/db.ts`, `ssl: false`), so where
-/// the gateways require TLS the password could never be used and is only a liability.
-pub fn web_env(
-    cluster: &str,
-    superuser: &str,
-    password: Option<&PostgresPasswordSecretRef>,
-) -> Vec<EnvVar> {
+/// through the cluster-wide gateway Service, as [`WEB_UI_ROLE`] with the password in Secret
+/// `<cluster>-web-ui-role`. Without `with_password` the UI holds none: its PostgreSQL client
+/// connects without TLS (`web/multiadmin/lib/db.ts`, `ssl: false`), so where the gateways
+/// require TLS the password could never be used and is only a liability.
+pub fn web_env(cluster: &str, with_password: bool) -> Vec<EnvVar> {
     let mut env_vars = vec![
         env("HOSTNAME", "::"),
         env("PORT", MULTIADMIN_WEB_HTTP.to_string()),
@@ -88,20 +88,21 @@ pub fn web_env(
         env("POSTGRES_HOST", crate::names::cluster_multigateway(cluster)),
         env("POSTGRES_PORT", POSTGRES_PORT.to_string()),
         env("POSTGRES_DATABASE", CATALOG_DATABASE),
-        env("POSTGRES_USER", superuser),
+        env("POSTGRES_USER", WEB_UI_ROLE),
     ];
-    env_vars.extend(password.map(|p| secret_env("POSTGRES_PASSWORD", p)));
+    if with_password {
+        env_vars.push(secret_env(
+            "POSTGRES_PASSWORD",
+            multigres_api::names::web_ui_role_secret(cluster),
+            PASSWORD_KEY,
+        ));
+    }
     env_vars
 }
 
-/// Builds multiadmin-web for a resolved cluster owned by `owner`; `superuser` and `password`
-/// are the cluster's PostgreSQL superuser and its password Secret (none: see [`web_env`]).
-pub fn build(
-    owner: &Owner,
-    resolved: &ResolvedCluster,
-    superuser: &str,
-    password: Option<&PostgresPasswordSecretRef>,
-) -> WebObjects {
+/// Builds multiadmin-web for a resolved cluster owned by `owner`; `with_password`: whether the
+/// UI gets its role's password (see [`web_env`]).
+pub fn build(owner: &Owner, resolved: &ResolvedCluster, with_password: bool) -> WebObjects {
     let at = Placement::default();
     let labels = labels::labels(&owner.cluster, Component::MultiadminWeb, &at);
     let selector = labels::selector(&owner.cluster, Component::MultiadminWeb, &at);
@@ -133,7 +134,7 @@ pub fn build(
         .as_mut()
         .and_then(|s| s.template.spec.as_mut())
     {
-        run_image_entrypoint(pod, web_env(&owner.cluster, superuser, password));
+        run_image_entrypoint(pod, web_env(&owner.cluster, with_password));
     }
     let service = stateless::service(
         &name,
@@ -200,12 +201,7 @@ mod tests {
     fn objects(c: &MultigresCluster) -> WebObjects {
         let resolved = resolve(c, &Templates::default()).unwrap();
         let owner = Owner::with_cluster(c, "prod".into()).unwrap();
-        build(
-            &owner,
-            &resolved,
-            "admin",
-            Some(&c.spec.postgres_password_secret_ref),
-        )
+        build(&owner, &resolved, true)
     }
 
     #[test]
@@ -274,7 +270,7 @@ mod tests {
     }
 
     #[test]
-    fn ui_reaches_multiadmin_and_the_cluster_gateway() {
+    fn ui_reaches_multiadmin_and_the_cluster_gateway_as_its_own_role() {
         let o = objects(&cluster());
         let pod = o.deployment.spec.unwrap().template.spec.unwrap();
         let env = pod.containers[0].env.clone().unwrap();
@@ -290,7 +286,11 @@ mod tests {
         assert_eq!(value("POSTGRES_HOST"), "prod-multigateway");
         assert_eq!(value("POSTGRES_PORT"), "5432");
         assert_eq!(value("POSTGRES_DATABASE"), "postgres");
-        assert_eq!(value("POSTGRES_USER"), "admin");
+        assert_eq!(
+            value("POSTGRES_USER"),
+            "multiadmin_web",
+            "not the superuser (admin)"
+        );
         let password = env.iter().find(|e| e.name == "POSTGRES_PASSWORD").unwrap();
         let secret = password
             .value_from
@@ -300,16 +300,28 @@ mod tests {
             .as_ref()
             .unwrap();
         assert_eq!(
-            (secret.name.as_str(), secret.key.as_str()),
-            ("pg", "password")
+            (secret.name.as_str(), secret.key.as_str(), secret.optional),
+            ("prod-web-ui-role", "password", Some(false)),
+            "the generated role Secret, not the superuser's (pg)"
+        );
+        assert!(
+            env.iter().all(|e| e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+                .is_none_or(|r| r.name != "pg")),
+            "no superuser password: {env:?}"
         );
     }
 
     #[test]
     fn without_a_password_the_ui_holds_none() {
-        let env = web_env("prod", "admin", None);
+        let env = web_env("prod", false);
         assert!(env.iter().all(|e| e.name != "POSTGRES_PASSWORD"), "{env:?}");
-        assert!(env.iter().any(|e| e.name == "POSTGRES_USER"));
+        assert!(
+            env.iter()
+                .any(|e| e.name == "POSTGRES_USER" && e.value.as_deref() == Some("multiadmin_web"))
+        );
     }
 
     #[test]
