@@ -373,16 +373,23 @@ impl Checks {
     /// [`PACE`] ago or longer, or its primary changed since. A due check is recorded as made.
     /// Shards not checked for an hour are forgotten.
     pub fn due(&self, shard: &str, primary: &str, now: Instant) -> bool {
+        self.due_after(shard, primary, now, PACE)
+    }
+
+    /// Whether `shard` is due a check at `now` with `key` (what the check depends on, such as
+    /// its primary): never checked, checked `pace` ago or longer, or checked with another key.
+    /// A due check is recorded as made.
+    pub fn due_after(&self, shard: &str, key: &str, now: Instant, pace: Duration) -> bool {
         let mut map = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let due = map
             .get(shard)
-            .is_none_or(|(at, p)| p != primary || now.saturating_duration_since(*at) >= PACE);
+            .is_none_or(|(at, k)| k != key || now.saturating_duration_since(*at) >= pace);
         if due {
             map.retain(|_, (at, _)| now.saturating_duration_since(*at) < FORGET_AFTER);
-            map.insert(shard.to_owned(), (now, primary.to_owned()));
+            map.insert(shard.to_owned(), (now, key.to_owned()));
         }
         due
     }

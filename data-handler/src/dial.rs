@@ -48,6 +48,13 @@ impl Dial {
         address: &str,
         timeout: Duration,
     ) -> Result<MultipoolerManagerClient<Channel>, RpcError> {
+        self.channel(address, timeout)
+            .await
+            .map(MultipoolerManagerClient::new)
+    }
+
+    /// A connection to the multipooler at `address`, for any of its services.
+    pub async fn channel(&self, address: &str, timeout: Duration) -> Result<Channel, RpcError> {
         let invalid = |source| RpcError::Address {
             address: address.to_owned(),
             source,
@@ -67,7 +74,7 @@ impl Dial {
                 });
             }
         };
-        let channel = endpoint
+        endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(timeout)
             .connect()
@@ -75,8 +82,7 @@ impl Dial {
             .map_err(|source| RpcError::Connect {
                 address: address.to_owned(),
                 source,
-            })?;
-        Ok(MultipoolerManagerClient::new(channel))
+            })
     }
 }
 

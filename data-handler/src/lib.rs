@@ -23,6 +23,7 @@ pub mod deletion;
 pub mod desired;
 pub mod dial;
 pub mod finalizer;
+pub mod postgres_roles;
 pub mod reload;
 pub mod roles;
 pub mod shard;
@@ -299,6 +300,8 @@ fn shard_controller(
         switchovers: Default::default(),
         backup_checks: Default::default(),
         backup_runs: Default::default(),
+        role_checks: Default::default(),
+        passwords: postgres_roles::Passwords::new(base.client.clone()),
         state: base.state.clone(),
         backoff: base.settings.backoff(),
         settings: base.settings.clone(),

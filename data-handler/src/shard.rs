@@ -48,7 +48,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, SWITCHOVER_RESIGNED};
 use multigres_api::names;
-use multigres_api::v1alpha1::{Cell, MultigresCluster, Shard, TopoServer};
+use multigres_api::v1alpha1::{Cell, MultigresCluster, RoleStatus, Shard, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::controller::{Classify, WithBackoff};
@@ -61,6 +61,7 @@ use crate::backup_health::{self, Published};
 use crate::backup_schedule;
 use crate::conditions::{self, Notice};
 use crate::dial::Credentials;
+use crate::postgres_roles;
 use crate::reload::{self, DesiredError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::switchover;
@@ -186,6 +187,10 @@ pub struct Context {
     pub backup_checks: backup_health::Checks,
     /// The scheduled backups running now.
     pub backup_runs: backup_schedule::Runs,
+    /// When each shard's PostgreSQL roles were last checked.
+    pub role_checks: backup_health::Checks,
+    /// The roles' password Secrets, as last read.
+    pub passwords: postgres_roles::Passwords,
     /// Reconcile counts for `HandlerInfo` and metrics.
     pub state: HandlerState,
     /// Retry delays of failing Shards.
@@ -341,8 +346,31 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         poolers,
     )
     .await;
+    let lent = postgres_roles::Context {
+        checks: &ctx.role_checks,
+        passwords: &ctx.passwords,
+        dial: &dial,
+        timeout: ctx.settings.request_timeout,
+    };
+    let owner = ctx
+        .clusters
+        .get(&ObjectRef::new(&cluster).within(&namespace));
+    let owner = owner.as_deref().and_then(|c| c.0.as_ref().ok());
+    let postgres_roles = postgres_roles::run(&lent, shard, owner, key, &pool_pods, poolers).await;
+    let stored_postgres_roles = shard
+        .status
+        .as_ref()
+        .map(|s| s.roles.clone())
+        .unwrap_or_default();
     let statuses = Statuses {
         roles: (&previous, &published),
+        postgres_roles: (
+            &stored_postgres_roles,
+            postgres_roles
+                .statuses
+                .as_ref()
+                .unwrap_or(&stored_postgres_roles),
+        ),
         cohort: (&stored_cohort, &cohort_next),
         backups: (
             &stored_backups,
@@ -379,6 +407,9 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     if let Some(notice) = checked.and_then(|c| c.notice) {
         publish(ctx, &reference, &notice, "BackupHealth", None).await;
     }
+    for notice in &postgres_roles.notices {
+        publish(ctx, &reference, notice, "PostgresRoles", None).await;
+    }
     let lent = reloads::Context {
         config_maps: &ctx.config_maps,
         pods: &ctx.pods,
@@ -400,6 +431,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         switchover: handover.pending,
         cohort: !cohort_next.healthy(),
         backup: scheduled.running,
+        postgres_roles: postgres_roles.again_soon,
     };
     let period = period(&ctx.settings, shard, pending);
     match (cohort.failure.map(Error::from))
@@ -460,6 +492,8 @@ struct Statuses<'a> {
     cohort: (&'a consensus::Published, &'a consensus::Published),
     /// Backups: stored, published now, and whether a backup check was made now.
     backups: (&'a Published, &'a Published, bool),
+    /// PostgreSQL roles: stored, published now.
+    postgres_roles: (&'a [RoleStatus], &'a [RoleStatus]),
 }
 
 /// Applies the status fields of this handler when the roles, the cohort or the backup health
@@ -468,10 +502,15 @@ async fn write_status(ctx: &Context, shard: &Shard, statuses: &Statuses<'_>) -> 
     let (backups, next_backups, checked) = statuses.backups;
     let (previous, published) = statuses.roles;
     let (stored_cohort, cohort) = statuses.cohort;
-    if published == previous && next_backups == backups && cohort == stored_cohort {
+    let (stored_roles, postgres_roles) = statuses.postgres_roles;
+    if published == previous
+        && next_backups == backups
+        && cohort == stored_cohort
+        && postgres_roles == stored_roles
+    {
         return Ok(());
     }
-    let body = status_body(published, cohort, next_backups);
+    let body = status_body(published, cohort, next_backups, postgres_roles);
     ctx.writer
         .apply_status(shard, &body)
         .await
@@ -595,6 +634,8 @@ struct Pending {
     cohort: bool,
     /// A scheduled backup runs: its end is published when seen.
     backup: bool,
+    /// PostgreSQL roles changed (to be confirmed) or could not be checked.
+    postgres_roles: bool,
 }
 
 /// When to read the Shard again: after `roles_period`, sooner while something is `pending`, or
@@ -613,6 +654,9 @@ fn period(settings: &Settings, shard: &Shard, pending: Pending) -> Duration {
     }
     if pending.backup {
         period = period.min(backup_schedule::POLL);
+    }
+    if pending.postgres_roles {
+        period = period.min(postgres_roles::RETRY);
     }
     if shard.spec.backup.is_some() {
         period = period.min(backup_health::PACE);
@@ -637,8 +681,12 @@ fn status_body(
     pod_roles: &BTreeMap<String, String>,
     cohort: &consensus::Published,
     backups: &Published,
+    postgres_roles: &[RoleStatus],
 ) -> serde_json::Value {
     let mut body = backups.fields();
+    if !postgres_roles.is_empty() {
+        body.insert("roles".to_owned(), json!(postgres_roles));
+    }
     let mut conditions: Vec<serde_json::Value> = match body.remove("conditions") {
         Some(serde_json::Value::Array(list)) => list,
         _ => Vec::new(),
@@ -696,7 +744,7 @@ mod tests {
     fn the_status_body_carries_every_field_of_this_handler() {
         let roles = BTreeMap::from([("p-0".to_owned(), roles::PRIMARY.to_owned())]);
         let none = consensus::Published::default();
-        let body = status_body(&roles, &none, &Published::default());
+        let body = status_body(&roles, &none, &Published::default(), &[]);
         assert_eq!(body, json!({ "podRoles": { "p-0": "PRIMARY" } }));
         let backups = Published {
             kind: Some(multigres_api::v1alpha1::BackupKind::Full),
@@ -710,7 +758,7 @@ mod tests {
             }),
             conditions: vec![condition(consensus::COHORT_HEALTHY)],
         };
-        let body = status_body(&BTreeMap::new(), &cohort, &backups);
+        let body = status_body(&BTreeMap::new(), &cohort, &backups, &[]);
         assert_eq!(
             (
                 &body["podRoles"],

@@ -409,6 +409,13 @@ pub struct ShardStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
+    /// Each managed PostgreSQL role's state in this shard's primary, written by the
+    /// data-handler.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 66))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub roles: Vec<super::roles::RoleStatus>,
+
     /// Rollout state of the rendered postgresql.conf.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres_config: Option<PostgresConfigStatus>,
