@@ -186,14 +186,29 @@ impl Endpoint {
         })
     }
 
-    /// One connection; the error as text.
+    /// One connection as the superuser; the error as text.
     pub async fn connect(&self) -> Result<tokio_postgres::Client, String> {
+        self.connect_as("postgres", &self.password).await
+    }
+
+    /// Runs `sql` (simple protocol) as role `user` with `password`, on a fresh connection.
+    pub async fn query_as(&self, user: &str, password: &str, sql: &str) -> Result<Rows, String> {
+        let client = self.connect_as(user, password).await?;
+        run(&client, sql).await
+    }
+
+    /// One connection as role `user` with `password`; the error as text.
+    pub async fn connect_as(
+        &self,
+        user: &str,
+        password: &str,
+    ) -> Result<tokio_postgres::Client, String> {
         let mut config = tokio_postgres::Config::new();
         config
             .host(&self.host)
             .port(self.port)
-            .user("postgres")
-            .password(&self.password)
+            .user(user)
+            .password(password)
             .dbname("postgres")
             .connect_timeout(Duration::from_secs(5));
         let (client, connection) = config.connect(NoTls).await.map_err(|e| error_text(&e))?;

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
@@ -296,6 +296,198 @@ async fn a_real_cluster_serves_sql_fails_over_rolls_scales_and_keeps_its_data() 
 }
 
 /// The test's steps; a wait that times out or a failed assertion prints the diagnostics first.
+/// Step 5e: the application role from `<cluster>-app` alone owns its schema and is no
+/// superuser; a declared role appears, logs in, has its password rotated through its Secret
+/// (the old one refused, the new one accepted, no pod restarted) and is dropped with
+/// `ensure: absent`; no password is in a pool pod's log.
+async fn applications_connect_as_themselves(client: &Client, namespace: &str, gateway: &Endpoint) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let key = |secret: &Secret, key: &str| {
+        let data = secret.data.as_ref().and_then(|d| d.get(key)).expect(key);
+        String::from_utf8(data.0.clone()).unwrap()
+    };
+    let app = secrets
+        .get(&multigres_api::names::application_role_secret(NAME))
+        .await
+        .expect("the generated application Secret");
+    let (user, password, uri) = (
+        key(&app, "username"),
+        key(&app, "password"),
+        key(&app, "uri"),
+    );
+    assert_eq!(user, "app");
+    assert!(
+        uri.starts_with("postgresql://app:") && uri.contains("sslmode=require"),
+        "uri"
+    );
+    let started = Instant::now();
+    let who = eventually(
+        "the application role logs in through the gateway",
+        WAIT,
+        || gateway.query_as(&user, &password, "SELECT current_user, current_schema()"),
+    )
+    .await;
+    figure(
+        "application role: first login after the cluster served (s)",
+        format!("{:.1}", started.elapsed().as_secs_f64()),
+    );
+    assert_eq!(
+        who,
+        vec![vec![Some("app".to_owned()), Some("app".to_owned())]]
+    );
+    let notes = "CREATE TABLE notes (id int PRIMARY KEY, body text); \
+                 INSERT INTO notes VALUES (1, 'kept'); SELECT body FROM app.notes";
+    let rows = gateway.query_as(&user, &password, notes).await.unwrap();
+    assert_eq!(
+        rows,
+        vec![vec![Some("kept".to_owned())]],
+        "its tables land in schema app"
+    );
+    for superuser_only in ["CREATE ROLE intruder", "SELECT rolpassword FROM pg_authid"] {
+        let refused = gateway
+            .query_as(&user, &password, superuser_only)
+            .await
+            .unwrap_err();
+        assert!(
+            refused.contains("permission denied"),
+            "{superuser_only}: {refused}"
+        );
+    }
+
+    let (first, second) = ("first-Pa55word", "second-Pa55word");
+    let secret = |password: &str| {
+        serde_json::from_value::<Secret>(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "reporting-password"},
+            "stringData": {"password": password}
+        }))
+        .unwrap()
+    };
+    let apply = PatchParams::apply("e2e").force();
+    secrets
+        .patch("reporting-password", &apply, &Patch::Apply(secret(first)))
+        .await
+        .unwrap();
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let declare = |role: serde_json::Value| {
+        let clusters = clusters.clone();
+        async move {
+            let patch = json!({"spec": {"roles": [role]}});
+            clusters
+                .patch(NAME, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap();
+        }
+    };
+    declare(json!({"name": "reporting", "inRoles": ["pg_read_all_data"],
+        "connectionLimit": 5, "passwordSecret": {"name": "reporting-password"}}))
+    .await;
+    let declared = Instant::now();
+    let read = "SELECT body FROM app.notes";
+    eventually(
+        "the declared role reads the application's table",
+        WAIT,
+        || gateway.query_as("reporting", first, read),
+    )
+    .await;
+    figure(
+        "declared role: spec edit -> first login (s)",
+        format!("{:.1}", declared.elapsed().as_secs_f64()),
+    );
+    let written = gateway
+        .query_as("reporting", first, "INSERT INTO app.notes VALUES (2, 'no')")
+        .await
+        .unwrap_err();
+    assert!(
+        written.contains("permission denied"),
+        "read-only: {written}"
+    );
+
+    let before = uids(client, namespace).await;
+    secrets
+        .patch("reporting-password", &apply, &Patch::Apply(secret(second)))
+        .await
+        .unwrap();
+    let rotated = Instant::now();
+    eventually(
+        "the rotated password is accepted, the old one refused",
+        WAIT,
+        || async {
+            gateway.query_as("reporting", second, read).await?;
+            match gateway.query_as("reporting", first, read).await {
+                Ok(_) => Err("the old password still works".to_owned()),
+                Err(_) => Ok(()),
+            }
+        },
+    )
+    .await;
+    figure(
+        "declared role: Secret edit -> new password accepted, old refused (s)",
+        format!("{:.1}", rotated.elapsed().as_secs_f64()),
+    );
+    assert_eq!(
+        uids(client, namespace).await,
+        before,
+        "no pool pod restarted"
+    );
+
+    declare(json!({"name": "reporting", "ensure": "absent"})).await;
+    eventually("the dropped role is gone", WAIT, || async {
+        let exists = gateway
+            .query("SELECT count(*) FROM pg_roles WHERE rolname = 'reporting'")
+            .await?;
+        match exists[0][0].as_deref() {
+            Some("0") => Ok(()),
+            other => Err(format!("pg_roles still counts {other:?}")),
+        }
+    })
+    .await;
+    eventually("Shard status says reporting is dropped", WAIT, || async {
+        let roles = shard(client, namespace)
+            .await
+            .status
+            .unwrap_or_default()
+            .roles;
+        let state = roles
+            .iter()
+            .find(|r| r.name == "reporting")
+            .map(|r| r.state);
+        match state {
+            Some(multigres_api::v1alpha1::RoleState::Dropped) => Ok(()),
+            other => Err(format!("reporting: {other:?} in {roles:?}")),
+        }
+    })
+    .await;
+    for pod in pool_pods(client, namespace).await {
+        for container in ["multipooler", "pgctld"] {
+            let logs = Api::<Pod>::namespaced(client.clone(), namespace)
+                .logs(
+                    &pod.name_any(),
+                    &kube::api::LogParams {
+                        container: Some(container.to_owned()),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap_or_default();
+            for secret in [first, second, password.as_str()] {
+                assert!(
+                    !logs.contains(secret),
+                    "{} {container} logs a password",
+                    pod.name_any()
+                );
+            }
+        }
+    }
+    let events = shard_events(client, namespace).await;
+    assert!(
+        events.iter().all(|e| ![first, second, password.as_str()]
+            .iter()
+            .any(|p| e.contains(p))),
+        "no password in an event"
+    );
+}
+
 /// Step 5d: one probe pod in a fresh namespace and one labelled as the cluster's own, each
 /// dialling every control port of the cluster once. Prints the table both saw.
 async fn strangers_are_refused(
@@ -701,6 +893,10 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     // every internal port, and pgctld's gRPC no one (it listens on loopback, and no policy
     // admits its port).
     strangers_are_refused(&client, cluster, &namespace, &primary).await;
+
+    // 5e. Applications connect as themselves: the generated application role, and a declared
+    // role whose password is rotated by editing its Secret and which is dropped on request.
+    applications_connect_as_themselves(&client, &namespace, &gateway).await;
 
     // 6. Delete the primary under a steady load: a replica is promoted, writes resume, and no
     // acknowledged row is lost. The newcomer is in the cohort (step 5 waited until the Shard

@@ -252,15 +252,15 @@ async fn every_multi_cell_sample_answers_sql_through_each_cells_gateway() {
             Some("multiadmin_web"),
             "{sample}: the web UI logs in as its own role"
         );
-        let password = env
-            .iter()
-            .find(|e| e.name == "POSTGRES_PASSWORD")
-            .map(|e| {
-                let from = e.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref());
-                from.map(|r| (r.name.clone(), r.key.clone()))
-            });
-        let expected = (!*tls_required)
-            .then(|| Some((format!("{name}-web-ui-role"), "password".to_owned())));
+        let password = env.iter().find(|e| e.name == "POSTGRES_PASSWORD").map(|e| {
+            let from = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref());
+            from.map(|r| (r.name.clone(), r.key.clone()))
+        });
+        let expected =
+            (!*tls_required).then(|| Some((format!("{name}-web-ui-role"), "password".to_owned())));
         assert_eq!(
             password, expected,
             "{sample}: the web UI holds its role's generated password (never the superuser's), \
