@@ -45,7 +45,7 @@ pub const CHECK: Duration = Duration::from_secs(30);
 /// reaches PostgreSQL within this and a reconcile period.
 pub const REREAD: Duration = Duration::from_secs(15);
 /// How soon a shard is checked again after a check changed something or could not be made.
-pub const RETRY: Duration = Duration::from_secs(2);
+pub const RETRY: Duration = Duration::from_secs(3);
 /// Event reasons.
 const ROLES_CHANGED: &str = "RolesChanged";
 const ROLE_FAILED: &str = "RoleFailed";
@@ -169,7 +169,8 @@ pub async fn run(
         }
     }
     let Some((pod, record)) = roles::primary(key, pods, poolers) else {
-        return pending_all(&stored, &desired, "the shard has no primary yet");
+        // Read again with the shard, every roles period: a primary makes no Kubernetes event.
+        return pending_all(&stored, &desired, "the shard has no primary yet", false);
     };
     let Some(address) = reload::address(record) else {
         return pending_all(
@@ -199,7 +200,7 @@ pub async fn run(
         Ok(channel) => MultipoolerServiceClient::new(channel),
         Err(error) => {
             lent.checks.forget(&slot);
-            return pending_all(&stored, &desired, &ErrorChain(&error).to_string());
+            return pending_all(&stored, &desired, &ErrorChain(&error).to_string(), true);
         }
     };
     let tables: Vec<String> = desired.iter().flat_map(|r| r.reads.clone()).collect();
@@ -217,7 +218,7 @@ pub async fn run(
             lent.checks.forget(&slot);
             let why =
                 format!("cannot read the roles from the primary's multipooler at {address}: {why}");
-            return pending_all(&stored, &desired, &why);
+            return pending_all(&stored, &desired, &why, true);
         }
     };
     let mut statuses = Vec::new();
@@ -340,12 +341,17 @@ fn status(name: &str, state: RoleState, message: Option<String>) -> RoleStatus {
     }
 }
 
-fn pending_all(stored: &[RoleStatus], desired: &[DesiredRole], why: &str) -> Outcome {
+fn pending_all(
+    stored: &[RoleStatus],
+    desired: &[DesiredRole],
+    why: &str,
+    again_soon: bool,
+) -> Outcome {
     let statuses = desired
         .iter()
         .map(|r| status(&r.name, RoleState::Pending, Some(why.to_owned())))
         .collect();
-    finish(stored, statuses, Vec::new(), true)
+    finish(stored, statuses, Vec::new(), again_soon)
 }
 
 /// The outcome, with a Warning for each role that failed now and had not failed so before.
