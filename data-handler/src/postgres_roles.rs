@@ -180,6 +180,7 @@ pub async fn run(
                 "the pooler record of primary {} names no gRPC address",
                 pod.name
             ),
+            false,
         );
     };
     let slot = format!("{namespace}/{}", shard.name_any());
