@@ -277,8 +277,8 @@ pub static FIELDS: &[Field] = &[
     done(
         Mgc,
         "spec.roles",
-        "data-handler: CREATE, ALTER and DROP ROLE in every shard's PostgreSQL, status.roles \
-         and the RolesReconciled condition",
+        "data-handler: CREATE, ALTER and DROP ROLE in every shard's PostgreSQL; each Shard's \
+         status.roles and its RolesChanged and RoleFailed events",
     ),
     done(
         Mgc,

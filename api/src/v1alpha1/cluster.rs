@@ -20,7 +20,7 @@ use super::{
         PvcDeletionPolicy, Region, ShardName, StatelessSpec, TableGroupName, TemplateRef,
         TopologyPruningConfig, ZoneId,
     },
-    roles::{ApplicationRoleConfig, ManagedRole, RoleStatus},
+    roles::{ApplicationRoleConfig, ManagedRole},
     rules,
     shard::{MultiorchSpec, Pools},
     toposerver::{GlobalTopoServerSpec, LocalTopoServerSpec},
@@ -694,13 +694,6 @@ pub struct MultigresClusterStatus {
     /// External admin web endpoint; absent when `externalAdminWeb` is unset or disabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_web: Option<ExternalEndpointStatus>,
-
-    /// Each managed PostgreSQL role's state in the cluster's shards: the application role, the
-    /// web UI's and the declared ones.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 66))]
-    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
-    pub roles: Vec<RoleStatus>,
 
     /// Summary of each database (at most 50).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
