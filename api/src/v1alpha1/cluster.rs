@@ -163,10 +163,10 @@ pub struct MultigresClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub application_role: Option<ApplicationRoleConfig>,
 
-    /// Further PostgreSQL roles the operator keeps in every shard (at most 64), keyed by name.
+    /// Further PostgreSQL roles the operator keeps in every shard (at most 32), keyed by name.
     /// Removing one from the list leaves it in PostgreSQL; `ensure: absent` drops it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 32))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub roles: Vec<ManagedRole>,
 

@@ -39,7 +39,7 @@ pub struct ApplicationRoleConfig {
 
     /// Name of the role (and of its schema). Default `app`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = ROLE_NAME_PATTERN))]
+    #[schemars(length(max = 63), regex(pattern = ROLE_NAME_PATTERN))]
     #[x_kube(validation = Rule::new("!self.startsWith('pg_') && self != 'multiadmin_web'")
         .message("spec.applicationRole.name: names starting with pg_ are PostgreSQL's and multiadmin_web is the operator's; choose another"))]
     pub name: Option<String>,
@@ -110,7 +110,7 @@ pub enum RoleEnsure {
     .message("spec.roles[].inRoles: pg_execute_server_program, pg_read_server_files and pg_write_server_files give a superuser's access to the server; they are not granted"))]
 pub struct ManagedRole {
     /// Role name: a lowercase identifier, not starting with `pg_`.
-    #[schemars(regex(pattern = ROLE_NAME_PATTERN))]
+    #[schemars(length(max = 63), regex(pattern = ROLE_NAME_PATTERN))]
     pub name: String,
 
     /// `present` (default) or `absent` (drop it).
@@ -132,10 +132,10 @@ pub struct ManagedRole {
     #[schemars(extend("format" = "date-time"))]
     pub valid_until: Option<String>,
 
-    /// Roles this role is a member of (at most 32), e.g. `pg_read_all_data`; memberships not
+    /// Roles this role is a member of (at most 16), e.g. `pg_read_all_data`; memberships not
     /// listed are revoked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32), inner(regex(pattern = ROLE_NAME_PATTERN)))]
+    #[schemars(length(max = 16), inner(length(max = 63), regex(pattern = ROLE_NAME_PATTERN)))]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub in_roles: Vec<String>,
 

@@ -412,7 +412,7 @@ pub struct ShardStatus {
     /// Each managed PostgreSQL role's state in this shard's primary, written by the
     /// data-handler.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 66))]
+    #[schemars(length(max = 34))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub roles: Vec<super::roles::RoleStatus>,
 
