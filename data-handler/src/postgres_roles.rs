@@ -44,6 +44,11 @@ pub const CHECK: Duration = Duration::from_secs(30);
 /// How long a read password Secret is used before it is read again: an edited password
 /// reaches PostgreSQL within this and a reconcile period.
 pub const REREAD: Duration = Duration::from_secs(15);
+/// Time allowed for one statement: each is small, and a primary that does not answer soon is
+/// asked again at the next pass rather than holding up the Shard's status.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time allowed for a whole check.
+const DEADLINE: Duration = Duration::from_secs(10);
 /// How soon a shard is checked again after a check changed something or could not be made.
 pub const RETRY: Duration = Duration::from_secs(3);
 /// Event reasons.
@@ -107,8 +112,6 @@ pub struct Context<'a> {
     pub passwords: &'a Passwords,
     /// How to reach the shard's multipoolers.
     pub dial: &'a Dial,
-    /// Time allowed for one statement.
-    pub timeout: Duration,
 }
 
 /// What a check found.
@@ -123,8 +126,38 @@ pub struct Outcome {
     pub again_soon: bool,
 }
 
-/// Checks the roles of `shard` (of `cluster`) on its primary among `pods`.
+/// Checks the roles of `shard` (of `cluster`) on its primary among `pods`, within
+/// [`DEADLINE`]: the Shard's other steps and its status wait for this one.
 pub async fn run(
+    lent: &Context<'_>,
+    shard: &Shard,
+    cluster: Option<&MultigresCluster>,
+    key: ShardKey<'_>,
+    pods: &[PoolPod],
+    poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
+) -> Outcome {
+    let check = check(lent, shard, cluster, key, pods, poolers);
+    match tokio::time::timeout(DEADLINE, check).await {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            lent.checks.forget(&slot(shard));
+            Outcome {
+                again_soon: true,
+                ..Outcome::default()
+            }
+        }
+    }
+}
+
+fn slot(shard: &Shard) -> String {
+    format!(
+        "{}/{}",
+        shard.namespace().unwrap_or_default(),
+        shard.name_any()
+    )
+}
+
+async fn check(
     lent: &Context<'_>,
     shard: &Shard,
     cluster: Option<&MultigresCluster>,
@@ -172,6 +205,16 @@ pub async fn run(
         // Read again with the shard, every roles period: a primary makes no Kubernetes event.
         return pending_all(&stored, &desired, "the shard has no primary yet", false);
     };
+    let published = shard
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_roles.get(&pod.name));
+    if published.map(String::as_str) != Some(roles::PRIMARY) {
+        // A new primary is published first (gateways, restarts and Available wait for it);
+        // its roles are checked from the next pass on.
+        let why = format!("waiting for primary {} to be published", pod.name);
+        return pending_all(&stored, &desired, &why, true);
+    }
     let Some(address) = reload::address(record) else {
         return pending_all(
             &stored,
@@ -183,7 +226,7 @@ pub async fn run(
             false,
         );
     };
-    let slot = format!("{namespace}/{}", shard.name_any());
+    let slot = slot(shard);
     let depends_on = fingerprint(&pod.name, &desired, &passwords, &waiting);
     if !lent
         .checks
@@ -197,7 +240,7 @@ pub async fn run(
         superuser: managed_roles::superuser(&cluster.spec).to_owned(),
         address: address.clone(),
     };
-    let mut client = match lent.dial.channel(&address, lent.timeout).await {
+    let mut client = match lent.dial.channel(&address, STATEMENT_TIMEOUT).await {
         Ok(channel) => MultipoolerServiceClient::new(channel),
         Err(error) => {
             lent.checks.forget(&slot);

@@ -350,7 +350,6 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         checks: &ctx.role_checks,
         passwords: &ctx.passwords,
         dial: &dial,
-        timeout: ctx.settings.request_timeout,
     };
     let owner = ctx
         .clusters
