@@ -32,7 +32,7 @@ use multigres_proto::multipooler::query::{ExecuteOptions, Mode, Target};
 use multigres_proto::topo::ShardKey as TopoShardKey;
 use tonic::transport::Channel;
 
-use crate::backup_health::Checks;
+use crate::backup_health::{Checks, slot};
 use crate::conditions::Notice;
 use crate::dial::Dial;
 use crate::reload;
@@ -147,14 +147,6 @@ pub async fn run(
             }
         }
     }
-}
-
-fn slot(shard: &Shard) -> String {
-    format!(
-        "{}/{}",
-        shard.namespace().unwrap_or_default(),
-        shard.name_any()
-    )
 }
 
 async fn check(
