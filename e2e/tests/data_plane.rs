@@ -469,7 +469,7 @@ async fn applications_connect_as_themselves(client: &Client, namespace: &str, ga
                     },
                 )
                 .await
-                .unwrap_or_default();
+                .unwrap_or_else(|e| panic!("{} {container} logs: {e}", pod.name_any()));
             for secret in [first, second, password.as_str()] {
                 assert!(
                     !logs.contains(secret),
