@@ -459,7 +459,7 @@ async fn applications_connect_as_themselves(client: &Client, namespace: &str, ga
     })
     .await;
     for pod in pool_pods(client, namespace).await {
-        for container in ["multipooler", "pgctld"] {
+        for container in ["multipooler", "postgres"] {
             let logs = Api::<Pod>::namespaced(client.clone(), namespace)
                 .logs(
                     &pod.name_any(),
