@@ -36,7 +36,7 @@ pub fn run<F: Future>(threads: Threads, main: F) -> F::Output {
 /// each arena keeps its own free pages resident: the webhook-server's workers, and in every
 /// handler the blocking pool's threads (name lookups, credential refreshes). Allocation is a
 /// small share of a handler's work, so one lock costs little. Measured by `bench`
-/// (docs/performance.md, session 15) while the controllers still had two workers: their
+/// (docs/dev/perf-history.md) while the controllers still had two workers: their
 /// peaks 1.5 MiB lower together at 10 clusters and 2.6 MiB at 100. `MALLOC_ARENA_MAX` still
 /// overrides it.
 fn limit_malloc_arenas() {

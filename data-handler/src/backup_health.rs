@@ -1,7 +1,8 @@
 //! Backup health: how old the shard's newest complete backup is, published on the Shard as
 //! `status.lastBackupTime`, `status.lastBackupType` and the condition `BackupHealthy`.
 //!
-//! The operator does not take backups; multipoolers do (pgBackRest). When the shard has a
+//! The multipoolers take the backups (pgBackRest; scheduled ones on the data-handler's request,
+//! `backup_schedule`), and know which are complete. When the shard has a
 //! backup configured and the topology names its primary, the primary's multipooler is asked
 //! for its backups (`MultipoolerManager.GetBackups`) at most once per [`PACE`] per shard, or at
 //! once when the primary changed. The newest complete backup decides: `BackupHealthy` is

@@ -63,7 +63,7 @@ async fn new_primary(client: &Client, namespace: &str, old: &str) -> String {
     diagnosed_if_slow(client, namespace, SLOW, wait).await
 }
 
-/// A failover or switchover takes seconds (docs/reliability.md): one still waiting after this
+/// A failover or switchover takes seconds (docs/operations.md): one still waiting after this
 /// is stuck, or about to be.
 const SLOW: Duration = Duration::from_secs(60);
 
@@ -902,7 +902,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     // acknowledged row is lost. The newcomer is in the cohort (step 5 waited until the Shard
     // said so): until multiorch adds it, the cohort is the two older pods, and without the
     // deleted one no majority of it is left to elect a new primary, so writes wait until the
-    // deleted pod is back (45-60 s; docs/reliability.md).
+    // deleted pod is back (45-60 s; docs/dev/reliability-history.md).
     let load = Load::start(gateway.clone(), 1);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);

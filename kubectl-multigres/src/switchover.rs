@@ -1,4 +1,4 @@
-//! `switchover`: asks for the documented switchover (docs/reliability.md): the annotation
+//! `switchover`: asks for the documented switchover (docs/operations.md): the annotation
 //! `multigres.com/switchover` on the primary pool pod. The resource-handler turns it into a
 //! hand-over under the gates of a rollout, multiorch appoints the new primary among the
 //! cohort's replicas (the annotation names no target: any value asks), and the annotation is
