@@ -3,6 +3,7 @@
 
 pub mod backup_schedule;
 pub mod crd;
+pub mod duration;
 pub mod expansion;
 pub mod field_support;
 pub mod labels;

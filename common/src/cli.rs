@@ -89,24 +89,11 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("invalid listen address {s:?}: expected HOST:PORT or :PORT"))
 }
 
-/// Parses a Go-style duration such as `15s`, `500ms` or `2m` (one number, one unit).
+/// Parses a Go duration such as `15s`, `500ms` or `1m30s` (`multigres_api::duration`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let split = s
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("duration {s:?} has no unit (ms, s, m or h)"))?;
-    let (value, unit) = s.split_at(split);
-    let value: u64 = value
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}"))?;
-    let millis = match unit {
-        "ms" => Some(value),
-        "s" => value.checked_mul(1_000),
-        "m" => value.checked_mul(60_000),
-        "h" => value.checked_mul(3_600_000),
-        _ => return Err(format!("unknown unit {unit:?} in duration {s:?}")),
-    }
-    .ok_or_else(|| format!("duration {s:?} is too large"))?;
-    Ok(Duration::from_millis(millis))
+    multigres_api::duration::parse(s).ok_or_else(|| {
+        format!("invalid duration {s:?}: expected a Go duration such as 500ms, 15s, 2m or 1h30m")
+    })
 }
 
 /// Flags shared by all four binaries.
@@ -432,6 +419,6 @@ mod tests {
         assert!(parse_duration("15").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("1d").is_err());
-        assert!(parse_duration("1.5s").is_err());
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
     }
 }

@@ -39,6 +39,7 @@ pub fn run<F: Future>(threads: Threads, main: F) -> F::Output {
 /// (docs/dev/perf-history.md) while the controllers still had two workers: their
 /// peaks 1.5 MiB lower together at 10 clusters and 2.6 MiB at 100. `MALLOC_ARENA_MAX` still
 /// overrides it.
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
@@ -58,6 +59,7 @@ fn limit_malloc_arenas() {
 /// the page cache, and the pages still in use come back on their next call as minor faults.
 /// Only code mappings without a private copy of any page are unmapped, so what comes back is
 /// what was there (a library whose code the loader relocated would lose its relocations).
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 pub fn release_startup_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` only returns free heap pages to the kernel.

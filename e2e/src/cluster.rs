@@ -1074,6 +1074,7 @@ impl Drop for LocalCluster {
 /// A cluster started on first use and kept for the whole test process.
 type SharedCluster = tokio::sync::OnceCell<Result<LocalCluster, ClusterError>>;
 
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 async fn start_shared(
     cell: &'static SharedCluster,
     opts: ClusterOptions,

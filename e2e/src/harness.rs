@@ -725,6 +725,7 @@ impl HandlerProcess {
     }
 
     /// Sends `signal` to the process (SIGKILL to simulate a crash, SIGTERM to stop it).
+    #[allow(unsafe_code)] // libc calls, each under a SAFETY comment
     pub fn signal(&self, signal: libc::c_int) {
         let pid = libc::pid_t::try_from(self.process.pid()).expect("pid fits pid_t");
         // SAFETY: kill(2) only sends a signal to our own child; no memory is involved.

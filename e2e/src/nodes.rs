@@ -864,6 +864,7 @@ fn cgroup_dirs(root: &str) -> Vec<PathBuf> {
 }
 
 /// SIGKILLs every process in the node's cgroups (containers and their shims' children).
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 fn kill_cgroup(root: &str) {
     for _ in 0..50 {
         let mut found = false;
@@ -918,6 +919,7 @@ pub fn processes_mentioning(needle: &str) -> Vec<libc::pid_t> {
 }
 
 /// Kills the containerd shims of the nodes under `dir` (a shim names its containerd's socket).
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 fn kill_shims(dir: &Path) {
     let needle = format!("{}/", dir.display());
     for _ in 0..50 {
@@ -965,6 +967,7 @@ fn unescape_mount_path(raw: &str) -> String {
         .replace("\\134", "\\")
 }
 
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 fn unmount_under(dir: &Path) {
     for _ in 0..5 {
         let mounts = mounts_under(dir);

@@ -198,6 +198,7 @@ impl Drop for Supervised {
 
 /// Puts the child in its own process group and asks the kernel to SIGKILL it when the spawning
 /// thread dies.
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 fn die_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     let parent = std::process::id();
@@ -218,6 +219,7 @@ fn die_with_parent(command: &mut Command) {
     }
 }
 
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 fn signal_group(pgid: u32, signal: libc::c_int) {
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
         return;

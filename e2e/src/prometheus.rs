@@ -63,6 +63,7 @@ pub struct Prometheus {
 
 /// The Prometheus of this test process, started on first use (after the operator's release,
 /// whose ServiceMonitor it follows) and stopped when the process exits.
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 pub async fn server() -> &'static Prometheus {
     static SERVER: tokio::sync::OnceCell<Prometheus> = tokio::sync::OnceCell::const_new();
     extern "C" fn stop() {

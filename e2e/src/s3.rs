@@ -85,6 +85,7 @@ pub struct Object {
 
 /// The S3 server for this test process, started on first use (after the real-node control
 /// plane, whose address it listens on) and stopped when the process exits.
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 pub async fn server() -> &'static S3Server {
     static SERVER: tokio::sync::OnceCell<S3Server> = tokio::sync::OnceCell::const_new();
     extern "C" fn stop() {

@@ -82,7 +82,17 @@ pub async fn wait_serving(client: &Client, namespace: &str, sent: Instant) -> (D
     let deadline = sent + WAIT;
     let (mut to_available, mut to_sql) = (None, None);
     let mut last = String::new();
+    let mut diagnosed = false;
     while to_available.is_none() || to_sql.is_none() {
+        // Half the wait gone: the diagnostics now, while the logs still hold the beginning.
+        if !diagnosed && sent.elapsed() > WAIT / 2 {
+            println!(
+                "not serving after {:?}; diagnostics now, still waiting",
+                WAIT / 2
+            );
+            print_diagnostics(client, namespace).await;
+            diagnosed = true;
+        }
         assert!(
             Instant::now() < deadline,
             "not serving within {WAIT:?}: Available {to_available:?}, SQL {to_sql:?}; last: {last}"

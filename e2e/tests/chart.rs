@@ -913,6 +913,7 @@ impl Handler {
         response
     }
 
+    #[allow(unsafe_code)] // libc calls, each under a SAFETY comment
     fn kill(&self) {
         let pid = libc::pid_t::try_from(self.process.pid()).expect("pid fits pid_t");
         // SAFETY: kill(2) only sends a signal to our own child; no memory is involved.

@@ -164,6 +164,7 @@ impl Story {
 
 /// Sends `signal` to every process named `command` in the containers of `pod` (found by the
 /// pod's UID in their cgroup path: the test runs in the nodes' PID namespace); how many.
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 fn signal_pod_processes(pod: &Pod, command: &str, signal: libc::c_int) -> usize {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let systemd_uid = uid.replace('-', "_");

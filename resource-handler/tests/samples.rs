@@ -16,6 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use cluster_handler::cluster::build as cluster_build;
+use cluster_handler::tablegroup::build as tablegroup_build;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, PersistentVolumeClaim, PodSpec, PodTemplateSpec, ResourceRequirements,
@@ -23,10 +25,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use multigres_api::labels::{self, CELL, Component, Placement};
-use multigres_api::resolver::{
-    self, GlobalTopo, ResolvedCluster, Templates, ZONE_ID_NODE_LABEL, defaults,
-};
+use multigres_api::labels::CELL;
+use multigres_api::resolver::{self, ResolvedCluster, Templates, ZONE_ID_NODE_LABEL, defaults};
 use multigres_api::v1alpha1::{
     Cell, CellTemplate, CoreTemplate, GatewayTlsConfig, InternalTlsConfig, MultigresCluster, Shard,
     ShardTemplate, TopoServer,
@@ -384,89 +384,39 @@ struct Children {
     shards: Vec<Shard>,
 }
 
-/// A child's metadata: stored (namespace, uid), labelled with its cluster and placement.
-fn child_meta(name: String, cluster: &str, component: Component, at: &Placement) -> ObjectMeta {
-    ObjectMeta {
-        uid: Some(format!("uid-{name}")),
-        name: Some(name),
-        namespace: Some(NAMESPACE.to_owned()),
-        labels: Some(labels::labels(cluster, component, at)),
-        ..ObjectMeta::default()
-    }
-}
-
-/// The children of `resolved`, named and labelled as the cluster-handler names and labels them.
-fn children(cluster: &str, resolved: &ResolvedCluster) -> Children {
-    use multigres_api::names as n;
-    let mut topo_servers = Vec::new();
-    if let GlobalTopo::Managed(spec) = &resolved.global_topo {
-        topo_servers.push(TopoServer {
-            metadata: child_meta(
-                n::global_topo_server(cluster),
-                cluster,
-                Component::GlobalTopo,
-                &Placement::default(),
-            ),
-            spec: (**spec).clone(),
-            status: None,
-        });
-    }
-    let mut cells = Vec::new();
-    for c in &resolved.cells {
-        let at = Placement {
-            cell: Some(c.spec.name.as_str()),
-            ..Placement::default()
-        };
-        if let Some(local) = &c.local_topo {
-            topo_servers.push(TopoServer {
-                metadata: child_meta(
-                    n::local_topo_server(cluster, c.spec.name.as_str()),
-                    cluster,
-                    Component::LocalTopo,
-                    &at,
-                ),
-                spec: local.clone(),
-                status: None,
-            });
-        }
-        cells.push(Cell {
-            metadata: child_meta(
-                n::cell(cluster, c.spec.name.as_str()),
-                cluster,
-                Component::Cell,
-                &at,
-            ),
-            spec: c.spec.clone(),
-            status: None,
-        });
-    }
+/// The children of `cluster` for its resolved spec, built by the cluster-handler's own builders
+/// (the cluster's TopoServers, Cells and TableGroups, then each TableGroup's Shards), each
+/// given the uid the API server would.
+fn children(cluster: &MultigresCluster, resolved: &ResolvedCluster) -> Children {
+    let stored = |meta: &mut ObjectMeta| {
+        meta.uid = Some(format!("uid-{}", meta.name.as_deref().unwrap()));
+    };
+    let owner = cluster_build::Owner::of(cluster).unwrap();
+    let mut built = cluster_build::children(&owner, resolved);
     let mut shards = Vec::new();
-    for tg in &resolved.table_groups {
-        for entry in &tg.shards {
-            let (db, group) = (tg.database_name.as_str(), tg.table_group_name.as_str());
-            let at = Placement {
-                database: Some(db),
-                table_group: Some(group),
-                shard: Some(&entry.name),
-                ..Placement::default()
-            };
-            shards.push(Shard {
-                metadata: child_meta(
-                    n::shard(cluster, db, group, &entry.name),
-                    cluster,
-                    Component::Shard,
-                    &at,
-                ),
-                spec: resolver::shard_spec(tg, entry),
-                status: None,
-            });
-        }
+    for tg in &mut built.table_groups {
+        stored(&mut tg.metadata);
+        let owner = tablegroup_build::Owner::of(tg).unwrap();
+        shards.extend(tablegroup_build::shards(&owner, &tg.spec));
     }
-    Children {
-        topo_servers,
-        cells,
+    let mut children = Children {
+        topo_servers: built.topo_servers,
+        cells: built.cells,
         shards,
-    }
+    };
+    children
+        .topo_servers
+        .iter_mut()
+        .for_each(|t| stored(&mut t.metadata));
+    children
+        .cells
+        .iter_mut()
+        .for_each(|c| stored(&mut c.metadata));
+    children
+        .shards
+        .iter_mut()
+        .for_each(|s| stored(&mut s.metadata));
+    children
 }
 
 /// Everything the resource-handler's builders make of one sample, by name.
@@ -975,7 +925,7 @@ fn every_sample_builds_the_workloads_its_yaml_asks_for() {
         let sample = parse(e.file);
         assert_eq!(sample.cluster.metadata.name.as_deref(), Some(e.cluster));
         let resolved = resolve(&sample);
-        let children = children(e.cluster, &resolved);
+        let children = children(&sample.cluster, &resolved);
         let managed = matches!(e.topology, Topology::Managed { .. });
         assert_eq!(
             children.topo_servers.len(),

@@ -10,7 +10,6 @@
 
 pub mod admission;
 pub mod defaults;
-pub mod duration;
 pub mod lookup;
 pub mod quantity;
 pub mod rules;

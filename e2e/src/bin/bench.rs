@@ -128,6 +128,7 @@ struct Cli {
     webhook_windows: usize,
 }
 
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if std::env::var_os(HANDLER_DIR_ENV).is_none() {

@@ -182,6 +182,7 @@ async fn up(
     Ok(())
 }
 
+#[allow(unsafe_code)] // libc calls, each under a SAFETY comment
 fn down(dir: &Path, timeout: Duration) -> anyhow::Result<()> {
     let pid_file = dir.join(PID_FILE);
     let Some(pid) = running_pid(&pid_file) else {

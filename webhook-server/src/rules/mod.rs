@@ -21,9 +21,9 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use multigres_api::v1alpha1::{GatewayBufferConfig, PvcDeletionPolicy, PvcRetentionPolicyType};
 
-use crate::duration;
 use crate::quantity::Quantity;
 use crate::violation::Findings;
+use multigres_api::duration;
 
 pub use multigres_api::resolver::{TemplateKind, Templates};
 

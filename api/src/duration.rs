@@ -1,5 +1,7 @@
-//! Go duration strings (`10s`, `1m30s`, `250ms`), as multigateway parses its buffer flags, so
-//! the webhook compares them by length of time.
+//! Go duration strings (`10s`, `1m30s`, `250ms`), as Multigres parses its flags: the webhook
+//! compares the spec's by length of time, and the handlers' own duration flags take the same
+//! form. One parser, stricter than Go's where Go accepts oddities (`.5s`, `1.s`), and never a
+//! panic on an overflowing value (kube's `Duration` multiplies floats and can).
 
 use std::time::Duration;
 
