@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::cel::compile_schema;
-use multigres_api::crd::{all_crds, file_name, to_yaml};
+use multigres_api::crd::{file_name, to_yaml};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -26,7 +26,7 @@ fn schema(crd: &CustomResourceDefinition) -> Value {
 fn committed_crds_match_the_rust_types() {
     let dir = common::repo_root().join("deploy/crds");
     let mut stale = Vec::new();
-    for crd in all_crds() {
+    for crd in common::crds() {
         let path = dir.join(file_name(&crd));
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         if committed != to_yaml(&crd).expect("YAML") {
@@ -42,7 +42,7 @@ fn committed_crds_match_the_rust_types() {
 
 #[test]
 fn deploy_crds_holds_exactly_the_generated_files() {
-    let expected: BTreeSet<String> = all_crds().iter().map(file_name).collect();
+    let expected: BTreeSet<String> = common::crds().iter().map(file_name).collect();
     let present: BTreeSet<String> = common::yaml_files("deploy/crds")
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
@@ -66,9 +66,9 @@ fn the_crd_files_concatenate_into_one_stream_of_every_crd() {
             crd.metadata.name.expect("CRD name")
         })
         .collect();
-    let expected: BTreeSet<String> = all_crds()
-        .into_iter()
-        .filter_map(|c| c.metadata.name)
+    let expected: BTreeSet<String> = common::crds()
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
         .collect();
     assert_eq!(names, expected);
 }
@@ -116,7 +116,7 @@ fn structural_violations(node: &Value, path: &str, out: &mut Vec<String>) {
 #[test]
 fn schemas_are_structural() {
     let mut violations = Vec::new();
-    for crd in all_crds() {
+    for crd in common::crds() {
         structural_violations(&schema(&crd), &crd.spec.names.kind, &mut violations);
     }
     assert!(
@@ -151,7 +151,7 @@ fn structural_check_catches_violations() {
 #[test]
 fn every_crd_is_far_below_the_object_size_limit() {
     const LIMIT: usize = 1024 * 1024;
-    for crd in all_crds() {
+    for crd in common::crds() {
         let size = serde_json::to_vec(&crd).expect("JSON").len();
         println!(
             "{}: {size} bytes of JSON",
@@ -187,7 +187,7 @@ fn undescribed(node: &Value, path: &str, out: &mut Vec<String>) {
 #[test]
 fn every_field_has_a_description() {
     let mut missing = Vec::new();
-    for crd in all_crds() {
+    for crd in common::crds() {
         undescribed(&schema(&crd), &crd.spec.names.kind, &mut missing);
     }
     assert!(
@@ -208,7 +208,7 @@ fn names_categories_and_subresources_match_upstream() {
         ("Shard", "shards", "srd", true),
         ("TopoServer", "toposervers", "tps", true),
     ];
-    let crds = all_crds();
+    let crds = common::crds();
     assert_eq!(crds.len(), expected.len());
     for (crd, (kind, plural, short, has_status)) in crds.iter().zip(expected) {
         assert_eq!(crd.spec.names.kind, kind);
@@ -250,8 +250,8 @@ fn names_categories_and_subresources_match_upstream() {
 #[test]
 fn printer_columns_follow_upstream() {
     let columns = |kind: &str| -> Vec<(String, String)> {
-        let crd = all_crds()
-            .into_iter()
+        let crd = common::crds()
+            .iter()
             .find(|c| c.spec.names.kind == kind)
             .unwrap();
         crd.spec.versions[0]
@@ -319,7 +319,7 @@ fn rules(node: &Value, path: &str, out: &mut Vec<(String, String, Option<String>
 #[test]
 fn cel_rules_compile_and_have_messages() {
     let mut total = 0;
-    for crd in all_crds() {
+    for crd in common::crds() {
         let schema = schema(&crd);
         let compiled = compile_schema(&schema);
         let mut found = Vec::new();
@@ -369,7 +369,7 @@ fn schema_defaults_are_only_the_fixed_ones() {
         }
     }
     let mut found = Vec::new();
-    for crd in all_crds() {
+    for crd in common::crds() {
         defaults(&schema(&crd), &crd.spec.names.kind, &mut found);
     }
     for (path, value) in &found {

@@ -5,15 +5,14 @@
 
 mod common;
 
-use multigres_api::crd::all_crds;
 use multigres_api::field_support::{
     self, CoverageProblem, DOC_MARKERS, FIELDS, Kind, schema_leaves,
 };
 use serde_json::Value;
 
 fn object_schema(kind: Kind) -> Value {
-    let crd = all_crds()
-        .into_iter()
+    let crd = common::crds()
+        .iter()
         .find(|crd| crd.spec.names.kind == kind.name())
         .unwrap_or_else(|| panic!("no CRD for {}", kind.name()));
     serde_json::to_value(

@@ -4,11 +4,12 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::{
-    cell::RefCell,
     collections::HashMap,
     path::{Path, PathBuf},
+    sync::{Arc, LazyLock, Mutex},
 };
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::cel::{CompiledSchema, Validator, compile_schema};
 use multigres_api::crd::all_crds;
 use serde_json::Value;
@@ -45,10 +46,18 @@ pub fn yaml_docs(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Every CRD, generated once per test process: generating them (schemars, then our post-processing)
+/// is most of a debug build's time in a CEL test, and the test harness runs each test on a thread
+/// of its own.
+pub fn crds() -> &'static [CustomResourceDefinition] {
+    static CRDS: LazyLock<Vec<CustomResourceDefinition>> = LazyLock::new(all_crds);
+    &CRDS
+}
+
 /// The openAPIV3Schema of the CRD serving `kind`.
 pub fn schema_of(kind: &str) -> Value {
-    let crd = all_crds()
-        .into_iter()
+    let crd = crds()
+        .iter()
         .find(|crd| crd.spec.names.kind == kind)
         .unwrap_or_else(|| panic!("no CRD for kind {kind}"));
     let schema = crd.spec.versions[0]
@@ -62,19 +71,20 @@ pub fn schema_of(kind: &str) -> Value {
 /// Evaluates the CEL rules of the object's CRD locally, as the API server would on create
 /// (`old` is `None`) or update. Returns the failure messages, each prefixed by its field path.
 pub fn cel_errors(object: &Value, old: Option<&Value>) -> Vec<String> {
-    thread_local! {
-        static COMPILED: RefCell<HashMap<String, CompiledSchema>> = RefCell::default();
-    }
+    // Compiled once per kind and process, shared by the tests' threads.
+    static COMPILED: LazyLock<Mutex<HashMap<String, Arc<CompiledSchema>>>> =
+        LazyLock::new(Mutex::default);
     let kind = object["kind"].as_str().expect("object has a kind");
-    COMPILED.with_borrow_mut(|compiled| {
-        let schema = compiled
-            .entry(kind.to_owned())
-            .or_insert_with(|| compile_schema(&schema_of(kind)));
-        match Validator::new().validate_compiled(schema, object, old) {
-            Ok(()) => Vec::new(),
-            Err(errors) => errors.iter().map(ToString::to_string).collect(),
-        }
-    })
+    let schema = COMPILED
+        .lock()
+        .expect("no test panicked while compiling")
+        .entry(kind.to_owned())
+        .or_insert_with(|| Arc::new(compile_schema(&schema_of(kind))))
+        .clone();
+    match Validator::new().validate_compiled(&schema, object, old) {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors.iter().map(ToString::to_string).collect(),
+    }
 }
 
 /// [`cel_errors`] for YAML text.
