@@ -26,7 +26,7 @@ export MULTIGRES_TOOLCHAIN_BIN
 phase "toolchain ready"
 
 # The images real nodes import: the data plane and the operator's own (`just image`).
-images=$repo/target/images/list
+images=${CARGO_TARGET_DIR:-$repo/target}/images/list
 mkdir -p "$(dirname "$images")"
 MULTIGRES_TOOLCHAIN_BIN=$MULTIGRES_TOOLCHAIN_BIN bash e2e/images/build.sh >"$images.tmp"
 MULTIGRES_OPERATOR_PROFILE=dev bash e2e/images/operator.sh | tail -n 1 >>"$images.tmp"
