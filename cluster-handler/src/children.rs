@@ -4,29 +4,18 @@
 
 use std::fmt::Debug;
 
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{
     Cell, CellSpec, Phase, Shard, ShardSpec, TableGroup, TableGroupSpec, TopoServer, TopoServerSpec,
 };
+use multigres_common::apply::Applicable;
 use multigres_common::guard::Guarded;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 /// A child custom resource: applied whole by its owner's controller, status written by
 /// another handler.
-pub trait Child:
-    Resource<DynamicType = (), Scope = NamespaceResourceScope>
-    + Clone
-    + Debug
-    + Serialize
-    + DeserializeOwned
-    + Send
-    + Sync
-    + 'static
-{
+pub trait Child: Applicable {
     /// The spec type, compared to decide whether an apply is needed.
     type Spec: PartialEq;
 

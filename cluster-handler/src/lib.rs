@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use kube::Resource;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use multigres_api::labels::MANAGED_SELECTOR;
@@ -90,13 +89,7 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
     multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
 
     let field_manager = multigres_common::apply::field_manager(NAME);
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: field_manager.clone(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    );
+    let recorder = Recorder::for_pod(client.clone(), field_manager.clone());
     let pacer = Arc::new(StatusPacer::with_budget(
         status_pacer::MIN_INTERVAL,
         PROGRESS_BUDGET,

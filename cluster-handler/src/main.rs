@@ -1,8 +1,6 @@
 //! cluster-handler: turns a MultigresCluster (and its templates) into child custom resources
 //! (TopoServer, Cell, TableGroup, Shard) and aggregates their status.
 
-use std::convert::Infallible;
-
 use clap::Parser;
 use cluster_handler::cluster::images::{ImageDefaults, parse_image, parse_strategy};
 use multigres_api::resolver::defaults;
@@ -92,10 +90,7 @@ async fn async_main() -> anyhow::Result<()> {
         "default image set"
     );
     runtime
-        .run(Some(&cli.leader), |ctx| async move {
-            cluster_handler::run(ctx, scope, images).await;
-            Ok::<(), Infallible>(())
-        })
+        .run_controllers(&cli.leader, |ctx| cluster_handler::run(ctx, scope, images))
         .await?;
     Ok(())
 }

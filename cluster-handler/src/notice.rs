@@ -2,68 +2,9 @@
 //! that changes nothing publishes nothing.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::runtime::events::{Event, EventType};
 use multigres_api::v1alpha1::Phase;
 use multigres_common::conditions::TRUE;
-
-/// An event to publish about the reconciled object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notice {
-    /// Normal or Warning.
-    pub type_: EventType,
-    /// CamelCase reason.
-    pub reason: String,
-    /// What happened, for a person.
-    pub message: String,
-}
-
-impl Notice {
-    /// A Normal event.
-    pub fn normal(reason: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            type_: EventType::Normal,
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
-
-    /// A Warning event.
-    pub fn warning(reason: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
-
-    /// The Warning for a failed reconcile, if it is worth one: the first transient failure of
-    /// a streak (`failures` earlier ones). Retries of the same streak are not news, and a spec
-    /// problem is reported by the object's status and conditions instead.
-    pub fn first_failure(
-        reason: &str,
-        error: &(dyn std::error::Error + 'static),
-        invalid_spec: bool,
-        failures: u32,
-    ) -> Option<Self> {
-        (!invalid_spec && failures == 0).then(|| {
-            Self::warning(
-                reason,
-                multigres_common::telemetry::ErrorChain(error).to_string(),
-            )
-        })
-    }
-
-    /// The event, with `action` saying what the controller was doing.
-    pub fn event(&self, action: &str) -> Event {
-        Event {
-            type_: self.type_,
-            reason: self.reason.clone(),
-            note: Some(self.message.clone()),
-            action: action.to_owned(),
-            secondary: None,
-        }
-    }
-}
+use multigres_common::events::Notice;
 
 /// The events for a move from (`old_phase`, `old_degraded`) to (`new_phase`, `new_degraded`):
 /// a phase change into or out of a settled phase (reaching Healthy or Degraded, leaving them;

@@ -1,23 +1,22 @@
-//! Every write the handler makes to the API server goes through [`Writer`]: it counts the
-//! write in `multigres_operator_api_writes_total{controller,kind,verb}` (so tests and alerts
-//! can see that an idle cluster costs nothing), and waits until the watch cache has seen the
-//! write, so the next reconcile compares against what was written rather than re-sending it.
+//! Every write the handler makes to the API server goes through the common [`Writer`], which
+//! counts it in `multigres_operator_api_writes_total{controller,kind,verb}` (so tests and
+//! alerts can see that an idle cluster costs nothing); the writes here also wait until the
+//! watch cache has seen the write, so the next reconcile compares against what was written
+//! rather than re-sending it.
 
 use std::time::{Duration, Instant};
 
 use kube::api::{DeleteParams, Preconditions};
-use kube::runtime::events::Event;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Resource, ResourceExt};
-use multigres_common::apply::{self, ApplyError};
-use multigres_common::events::Recorder;
-use multigres_common::metrics::record_api_write as count;
+use kube::{Resource, ResourceExt};
+use multigres_common::apply::{self, Applicable, ApplyError};
 use multigres_common::status_pacer::{FirstStatus, Pace, StatusPacer};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use crate::children::Child;
 use crate::watch::Guarded;
+
+pub use multigres_common::apply::Writer;
 
 /// How long a write waits for the watch cache to show it before moving on.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -40,210 +39,139 @@ pub fn rejection(error: &ApplyError) -> Option<(String, String, String)> {
     }
 }
 
-/// The write path of one controller.
-#[derive(Clone)]
-pub struct Writer {
-    client: kube::Client,
-    controller: &'static str,
-    field_manager: String,
+/// Applies `desired` (forced server-side apply) unless `observed`, its cached version, is
+/// already up to date. Returns whether it wrote.
+pub async fn apply_child<K: Child>(
+    writer: &Writer,
+    store: &Store<Guarded<K>>,
+    desired: &K,
+    observed: Option<&K>,
+) -> Result<bool, ApplyError> {
+    if observed.is_some_and(|o| crate::children::up_to_date(desired, o)) {
+        return Ok(false);
+    }
+    let namespace = desired.namespace().unwrap_or_default();
+    let api = writer.api::<K>(&namespace, "apply");
+    let before = observed.and_then(|o| o.resource_version());
+    let stored = apply::apply(&api, writer.field_manager(), desired).await?;
+    if stored.resource_version() != before {
+        settle(store, &desired.name_any(), &namespace, |cached| {
+            cached.is_some_and(|c| c.resource_version() != before)
+        })
+        .await;
+    }
+    Ok(true)
 }
 
-impl Writer {
-    /// Writes as `field_manager`, counted under `controller`.
-    pub fn new(client: kube::Client, controller: &'static str, field_manager: String) -> Self {
-        Self {
-            client,
-            controller,
-            field_manager,
-        }
-    }
-
-    /// Applies `desired` (forced server-side apply) unless `observed`, its cached version, is
-    /// already up to date. Returns whether it wrote.
-    pub async fn apply_child<K: Child>(
-        &self,
-        store: &Store<Guarded<K>>,
-        desired: &K,
-        observed: Option<&K>,
-    ) -> Result<bool, ApplyError> {
-        if observed.is_some_and(|o| crate::children::up_to_date(desired, o)) {
-            return Ok(false);
-        }
-        let namespace = desired.namespace().unwrap_or_default();
-        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
-        count(self.controller, &K::kind(&()), "apply");
-        let before = observed.and_then(|o| o.resource_version());
-        let stored = apply::apply(&api, &self.field_manager, desired).await?;
-        if stored.resource_version() != before {
-            settle(store, &desired.name_any(), &namespace, |cached| {
-                cached.is_some_and(|c| c.resource_version() != before)
-            })
-            .await;
-        }
-        Ok(true)
-    }
-
-    /// Deletes `obj` (only that incarnation: the uid is a precondition) and waits until the
-    /// cache shows it gone or terminating.
-    pub async fn delete_child<K: Child>(
-        &self,
-        store: &Store<Guarded<K>>,
-        obj: &K,
-    ) -> Result<(), kube::Error> {
-        let namespace = obj.namespace().unwrap_or_default();
-        let name = obj.name_any();
-        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: obj.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
-        count(self.controller, &K::kind(&()), "delete");
-        match api.delete(&name, &params).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                // Already gone, or a newer object took the name: nothing of ours to delete.
-                return Ok(());
-            }
-            Err(error) => return Err(error),
-        }
-        settle(store, &name, &namespace, |cached| {
-            cached.is_none_or(|c| c.meta().deletion_timestamp.is_some())
-        })
-        .await;
-        Ok(())
-    }
-
-    /// Applies `status` to the status subresource of `obj` and waits until the cache shows it.
-    pub async fn apply_status<K>(
-        &self,
-        store: &Store<Guarded<K>>,
-        obj: &K,
-        status: &impl Serialize,
-    ) -> Result<(), ApplyError>
-    where
-        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + std::fmt::Debug
-            + DeserializeOwned
-            + 'static,
-    {
-        let namespace = obj.namespace().unwrap_or_default();
-        let name = obj.name_any();
-        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
-        count(self.controller, &K::kind(&()), "apply-status");
-        let before = obj.resource_version();
-        let stored = apply::apply_status(&api, &self.field_manager, &name, status).await?;
-        if stored.resource_version() != before {
-            settle(store, &name, &namespace, |cached| {
-                cached.is_some_and(|c| c.resource_version() != before)
-            })
-            .await;
-        }
-        Ok(())
-    }
-
-    /// Applies `status` (which differs from `stored`, the object's stored status) like
-    /// [`Writer::apply_status`], unless it only carries progress and `pacer` wrote `obj` less
-    /// than its interval ago or spent its progress budget ([`multigres_common::status_pacer`]);
-    /// `first` says whether a first status has a deadline. Returns how long the write was
-    /// deferred, if it was: the reconcile looks again then.
-    pub async fn apply_status_paced<K, S>(
-        &self,
-        store: &Store<Guarded<K>>,
-        pacer: &StatusPacer<String>,
-        obj: &K,
-        stored: Option<&S>,
-        status: &S,
-        first: FirstStatus,
-    ) -> Result<Option<Duration>, ApplyError>
-    where
-        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + std::fmt::Debug
-            + DeserializeOwned
-            + 'static,
-        S: Serialize,
-    {
-        // One pacer may serve several kinds.
-        let key = format!(
-            "{}/{}/{}",
-            K::kind(&()),
-            obj.namespace().unwrap_or_default(),
-            obj.name_any()
-        );
-        if let Pace::Defer(delay) = pacer.pace_typed(&key, stored, status, first) {
-            tracing::debug!(?delay, "progress-only status write deferred");
-            return Ok(Some(delay));
-        }
-        self.apply_status(store, obj, status).await?;
-        pacer.wrote(&key);
-        Ok(None)
-    }
-
-    /// Sets the annotation `key` of `obj` to `value` (a forced server-side apply of that one
-    /// annotation) and waits until the cache shows it.
-    pub async fn apply_annotation<K>(
-        &self,
-        store: &Store<Guarded<K>>,
-        obj: &K,
-        key: &str,
-        value: &str,
-    ) -> Result<(), ApplyError>
-    where
-        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + std::fmt::Debug
-            + DeserializeOwned
-            + 'static,
-    {
-        let namespace = obj.namespace().unwrap_or_default();
-        let name = obj.name_any();
-        let kind = K::kind(&()).into_owned();
-        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
-        count(self.controller, &kind, "apply");
-        let body = serde_json::json!({
-            "apiVersion": K::api_version(&()),
-            "kind": kind,
-            "metadata": { "name": name, "annotations": { key: value } },
-        });
-        api.patch(
-            &name,
-            &apply::apply_params(&self.field_manager),
-            &kube::api::Patch::Apply(body),
-        )
+/// Deletes `obj` (only that incarnation: the uid is a precondition) and waits until the cache
+/// shows it gone or terminating.
+pub async fn delete_child<K: Child>(
+    writer: &Writer,
+    store: &Store<Guarded<K>>,
+    obj: &K,
+) -> Result<(), kube::Error> {
+    let namespace = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: obj.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match writer
+        .api::<K>(&namespace, "delete")
+        .delete(&name, &params)
         .await
-        .map_err(|source| ApplyError::Kube {
-            kind,
-            name: name.clone(),
-            source,
-        })?;
-        settle(store, &name, &namespace, |cached| {
-            cached.is_some_and(|c| c.annotations().get(key).map(String::as_str) == Some(value))
-        })
-        .await;
-        Ok(())
-    }
-
-    /// Publishes `event` about the object `reference`; a failure is logged, never fatal.
-    pub async fn publish(
-        &self,
-        recorder: &Recorder,
-        event: &Event,
-        reference: &k8s_openapi::api::core::v1::ObjectReference,
-    ) {
-        count(self.controller, "Event", "event");
-        if let Err(error) = recorder.publish(event, reference).await {
-            tracing::warn!(
-                reason = %event.reason,
-                object = ?reference.name,
-                error = %multigres_common::telemetry::ErrorChain(&error),
-                "cannot publish an event"
-            );
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+            // Already gone, or a newer object took the name: nothing of ours to delete.
+            return Ok(());
         }
+        Err(error) => return Err(error),
     }
+    settle(store, &name, &namespace, |cached| {
+        cached.is_none_or(|c| c.meta().deletion_timestamp.is_some())
+    })
+    .await;
+    Ok(())
+}
+
+/// Applies `status` (which differs from `stored`, the object's stored status) to the status
+/// subresource of `obj` and waits until the cache shows it, unless it only carries progress
+/// and `pacer` wrote `obj` less than its interval ago or spent its progress budget
+/// ([`multigres_common::status_pacer`]); `first` says whether a first status has a deadline.
+/// Returns how long the write was deferred, if it was: the reconcile looks again then.
+pub async fn apply_status_paced<K: Applicable, S: Serialize>(
+    writer: &Writer,
+    store: &Store<Guarded<K>>,
+    pacer: &StatusPacer<String>,
+    obj: &K,
+    stored: Option<&S>,
+    status: &S,
+    first: FirstStatus,
+) -> Result<Option<Duration>, ApplyError> {
+    // One pacer may serve several kinds.
+    let key = format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    );
+    if let Pace::Defer(delay) = pacer.pace_typed(&key, stored, status, first) {
+        tracing::debug!(?delay, "progress-only status write deferred");
+        return Ok(Some(delay));
+    }
+    let before = obj.resource_version();
+    let written = writer.apply_status(obj, status).await?;
+    if written.resource_version() != before {
+        settle(
+            store,
+            &obj.name_any(),
+            &obj.namespace().unwrap_or_default(),
+            |cached| cached.is_some_and(|c| c.resource_version() != before),
+        )
+        .await;
+    }
+    pacer.wrote(&key);
+    Ok(None)
+}
+
+/// Sets the annotation `key` of `obj` to `value` (a forced server-side apply of that one
+/// annotation) and waits until the cache shows it.
+pub async fn apply_annotation<K: Applicable>(
+    writer: &Writer,
+    store: &Store<Guarded<K>>,
+    obj: &K,
+    key: &str,
+    value: &str,
+) -> Result<(), ApplyError> {
+    let namespace = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let kind = K::kind(&()).into_owned();
+    let api = writer.api::<K>(&namespace, "apply");
+    let body = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": kind,
+        "metadata": { "name": name, "annotations": { key: value } },
+    });
+    api.patch(
+        &name,
+        &apply::apply_params(writer.field_manager()),
+        &kube::api::Patch::Apply(body),
+    )
+    .await
+    .map_err(|source| ApplyError::Kube {
+        kind,
+        name: name.clone(),
+        source,
+    })?;
+    settle(store, &name, &namespace, |cached| {
+        cached.is_some_and(|c| c.annotations().get(key).map(String::as_str) == Some(value))
+    })
+    .await;
+    Ok(())
 }
 
 /// Waits until `done` holds for the cached object `namespace/name` (or `None` when absent),

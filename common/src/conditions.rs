@@ -69,6 +69,77 @@ pub fn set_condition(
     }
 }
 
+/// A condition as a reconcile computes it, before timestamps: what each handler's pure
+/// status code returns, set on the object's list by [`Computed::set_on`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Computed {
+    /// Condition type, for example `Available`.
+    pub type_: &'static str,
+    /// `True`, `False` or `Unknown`.
+    pub status: &'static str,
+    /// One CamelCase word saying why.
+    pub reason: &'static str,
+    /// What a person should know or do.
+    pub message: String,
+}
+
+impl Computed {
+    /// A condition of `type_` with `status`.
+    pub fn new(
+        type_: &'static str,
+        status: &'static str,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_,
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// A `True` condition.
+    pub fn yes(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(type_, TRUE, reason, message)
+    }
+
+    /// A `False` condition.
+    pub fn no(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(type_, FALSE, reason, message)
+    }
+
+    /// An `Unknown` condition.
+    pub fn unknown(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(type_, UNKNOWN, reason, message)
+    }
+
+    /// Whether the condition holds.
+    pub fn is_true(&self) -> bool {
+        self.status == TRUE
+    }
+
+    /// Sets this condition in `conditions` (see [`set_condition`]); whether it changed.
+    pub fn set_on(
+        &self,
+        conditions: &mut Vec<Condition>,
+        generation: Option<i64>,
+        now: Timestamp,
+    ) -> bool {
+        set_condition(
+            conditions,
+            &DesiredCondition {
+                type_: self.type_,
+                status: self.status,
+                reason: self.reason,
+                message: &self.message,
+                observed_generation: generation,
+            },
+            now,
+        )
+    }
+}
+
 /// The condition of type `type_`, if present.
 pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
@@ -161,6 +232,24 @@ mod tests {
         assert_eq!((c.status.as_str(), c.reason.as_str()), (TRUE, "AllReady"));
         assert_eq!(c.last_transition_time, Time(at(300)));
         assert!(is_true(&conditions, "Ready"));
+    }
+
+    #[test]
+    fn a_computed_condition_sets_like_a_desired_one() {
+        let mut conditions = Vec::new();
+        let waiting = Computed::no("Ready", "Waiting", "0/3 ready");
+        assert!(!waiting.is_true());
+        assert!(waiting.set_on(&mut conditions, Some(1), at(100)));
+        assert!(
+            !waiting.set_on(&mut conditions, Some(1), at(200)),
+            "nothing new"
+        );
+        let ready = Computed::yes("Ready", "AllReady", "3/3 ready");
+        assert!(ready.is_true());
+        assert!(ready.set_on(&mut conditions, Some(1), at(300)));
+        assert_eq!(conditions[0].last_transition_time, Time(at(300)));
+        assert_eq!(Computed::unknown("Ready", "NotChecked", "").status, UNKNOWN);
+        assert_eq!(Computed::new("Ready", TRUE, "AllReady", "3/3 ready"), ready);
     }
 
     #[test]

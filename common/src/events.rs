@@ -52,6 +52,19 @@ impl Recorder {
         }
     }
 
+    /// The recorder of a handler's replica: reporting as `controller` (the handler's field
+    /// manager), the instance named by the pod (`POD_NAME`) so an Event says which replica
+    /// published it.
+    pub fn for_pod(client: Client, controller: String) -> Self {
+        Self::new(
+            client,
+            Reporter {
+                controller,
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        )
+    }
+
     /// Publishes `ev` about `reference`: a new Event, or a patch of the series of the same
     /// event published less than [`CACHE_TTL`] ago. Events of a cluster-scoped object go to the
     /// `default` namespace.
@@ -99,6 +112,26 @@ impl Recorder {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(key, remembered);
         Ok(())
+    }
+
+    /// Publishes `ev` about `reference` (see [`Recorder::publish`]), counted under `controller`
+    /// in `multigres_operator_api_writes_total`; a failure is logged, never fatal: a lost Event
+    /// must not fail the reconcile that had news.
+    pub async fn publish_counted(
+        &self,
+        controller: &'static str,
+        ev: &Event,
+        reference: &ObjectReference,
+    ) {
+        crate::metrics::record_api_write(controller, "Event", "event");
+        if let Err(error) = self.publish(ev, reference).await {
+            tracing::warn!(
+                reason = %ev.reason,
+                object = ?reference.name,
+                error = %crate::telemetry::ErrorChain(&error),
+                "cannot publish an event"
+            );
+        }
     }
 }
 
@@ -175,6 +208,63 @@ pub fn fitted_note(note: &str) -> String {
         end -= 1;
     }
     format!("{}...", &note[..end])
+}
+
+/// An event to publish about the reconciled object, as the handlers compute it: one type for
+/// every handler, so that every Event's note is fitted to what the API server accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What happened, for a person.
+    pub message: String,
+}
+
+impl Notice {
+    /// A Normal event.
+    pub fn normal(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A Warning event.
+    pub fn warning(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The Warning for a failed reconcile, if it is worth one: the first transient failure of
+    /// a streak (`failures` earlier ones). Retries of the same streak are not news, and a spec
+    /// problem is reported by the object's status and conditions instead.
+    pub fn first_failure(
+        reason: &str,
+        error: &(dyn std::error::Error + 'static),
+        invalid_spec: bool,
+        failures: u32,
+    ) -> Option<Self> {
+        (!invalid_spec && failures == 0)
+            .then(|| Self::warning(reason, crate::telemetry::ErrorChain(error).to_string()))
+    }
+
+    /// The event, with `action` saying what the controller was doing; its note fitted (see
+    /// [`fitted_note`]) so that a long message never gets the Event refused.
+    pub fn event(&self, action: &str) -> Event {
+        Event {
+            type_: self.type_,
+            reason: self.reason.clone(),
+            note: Some(fitted_note(&self.message)),
+            action: action.to_owned(),
+            secondary: None,
+        }
+    }
 }
 
 /// The Event kube's `Recorder` creates for the first occurrence of `ev` about `reference`, its
@@ -287,6 +377,33 @@ mod tests {
         assert!(note.ends_with("..."));
         assert!(note.starts_with(&"a".repeat(995)));
         assert_eq!(fitted_note("short"), "short");
+    }
+
+    #[test]
+    fn a_notice_fits_its_note_and_warns_only_on_a_first_transient_failure() {
+        let long = "x".repeat(3 * MAX_NOTE);
+        let ev = Notice::warning("ApplyFailed", long).event("Reconcile");
+        let note = ev.note.unwrap();
+        assert_eq!(note.len(), MAX_NOTE);
+        assert!(note.ends_with("..."));
+        assert_eq!(
+            (ev.reason.as_str(), ev.action.as_str()),
+            ("ApplyFailed", "Reconcile")
+        );
+        assert_eq!(
+            Notice::normal("Recovered", "fine")
+                .event("Check")
+                .note
+                .as_deref(),
+            Some("fine")
+        );
+        let error = std::io::Error::other("connection refused");
+        assert_eq!(
+            Notice::first_failure("ApplyFailed", &error, false, 0),
+            Some(Notice::warning("ApplyFailed", "connection refused"))
+        );
+        assert_eq!(Notice::first_failure("ApplyFailed", &error, false, 1), None);
+        assert_eq!(Notice::first_failure("ApplyFailed", &error, true, 0), None);
     }
 
     #[test]

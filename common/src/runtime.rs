@@ -8,6 +8,7 @@
 //! SIGTERM/SIGINT stops the work, releases the Lease, stops the servers and sends the buffered
 //! spans, in that order.
 
+use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::time::Duration;
 
@@ -189,6 +190,25 @@ impl HandlerRuntime {
         }
         self.telemetry.shutdown().await;
         result.and(stopped.map_err(RuntimeError::from))
+    }
+
+    /// Runs a controller binary's `controllers` (see [`HandlerRuntime::run`]) under leader
+    /// election by `leader`: they report no error of their own, each reconcile's is handled
+    /// inside, so they return only once `HandlerContext::shutdown` fires.
+    pub async fn run_controllers<F, Fut>(
+        self,
+        leader: &LeaderElectionArgs,
+        controllers: F,
+    ) -> Result<(), RuntimeError>
+    where
+        F: FnOnce(HandlerContext) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        self.run(Some(leader), |ctx| async move {
+            controllers(ctx).await;
+            Ok::<(), Infallible>(())
+        })
+        .await
     }
 
     async fn run_elected<F, Fut, E>(

@@ -34,14 +34,14 @@ use kube::runtime::reflector::Store;
 use multigres_api::v1alpha1::{
     BackupKind, ScheduledBackupAttempt, ScheduledBackupsStatus, Shard, ShardStatus,
 };
-use multigres_common::conditions::{DesiredCondition, FALSE, TRUE, set_condition};
+use multigres_common::conditions::{Computed, DesiredCondition, FALSE, TRUE, set_condition};
+use multigres_common::events::Notice;
 use multigres_common::status_metrics::StatusGauges;
 use multigres_common::telemetry::ErrorChain;
 use multigres_proto::multipooler::multipoolermanagerdata::backup_metadata::Status;
 use multigres_proto::multipooler::multipoolermanagerdata::{BackupMetadata, GetBackupsRequest};
 use serde_json::{Map, Value, json};
 
-use crate::conditions::{Computed, Notice};
 use crate::dial::Dial;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};

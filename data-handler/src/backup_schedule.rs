@@ -25,12 +25,13 @@ use multigres_api::backup_schedule::Schedule;
 use multigres_api::v1alpha1::{
     BackupKind, BackupScheduleConfig, ScheduledBackupAttempt, ScheduledBackupsStatus, Shard,
 };
+use multigres_common::events::Notice;
 use multigres_common::telemetry::ErrorChain;
 use multigres_proto::multipooler::multipoolermanagerdata::{BackupRequest, ExpireBackupsRequest};
 use multigres_proto::topo::PoolerServingStatus;
 
 use crate::backup_health;
-use crate::conditions::Notice;
+
 use crate::dial::Dial;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};

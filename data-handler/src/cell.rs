@@ -18,14 +18,16 @@ use multigres_api::names;
 use multigres_api::v1alpha1::{Cell, MultigresCluster, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
+use multigres_common::conditions::Computed;
 use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::events::Notice;
 use multigres_common::events::Recorder;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, StatusPacer};
 use multigres_common::telemetry::ErrorChain;
 
 use crate::Settings;
-use crate::conditions::{self, Computed, Notice, TOPO_SERVER_REACHABLE, TOPOLOGY_REGISTERED};
+use crate::conditions::{self, TOPO_SERVER_REACHABLE, TOPOLOGY_REGISTERED};
 use crate::deletion::{self, Verdict};
 use crate::desired::{cell_record, owner_id};
 use crate::finalizer;
@@ -33,7 +35,7 @@ use crate::sync::{self, CellState};
 use crate::target::{ConnectError, Connections, Target, TargetError};
 use crate::topo::{CellSpec, RecordRef, TopoError, TopoStore};
 use crate::watch::{Guarded, full_name, valid};
-use crate::writes::Writer;
+use crate::writes::{self, Writer};
 
 /// Name of this controller in metrics and `HandlerInfo`.
 pub const CONTROLLER: &str = "cell";
@@ -164,8 +166,7 @@ async fn reconcile_cell(obj: &Guarded<Cell>, ctx: &Context) -> Result<Action, Er
             if obj.meta().deletion_timestamp.is_some()
                 && let Some(patch) = finalizer::remove(obj.meta().finalizers.as_deref())
             {
-                ctx.writer
-                    .patch_json(obj, patch)
+                writes::patch_json(&ctx.writer, obj, patch)
                     .await
                     .map_err(Error::Finalizer)?;
                 return Ok(Action::await_change());
@@ -178,8 +179,7 @@ async fn reconcile_cell(obj: &Guarded<Cell>, ctx: &Context) -> Result<Action, Er
         return finalize(cell, cluster.as_ref(), ctx).await;
     }
     if let Some(patch) = finalizer::add(cell.meta().finalizers.as_deref()) {
-        ctx.writer
-            .patch_json(cell, patch)
+        writes::patch_json(&ctx.writer, cell, patch)
             .await
             .map_err(Error::Finalizer)?;
     }
@@ -485,8 +485,7 @@ async fn finalize(
                 .await;
         }
     }
-    ctx.writer
-        .patch_json(cell, release)
+    writes::patch_json(&ctx.writer, cell, release)
         .await
         .map_err(Error::Finalizer)?;
     Ok(Action::await_change())

@@ -26,12 +26,13 @@ use multigres_api::v1alpha1::{
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::events::Notice;
 use multigres_common::events::Recorder;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, Pace, StatusPacer};
 
 use crate::Settings;
-use crate::conditions::{self, Notice};
+use crate::conditions;
 use crate::deletion::{self, Verdict};
 use crate::desired::{self, owner_id};
 use crate::finalizer;
@@ -39,7 +40,7 @@ use crate::sync::{self, Registered};
 use crate::target::{ConnectError, Connections, Target, TargetError};
 use crate::topo::{RecordRef, TopoError};
 use crate::watch::{Guarded, full_name, valid, valid_in};
-use crate::writes::Writer;
+use crate::writes::{self, Writer};
 
 /// Name of this controller in metrics and `HandlerInfo`.
 pub const CONTROLLER: &str = "multigrescluster";
@@ -275,8 +276,7 @@ async fn malformed(
             ctx.writer
                 .publish(&ctx.recorder, &notice.event("Deregister"), &reference)
                 .await;
-            ctx.writer
-                .patch_json(obj, patch)
+            writes::patch_json(&ctx.writer, obj, patch)
                 .await
                 .map_err(Error::Finalizer)?;
         }
@@ -328,8 +328,7 @@ async fn register(cluster: &MultigresCluster, ctx: &Context) -> Pass {
         // The finalizer goes on once the server has answered, before the first write: a
         // cluster whose server never answered has nothing to remove and is deleted at once.
         if let Some(patch) = finalizer::add(cluster.meta().finalizers.as_deref()) {
-            ctx.writer
-                .patch_json(cluster, patch)
+            writes::patch_json(&ctx.writer, cluster, patch)
                 .await
                 .map_err(Error::Finalizer)?;
         }
@@ -415,8 +414,7 @@ async fn finalize(cluster: &MultigresCluster, ctx: &Context) -> Result<Action, E
     ctx.writer
         .publish(&ctx.recorder, &notice.event("Deregister"), &reference)
         .await;
-    ctx.writer
-        .patch_json(cluster, release)
+    writes::patch_json(&ctx.writer, cluster, release)
         .await
         .map_err(Error::Finalizer)?;
     Ok(Action::await_change())

@@ -7,8 +7,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::{Event, EventType};
-use multigres_common::conditions::{DesiredCondition, FALSE, TRUE, UNKNOWN, set_condition};
+use multigres_common::conditions::{Computed, FALSE, TRUE};
+use multigres_common::events::Notice;
 use multigres_common::telemetry::ErrorChain;
 use serde_json::{Value, json};
 
@@ -21,70 +21,6 @@ pub const TOPO_SERVER_REACHABLE: &str = "TopoServerReachable";
 pub const TOPOLOGY_REGISTERED: &str = "TopologyRegistered";
 /// The condition types this handler owns, in the order it writes them.
 pub const OWNED: [&str; 2] = [TOPO_SERVER_REACHABLE, TOPOLOGY_REGISTERED];
-
-/// A condition as computed, before timestamps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Computed {
-    /// One of [`OWNED`].
-    pub type_: &'static str,
-    /// `True`, `False` or `Unknown`.
-    pub status: &'static str,
-    /// CamelCase reason.
-    pub reason: &'static str,
-    /// What a person should know or do.
-    pub message: String,
-}
-
-impl Computed {
-    /// A `True` condition.
-    pub fn yes(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
-        Self::new(type_, TRUE, reason, message)
-    }
-
-    /// A `False` condition.
-    pub fn no(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
-        Self::new(type_, FALSE, reason, message)
-    }
-
-    /// An `Unknown` condition.
-    pub fn unknown(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
-        Self::new(type_, UNKNOWN, reason, message)
-    }
-
-    /// Sets this condition in `conditions` (see [`set_condition`]); whether it changed.
-    pub fn set_on(
-        &self,
-        conditions: &mut Vec<Condition>,
-        generation: Option<i64>,
-        now: Timestamp,
-    ) -> bool {
-        set_condition(
-            conditions,
-            &DesiredCondition {
-                type_: self.type_,
-                status: self.status,
-                reason: self.reason,
-                message: &self.message,
-                observed_generation: generation,
-            },
-            now,
-        )
-    }
-
-    fn new(
-        type_: &'static str,
-        status: &'static str,
-        reason: &'static str,
-        message: impl Into<String>,
-    ) -> Self {
-        Self {
-            type_,
-            status,
-            reason,
-            message: message.into(),
-        }
-    }
-}
 
 /// This handler's conditions after applying `computed` over the object's `existing` list:
 /// only the owned types, in [`OWNED`] order, each keeping its `lastTransitionTime` unless its
@@ -160,48 +96,6 @@ pub fn reachable(server: &str, error: Option<&TopoError>) -> Computed {
     }
 }
 
-/// An event to publish about the reconciled object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notice {
-    /// Normal or Warning.
-    pub type_: EventType,
-    /// CamelCase reason.
-    pub reason: String,
-    /// What happened, for a person.
-    pub message: String,
-}
-
-impl Notice {
-    /// A Normal event.
-    pub fn normal(reason: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            type_: EventType::Normal,
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
-
-    /// A Warning event.
-    pub fn warning(reason: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
-
-    /// The event, with `action` saying what the controller was doing.
-    pub fn event(&self, action: &str) -> Event {
-        Event {
-            type_: self.type_,
-            reason: self.reason.clone(),
-            note: Some(self.message.clone()),
-            action: action.to_owned(),
-            secondary: None,
-        }
-    }
-}
-
 /// Events for condition changes from `old` to `new`: a Warning (with the condition's reason)
 /// when one of ours becomes `False` or stays `False` for a new reason, and a Normal `Recovered`
 /// when one becomes `True` after being `False`. A pass that changes nothing publishes nothing.
@@ -226,6 +120,7 @@ pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Notice> {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kube::runtime::events::EventType;
 
     use super::*;
 

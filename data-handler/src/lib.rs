@@ -41,7 +41,6 @@ use std::time::Duration;
 use futures::Stream;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -179,13 +178,7 @@ impl Base {
     /// The parts of `ctx` the controllers use, and what they share.
     fn new(ctx: &HandlerContext, settings: Settings) -> Self {
         let field_manager = multigres_common::apply::field_manager(NAME);
-        let recorder = Recorder::new(
-            ctx.client.clone(),
-            Reporter {
-                controller: field_manager.clone(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
+        let recorder = Recorder::for_pod(ctx.client.clone(), field_manager.clone());
         let connections = Arc::new(Connections::new(
             ctx.client.clone(),
             settings.connect_timeout,

@@ -1,7 +1,6 @@
 //! data-handler: registers cells and databases in the Multigres topology (etcd) and publishes
 //! what it reads there (pod roles) on Shard status.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use clap::{Args, Parser};
@@ -83,10 +82,7 @@ async fn async_main() -> anyhow::Result<()> {
     let settings = Settings::from(cli.topology);
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime
-        .run(Some(&cli.leader), |ctx| async move {
-            data_handler::run(ctx, scope, settings).await;
-            Ok::<(), Infallible>(())
-        })
+        .run_controllers(&cli.leader, |ctx| data_handler::run(ctx, scope, settings))
         .await?;
     Ok(())
 }

@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 use multigres_api::managed_roles::{self, DesiredRole, PasswordSource};
 use multigres_api::v1alpha1::{MultigresCluster, RoleState, RoleStatus, Shard};
+use multigres_common::events::Notice;
 use multigres_common::telemetry::ErrorChain;
 use multigres_proto::multipooler::multipoolerservice::multipooler_service_client::MultipoolerServiceClient;
 use multigres_proto::multipooler::multipoolerservice::{ExecuteQueryRequest, ExecuteQueryResponse};
@@ -33,7 +34,7 @@ use multigres_proto::topo::ShardKey as TopoShardKey;
 use tonic::transport::Channel;
 
 use crate::backup_health::{Checks, slot};
-use crate::conditions::Notice;
+
 use crate::dial::Dial;
 use crate::reload;
 use crate::roles::{self, PoolPod, ShardKey};

@@ -11,9 +11,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use multigres_common::events::Notice;
 use multigres_proto::topo::{PoolerLifecycleStatus, RoutingRole, RoutingState};
 
-use crate::conditions::Notice;
 use crate::topo::PoolerRecord;
 
 pub use multigres_api::v1alpha1::{POD_ROLE_PRIMARY as PRIMARY, POD_ROLE_REPLICA as REPLICA};

@@ -52,6 +52,7 @@ use multigres_api::v1alpha1::{Cell, MultigresCluster, RoleStatus, Shard, TopoSer
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::events::Notice;
 use multigres_common::events::Recorder;
 use multigres_common::state::HandlerState;
 use serde_json::json;
@@ -59,7 +60,7 @@ use serde_json::json;
 use crate::Settings;
 use crate::backup_health::{self, Published};
 use crate::backup_schedule;
-use crate::conditions::{self, Notice};
+use crate::conditions;
 use crate::dial::Credentials;
 use crate::postgres_roles;
 use crate::reload::{self, DesiredError};
@@ -68,7 +69,7 @@ use crate::switchover;
 use crate::target::{ConnectError, Connections, Target, TargetError};
 use crate::topo::{TopoError, TopoStore};
 use crate::watch::{Guarded, full_name, valid, valid_in};
-use crate::writes::Writer;
+use crate::writes::{self, Writer};
 
 /// Name of this controller in metrics and `HandlerInfo`.
 pub const CONTROLLER: &str = "shard-roles";
@@ -519,7 +520,8 @@ async fn write_status(ctx: &Context, shard: &Shard, statuses: &Statuses<'_>) -> 
                 ctx.backup_checks.forget(&backup_health::slot(shard));
             }
             Error::Status(source)
-        })
+        })?;
+    Ok(())
 }
 
 /// Writes the role label and reload stamp of every pool pod whose marks change; returns the
@@ -533,8 +535,7 @@ async fn write_marks(
 ) -> Result<Vec<String>, Error> {
     let marks = marks::marks(pods, published, |pod| cohort.label(pod), stamps);
     for mark in &marks {
-        ctx.writer
-            .apply_pod_marks(mark.pod, &mark.labels(), mark.stamp)
+        writes::apply_pod_marks(&ctx.writer, mark.pod, &mark.labels(), mark.stamp)
             .await
             .map_err(|source| Error::Label {
                 pod: mark.pod.name_any(),
@@ -561,10 +562,8 @@ async fn write_answers(
     for answer in answers {
         let pod = answer.pod;
         if let Some(value) = &answer.record {
-            let written = ctx
-                .writer
-                .annotate_pod(pod, SWITCHOVER_RESIGNED, value.as_deref())
-                .await;
+            let written =
+                writes::annotate_pod(&ctx.writer, pod, SWITCHOVER_RESIGNED, value.as_deref()).await;
             if let Err(source) = written {
                 failure.get_or_insert(Error::Label {
                     pod: pod.name_any(),

@@ -23,11 +23,11 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use multigres_api::labels::{CELL, SWITCHOVER_REQUESTED, SWITCHOVER_RESIGNED};
 use multigres_api::v1alpha1::Shard;
+use multigres_common::events::Notice;
 use multigres_common::telemetry::ErrorChain;
 use multigres_proto::multipooler::multipoolermanagerdata::ResignLeadershipRequest;
 use multigres_proto::topo::PoolerLifecycleStatus;
 
-use crate::conditions::Notice;
 use crate::dial::Dial;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};

@@ -9,9 +9,8 @@ use std::collections::BTreeSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use multigres_api::v1alpha1::Phase;
-use multigres_common::conditions::{DesiredCondition, set_condition};
 
-pub use multigres_common::conditions::{FALSE, TRUE};
+pub use multigres_common::conditions::{Computed, FALSE, TRUE};
 
 /// The workload serves: every replica is ready at the current generation.
 pub const AVAILABLE: &str = "Available";
@@ -20,62 +19,17 @@ pub const GATEWAY_EXTERNAL_READY: &str = "GatewayExternalReady";
 /// MultigresCluster: the external admin web endpoint exists and multiadmin-web is ready.
 pub const ADMIN_WEB_EXTERNAL_READY: &str = "AdminWebExternalReady";
 
-/// A condition as a reconcile computes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cond {
-    /// Condition type, e.g. `Available`.
-    pub type_: &'static str,
-    /// `True` or `False`.
-    pub status: &'static str,
-    /// One CamelCase word saying why.
-    pub reason: &'static str,
-    /// What a person should know or do.
-    pub message: String,
-}
-
-impl Cond {
-    /// A condition of `type_`.
-    pub fn new(
-        type_: &'static str,
-        status: &'static str,
-        reason: &'static str,
-        message: impl Into<String>,
-    ) -> Self {
-        Self {
-            type_,
-            status,
-            reason,
-            message: message.into(),
-        }
-    }
-
-    /// Whether the condition holds.
-    pub fn is_true(&self) -> bool {
-        self.status == TRUE
-    }
-}
-
 /// `desired` as full conditions, transition times taken from `observed` for those whose status
 /// did not change. Only the desired types are returned: the others belong to other handlers.
 pub fn merge(
     observed: &[Condition],
-    desired: &[Cond],
+    desired: &[Computed],
     generation: Option<i64>,
     now: Timestamp,
 ) -> Vec<Condition> {
     let mut all = observed.to_vec();
     for cond in desired {
-        set_condition(
-            &mut all,
-            &DesiredCondition {
-                type_: cond.type_,
-                status: cond.status,
-                reason: cond.reason,
-                message: &cond.message,
-                observed_generation: generation,
-            },
-            now,
-        );
+        cond.set_on(&mut all, generation, now);
     }
     all.retain(|c| desired.iter().any(|d| d.type_ == c.type_));
     all
@@ -141,8 +95,8 @@ mod tests {
             },
         ];
         let desired = [
-            Cond::new(AVAILABLE, TRUE, "AllReady", "3/3"),
-            Cond::new("RollingUpdate", FALSE, "UpToDate", "done"),
+            Computed::new(AVAILABLE, TRUE, "AllReady", "3/3"),
+            Computed::new("RollingUpdate", FALSE, "UpToDate", "done"),
         ];
         let merged = merge(&observed, &desired, Some(1), at(50));
         assert_eq!(merged.len(), 2);

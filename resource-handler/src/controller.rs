@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -22,7 +22,7 @@ use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
 use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
 use multigres_common::controller::WithBackoff;
-use multigres_common::events::Recorder;
+use multigres_common::events::{Notice, Recorder};
 use multigres_common::guard::Guarded;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::StatusPacer;
@@ -186,29 +186,24 @@ impl<K: Resource<DynamicType = ()>> Ctx<K> {
         reason: &str,
         note: String,
     ) {
-        let event = Event {
+        let notice = Notice {
             type_,
             reason: reason.to_owned(),
-            note: Some(note),
-            action: "Reconcile".to_owned(),
-            secondary: related,
+            message: note,
         };
-        crate::sync::count(self.name, "Event", "event");
-        if let Err(error) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(error = %ErrorChain(&error), "cannot publish an event");
-        }
+        let event = Event {
+            secondary: related,
+            ..notice.event("Reconcile")
+        };
+        self.recorder
+            .publish_counted(self.name, &event, &obj.object_ref(&()))
+            .await;
     }
 }
 
 /// The shared event recorder of this handler.
 pub fn recorder(client: &Client) -> Recorder {
-    Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: REPORTER.to_owned(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    )
+    Recorder::for_pod(client.clone(), REPORTER.to_owned())
 }
 
 /// Runs one reconcile of `obj`: records its outcome, resets the backoff on success, and

@@ -1,8 +1,6 @@
 //! resource-handler: runs the workloads behind TopoServer, Cell, Shard and MultigresCluster
 //! (etcd and Multigres StatefulSets, Deployments, Services, PDBs) and reports their readiness.
 
-use std::convert::Infallible;
-
 use clap::Parser;
 use multigres_api::observability::InheritedEnv;
 use multigres_common::HandlerRuntime;
@@ -45,13 +43,12 @@ async fn async_main() -> anyhow::Result<()> {
     let telemetry = InheritedEnv::from_vars(std::env::vars());
     let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
     runtime
-        .run(Some(&cli.leader), |ctx| async move {
+        .run_controllers(&cli.leader, |ctx| {
             let operator_namespace = cli
                 .operator_namespace
                 .filter(|ns| !ns.is_empty())
                 .unwrap_or_else(|| ctx.client.default_namespace().to_owned());
-            resource_handler::run(ctx, scope, telemetry, operator_namespace).await;
-            Ok::<(), Infallible>(())
+            resource_handler::run(ctx, scope, telemetry, operator_namespace)
         })
         .await?;
     Ok(())

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use kube::runtime::events::EventType;
 
-use crate::conditions::{Cond, FALSE, TRUE};
+use crate::conditions::{Computed, FALSE, TRUE};
 use crate::controller::Ctx;
 use crate::sync::FIELD_MANAGER;
 
@@ -146,9 +146,9 @@ impl ResizeOutcome {
     }
 
     /// The `StorageSynced` condition: `True` when every volume requests its configured size.
-    pub fn condition(&self) -> Cond {
+    pub fn condition(&self) -> Computed {
         if let Some(shrink) = self.shrink_refused.first() {
-            return Cond::new(
+            return Computed::new(
                 STORAGE_SYNCED,
                 FALSE,
                 "ShrinkRefused",
@@ -166,7 +166,7 @@ impl ResizeOutcome {
             );
         }
         if let Some((name, message)) = self.refused.first() {
-            return Cond::new(
+            return Computed::new(
                 STORAGE_SYNCED,
                 FALSE,
                 "ExpansionRefused",
@@ -176,7 +176,7 @@ impl ResizeOutcome {
                 ),
             );
         }
-        Cond::new(
+        Computed::new(
             STORAGE_SYNCED,
             TRUE,
             "UpToDate",

@@ -11,14 +11,12 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_common::apply::{ApplyError, apply, apply_status};
 use multigres_common::status_pacer::{FirstStatus, Pace, StatusPacer};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// The field manager of every write this handler makes:
@@ -32,29 +30,7 @@ pub use multigres_common::metrics::record_api_write as count;
 pub const APPLIED_HASH: &str = "multigres.com/applied-hash";
 
 /// A namespaced kind this handler creates and caches.
-pub trait Child:
-    Resource<DynamicType = (), Scope = NamespaceResourceScope>
-    + Clone
-    + Debug
-    + Serialize
-    + DeserializeOwned
-    + Send
-    + Sync
-    + 'static
-{
-}
-
-impl<K> Child for K where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + Clone
-        + Debug
-        + Serialize
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static
-{
-}
+pub use multigres_common::apply::Applicable as Child;
 
 /// Why a write failed; always transient (the API server refused or was unreachable).
 #[derive(Debug, thiserror::Error)]

@@ -41,7 +41,7 @@ use multigres_api::v1alpha1::{
 use multigres_common::certs::{self, CertError, LeafSpec, Outcome, Pair};
 use time::OffsetDateTime;
 
-use crate::conditions::{Cond, FALSE, TRUE};
+use crate::conditions::{Computed, FALSE, TRUE};
 use crate::contract::{PGBACKREST_CERT_DIR, flag};
 use crate::controller::{Ctx, owned};
 use crate::owner::Owner;
@@ -1030,9 +1030,9 @@ pub fn mount_gateway(deployment: &mut Deployment, secret: &str, required: bool, 
 }
 
 /// Which keys of a user's pgBackRest Secret are missing, as a condition.
-pub fn check_user_secret(name: &str, secret: Option<&Secret>) -> Cond {
+pub fn check_user_secret(name: &str, secret: Option<&Secret>) -> Computed {
     let Some(secret) = secret else {
-        return Cond::new(
+        return Computed::new(
             PGBACKREST_TLS,
             FALSE,
             "SecretNotFound",
@@ -1049,14 +1049,14 @@ pub fn check_user_secret(name: &str, secret: Option<&Secret>) -> Cond {
         .filter(|k| data.and_then(|d| d.get(*k)).is_none_or(|v| v.0.is_empty()))
         .collect();
     if missing.is_empty() {
-        Cond::new(
+        Computed::new(
             PGBACKREST_TLS,
             TRUE,
             "SecretProvided",
             format!("pgBackRest uses the certificates of Secret {name}"),
         )
     } else {
-        Cond::new(
+        Computed::new(
             PGBACKREST_TLS,
             FALSE,
             "SecretIncomplete",
@@ -1070,7 +1070,7 @@ pub fn check_user_secret(name: &str, secret: Option<&Secret>) -> Cond {
 }
 
 /// Whether `cond` says something other than the stored condition of its type.
-pub fn is_new(observed: Option<&[Condition]>, cond: &Cond) -> bool {
+pub fn is_new(observed: Option<&[Condition]>, cond: &Computed) -> bool {
     !observed.unwrap_or_default().iter().any(|c| {
         c.type_ == cond.type_
             && c.status == cond.status
@@ -1084,7 +1084,7 @@ pub async fn warn_if_new<K>(
     ctx: &Ctx<K>,
     obj: &K,
     observed: Option<&[Condition]>,
-    cond: Option<&Cond>,
+    cond: Option<&Computed>,
 ) where
     K: Resource<DynamicType = ()>,
 {
@@ -1113,7 +1113,7 @@ pub async fn reconcile_pgbackrest<K>(
     obj: &K,
     owner: &Owner,
     spec: &ShardSpec,
-) -> Result<Option<Cond>, PgBackRestError>
+) -> Result<Option<Computed>, PgBackRestError>
 where
     K: Resource<DynamicType = ()>,
 {
@@ -1156,7 +1156,7 @@ where
     store(ctx, obj, owner, component, issued)
         .await
         .map_err(TlsError::from)?;
-    Ok(Some(Cond::new(
+    Ok(Some(Computed::new(
         PGBACKREST_TLS,
         TRUE,
         "Generated",

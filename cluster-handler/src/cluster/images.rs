@@ -18,8 +18,7 @@ use multigres_api::v1alpha1::{
     MultigresClusterStatus,
 };
 use multigres_common::conditions::{self, DesiredCondition, FALSE, TRUE};
-
-use crate::notice::Notice;
+use multigres_common::events::Notice;
 
 /// Condition: a newer default image set waits to be adopted.
 pub const IMAGE_ROLLOUT_PENDING: &str = "ImageRolloutPending";

@@ -23,12 +23,12 @@ use multigres_api::v1alpha1::{
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::events::Notice;
 use multigres_common::events::Recorder;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
 use crate::children::{Child, Slot, owned_by, slot};
-use crate::notice::Notice;
 use crate::watch::{Guarded, in_namespace};
 use crate::writes::{self, Writer};
 use build::{Children, Incomplete, Owner};
@@ -305,18 +305,17 @@ async fn reconcile_cluster(
     let mut deferred = None;
     if !computed.changed.is_empty() {
         tracing::info!(changed = ?computed.changed, "status changed");
-        deferred = ctx
-            .writer
-            .apply_status_paced(
-                &ctx.stores.clusters,
-                &ctx.pacer,
-                cluster,
-                cluster.status.as_ref(),
-                &computed.status,
-                FirstStatus::Deadline,
-            )
-            .await
-            .map_err(Error::Status)?;
+        deferred = writes::apply_status_paced(
+            &ctx.writer,
+            &ctx.stores.clusters,
+            &ctx.pacer,
+            cluster,
+            cluster.status.as_ref(),
+            &computed.status,
+            FirstStatus::Deadline,
+        )
+        .await
+        .map_err(Error::Status)?;
     }
     let reference = cluster.object_ref(&());
     let deletions = result
@@ -373,15 +372,15 @@ async fn realize(
     if decision.annotation_changed(cluster) {
         // Recorded before any child changes, so a restart in between never rolls a held
         // cluster back or forth.
-        ctx.writer
-            .apply_annotation(
-                &stores.clusters,
-                cluster,
-                resolver::images::APPLIED_IMAGES_ANNOTATION,
-                &decision.annotation,
-            )
-            .await
-            .map_err(Error::from_apply)?;
+        writes::apply_annotation(
+            &ctx.writer,
+            &stores.clusters,
+            cluster,
+            resolver::images::APPLIED_IMAGES_ANNOTATION,
+            &decision.annotation,
+        )
+        .await
+        .map_err(Error::from_apply)?;
     }
     let mut terminating = false;
     for child in &children.topo_servers {
@@ -439,8 +438,7 @@ async fn apply_child<K: Child>(
             });
         }
     };
-    writer
-        .apply_child(store, desired, observed)
+    writes::apply_child(writer, store, desired, observed)
         .await
         .map_err(Error::from_apply)?;
     Ok(false)
@@ -465,8 +463,7 @@ async fn delete_orphans<K: Child>(
             continue;
         }
         let kind = K::kind(&()).into_owned();
-        ctx.writer
-            .delete_child(store, child)
+        writes::delete_child(&ctx.writer, store, child)
             .await
             .map_err(|source| Error::Delete {
                 kind: kind.clone(),

@@ -16,10 +16,10 @@ use multigres_api::v1alpha1::{
     MultigresClusterStatus, Phase, ResolvedTemplates, TableGroup, TableGroupSpec, TopoServer,
 };
 use multigres_common::conditions::{self, DesiredCondition, FALSE, TRUE};
+use multigres_common::events::Notice;
 
 use super::build::Children;
 use crate::children::{aggregate, healths};
-use crate::notice::Notice;
 
 /// Condition: queries are served: every cell's gateways are ready, and so is every shard of
 /// every database (a gateway answers at once, but without a ready shard it has nothing to route

@@ -16,12 +16,12 @@ use multigres_api::v1alpha1::{Shard, TableGroup};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::events::Notice;
 use multigres_common::events::Recorder;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
 use crate::children::{Slot, owned_by, slot};
-use crate::notice::Notice;
 use crate::watch::{Guarded, in_namespace};
 use crate::writes::{self, Writer};
 use build::{Incomplete, Owner};
@@ -221,19 +221,18 @@ async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Resu
     let mut deferred = None;
     if !computed.changed.is_empty() {
         tracing::info!(changed = ?computed.changed, "status changed");
-        deferred = ctx
-            .writer
-            .apply_status_paced(
-                &ctx.table_groups,
-                &ctx.pacer,
-                tg,
-                tg.status.as_ref(),
-                &computed.status,
-                // Users watch the MultigresCluster, which already shows this progress.
-                FirstStatus::WhenBudgetAllows,
-            )
-            .await
-            .map_err(Error::Status)?;
+        deferred = writes::apply_status_paced(
+            &ctx.writer,
+            &ctx.table_groups,
+            &ctx.pacer,
+            tg,
+            tg.status.as_ref(),
+            &computed.status,
+            // Users watch the MultigresCluster, which already shows this progress.
+            FirstStatus::WhenBudgetAllows,
+        )
+        .await
+        .map_err(Error::Status)?;
     }
     let reference = tg.object_ref(&());
     let deletions = result
@@ -292,8 +291,7 @@ async fn realize(tg: &TableGroup, ctx: &Context) -> Result<Realized, Error> {
                 });
             }
         };
-        ctx.writer
-            .apply_child(&ctx.shards, desired, observed)
+        writes::apply_child(&ctx.writer, &ctx.shards, desired, observed)
             .await
             .map_err(Error::from_apply)?;
     }
@@ -308,8 +306,7 @@ async fn realize(tg: &TableGroup, ctx: &Context) -> Result<Realized, Error> {
         {
             continue;
         }
-        ctx.writer
-            .delete_child(&ctx.shards, shard)
+        writes::delete_child(&ctx.writer, &ctx.shards, shard)
             .await
             .map_err(|source| Error::Delete {
                 name: name.clone(),

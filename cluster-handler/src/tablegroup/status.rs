@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::jiff::Timestamp;
 use multigres_api::v1alpha1::{Phase, Shard, TableGroup, TableGroupStatus};
 use multigres_common::conditions::{self, DesiredCondition, FALSE, TRUE};
+use multigres_common::events::Notice;
 
 use crate::children::{Health, aggregate, healths};
-use crate::notice::Notice;
 
 /// Condition: every shard is ready.
 pub const AVAILABLE: &str = "Available";

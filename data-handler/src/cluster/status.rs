@@ -2,10 +2,12 @@
 
 use multigres_api::DEFAULT_DATABASE;
 use multigres_api::v1alpha1::MultigresCluster;
+use multigres_common::conditions::Computed;
+use multigres_common::events::Notice;
 use multigres_common::telemetry::ErrorChain;
 
 use super::Error;
-use crate::conditions::{Computed, Notice, TOPO_SERVER_REACHABLE, TOPOLOGY_REGISTERED, reachable};
+use crate::conditions::{TOPO_SERVER_REACHABLE, TOPOLOGY_REGISTERED, reachable};
 use crate::sync::Registered;
 use crate::target::{ConnectError, EXTERNAL_FIELD, Target};
 use crate::topo::{RecordKind, RecordRef, Registration, TopoError};

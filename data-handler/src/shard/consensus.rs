@@ -26,6 +26,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use multigres_api::labels::{COHORT_MEMBER, COHORT_OUTSIDE};
 use multigres_api::v1alpha1::{CohortPod, CohortStatus, Replication, Shard, ShardStatus};
+use multigres_common::conditions::Computed;
 use multigres_common::status_metrics::{self as gauges, StatusGauges};
 use multigres_proto::multipooler::multipoolermanagerdata::{
     PostgresStatus, StatusRequest, StatusResponse,
@@ -33,7 +34,6 @@ use multigres_proto::multipooler::multipoolermanagerdata::{
 use multigres_proto::topo::{PoolerType, QuorumType, ShardRule};
 use serde_json::{Map, Value, json};
 
-use crate::conditions::Computed;
 use crate::dial::Dial;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};

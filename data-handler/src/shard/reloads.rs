@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use multigres_api::v1alpha1::Shard;
+use multigres_common::events::Notice;
 use multigres_common::telemetry::ErrorChain;
 
-use crate::conditions::Notice;
 use crate::dial::Dial;
 use crate::reload::{self, Desired, DesiredError, PodState, Verdict};
 use crate::roles::{self, PoolPod, ShardKey};

@@ -27,7 +27,7 @@ use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
 use crate::conditions::{
-    AVAILABLE, Cond, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase, with_lost_pods,
+    AVAILABLE, Computed, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase, with_lost_pods,
 };
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
@@ -338,18 +338,18 @@ pub fn status(
         ),
     );
     let available = if counts.desired == 0 && counts.observed {
-        Cond::new(
+        Computed::new(
             AVAILABLE,
             FALSE,
             "ScaledToZero",
             "multigateway has 0 replicas",
         )
     } else if counts.all_ready() {
-        Cond::new(AVAILABLE, TRUE, "GatewaysReady", message.clone())
+        Computed::new(AVAILABLE, TRUE, "GatewaysReady", message.clone())
     } else if silent.is_empty() {
-        Cond::new(AVAILABLE, FALSE, "GatewaysNotReady", message.clone())
+        Computed::new(AVAILABLE, FALSE, "GatewaysNotReady", message.clone())
     } else {
-        Cond::new(AVAILABLE, FALSE, NODES_NOT_REPORTING, message.clone())
+        Computed::new(AVAILABLE, FALSE, NODES_NOT_REPORTING, message.clone())
     };
     let counts = (Some(counts.desired), Some(counts.ready));
     composed(cell, (available, message), silent, counts, service, now)
@@ -359,7 +359,7 @@ pub fn status(
 /// the gateway counts (desired, ready) and its Service.
 fn composed(
     cell: &Cell,
-    (available, message): (Cond, String),
+    (available, message): (Computed, String),
     silent: &BTreeSet<String>,
     (replicas, ready): (Option<i32>, Option<i32>),
     service: &str,
@@ -409,7 +409,7 @@ pub fn waiting_for_certificate(
         "waiting for Secret {secret} with keys tls.crt and tls.key, the gateway certificate: \
          {who}; the gateways start once it exists"
     );
-    let available = Cond::new(
+    let available = Computed::new(
         AVAILABLE,
         FALSE,
         "WaitingForGatewayCertificate",

@@ -26,7 +26,7 @@ use multigres_api::v1alpha1::{
 };
 
 use crate::conditions::{
-    ADMIN_WEB_EXTERNAL_READY, Cond, FALSE, GATEWAY_EXTERNAL_READY, TRUE, merge,
+    ADMIN_WEB_EXTERNAL_READY, Computed, FALSE, GATEWAY_EXTERNAL_READY, TRUE, merge,
 };
 use crate::contract::{POSTGRES_PORT, POSTGRES_REPLICA_PORT};
 use crate::owner::Owner;
@@ -226,7 +226,7 @@ pub fn exposure_status(
     exposed: Exposed,
     cluster: &MultigresCluster,
     observed: Observed<'_>,
-) -> Option<(ExternalEndpointStatus, Cond)> {
+) -> Option<(ExternalEndpointStatus, Computed)> {
     let config = exposed.enabled(cluster)?;
     let cluster_name = cluster.metadata.name.as_deref().unwrap_or_default();
     let name = match exposed {
@@ -245,11 +245,11 @@ pub fn exposure_status(
         );
         return Some((
             ExternalEndpointStatus::default(),
-            Cond::new(type_, FALSE, AWAITING_ENDPOINT, message),
+            Computed::new(type_, FALSE, AWAITING_ENDPOINT, message),
         ));
     };
     let cond = match (exposed, observed.ready_pods) {
-        (Exposed::Gateway, 0) => Cond::new(
+        (Exposed::Gateway, 0) => Computed::new(
             type_,
             FALSE,
             NO_READY_GATEWAYS,
@@ -258,7 +258,7 @@ pub fn exposure_status(
                  connections fail; see the cells' Available conditions"
             ),
         ),
-        (Exposed::AdminWeb, 0) => Cond::new(
+        (Exposed::AdminWeb, 0) => Computed::new(
             type_,
             FALSE,
             NO_READY_ADMIN_WEB,
@@ -267,13 +267,13 @@ pub fn exposure_status(
                  does not answer"
             ),
         ),
-        (Exposed::Gateway, n) => Cond::new(
+        (Exposed::Gateway, n) => Computed::new(
             type_,
             TRUE,
             ENDPOINT_READY,
             format!("{address}:{POSTGRES_PORT} is served by {n} ready multigateway pod(s)"),
         ),
-        (Exposed::AdminWeb, n) => Cond::new(
+        (Exposed::AdminWeb, n) => Computed::new(
             type_,
             TRUE,
             ENDPOINT_READY,
@@ -299,10 +299,10 @@ pub fn status(
     gateway: Observed<'_>,
     admin_web: Observed<'_>,
     now: Timestamp,
-) -> (MultigresClusterStatus, Vec<Cond>) {
+) -> (MultigresClusterStatus, Vec<Computed>) {
     let gw = exposure_status(Exposed::Gateway, cluster, gateway);
     let web = exposure_status(Exposed::AdminWeb, cluster, admin_web);
-    let desired: Vec<Cond> = [&gw, &web]
+    let desired: Vec<Computed> = [&gw, &web]
         .into_iter()
         .flatten()
         .map(|(_, c)| c.clone())

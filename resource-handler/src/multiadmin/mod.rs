@@ -35,7 +35,7 @@ use multigres_common::guard::InvalidObject;
 use multigres_common::shared_watch::Changes;
 use multigres_common::shutdown::Shutdown;
 
-use crate::conditions::Cond;
+use crate::conditions::Computed;
 use crate::controller::{Classify, Ctx, Stores, error_policy, observe, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::sync::{self, FIELD_MANAGER, SyncError};
@@ -466,7 +466,7 @@ fn ready_gateways(store: &Store<Deployment>, namespace: &str, cluster: &str) -> 
 
 /// An event for an external condition that changed reason, saying what it means (and, while
 /// no endpoint exists, what to do).
-async fn report(ctx: &Ctx<Guard>, guard: &Guard, cond: &Cond) {
+async fn report(ctx: &Ctx<Guard>, guard: &Guard, cond: &Computed) {
     let type_ =
         if cond.reason == external::ENDPOINT_READY || cond.reason == external::AWAITING_ENDPOINT {
             EventType::Normal

@@ -20,7 +20,7 @@ use super::drain::{self, Evictions};
 use super::rollout::{self, PodView, Step};
 use super::scale::{self, CohortHold, HeldScaleUp, ScaleDown};
 use super::{Desired, Error, Guard, NAME, pgconfig, switchover};
-use crate::conditions::Cond;
+use crate::conditions::Computed;
 use crate::controller::{Ctx, owned};
 use crate::owner::Owner;
 use crate::readiness::{self, Counts};
@@ -34,7 +34,7 @@ pub(super) struct Outcome {
     /// The shard's workloads as cached once they were applied.
     pub observed: Observed,
     /// The pgBackRest TLS verdict (none without backups).
-    pub tls: Option<Cond>,
+    pub tls: Option<Computed>,
     /// What growing the volumes did.
     pub resize: ResizeOutcome,
     /// The ordered restart's step (`None` while a new template is being applied).
@@ -48,7 +48,7 @@ pub(super) struct Outcome {
     /// Hand-overs asked for by people and by drains.
     pub requests: switchover::Requests,
     /// The `Drain` verdict (none while no pool pod is on a cordoned node).
-    pub drain: Option<Cond>,
+    pub drain: Option<Computed>,
     /// Claims of scaled-away replicas wait for the cohort to drop their pods.
     pub claims_waiting: bool,
 }

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use multigres_api::v1alpha1::{CohortStatus, FAILURE_TOLERANT, Shard};
 
 use super::rollout::{PodView, Role};
-use crate::conditions::{Cond, TRUE};
+use crate::conditions::{Computed, TRUE};
 
 /// Condition type: pool pods of the shard are on cordoned nodes.
 pub const DRAIN: &str = "Drain";
@@ -82,7 +82,7 @@ pub fn condition(
     pods: &[PodView],
     evictions: Evictions,
     cohort: Option<&CohortStatus>,
-) -> Option<Cond> {
+) -> Option<Computed> {
     let stranded: Vec<&PodView> = pods
         .iter()
         .filter(|p| p.cordoned && !p.terminating)
@@ -91,7 +91,7 @@ pub fn condition(
         return None;
     }
     if let Some(primary) = stranded.iter().find(|p| p.role == Role::Primary) {
-        return Some(Cond::new(
+        return Some(Computed::new(
             DRAIN,
             TRUE,
             "PrimaryHandingOver",
@@ -133,7 +133,7 @@ pub fn condition(
             ),
         ),
     };
-    Some(Cond::new(DRAIN, TRUE, reason, message))
+    Some(Computed::new(DRAIN, TRUE, reason, message))
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use kube::ResourceExt;
 use multigres_api::v1alpha1::CohortStatus;
 
 use super::rollout::{PodView, Role};
-use crate::conditions::{Cond, TRUE};
+use crate::conditions::{Computed, TRUE};
 
 /// Condition type: a pool scale-down waits for the consensus cohort.
 pub const SCALE_DOWN: &str = "ScaleDown";
@@ -295,7 +295,7 @@ pub fn leaders_to_hand_over(holds: &[CohortHold]) -> Vec<(String, String)> {
 
 /// The `ScaleDown` condition while scale-downs wait for the cohort or step one pod at a time;
 /// absent otherwise.
-pub fn condition(holds: &[CohortHold]) -> Option<Cond> {
+pub fn condition(holds: &[CohortHold]) -> Option<Computed> {
     if holds.is_empty() {
         return None;
     }
@@ -305,7 +305,7 @@ pub fn condition(holds: &[CohortHold]) -> Option<Cond> {
         "OnePodAtATime"
     };
     let message: Vec<String> = holds.iter().map(CohortHold::message).collect();
-    Some(Cond::new(SCALE_DOWN, TRUE, reason, message.join("; ")))
+    Some(Computed::new(SCALE_DOWN, TRUE, reason, message.join("; ")))
 }
 
 /// Why removing the pods `removed` would leave the cohort with fewer members than an

@@ -20,7 +20,7 @@ use super::{
     Desired, Error, Guard, NAME, ROLLING_UPDATE, Rejected, labelled_for, pgconfig, switchover,
 };
 use crate::conditions::{
-    AVAILABLE, Cond, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase, with_lost_pods,
+    AVAILABLE, Computed, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase, with_lost_pods,
 };
 use crate::controller::{Ctx, POLL};
 use crate::readiness::Counts;
@@ -178,17 +178,17 @@ pub struct Report<'a> {
     /// The ordered restart's step (`None` while a new template is being applied).
     pub rollout: Option<Step>,
     /// The `StorageSynced` verdict.
-    pub storage: Option<Cond>,
+    pub storage: Option<Computed>,
     /// The pgBackRest TLS verdict (none without backups).
-    pub pgbackrest_tls: Option<Cond>,
+    pub pgbackrest_tls: Option<Computed>,
     /// The `Switchover` verdict (none while no primary is about to go).
-    pub switchover: Option<Cond>,
+    pub switchover: Option<Computed>,
     /// Pool scale-ups waiting for volumes of scaled-away replicas to go.
     pub held: Vec<HeldScaleUp>,
     /// The `ScaleDown` verdict (none while no scale-down waits for the cohort).
-    pub scale_down: Option<Cond>,
+    pub scale_down: Option<Computed>,
     /// The `Drain` verdict (none while no pool pod is on a cordoned node).
-    pub drain: Option<Cond>,
+    pub drain: Option<Computed>,
     /// Claims of scaled-away replicas wait for the cohort to drop their pods.
     pub claims_waiting: bool,
     /// Pool pods that are not Ready, each with why (`<pod>: <reason>`, by name).
@@ -214,15 +214,15 @@ fn unready_summary(unready: &[String]) -> Option<String> {
 }
 
 /// The `RollingUpdate` condition for the restart's step.
-fn rolling_condition(step: Option<&Step>) -> Cond {
+fn rolling_condition(step: Option<&Step>) -> Computed {
     match step {
-        None => Cond::new(
+        None => Computed::new(
             ROLLING_UPDATE,
             TRUE,
             "TemplateChanged",
             "a new pod template was applied; waiting for the StatefulSet controller",
         ),
-        Some(Step::UpToDate { pods }) => Cond::new(
+        Some(Step::UpToDate { pods }) => Computed::new(
             ROLLING_UPDATE,
             FALSE,
             "UpToDate",
@@ -234,7 +234,7 @@ fn rolling_condition(step: Option<&Step>) -> Cond {
             outdated,
             total,
             ..
-        }) => Cond::new(
+        }) => Computed::new(
             ROLLING_UPDATE,
             TRUE,
             "Restarting",
@@ -252,7 +252,7 @@ fn rolling_condition(step: Option<&Step>) -> Cond {
             wait,
             outdated,
             total,
-        }) => Cond::new(
+        }) => Computed::new(
             ROLLING_UPDATE,
             TRUE,
             wait.reason(),
@@ -314,17 +314,17 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
         match known_primary(shard, &report.pool_pods) {
             Ok(primary) => {
                 message = format!("{message}; primary {primary}");
-                Cond::new(AVAILABLE, TRUE, "AllReady", message.clone())
+                Computed::new(AVAILABLE, TRUE, "AllReady", message.clone())
             }
             Err(none) => {
                 message = format!("{message}; {none}");
-                Cond::new(AVAILABLE, FALSE, "NoPrimary", message.clone())
+                Computed::new(AVAILABLE, FALSE, "NoPrimary", message.clone())
             }
         }
     } else if !report.held.is_empty() {
         let held: Vec<String> = report.held.iter().map(HeldScaleUp::message).collect();
         let message = format!("{message}; {}", held.join("; "));
-        Cond::new(AVAILABLE, FALSE, "WaitingForVolumeDeletion", message)
+        Computed::new(AVAILABLE, FALSE, "WaitingForVolumeDeletion", message)
     } else {
         let message = match unready_summary(&report.unready) {
             Some(listed) => format!("{message}; not ready: {listed}"),
@@ -335,10 +335,10 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
         } else {
             NODES_NOT_REPORTING
         };
-        Cond::new(AVAILABLE, FALSE, reason, message)
+        Computed::new(AVAILABLE, FALSE, reason, message)
     };
     let rolling = rolling_condition(report.rollout.as_ref());
-    let handing_over = report.switchover.as_ref().is_some_and(Cond::is_true);
+    let handing_over = report.switchover.as_ref().is_some_and(Computed::is_true);
     let healthy =
         available.is_true() && !rolling.is_true() && !handing_over && report.scale_down.is_none();
     let mut desired = vec![available, rolling];

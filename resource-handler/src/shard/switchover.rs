@@ -33,7 +33,7 @@ use serde_json::json;
 use super::rollout::{PodView, Role, Step, Wait};
 use super::scale::{Handover, ScaleDown};
 use super::{Guard, NAME};
-use crate::conditions::{Cond, FALSE, TRUE};
+use crate::conditions::{Computed, FALSE, TRUE};
 use crate::controller::Ctx;
 use crate::sync::FIELD_MANAGER;
 
@@ -198,7 +198,7 @@ pub fn changes(
 
 /// The `Switchover` condition: True while a primary must hand over before it goes, False when
 /// one goes without (nobody can take over), absent when no primary is about to go.
-pub fn condition(step: Option<&Step>, downs: &[ScaleDown], asked: &Requests) -> Option<Cond> {
+pub fn condition(step: Option<&Step>, downs: &[ScaleDown], asked: &Requests) -> Option<Computed> {
     let process = "the data-handler has its multipooler resign leadership (annotation \
                    multigres.com/switchover-requested) and multiorch promotes a replica";
     let mut requested = Vec::new();
@@ -250,7 +250,7 @@ pub fn condition(step: Option<&Step>, downs: &[ScaleDown], asked: &Requests) -> 
             parts.push(process.to_owned());
         }
         parts.extend(no_replica);
-        return Some(Cond::new(SWITCHOVER, TRUE, reason, parts.join("; ")));
+        return Some(Computed::new(SWITCHOVER, TRUE, reason, parts.join("; ")));
     }
     if without.is_empty() {
         return None;
@@ -260,7 +260,12 @@ pub fn condition(step: Option<&Step>, downs: &[ScaleDown], asked: &Requests) -> 
          multiorch fails over",
         without.join("; ")
     );
-    Some(Cond::new(SWITCHOVER, FALSE, "WithoutSwitchover", message))
+    Some(Computed::new(
+        SWITCHOVER,
+        FALSE,
+        "WithoutSwitchover",
+        message,
+    ))
 }
 
 /// Removes the answered requests of people (`answered`, among `pods`) with a Normal event each:

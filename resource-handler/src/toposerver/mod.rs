@@ -24,7 +24,7 @@ use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
-use crate::conditions::{AVAILABLE, Cond, FALSE, TRUE, merge, phase, with_lost_pods};
+use crate::conditions::{AVAILABLE, Computed, FALSE, TRUE, merge, phase, with_lost_pods};
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
 use crate::controller::{Classify, Ctx, error_policy, observe, owned};
@@ -217,7 +217,7 @@ async fn apply(
     guard: &Guard,
     input: &TopoInput<'_>,
     objects: TopoObjects,
-) -> Result<Cond, Error> {
+) -> Result<Computed, Error> {
     let TopoObjects {
         statefulset,
         peer_service,
@@ -359,7 +359,7 @@ async fn write_status(
     api: &Api<TopoServer>,
     topo: &TopoServer,
     sts: Option<&StatefulSet>,
-    storage: Option<Cond>,
+    storage: Option<Computed>,
     problem: Option<&str>,
 ) -> Result<Option<Duration>, Error> {
     let counts = readiness::statefulset(sts);
@@ -391,7 +391,7 @@ pub fn status(
     topo: &TopoServer,
     counts: Counts,
     silent: &BTreeSet<String>,
-    storage: Option<Cond>,
+    storage: Option<Computed>,
     problem: Option<&str>,
     now: Timestamp,
 ) -> TopoServerStatus {
@@ -403,15 +403,15 @@ pub fn status(
         format!("{}/{} etcd members ready", counts.ready, counts.desired),
     );
     let available = match (serving, counts.all_ready()) {
-        (true, true) => Cond::new(AVAILABLE, TRUE, "AllMembersReady", message.clone()),
-        (true, false) => Cond::new(AVAILABLE, TRUE, "QuorumReady", message.clone()),
-        (false, _) if counts.desired == 0 => Cond::new(
+        (true, true) => Computed::new(AVAILABLE, TRUE, "AllMembersReady", message.clone()),
+        (true, false) => Computed::new(AVAILABLE, TRUE, "QuorumReady", message.clone()),
+        (false, _) if counts.desired == 0 => Computed::new(
             AVAILABLE,
             FALSE,
             "Creating",
             "the etcd StatefulSet is being created",
         ),
-        (false, _) => Cond::new(AVAILABLE, FALSE, "NoQuorum", message.clone()),
+        (false, _) => Computed::new(AVAILABLE, FALSE, "NoQuorum", message.clone()),
     };
     let healthy = counts.all_ready();
     let mut desired = vec![available];
@@ -513,7 +513,7 @@ mod tests {
     fn a_problem_degrades_but_keeps_availability_and_storage_verdict() {
         let now = Timestamp::from_second(100).unwrap();
         let mut t = topo();
-        let shrink = Cond::new(STORAGE_SYNCED, FALSE, "ShrinkRefused", "no");
+        let shrink = Computed::new(STORAGE_SYNCED, FALSE, "ShrinkRefused", "no");
         t.status = Some(status(
             &t,
             counts(3, 3),
