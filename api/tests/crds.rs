@@ -27,9 +27,9 @@ fn committed_crds_match_the_rust_types() {
     let dir = common::repo_root().join("deploy/crds");
     let mut stale = Vec::new();
     for crd in common::crds() {
-        let path = dir.join(file_name(&crd));
+        let path = dir.join(file_name(crd));
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        if committed != to_yaml(&crd).expect("YAML") {
+        if committed != to_yaml(crd).expect("YAML") {
             stale.push(path.display().to_string());
         }
     }
@@ -117,7 +117,7 @@ fn structural_violations(node: &Value, path: &str, out: &mut Vec<String>) {
 fn schemas_are_structural() {
     let mut violations = Vec::new();
     for crd in common::crds() {
-        structural_violations(&schema(&crd), &crd.spec.names.kind, &mut violations);
+        structural_violations(&schema(crd), &crd.spec.names.kind, &mut violations);
     }
     assert!(
         violations.is_empty(),
@@ -188,7 +188,7 @@ fn undescribed(node: &Value, path: &str, out: &mut Vec<String>) {
 fn every_field_has_a_description() {
     let mut missing = Vec::new();
     for crd in common::crds() {
-        undescribed(&schema(&crd), &crd.spec.names.kind, &mut missing);
+        undescribed(&schema(crd), &crd.spec.names.kind, &mut missing);
     }
     assert!(
         missing.is_empty(),
@@ -320,7 +320,7 @@ fn rules(node: &Value, path: &str, out: &mut Vec<(String, String, Option<String>
 fn cel_rules_compile_and_have_messages() {
     let mut total = 0;
     for crd in common::crds() {
-        let schema = schema(&crd);
+        let schema = schema(crd);
         let compiled = compile_schema(&schema);
         let mut found = Vec::new();
         rules(&schema, &crd.spec.names.kind, &mut found);
@@ -370,7 +370,7 @@ fn schema_defaults_are_only_the_fixed_ones() {
     }
     let mut found = Vec::new();
     for crd in common::crds() {
-        defaults(&schema(&crd), &crd.spec.names.kind, &mut found);
+        defaults(&schema(crd), &crd.spec.names.kind, &mut found);
     }
     for (path, value) in &found {
         let allowed = (path.ends_with(".postgresSuperuser") && value == "postgres")
