@@ -11,6 +11,7 @@ pub mod http;
 pub mod labels;
 pub mod load;
 pub mod manifest;
+pub mod node_images;
 pub mod nodes;
 pub mod pki;
 pub mod poolers;

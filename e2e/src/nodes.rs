@@ -22,6 +22,7 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, Config};
 use serde_json::json;
 
+use crate::node_images;
 use crate::pki::{Pki, PkiError};
 use crate::process::{ProcessError, Supervised};
 
@@ -111,7 +112,7 @@ pub enum NodesError {
     Timeout { what: String, waited: Duration },
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodesError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodesError {
     let what = what.into();
     move |source| NodesError::Io { what, source }
 }
@@ -267,9 +268,9 @@ pub fn node_ip(index: usize) -> Ipv4Addr {
 }
 
 impl RealNodes {
-    /// Starts containerd and a kubelet for each zone, imports every listed image, and starts
-    /// kube-proxy and the provisioner. The API server must already run; Nodes are not awaited
-    /// here (see [`RealNodes::wait_ready`]).
+    /// Starts containerd (its root holding every listed image: [`node_images`]) and a kubelet
+    /// for each zone, then kube-proxy and the provisioner. The API server must already run;
+    /// Nodes are not awaited here (see [`RealNodes::wait_ready`]).
     pub fn start(
         state: &Path,
         zones: &[String],
@@ -304,12 +305,14 @@ impl RealNodes {
         };
         let logs = state.join("logs");
         for node in real.nodes.clone() {
+            node_images::prepare_root(&real.images, &node.dir.join("root"), &logs)?;
             real.start_containerd(&node, &logs)?;
         }
-        for node in real.nodes.clone() {
-            real.import_images(&node)?;
-            real.start_kubelet(&node, pki, server, &logs)?;
+        for node in &real.nodes {
+            let socket = node.containerd_socket();
+            node_images::check_listed(&real.images, &socket.to_string_lossy(), &node.name)?;
         }
+        real.start_kubelets(&real.nodes.clone(), pki, server, &logs)?;
         real.start_kube_proxy(state, pki, server, &logs)?;
         real.start_network_policies(state, pki, server, &logs)?;
         real.start_provisioner(state, config.clone());
@@ -396,49 +399,6 @@ state = "{dir}/state"
             Duration::from_secs(30),
             || socket.exists(),
         )
-    }
-
-    fn import_images(&self, node: &RealNode) -> Result<(), NodesError> {
-        let ctr = system_program("ctr")?;
-        let socket = node.containerd_socket();
-        let socket = socket.to_string_lossy();
-        for (reference, archive) in &self.images {
-            run(
-                &ctr,
-                &[
-                    "--address",
-                    &socket,
-                    "--namespace",
-                    "k8s.io",
-                    "images",
-                    "import",
-                    "--no-unpack",
-                    &archive.to_string_lossy(),
-                ],
-            )?;
-            // The CRI looks images up by name; check the import named it as the list says.
-            let listed = run(
-                &ctr,
-                &[
-                    "--address",
-                    &socket,
-                    "--namespace",
-                    "k8s.io",
-                    "images",
-                    "ls",
-                    "-q",
-                ],
-            )?;
-            if !listed.lines().any(|line| line == reference) {
-                return Err(NodesError::MissingImage(format!(
-                    "{reference} in containerd of {} after importing {} (it holds: {})",
-                    node.name,
-                    archive.display(),
-                    listed.split_whitespace().collect::<Vec<_>>().join(", ")
-                )));
-            }
-        }
-        Ok(())
     }
 
     fn start_kubelet(
@@ -695,24 +655,42 @@ state = "{dir}/state"
     ) -> Result<(), NodesError> {
         let node = self.node(name)?;
         self.start_containerd(&node, logs)?;
-        // containerd's socket exists before its CRI plugin serves, and a kubelet that finds the
-        // CRI not initialized exits: start it again until it stays up (at first start, the
-        // image imports give containerd that time).
+        self.start_kubelets(&[node], pki, server, logs)
+    }
+
+    /// Starts the kubelets of `nodes`, whose containerds run. containerd's socket exists before
+    /// its CRI plugin serves, and a kubelet that finds the CRI not initialized exits: each is
+    /// started again until all stay up.
+    fn start_kubelets(
+        &mut self,
+        nodes: &[RealNode],
+        pki: &Pki,
+        server: &str,
+        logs: &Path,
+    ) -> Result<(), NodesError> {
+        let mut down = nodes.to_vec();
         for _ in 0..20 {
-            self.start_kubelet(&node, pki, server, logs)?;
+            for node in &down {
+                self.start_kubelet(node, pki, server, logs)?;
+            }
             std::thread::sleep(Duration::from_secs(3));
-            let kubelet = format!("kubelet-{name}");
-            let exited = self
-                .components
-                .iter()
-                .position(|c| c.name() == kubelet && c.exit_status().is_some());
-            match exited {
-                Some(index) => drop(self.components.remove(index)),
-                None => return Ok(()),
+            down.retain(|node| {
+                let kubelet = format!("kubelet-{}", node.name);
+                let exited = self
+                    .components
+                    .iter()
+                    .position(|c| c.name() == kubelet && c.exit_status().is_some());
+                exited
+                    .inspect(|&index| drop(self.components.remove(index)))
+                    .is_some()
+            });
+            if down.is_empty() {
+                return Ok(());
             }
         }
+        let names: Vec<&str> = down.iter().map(|node| node.name.as_str()).collect();
         Err(NodesError::Timeout {
-            what: format!("the kubelet of {name} to stay up"),
+            what: format!("the kubelets of {} to stay up", names.join(", ")),
             waited: Duration::from_secs(60),
         })
     }
@@ -795,7 +773,11 @@ fn write_kubeconfig(
     std::fs::write(path, doc.to_string()).map_err(io(format!("writing {}", path.display())))
 }
 
-fn wait_until(what: &str, timeout: Duration, done: impl Fn() -> bool) -> Result<(), NodesError> {
+pub(crate) fn wait_until(
+    what: &str,
+    timeout: Duration,
+    done: impl Fn() -> bool,
+) -> Result<(), NodesError> {
     let deadline = Instant::now() + timeout;
     while !done() {
         if Instant::now() >= deadline {
