@@ -5,7 +5,57 @@
 
 use std::time::Duration;
 
-/// Parses a Go duration such as `1h2m3.5s` (the CRD pattern already forbids signs).
+/// The longest duration Go represents: `time.Duration` is an int64 of nanoseconds, so
+/// `time.ParseDuration` refuses anything longer and a Multigres process given such a flag exits
+/// at start.
+pub const MAX: Duration = Duration::new(9_223_372_036, 854_775_807);
+
+/// [`MAX`] as Go prints it, for messages.
+pub const MAX_TEXT: &str = "2562047h47m16.854775807s";
+
+/// Why a duration string is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// Not a Go duration at all.
+    #[error("{0:?} is not a duration such as 10s or 1m30s")]
+    Syntax(String),
+    /// A duration Go cannot hold.
+    #[error(
+        "{0:?} is longer than Go's longest duration ({MAX_TEXT}, an int64 of nanoseconds), so \
+         Multigres would refuse the flag and not start"
+    )]
+    TooLong(String),
+}
+
+/// Parses a Go duration and refuses one Go cannot hold (longer than [`MAX`]).
+pub fn parse_go(text: &str) -> Result<Duration, DurationError> {
+    match parse(text) {
+        None if is_overflow(text) => Err(DurationError::TooLong(text.to_owned())),
+        None => Err(DurationError::Syntax(text.to_owned())),
+        Some(d) if d > MAX => Err(DurationError::TooLong(text.to_owned())),
+        Some(d) => Ok(d),
+    }
+}
+
+/// Whether `text` is well-formed but too long even for [`parse`]'s own arithmetic: it parses
+/// with every run of digits made `1`.
+fn is_overflow(text: &str) -> bool {
+    let mut small = String::with_capacity(text.len());
+    let mut in_digits = false;
+    for c in text.chars() {
+        let digit = c.is_ascii_digit();
+        if !digit {
+            small.push(c);
+        } else if !in_digits {
+            small.push('1');
+        }
+        in_digits = digit;
+    }
+    parse(&small).is_some()
+}
+
+/// Parses a Go duration such as `1h2m3.5s` (the CRD pattern already forbids signs). No upper
+/// bound but `u64` seconds: [`parse_go`] bounds it as Go does.
 pub fn parse(text: &str) -> Option<Duration> {
     if text == "0" {
         return Some(Duration::ZERO);
@@ -72,6 +122,32 @@ mod tests {
         assert_eq!(parse("7ns"), Some(Duration::from_nanos(7)));
         assert_eq!(parse("0s"), Some(Duration::ZERO));
         assert_eq!(parse("0"), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn go_refuses_what_an_int64_of_nanoseconds_cannot_hold() {
+        assert_eq!(parse_go(MAX_TEXT), Ok(MAX));
+        assert_eq!(parse(MAX_TEXT), Some(MAX));
+        assert_eq!(
+            parse_go("2562047h"),
+            Ok(Duration::from_secs(2_562_047 * 3600))
+        );
+        for long in [
+            "2562047h47m16.854775808s",
+            "3000000h",
+            "2562048h",
+            "99999999999999999999999999999999999999999h",
+        ] {
+            assert_eq!(
+                parse_go(long),
+                Err(DurationError::TooLong(long.to_owned())),
+                "{long}"
+            );
+        }
+        assert_eq!(
+            parse_go("ten seconds"),
+            Err(DurationError::Syntax("ten seconds".to_owned()))
+        );
     }
 
     #[test]

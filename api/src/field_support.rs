@@ -163,7 +163,8 @@ const TEMPLATES: &str = "resolver: template selection";
 const CELL: &str = "resource-handler: the cell's multigateway Deployment";
 const SHARD: &str = "resource-handler: the shard's multiorch and pool pods";
 const POOL_PVC: &str = "resource-handler: pool PVC retention";
-const PLACEMENT: &str = "resource-handler: pod nodeSelector from the cell's zone or region";
+const PLACEMENT: &str =
+    "resource-handler: pod nodeSelector from the cell's zone, zone ID or region";
 
 const POSTGRES_CONFIG: &str = "webhook: checked against the PostgreSQL 17 catalog and the \
      fixed and refused parameters (no commands, libraries or includes); \
@@ -354,6 +355,7 @@ pub static FIELDS: &[Field] = &[
     done(Mgc, "spec.multiadminWeb", MULTIADMIN_WEB),
     // MultigresCluster: cells.
     done(Mgc, "spec.cells[].name", "cluster-handler: the Cell child"),
+    done(Mgc, "spec.cells[].zone", PLACEMENT),
     done(Mgc, "spec.cells[].zoneId", PLACEMENT),
     done(Mgc, "spec.cells[].region", PLACEMENT),
     done(Mgc, "spec.cells[].cellTemplate", TEMPLATES),

@@ -38,10 +38,41 @@ pub const USER_SWITCHOVER: &str = "multigres.com/switchover";
 /// Annotation by which the data-handler records the request (its value) for which the pod's
 /// multipooler resigned, so each request resigns once.
 pub const SWITCHOVER_RESIGNED: &str = "multigres.com/switchover-resigned";
+/// Pool pod annotation: the hot-standby-sensitive settings its PostgreSQL started with
+/// (`max_connections=100,max_locks_per_transaction=64,...`), stamped by the resource-handler on
+/// pods created from the current template, so a later lowering can be told from a raise.
+pub const HOT_STANDBY_SETTINGS: &str = "multigres.com/hot-standby-settings";
 /// Annotation on a one-pod multigateway or multiorch Deployment (and its pod template) naming
 /// the pod the resource-handler last moved off a cordoned node, ahead of the drain, as
 /// `<node>/<pod>`.
 pub const DRAINED_NODE: &str = "multigres.com/drained-node";
+/// Annotation on a MultigresCluster, passed on to its children: `"true"` stops the operator
+/// from changing the cluster's workloads (no apply, restart, scale, switchover request, volume
+/// growth or deletion of a child) until it is removed or set to `"false"`; status and
+/// conditions keep being reported, and the topology and backups keep being served. For a
+/// maintenance window, or to look at a cluster without the operator moving under one's feet.
+pub const PAUSED: &str = "multigres.com/paused";
+
+/// Annotation on a MultigresCluster, passed on to its children: `supervised` makes every pool
+/// pod restart the operator would start (a template or configuration change) wait until the
+/// Shard's [`RELEASE_RESTARTS`] names the revisions waiting; `automatic` (or none) restarts as
+/// soon as it is safe.
+pub const RESTART_POLICY: &str = "multigres.com/restart-policy";
+/// Shard annotation releasing the restarts that wait under a supervised [`RESTART_POLICY`]: the
+/// value of the Shard's `status.pendingRestart` when it was written. A later change waits again.
+pub const RELEASE_RESTARTS: &str = "multigres.com/release-restarts";
+
+/// Whether `annotations` ask for supervised restarts ([`RESTART_POLICY`] is `supervised`).
+pub fn supervised(annotations: &BTreeMap<String, String>) -> bool {
+    annotations
+        .get(RESTART_POLICY)
+        .is_some_and(|v| v == "supervised")
+}
+
+/// Whether `annotations` pause the object ([`PAUSED`] is `"true"`).
+pub fn paused(annotations: &BTreeMap<String, String>) -> bool {
+    annotations.get(PAUSED).is_some_and(|v| v == "true")
+}
 
 /// Value of `app.kubernetes.io/name` and `part-of`.
 pub const APP: &str = "multigres";
@@ -155,9 +186,107 @@ pub fn to_selector_string(labels: &BTreeMap<String, String>) -> String {
         .join(",")
 }
 
+/// Why `key` is not a label or annotation key as the API server accepts one (a qualified
+/// name: an optional DNS-subdomain prefix of at most 253 characters and `/`, then a name of 1
+/// to 63 letters, digits, `-`, `_` or `.` starting and ending with a letter or digit); `None`
+/// when it is one. The API server refuses a workload whose pod template has a bad key, so the
+/// component would never be created.
+pub fn key_problem(key: &str) -> Option<String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix
+        && !is_dns_subdomain(prefix)
+    {
+        return Some(format!(
+            "key {key:?} has a prefix {prefix:?} that is not a DNS subdomain (lowercase \
+             letters, digits, `-` and `.`, at most 253 characters)"
+        ));
+    }
+    if name.is_empty() || name.len() > 63 || !is_label_word(name) {
+        return Some(format!(
+            "key {key:?} is not a valid key: the part after an optional `prefix/` must be 1 to \
+             63 letters, digits, `-`, `_` or `.`, starting and ending with a letter or digit"
+        ));
+    }
+    None
+}
+
+/// Why `value` is not a label value (at most 63 letters, digits, `-`, `_` or `.`, starting and
+/// ending with a letter or digit, or empty); `None` when it is one.
+pub fn value_problem(value: &str) -> Option<String> {
+    if value.is_empty() || (value.len() <= 63 && is_label_word(value)) {
+        return None;
+    }
+    Some(format!(
+        "value {value:?} is not a valid label value: at most 63 letters, digits, `-`, `_` or \
+         `.`, starting and ending with a letter or digit (or empty)"
+    ))
+}
+
+/// Letters, digits, `-`, `_` and `.`, starting and ending with a letter or digit.
+fn is_label_word(word: &str) -> bool {
+    let bytes = word.as_bytes();
+    let edge = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphanumeric);
+    edge(bytes.first())
+        && edge(bytes.last())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// A DNS subdomain (RFC 1123): dot-separated DNS labels, at most 253 characters.
+fn is_dns_subdomain(text: &str) -> bool {
+    text.len() <= 253
+        && text.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            let edge =
+                |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+            label.len() <= 63
+                && edge(bytes.first())
+                && edge(bytes.last())
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_keys_and_values_as_the_api_server_accepts_them() {
+        for good in [
+            "team",
+            "app.kubernetes.io/name",
+            "a",
+            "A_b.c-9",
+            "example.com/x",
+        ] {
+            assert_eq!(key_problem(good), None, "{good}");
+        }
+        for bad in [
+            "My Key",
+            "",
+            "-x",
+            "x-",
+            "a/b/c",
+            "Example.com/x",
+            "/x",
+            "x/",
+            &"k".repeat(64),
+        ] {
+            assert!(key_problem(bad).is_some(), "{bad:?}");
+        }
+        for good in ["", "data-platform", "v1.2_3", &"v".repeat(63)] {
+            assert_eq!(value_problem(good), None, "{good}");
+        }
+        for bad in ["data platform", "-x", "x.", "üse", &"v".repeat(64)] {
+            assert!(value_problem(bad).is_some(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn shard_labels_carry_standard_and_topology_keys() {

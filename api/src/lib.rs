@@ -1,7 +1,10 @@
 //! The `multigres.com/v1alpha1` API: CRD types, generated CustomResourceDefinitions and the
 //! well-known names Multigres imposes. Pure: no I/O.
 
+pub mod backup_path;
+pub mod backup_request;
 pub mod backup_schedule;
+pub mod confirm;
 pub mod crd;
 pub mod duration;
 pub mod expansion;

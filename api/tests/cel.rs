@@ -137,13 +137,30 @@ fn cells_need_exactly_one_of_zone_and_region() {
     accepted(&cluster(json!({"cells": [
         {"name": "a", "zoneId": "z1", "cellTemplate": "t", "overrides": {"multigateway": {"replicas": 2}}}
     ]})));
+    accepted(&cluster(
+        json!({"cells": [{"name": "a", "zone": "us-east-1a"}]}),
+    ));
+    for both in [
+        json!({"zone": "us-east-1a", "zoneId": "z1"}),
+        json!({"zone": "us-east-1a", "region": "r1"}),
+        json!({"zone": "us-east-1a", "zoneId": "z1", "region": "r1"}),
+    ] {
+        let mut cell = json!({"name": "a"});
+        cell.as_object_mut()
+            .unwrap()
+            .extend(both.as_object().unwrap().clone());
+        refused(
+            &cluster(json!({ "cells": [cell] })),
+            "cannot specify more than one of 'zone', 'zoneId' and 'region'",
+        );
+    }
     refused(
         &cluster(json!({"cells": [{"name": "a", "zoneId": "z1", "region": "r1"}]})),
-        "cannot specify both 'zoneId' and 'region'",
+        "cannot specify more than one of 'zone', 'zoneId' and 'region'",
     );
     refused(
         &cluster(json!({"cells": [{"name": "a"}]})),
-        "at least one of 'zoneId' or 'region' must be specified",
+        "at least one of 'zone', 'zoneId' or 'region' must be specified",
     );
 }
 
@@ -166,6 +183,12 @@ fn cells_are_append_only_and_keep_their_location() {
     let to_region = cluster(json!({"cells": [{"name": "a", "region": "r1"}]}));
     update_refused(&one, &to_region, "zoneId is immutable");
     update_refused(&one, &to_region, "region is immutable");
+    let in_zone = cluster(json!({"cells": [{"name": "a", "zone": "us-east-1a"}]}));
+    update_refused(&one, &in_zone, "zone is immutable");
+    update_refused(&one, &in_zone, "zoneId is immutable");
+    let zone_moved = cluster(json!({"cells": [{"name": "a", "zone": "us-east-1b"}]}));
+    update_refused(&in_zone, &zone_moved, "zone is immutable");
+    update_accepted(&in_zone, &in_zone);
 }
 
 #[test]
@@ -429,13 +452,18 @@ fn child_kinds_keep_upstream_rules() {
         object("Cell", spec)
     };
     accepted(&cell(json!({"zoneId": "z"})));
+    accepted(&cell(json!({"zone": "z"})));
+    refused(
+        &cell(json!({"zone": "z", "region": "r"})),
+        "cannot specify more than one of 'zone', 'zoneId' and 'region'",
+    );
     refused(
         &cell(json!({"zoneId": "z", "region": "r"})),
-        "cannot specify both 'zoneId' and 'region'",
+        "cannot specify more than one of 'zone', 'zoneId' and 'region'",
     );
     refused(
         &cell(json!({})),
-        "at least one of 'zoneId' or 'region' must be specified",
+        "at least one of 'zone', 'zoneId' or 'region' must be specified",
     );
 }
 
@@ -514,5 +542,50 @@ fn declared_roles_keep_clear_of_the_superuser_and_the_application_role() {
     refused(
         &cluster(json!({"applicationRole": {"name": "multiadmin_web"}})),
         "spec.applicationRole.name: names starting with pg_",
+    );
+}
+
+#[test]
+fn a_filesystem_backup_path_is_a_directory_of_its_own() {
+    let backup = |path: &str| {
+        cluster(json!({"backup": {"type": "filesystem", "filesystem": {"path": path}}}))
+    };
+    for good in [
+        "/backups",
+        "/mnt/backups",
+        "/var/backups",
+        "/data/pg.backups",
+    ] {
+        accepted(&backup(good));
+    }
+    for (bad, message) in [
+        ("backups", "must be an absolute directory other than /"),
+        ("/", "must be an absolute directory other than /"),
+        ("/backups/", "must be normalized"),
+        ("/a//b", "must be normalized"),
+        ("/backups/../var/lib/pooler", "must be normalized"),
+        (
+            "/var/lib/pooler/pg_data",
+            "must not be, lie inside or contain",
+        ),
+        ("/var/lib", "must not be, lie inside or contain"),
+        (
+            "/etc/postgres-password",
+            "must not be, lie inside or contain",
+        ),
+        ("/tmp", "must not be, lie inside or contain"),
+    ] {
+        refused(&backup(bad), message);
+    }
+}
+
+#[test]
+fn the_superuser_is_not_a_pg_role() {
+    for good in ["postgres", "_admin", "dba2"] {
+        accepted(&cluster(json!({"postgresSuperuser": good})));
+    }
+    refused(
+        &cluster(json!({"postgresSuperuser": "pg_admin"})),
+        "must not start with pg_",
     );
 }

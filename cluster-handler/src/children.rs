@@ -6,12 +6,13 @@ use std::fmt::Debug;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
-use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{
     Cell, CellSpec, Phase, Shard, ShardSpec, TableGroup, TableGroupSpec, TopoServer, TopoServerSpec,
 };
 use multigres_common::apply::Applicable;
 use multigres_common::guard::Guarded;
+
+use crate::cluster::build::INHERITED_ANNOTATIONS;
 
 /// A child custom resource: applied whole by its owner's controller, status written by
 /// another handler.
@@ -64,13 +65,14 @@ child!(Shard, ShardSpec);
 
 /// Whether `observed` already holds everything an apply of `desired` would set: the same
 /// spec, every desired label with its value, every desired owner reference, and the same
-/// project reference (the only annotation a child is given; compared both ways so removing it
-/// from the cluster removes it from the children). Extra labels or owners added by others do
-/// not count (an apply would not remove them either).
+/// inherited annotations (the only annotations a child is given; compared both ways so
+/// removing one from the cluster removes it from the children). Extra labels or owners added
+/// by others do not count (an apply would not remove them either).
 pub fn up_to_date<K: Child>(desired: &K, observed: &K) -> bool {
     desired.spec() == observed.spec()
-        && desired.annotations().get(PROJECT_REF_ANNOTATION)
-            == observed.annotations().get(PROJECT_REF_ANNOTATION)
+        && INHERITED_ANNOTATIONS
+            .iter()
+            .all(|k| desired.annotations().get(*k) == observed.annotations().get(*k))
         && desired
             .labels()
             .iter()
@@ -88,6 +90,19 @@ pub fn owned_by(obj: &impl Resource, uid: &str) -> bool {
         .iter()
         .flatten()
         .any(|o| o.uid == uid)
+}
+
+/// Whether the cluster's controller deletes `child`: labelled with the cluster `cluster`, not
+/// `wanted` by its spec, and not already terminating. The guard asks the same question before
+/// the controller acts on it.
+pub fn is_orphan(child: &impl Resource, cluster: &str, wanted: impl Fn(&str) -> bool) -> bool {
+    child.meta().deletion_timestamp.is_none()
+        && child
+            .labels()
+            .get(multigres_api::labels::CLUSTER)
+            .map(String::as_str)
+            == Some(cluster)
+        && !wanted(&child.name_any())
 }
 
 /// The controller owner of `obj`, if any.
@@ -259,6 +274,7 @@ pub fn healths<K: Child>(
 
 #[cfg(test)]
 mod tests {
+    use multigres_api::observability::PROJECT_REF_ANNOTATION;
     use serde_json::json;
 
     use super::*;

@@ -1,5 +1,5 @@
 //! Gauges that describe the objects the operator manages (the seed README's table): cluster
-//! phase and size, gateway, pool and topology-server replicas.
+//! phase and size, gateway, pool and topology-server replicas, and a Shard's conditions.
 //!
 //! They are computed at scrape time from what a handler already caches, the way a Prometheus
 //! client library's custom collector works: a handler [`register`]s a collector that fills a
@@ -37,9 +37,13 @@ pub const SHARD_REPLICATION_LAG_BYTES: &str = "multigres_operator_shard_replicat
 /// `namespace`): an alert takes its age as `time() - ...`.
 pub const SHARD_LAST_BACKUP_TIMESTAMP: &str =
     "multigres_operator_shard_last_backup_timestamp_seconds";
+/// A Shard's conditions, whichever handler wrote them: 1 for each condition's current status and
+/// reason (`shard`, `namespace`, `condition`, `status`, `reason`), so an alert can fire on a
+/// condition that no count shows, saying why.
+pub const SHARD_CONDITION: &str = "multigres_operator_shard_condition";
 
 /// Every family, with its HELP text, in the order rendered.
-pub const FAMILIES: [(&str, &str); 10] = [
+pub const FAMILIES: [(&str, &str); 11] = [
     (
         CLUSTER_INFO,
         "MultigresCluster phase: 1 for the cluster's current phase.",
@@ -73,6 +77,10 @@ pub const FAMILIES: [(&str, &str); 10] = [
     (
         SHARD_LAST_BACKUP_TIMESTAMP,
         "When the newest complete backup of a Shard completed, in seconds since the epoch.",
+    ),
+    (
+        SHARD_CONDITION,
+        "A Shard's condition: 1 for its current status and reason.",
     ),
 ];
 
@@ -241,6 +249,25 @@ impl StatusGauges {
         self.add(SHARD_LAST_BACKUP_TIMESTAMP, [(labels, completed as f64)]);
     }
 
+    /// One condition of a Shard: its type, status and reason.
+    pub fn set_shard_condition(
+        &mut self,
+        namespace: &str,
+        shard: &str,
+        condition: &str,
+        status: &str,
+        reason: &str,
+    ) {
+        let labels = vec![
+            ("shard", shard.to_owned()),
+            ("namespace", namespace.to_owned()),
+            ("condition", condition.to_owned()),
+            ("status", status.to_owned()),
+            ("reason", reason.to_owned()),
+        ];
+        self.add(SHARD_CONDITION, [(labels, 1.0)]);
+    }
+
     /// A TopoServer's replicas.
     pub fn set_toposerver(&mut self, namespace: &str, name: &str, replicas: Replicas) {
         let labels = vec![
@@ -391,6 +418,28 @@ mod tests {
         assert!(gauges.render().contains(
             r#"multigres_operator_shard_last_backup_timestamp_seconds{shard="s",namespace="db"} 1795629420"#
         ));
+    }
+
+    #[test]
+    fn a_shards_conditions_render_with_status_and_reason() {
+        let mut gauges = StatusGauges::default();
+        gauges.set_shard_condition(
+            "db",
+            "s",
+            "PrimaryServing",
+            "False",
+            "ConnectionSlotsExhausted",
+        );
+        gauges.set_shard_condition("db", "s", "CohortHealthy", "True", "CohortComplete");
+        assert_eq!(
+            lines(&gauges.render()),
+            [
+                "# HELP multigres_operator_shard_condition A Shard's condition: 1 for its current status and reason.",
+                "# TYPE multigres_operator_shard_condition gauge",
+                r#"multigres_operator_shard_condition{shard="s",namespace="db",condition="CohortHealthy",status="True",reason="CohortComplete"} 1"#,
+                r#"multigres_operator_shard_condition{shard="s",namespace="db",condition="PrimaryServing",status="False",reason="ConnectionSlotsExhausted"} 1"#,
+            ]
+        );
     }
 
     #[test]

@@ -42,6 +42,7 @@ use multigres_proto::multipooler::multipoolermanagerdata::backup_metadata::Statu
 use multigres_proto::multipooler::multipoolermanagerdata::{BackupMetadata, GetBackupsRequest};
 use serde_json::{Map, Value, json};
 
+use crate::backup_request::Requests;
 use crate::dial::Dial;
 use crate::reload::{self, RpcError};
 use crate::roles::{self, PoolPod, ShardKey};
@@ -268,6 +269,8 @@ pub struct Published {
     pub retained: Vec<String>,
     /// `status.scheduledBackups` (see [`crate::backup_schedule`]).
     pub schedule: Option<ScheduledBackupsStatus>,
+    /// The requested backups' fields (see [`crate::backup_request`]).
+    pub requests: Requests,
 }
 
 impl Published {
@@ -286,6 +289,7 @@ impl Published {
                 .cloned(),
             retained: status.retained_backups.clone(),
             schedule: status.scheduled_backups.clone(),
+            requests: Requests::of(Some(status)),
         }
     }
 
@@ -309,6 +313,7 @@ impl Published {
         if let Some(schedule) = &self.schedule {
             out.insert("scheduledBackups".into(), json!(schedule));
         }
+        out.extend(self.requests.fields());
         out
     }
 }
@@ -316,7 +321,8 @@ impl Published {
 /// What to publish after a check found `found` (the newest complete backup, or none) at `now`,
 /// over the `stored` values: the backup's time and kind (the previous ones when there is no
 /// backup), and `BackupHealthy` (see [`assess`]), whose `lastTransitionTime` moves only when
-/// its status does. The retained backups and the schedule's status stay as stored.
+/// its status does. The retained backups and the schedule's and requests' status stay as
+/// stored.
 pub fn next(
     stored: &Published,
     found: Option<&Newest>,
@@ -345,6 +351,7 @@ pub fn next(
         condition: conditions.pop(),
         retained: stored.retained.clone(),
         schedule: stored.schedule.clone(),
+        requests: stored.requests.clone(),
     }
 }
 

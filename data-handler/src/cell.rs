@@ -203,7 +203,7 @@ async fn reconcile_cell(obj: &Guarded<Cell>, ctx: &Context) -> Result<Action, Er
             &ctx.pacer,
             cell,
             cell.status.as_ref(),
-            &ours,
+            conditions::status_body(&ours),
             waits_for_a_change,
         )
         .await

@@ -18,10 +18,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
+use multigres_api::labels;
 use multigres_api::names;
 use multigres_api::resolver::{self, ResolveError, Templates};
 use multigres_api::v1alpha1::{
-    CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate, TopoServer,
+    BackupRequestRollup, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate,
+    TopoServer,
 };
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
@@ -123,6 +125,8 @@ pub struct Context {
     pub templates: TemplateStores,
     /// Managed TopoServers, to tell when a cluster's server is going away.
     pub topo_servers: Store<Guarded<TopoServer>>,
+    /// Shards, for the roll-up of a backup request (`status.backupRequest`).
+    pub shards: Store<Guarded<Shard>>,
     /// Open topology connections.
     pub connections: Arc<Connections>,
     /// The write path.
@@ -186,15 +190,22 @@ async fn reconcile_cluster(
         cluster.meta().generation,
         Timestamp::now(),
     );
+    let stored_request = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.backup_request.as_ref());
+    let request = status::backup_request(cluster, &shards_of(&ctx.shards, cluster));
+    let request_changed = request.as_ref() != stored_request;
     let waits_for_a_change = pass.result.as_ref().is_err_and(Error::is_invalid_spec);
-    let deferred = if changed {
+    let deferred = if changed || request_changed {
         write_conditions(
             &ctx.writer,
             &ctx.pacer,
             cluster,
             cluster.status.as_ref(),
-            &ours,
-            waits_for_a_change,
+            status_body(&ours, request.as_ref()),
+            // A requester waits on the roll-up: it is news.
+            waits_for_a_change || request_changed,
         )
         .await
         .map_err(Error::Status)?
@@ -217,11 +228,40 @@ async fn reconcile_cluster(
             .publish(&ctx.recorder, &notice.event("Register"), &reference)
             .await;
     }
+    if let Some(notice) = status::backup_request_notice(stored_request, request.as_ref()) {
+        ctx.writer
+            .publish(&ctx.recorder, &notice.event("Backup"), &reference)
+            .await;
+    }
     pass.result
         .map(|_| status_pacer::action(Some(ctx.settings.check_period), deferred))
 }
 
-/// Applies `ours`, this handler's conditions of `obj` (`stored` is its stored status), unless
+/// The Shards of `cluster`, by its label, sorted by name (the roll-up's message lists them in
+/// this order, and must not change with the cache's).
+pub fn shards_of(shards: &Store<Guarded<Shard>>, cluster: &MultigresCluster) -> Vec<Shard> {
+    let name = cluster.name_any();
+    let mut found = valid_in(shards, &cluster.namespace().unwrap_or_default(), |shard| {
+        shard.labels().get(labels::CLUSTER) == Some(&name)
+    });
+    found.sort_by_key(ResourceExt::name_any);
+    found
+}
+
+/// This handler's status fields of a cluster, for one apply (it drops the fields it leaves
+/// out): the conditions, and the backup request's roll-up.
+fn status_body(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    request: Option<&BackupRequestRollup>,
+) -> serde_json::Value {
+    let mut body = conditions::status_body(conditions);
+    if let Some(request) = request {
+        body["backupRequest"] = serde_json::json!(request);
+    }
+    body
+}
+
+/// Applies `body`, this handler's status fields of `obj` (`stored` is its stored status), unless
 /// they only carry progress and `pacer` wrote `obj` recently or spent its progress budget, or
 /// `obj` is converging and was first seen less than the pacing interval ago
 /// ([`multigres_common::status_pacer`]); never deferred when `urgent` (the object is not
@@ -231,7 +271,7 @@ pub(crate) async fn write_conditions<K>(
     pacer: &StatusPacer<String>,
     obj: &K,
     stored: Option<&impl serde::Serialize>,
-    ours: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    body: serde_json::Value,
     urgent: bool,
 ) -> Result<Option<Duration>, ApplyError>
 where
@@ -241,7 +281,6 @@ where
         + serde::de::DeserializeOwned,
 {
     let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-    let body = conditions::status_body(ours);
     let stored = serde_json::to_value(stored).unwrap_or_default();
     if !urgent && let Pace::Defer(delay) = pacer.pace(&key, Some(&stored), &body) {
         tracing::debug!(?delay, "progress-only status write deferred");

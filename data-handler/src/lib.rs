@@ -15,6 +15,8 @@
 //! pure decisions in [`desired`], [`target`], [`conditions`], [`deletion`] and [`roles`].
 
 pub mod backup_health;
+pub mod backup_request;
+pub mod backup_runs;
 pub mod backup_schedule;
 pub mod cell;
 pub mod cluster;
@@ -43,7 +45,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use multigres_api::labels::{self, Component, MANAGED_SELECTOR};
 use multigres_api::v1alpha1::{
     Cell, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate, TopoServer,
@@ -208,8 +210,9 @@ impl Base {
     }
 }
 
-/// The MultigresCluster controller ([`cluster`]), woken by its clusters, their TopoServers and
-/// the templates of their namespace.
+/// The MultigresCluster controller ([`cluster`]), woken by its clusters, their TopoServers,
+/// the templates of their namespace, and their Shards when the roll-up of the backup request
+/// moves.
 fn cluster_controller(
     watches: &Shared,
     base: &Base,
@@ -221,6 +224,7 @@ fn cluster_controller(
             shard: watches.shard_templates.store(),
         },
         topo_servers: watches.topo_servers.store(),
+        shards: watches.shards.store(),
         connections: base.connections.clone(),
         writer: base.writer(cluster::CONTROLLER),
         recorder: base.recorder.clone(),
@@ -243,6 +247,10 @@ fn cluster_controller(
         .watches_shared_stream(
             watches.shard_templates.changes_and_deletions(),
             in_same_namespace(&clusters.store()),
+        )
+        .watches_shared_stream(
+            watches.shards.changes_and_deletions(),
+            backup_request_moved(&clusters.store(), &watches.shards.store()),
         )
         .with_config(base.config())
         .graceful_shutdown_on(base.shutdown.wait())
@@ -304,6 +312,7 @@ fn shard_controller(
     multigres_common::status_metrics::register(move |g| {
         shard::consensus::collect(g, &published);
         backup_health::collect(g, &published);
+        shard::collect(g, &published);
     });
     Controller::for_shared_stream(shards.changes(), shards.store())
         .watches_shared_stream(watches.clusters.changes(), children_of(&shards.store()))
@@ -334,6 +343,36 @@ where
             .filter(|c| c.meta().namespace.as_deref() == Some(namespace.as_str()))
             .map(|c| ObjectRef::from_obj(&**c))
             .collect()
+    }
+}
+
+/// Maps a change of a Shard to its cluster when the cluster's `status.backupRequest` no longer
+/// matches its Shards: Shard statuses change often (roles, cohort, backups), and each cluster
+/// reconcile also checks its topology records, so only a change the roll-up shows wakes it.
+fn backup_request_moved(
+    clusters: &Store<Guarded<MultigresCluster>>,
+    shards: &Store<Guarded<Shard>>,
+) -> impl Fn(Arc<Guarded<Shard>>) -> Option<ObjectRef<Guarded<MultigresCluster>>> + Send + Sync + 'static
+{
+    let (clusters, shards) = (clusters.clone(), shards.clone());
+    move |shard: Arc<Guarded<Shard>>| {
+        let namespace = shard.meta().namespace.clone()?;
+        let name = shard.meta().labels.as_ref()?.get(labels::CLUSTER)?.clone();
+        let key = ObjectRef::new(&name).within(&namespace);
+        let cached = clusters.get(&key)?;
+        let owner = cached.0.as_ref().ok()?;
+        let stored = owner
+            .status
+            .as_ref()
+            .and_then(|s| s.backup_request.as_ref());
+        // The Shard as changed, whether or not the cache holds it yet (a deleted one is left
+        // out at the cluster's next reconcile).
+        let mut of_cluster = cluster::shards_of(&shards, owner);
+        of_cluster.retain(|s| s.meta().name != shard.meta().name);
+        of_cluster.extend(shard.0.as_ref().ok().cloned());
+        of_cluster.sort_by_key(ResourceExt::name_any);
+        let now = cluster::status::backup_request(owner, &of_cluster);
+        (now.as_ref() != stored).then(|| ObjectRef::from_obj(&*cached))
     }
 }
 

@@ -420,14 +420,18 @@ fn finish(
 }
 
 /// Statements on one shard's primary, as the superuser.
-struct Session<'a> {
-    key: ShardKey<'a>,
-    superuser: String,
-    address: String,
+pub(crate) struct Session<'a> {
+    /// The shard.
+    pub(crate) key: ShardKey<'a>,
+    /// The role the statements run as.
+    pub(crate) superuser: String,
+    /// The primary's multipooler.
+    pub(crate) address: String,
 }
 
 impl Session<'_> {
-    fn request(&self, sql: &str) -> ExecuteQueryRequest {
+    /// The request that runs `sql` on the primary.
+    pub(crate) fn request(&self, sql: &str) -> ExecuteQueryRequest {
         ExecuteQueryRequest {
             query: sql.to_owned(),
             target: Some(Target {
@@ -474,6 +478,11 @@ impl Session<'_> {
         sql: &str,
     ) -> Result<String, String> {
         let answer = self.call(client, sql).await?;
+        self.first_value(answer)
+    }
+
+    /// The first column of `answer`'s first row, as text.
+    pub(crate) fn first_value(&self, answer: ExecuteQueryResponse) -> Result<String, String> {
         let row = answer
             .result
             .and_then(|r| r.rows.into_iter().next())

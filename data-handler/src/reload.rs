@@ -275,6 +275,7 @@ pub async fn call(
 
 #[cfg(test)]
 mod tests {
+    use multigres_api::postgres::standby::StandbySettings;
     use multigres_api::postgres::{Resources, render};
     use multigres_proto::multipooler::multipoolermanagerdata::SettingMismatch;
     use multigres_proto::topo::Multipooler;
@@ -292,6 +293,7 @@ mod tests {
             true,
             None,
             &config,
+            &StandbySettings::new(),
         )
         .unwrap();
         let mut cm = ConfigMap::default();
@@ -323,6 +325,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            &StandbySettings::new(),
         )
         .unwrap();
         assert_eq!(desired.restart_hash, r.split.restart_hash);

@@ -6,7 +6,8 @@
 //! `<pod>.` (the pod's DNS name under its headless Service). The role is PRIMARY when the record
 //! routes as primary (`routing_state.role`) and no other routes as primary under a higher rule
 //! (see [`primary`]) and its pooler, when asked, does not deny it (see [`as_answered`]),
-//! REPLICA otherwise; records of poolers that shut down are ignored. When a pod has several
+//! QUARANTINED when its pooler gave up on its PostgreSQL (see [`quarantined`]), REPLICA
+//! otherwise; records of poolers that shut down are ignored. When a pod has several
 //! records (it was recreated with the same name), the most recently updated wins.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,7 +17,9 @@ use multigres_proto::topo::{PoolerLifecycleStatus, RoutingRole, RoutingState};
 
 use crate::topo::PoolerRecord;
 
-pub use multigres_api::v1alpha1::{POD_ROLE_PRIMARY as PRIMARY, POD_ROLE_REPLICA as REPLICA};
+pub use multigres_api::v1alpha1::{
+    POD_ROLE_PRIMARY as PRIMARY, POD_ROLE_QUARANTINED as QUARANTINED, POD_ROLE_REPLICA as REPLICA,
+};
 
 /// The shard a Shard object stands for in the topology.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +66,7 @@ pub fn roles(
         };
         let role = match pooler_of(shard, pod, poolers) {
             Some(_) if leader == Some(pod.name.as_str()) => Some(PRIMARY.to_owned()),
+            Some(record) if quarantine_reason(record).is_some() => Some(QUARANTINED.to_owned()),
             Some(_) => Some(REPLICA.to_owned()),
             None if unread => previous.get(&pod.name).map(|role| match leader {
                 Some(_) if role == PRIMARY => REPLICA.to_owned(),
@@ -227,6 +231,51 @@ fn newest<'r>(records: &[&'r PoolerRecord]) -> Option<&'r PoolerRecord> {
                 .map(|t| (t.seconds, t.nanos));
             (updated, r.is_primary())
         })
+}
+
+/// Why the pooler of `record` quarantined itself, when it did (`LIFECYCLE_QUARANTINED`: its
+/// PostgreSQL failed to start, rewind or restore for longer than
+/// `--postgres-unrecoverable-timeout`, and it left the consensus cohort).
+pub fn quarantine_reason(record: &PoolerRecord) -> Option<&str> {
+    record
+        .pooler
+        .lifecycle_status
+        .as_ref()
+        .filter(|l| l.status() == PoolerLifecycleStatus::LifecycleQuarantined)
+        .map(|l| l.reason.as_str())
+}
+
+/// A Warning for each pod that `next` publishes QUARANTINED and `previous` did not, with its
+/// pooler's reason: the resource-handler replaces its volume once the rest of the shard can
+/// spare it (docs/operations.md, "A replica that cannot recover").
+pub fn quarantined(
+    shard: ShardKey<'_>,
+    pods: &[PoolPod],
+    poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
+    previous: &BTreeMap<String, String>,
+    next: &BTreeMap<String, String>,
+) -> Vec<(String, Notice)> {
+    pods.iter()
+        .filter(|pod| next.get(&pod.name).map(String::as_str) == Some(QUARANTINED))
+        .filter(|pod| previous.get(&pod.name).map(String::as_str) != Some(QUARANTINED))
+        .map(|pod| {
+            let reason = pooler_of(shard, pod, poolers)
+                .and_then(quarantine_reason)
+                .filter(|r| !r.is_empty())
+                .unwrap_or("no reason given");
+            let notice = Notice::warning(
+                "PoolerQuarantined",
+                format!(
+                    "the multipooler of pod {} quarantined itself: {reason}. It serves nothing \
+                     and is out of the consensus cohort; the operator deletes its volume and \
+                     pod once the rest of the shard is Ready and a backup exists, so it is \
+                     rebuilt from the backup",
+                    pod.name
+                ),
+            );
+            (pod.name.clone(), notice)
+        })
+        .collect()
 }
 
 /// The event for a change of primary between the published roles `previous` and `next`, with
@@ -564,6 +613,50 @@ mod tests {
             roles(SHARD, &pods, &poolers, &BTreeMap::new())["x-0"],
             PRIMARY
         );
+    }
+
+    #[test]
+    fn a_quarantined_pooler_is_published_as_such_and_told_once_with_its_reason() {
+        let pods = [
+            pod("p-0", "zone-a"),
+            pod("p-1", "zone-a"),
+            pod("p-2", "zone-a"),
+        ];
+        let mut sick = with_lifecycle(
+            record("p-2", "", RoutingRole::Replica),
+            PoolerLifecycleStatus::LifecycleQuarantined,
+            900,
+        );
+        if let Some(l) = sick.pooler.lifecycle_status.as_mut() {
+            l.reason = "postgres failed to recover for 30s across 4 attempts".into();
+        }
+        let poolers = read(vec![
+            record("p-0", "", RoutingRole::Primary),
+            record("p-1", "", RoutingRole::Replica),
+            sick,
+        ]);
+        let before = BTreeMap::from([
+            ("p-0".to_owned(), PRIMARY.to_owned()),
+            ("p-1".to_owned(), REPLICA.to_owned()),
+            ("p-2".to_owned(), REPLICA.to_owned()),
+        ]);
+        let published = roles(SHARD, &pods, &poolers, &before);
+        assert_eq!(published["p-0"], PRIMARY);
+        assert_eq!(published["p-1"], REPLICA);
+        assert_eq!(published["p-2"], QUARANTINED);
+        assert_eq!(label_value(&published["p-2"]), "quarantined");
+
+        let told = quarantined(SHARD, &pods, &poolers, &before, &published);
+        assert_eq!(told.len(), 1);
+        let (about, notice) = &told[0];
+        assert_eq!(about, "p-2");
+        assert_eq!(notice.reason, "PoolerQuarantined");
+        assert!(
+            notice.message.contains("across 4 attempts"),
+            "{}",
+            notice.message
+        );
+        assert!(quarantined(SHARD, &pods, &poolers, &published, &published).is_empty());
     }
 
     #[test]

@@ -12,12 +12,17 @@
 //!
 //! It also publishes the shard's backup health (see [`crate::backup_health`]):
 //! `status.lastBackupTime`, `status.lastBackupType` and the condition `BackupHealthy`, from the
-//! primary's multipooler, at most once a minute.
+//! primary's multipooler, at most once a minute; and takes the backups the schedule and the
+//! cluster's `multigres.com/backup-request` annotation ask for (see [`crate::backup_runs`]).
 //!
 //! It also publishes the shard's consensus cohort (see [`consensus`]): `status.cohort`, the
 //! conditions `CohortHealthy` and `FailureTolerant`, and the pod label `multigres.com/cohort`,
 //! read from each pool pod's multipooler; every [`consensus::POLL`] while the cohort is not
 //! healthy, since restarts and scale-downs wait for it.
+//!
+//! It also publishes whether the primary's PostgreSQL accepts client connections (see
+//! [`serving`]): the condition `PrimaryServing`, probed through the primary's multipooler on
+//! every pass; every [`serving::POLL`] while it refuses them.
 //!
 //! Its status fields (`podRoles`, the cohort and the backup ones) are written together, by a
 //! server-side apply with the data-handler's field manager: an apply drops the manager's fields
@@ -28,13 +33,14 @@
 //!
 //! The work is done in steps that return what they found: [`cohort`] (the pooler records),
 //! [`consensus`] (the multipoolers' view of the consensus cohort), [`crate::roles`] and
-//! [`marks`] (the roles and the pods' marks), [`crate::backup_health`], [`reloads`] and
-//! [`crate::switchover`]; only this module writes (status, pods, events).
+//! [`marks`] (the roles and the pods' marks), [`crate::backup_health`], [`serving`],
+//! [`reloads`] and [`crate::switchover`]; only this module writes (status, pods, events).
 
 pub mod cohort;
 pub mod consensus;
 pub mod marks;
 pub mod reloads;
+pub mod serving;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -42,24 +48,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, SWITCHOVER_RESIGNED};
-use multigres_api::names;
 use multigres_api::v1alpha1::{Cell, MultigresCluster, RoleStatus, Shard, TopoServer};
+use multigres_api::{managed_roles, names};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
 use multigres_common::controller::{Classify, WithBackoff};
 use multigres_common::events::Notice;
 use multigres_common::events::Recorder;
 use multigres_common::state::HandlerState;
+use multigres_common::status_metrics::StatusGauges;
 use serde_json::json;
 
 use crate::Settings;
 use crate::backup_health::{self, Published};
-use crate::backup_schedule;
+use crate::backup_runs;
 use crate::conditions;
 use crate::dial::Credentials;
 use crate::postgres_roles;
@@ -186,8 +194,8 @@ pub struct Context {
     pub switchovers: switchover::Attempts,
     /// When each shard's backups were last checked.
     pub backup_checks: backup_health::Checks,
-    /// The scheduled backups running now.
-    pub backup_runs: backup_schedule::Runs,
+    /// The backups running now, scheduled or requested.
+    pub backup_runs: backup_runs::Runs,
     /// When each shard's PostgreSQL roles were last checked.
     pub role_checks: backup_health::Checks,
     /// The roles' password Secrets, as last read.
@@ -317,24 +325,27 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         ),
         None => stored_cohort.clone(),
     };
-    // Roles, cohort, scheduled backups and backup health go out in one apply: a new primary
+    // Roles, cohort, scheduled and requested backups and backup health go out in one apply: a new primary
     // or a finished backup also triggers a backup check.
     let stored_backups = Published::of(shard.status.as_ref());
     let newest = stored_backups.time.as_ref().map(|t| t.0);
-    let scheduled = backup_schedule::run(
-        &ctx.backup_runs,
-        &dial,
-        shard,
+    let owner = ctx
+        .clusters
+        .get(&ObjectRef::new(&cluster).within(&namespace));
+    let owner = owner.as_deref().and_then(|c| c.0.as_ref().ok());
+    let reach = backup_runs::Reach {
+        dial: &dial,
         key,
-        &pool_pods,
+        pods: &pool_pods,
         poolers,
-        newest,
-    );
-    if scheduled.finished {
+    };
+    let backups = backup_runs::run(&ctx.backup_runs, &reach, shard, owner, newest);
+    if backups.finished {
         ctx.backup_checks.forget(&backup_health::slot(shard));
     }
     let scheduled_backups = Published {
-        schedule: scheduled.status.clone(),
+        schedule: backups.schedule.clone(),
+        requests: backups.requests.clone(),
         ..stored_backups.clone()
     };
     let checked = backup_health::run(
@@ -352,11 +363,21 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         passwords: &ctx.passwords,
         dial: &dial,
     };
-    let owner = ctx
-        .clusters
-        .get(&ObjectRef::new(&cluster).within(&namespace));
-    let owner = owner.as_deref().and_then(|c| c.0.as_ref().ok());
     let postgres_roles = postgres_roles::run(&lent, shard, owner, key, &pool_pods, poolers).await;
+    let stored_serving = serving::stored(shard.status.as_ref());
+    let serving_next = match owner {
+        Some(cluster) => {
+            let superuser = managed_roles::superuser(&cluster.spec);
+            let probe = serving::probe(&dial, key, superuser, &pool_pods, poolers).await;
+            serving::next(
+                &stored_serving,
+                &probe,
+                Timestamp::now(),
+                shard.metadata.generation,
+            )
+        }
+        None => stored_serving.clone(),
+    };
     let stored_postgres_roles = shard
         .status
         .as_ref()
@@ -372,6 +393,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
                 .unwrap_or(&stored_postgres_roles),
         ),
         cohort: (&stored_cohort, &cohort_next),
+        serving: (&stored_serving, &serving_next),
         backups: (
             &stored_backups,
             checked.as_ref().map_or(&scheduled_backups, |c| &c.next),
@@ -382,6 +404,9 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let reference = shard.object_ref(&());
     for notice in conditions::transitions(&stored_cohort.conditions, &cohort_next.conditions) {
         publish(ctx, &reference, &notice, "Cohort", None).await;
+    }
+    for notice in conditions::transitions(&stored_serving, &serving_next) {
+        publish(ctx, &reference, &notice, "ProbePrimary", None).await;
     }
     for pod in &cohort.retired {
         let notice = Notice::normal(
@@ -395,14 +420,18 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         let about = pod_reference(&namespace, pod.clone());
         publish(ctx, &reference, &notice, "Roles", Some(about)).await;
     }
+    for (pod, notice) in roles::quarantined(key, &pool_pods, poolers, &previous, &published) {
+        let about = pod_reference(&namespace, pod);
+        publish(ctx, &reference, &notice, "Roles", Some(about)).await;
+    }
     if let Some((pod, notice)) = roles::primary_change(&previous, &published) {
         // The pod as the related object: events about different pods form their own series,
         // so a repeated reason never shows an earlier pod's message.
         let about = pod_reference(&namespace, pod);
         publish(ctx, &reference, &notice, "Roles", Some(about)).await;
     }
-    for notice in &scheduled.notices {
-        publish(ctx, &reference, notice, "BackupSchedule", None).await;
+    for notice in &backups.notices {
+        publish(ctx, &reference, notice, "Backup", None).await;
     }
     if let Some(notice) = checked.and_then(|c| c.notice) {
         publish(ctx, &reference, &notice, "BackupHealth", None).await;
@@ -430,7 +459,8 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         reload: delivery.retry,
         switchover: handover.pending,
         cohort: !cohort_next.healthy(),
-        backup: scheduled.running,
+        serving: serving::refusing(&serving_next),
+        backup: backups.running,
         postgres_roles: postgres_roles.again_soon,
     };
     let period = period(&ctx.settings, shard, pending);
@@ -490,6 +520,8 @@ struct Statuses<'a> {
     roles: (&'a BTreeMap<String, String>, &'a BTreeMap<String, String>),
     /// The cohort and its conditions: stored, published now.
     cohort: (&'a consensus::Published, &'a consensus::Published),
+    /// `PrimaryServing`: stored, published now.
+    serving: (&'a [Condition], &'a [Condition]),
     /// Backups: stored, published now, and whether a backup check was made now.
     backups: (&'a Published, &'a Published, bool),
     /// PostgreSQL roles: stored, published now.
@@ -503,14 +535,16 @@ async fn write_status(ctx: &Context, shard: &Shard, statuses: &Statuses<'_>) -> 
     let (previous, published) = statuses.roles;
     let (stored_cohort, cohort) = statuses.cohort;
     let (stored_roles, postgres_roles) = statuses.postgres_roles;
+    let (stored_serving, serving) = statuses.serving;
     if published == previous
         && next_backups == backups
         && cohort == stored_cohort
+        && serving == stored_serving
         && postgres_roles == stored_roles
     {
         return Ok(());
     }
-    let body = status_body(published, cohort, next_backups, postgres_roles);
+    let body = status_body(published, cohort, serving, next_backups, postgres_roles);
     ctx.writer
         .apply_status(shard, &body)
         .await
@@ -630,7 +664,9 @@ struct Pending {
     switchover: bool,
     /// The cohort is not healthy: restarts and scale-downs wait for it.
     cohort: bool,
-    /// A scheduled backup runs: its end is published when seen.
+    /// The primary refuses connections: its recovery is published soon.
+    serving: bool,
+    /// A backup runs: its end is published when seen.
     backup: bool,
     /// PostgreSQL roles changed (to be confirmed) or could not be checked.
     postgres_roles: bool,
@@ -650,8 +686,11 @@ fn period(settings: &Settings, shard: &Shard, pending: Pending) -> Duration {
     if pending.cohort {
         period = period.min(consensus::POLL);
     }
+    if pending.serving {
+        period = period.min(serving::POLL);
+    }
     if pending.backup {
-        period = period.min(backup_schedule::POLL);
+        period = period.min(backup_runs::POLL);
     }
     if pending.postgres_roles {
         period = period.min(postgres_roles::RETRY);
@@ -660,6 +699,22 @@ fn period(settings: &Settings, shard: &Shard, pending: Pending) -> Duration {
         period = period.min(backup_health::PACE);
     }
     period
+}
+
+/// Sets the conditions gauge of every Shard in `shards`: each condition on its status, whichever
+/// handler wrote it (the alert on `PrimaryServing` reads it).
+pub fn collect(gauges: &mut StatusGauges, shards: &Store<Guarded<Shard>>) {
+    for shard in shards.state() {
+        let Ok(shard) = &shard.0 else { continue };
+        let Some(status) = &shard.status else {
+            continue;
+        };
+        let namespace = shard.namespace().unwrap_or_default();
+        let name = shard.name_any();
+        for c in &status.conditions {
+            gauges.set_shard_condition(&namespace, &name, &c.type_, &c.status, &c.reason);
+        }
+    }
 }
 
 /// A reference to pod `name`, the related object of an event about it.
@@ -674,10 +729,11 @@ fn pod_reference(namespace: &str, name: String) -> ObjectReference {
 }
 
 /// The status fields this handler owns on a Shard, for one server-side apply: `podRoles`, the
-/// cohort and the backup health ones, with the conditions of both.
+/// cohort and the backup health ones, with the conditions of all three and `PrimaryServing`.
 fn status_body(
     pod_roles: &BTreeMap<String, String>,
     cohort: &consensus::Published,
+    serving: &[Condition],
     backups: &Published,
     postgres_roles: &[RoleStatus],
 ) -> serde_json::Value {
@@ -690,6 +746,7 @@ fn status_body(
         _ => Vec::new(),
     };
     conditions.extend(cohort.conditions.iter().map(|c| json!(c)));
+    conditions.extend(serving.iter().map(|c| json!(c)));
     body.extend(cohort.fields());
     if !conditions.is_empty() {
         body.insert("conditions".to_owned(), json!(conditions));
@@ -742,7 +799,7 @@ mod tests {
     fn the_status_body_carries_every_field_of_this_handler() {
         let roles = BTreeMap::from([("p-0".to_owned(), roles::PRIMARY.to_owned())]);
         let none = consensus::Published::default();
-        let body = status_body(&roles, &none, &Published::default(), &[]);
+        let body = status_body(&roles, &none, &[], &Published::default(), &[]);
         assert_eq!(body, json!({ "podRoles": { "p-0": "PRIMARY" } }));
         let backups = Published {
             kind: Some(multigres_api::v1alpha1::BackupKind::Full),
@@ -756,7 +813,8 @@ mod tests {
             }),
             conditions: vec![condition(consensus::COHORT_HEALTHY)],
         };
-        let body = status_body(&BTreeMap::new(), &cohort, &backups, &[]);
+        let serving = [condition(serving::PRIMARY_SERVING)];
+        let body = status_body(&BTreeMap::new(), &cohort, &serving, &backups, &[]);
         assert_eq!(
             (
                 &body["podRoles"],
@@ -774,7 +832,11 @@ mod tests {
             .collect();
         assert_eq!(
             types,
-            [backup_health::BACKUP_HEALTHY, consensus::COHORT_HEALTHY]
+            [
+                backup_health::BACKUP_HEALTHY,
+                consensus::COHORT_HEALTHY,
+                serving::PRIMARY_SERVING
+            ]
         );
     }
 

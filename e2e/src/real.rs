@@ -52,6 +52,11 @@ pub fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// A pool pod's PostgreSQL failing this long is quarantined and replaced (the chart's default is
+/// 5m; backups.rs waits for it once). No real-node story keeps a PostgreSQL failing on purpose
+/// otherwise, and restores or first backups in progress do not count towards it.
+const POOLER_UNRECOVERABLE_TIMEOUT: &str = "poolerUnrecoverableTimeout=30s";
+
 /// `helm install` of the chart with the operator's image (never pulled: it was imported into
 /// every node) and short Leases, once per process; the shared real-node control plane.
 pub async fn operator_installed() -> &'static LocalCluster {
@@ -86,6 +91,8 @@ pub async fn operator_installed() -> &'static LocalCluster {
                 "leaderElection.renewDeadline=3s",
                 "--set",
                 "leaderElection.retryPeriod=500ms",
+                "--set",
+                POOLER_UNRECOVERABLE_TIMEOUT,
             ];
             let out = harness::helm(&args, Some(cluster.kubeconfig())).await;
             assert!(out.contains("STATUS: deployed"), "{out}");

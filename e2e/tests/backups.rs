@@ -3,7 +3,8 @@
 //! pool pods, and what a user sees, under a steady writer: the bootstrap backup and the WAL
 //! archive in the bucket under the cluster's key prefix, the backup in the Shard status;
 //! backups on a schedule (`backup.schedule`), taken on a replica and expired by `retainFull`
-//! in the bucket and the status; a replica whose volume is lost rebuilt from that repository,
+//! in the bucket and the status; backups on request (`multigres.com/backup-request`), a second
+//! one queued behind the first; a replica whose volume is lost rebuilt from that repository,
 //! holding every row; and the whole shard recovered from the bucket after every volume of the
 //! namespace is deleted with the cluster.
 //!
@@ -17,7 +18,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use multigres_api::v1alpha1::{MultigresCluster, ShardStatus};
+use multigres_api::backup_request;
+use multigres_api::v1alpha1::{
+    BackupRequestPhase, BackupRequestRollup, BackupRequestState, MultigresCluster, ShardStatus,
+};
 use multigres_e2e::harness::{eventually, fresh_namespace};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure, ledger};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
@@ -52,6 +56,293 @@ fn repository(objects: &[Object]) -> (Vec<String>, Vec<String>) {
 }
 
 /// The names of the pod's own PersistentVolumeClaims (its volume claim templates').
+/// Clients of the burst in [`a_client_burst_leaves_the_writer_alone`], as in issue 38's
+/// `pgbench -S -c 100`.
+const BURST_CLIENTS: usize = 100;
+
+/// Runs [`BURST_CLIENTS`] clients through the gateway for 20 s, each on its own connection
+/// running `SELECT 1` as fast as it can, beside a steady writer that goes on 10 s after; returns
+/// the rows the writer had acknowledged.
+async fn a_client_burst_leaves_the_writer_alone(gateway: &Endpoint) -> Vec<i64> {
+    let load = Load::start(gateway.clone(), 3_000_000);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let until = Instant::now() + Duration::from_secs(20);
+    let clients: Vec<_> = (0..BURST_CLIENTS)
+        .map(|_| {
+            let gateway = gateway.clone();
+            tokio::spawn(async move {
+                let client = match gateway.connect().await {
+                    Ok(client) => client,
+                    Err(error) => return (0_u64, Some(format!("connect: {error}"))),
+                };
+                let mut answered = 0;
+                while Instant::now() < until {
+                    if let Err(error) = client.simple_query("SELECT 1").await {
+                        return (answered, Some(error.to_string()));
+                    }
+                    answered += 1;
+                }
+                (answered, None)
+            })
+        })
+        .collect();
+    let mut answered = 0;
+    let mut refused = Vec::new();
+    for client in clients {
+        let (n, error) = client.await.unwrap();
+        answered += n;
+        refused.extend(error);
+    }
+    println!(
+        "burst: {BURST_CLIENTS} clients, {answered} statements answered, {} clients failed, \
+         first errors {:?}",
+        refused.len(),
+        refused.iter().take(3).collect::<Vec<_>>()
+    );
+    let ended = Instant::now();
+    let fresh = gateway.query("SELECT 1").await;
+    let to_fresh = ended.elapsed();
+    assert!(fresh.is_ok(), "a new client after the burst: {fresh:?}");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let report = load.finish().await;
+    assert_eq!(
+        report.failed, 0,
+        "the writer's statements failed during or after the burst: {:?}",
+        report.errors
+    );
+    figure("client burst: clients that failed, of 100", refused.len());
+    figure("client burst: statements answered in 20 s", answered);
+    figure(
+        "client burst ended -> a new client answered (s)",
+        format!("{:.2}", to_fresh.as_secs_f64()),
+    );
+    report.figures("a burst of 100 clients");
+    report.acknowledged.clone()
+}
+
+/// The Shard's `PrimaryServing` condition, as `(status, reason, message)`.
+async fn primary_serving(client: &Client, namespace: &str) -> Option<(String, String, String)> {
+    let status = shard(client, namespace).await.status?;
+    status
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == multigres_api::v1alpha1::PRIMARY_SERVING)
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+/// Takes every connection slot of the primary with direct superuser sessions, waits for the
+/// Shard's `PrimaryServing` to turn False (`ConnectionSlotsExhausted`), closes them and waits
+/// for it to turn True and for the gateway to answer again.
+async fn slots_exhausted_turn_primary_serving_red(
+    client: &Client,
+    namespace: &str,
+    gateway: &Endpoint,
+) {
+    let password = gateway.password.clone();
+    let (primary, _) = settled_roles(client, namespace, &password, 3).await;
+    let pod = Api::<Pod>::namespaced(client.clone(), namespace)
+        .get(&primary)
+        .await
+        .unwrap();
+    let direct = Endpoint::pod(&pod, &password).unwrap();
+    let mut sessions = Vec::new();
+    let refusal = loop {
+        assert!(
+            sessions.len() < 200,
+            "{} sessions and no refusal",
+            sessions.len()
+        );
+        match direct.connect().await {
+            Ok(session) => sessions.push(session),
+            Err(error) => break error,
+        }
+    };
+    println!(
+        "{} direct sessions on the primary {primary}, then: {refusal}",
+        sessions.len()
+    );
+    let taken = Instant::now();
+    let red = eventually("PrimaryServing False", WAIT, || async {
+        match primary_serving(client, namespace).await {
+            Some((status, reason, message)) if status == "False" => Ok((reason, message)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let to_red = taken.elapsed();
+    println!("PrimaryServing False: {red:?}");
+    assert_eq!(red.0, "ConnectionSlotsExhausted", "{red:?}");
+    assert!(
+        red.1.contains(&primary),
+        "the message names the primary: {red:?}"
+    );
+    drop(sessions);
+    let released = Instant::now();
+    eventually("PrimaryServing True again", WAIT, || async {
+        match primary_serving(client, namespace).await {
+            Some((status, ..)) if status == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let to_green = released.elapsed();
+    eventually("the gateway answers again", WAIT, || async {
+        gateway.query("SELECT 1").await.map(|_| ())
+    })
+    .await;
+    figure(
+        "primary's slots all taken -> PrimaryServing False (s)",
+        format!("{:.1}", to_red.as_secs_f64()),
+    );
+    figure(
+        "sessions closed -> PrimaryServing True (s)",
+        format!("{:.1}", to_green.as_secs_f64()),
+    );
+}
+
+/// Breaks a replica's data directory so its PostgreSQL cannot start, then waits for the pod to
+/// be quarantined, replaced on a new volume, streaming and back in a whole cohort, under a
+/// writer; returns the rows the writer had acknowledged.
+async fn quarantined_replica_is_replaced(
+    client: &Client,
+    namespace: &str,
+    gateway: &Endpoint,
+) -> Vec<i64> {
+    let password = gateway.password.clone();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let (_, roles) = settled_roles(client, namespace, &password, 3).await;
+    let sick = roles
+        .iter()
+        .find(|(_, role)| role.as_str() == "REPLICA")
+        .map(|(pod, _)| pod.clone())
+        .unwrap_or_else(|| panic!("a replica among {roles:?}"));
+    let old = pods.get(&sick).await.unwrap();
+    let old_claims = claim_uids(&claims, &old).await;
+    Endpoint::pod(&old, &password)
+        .unwrap()
+        .query("COPY (SELECT 'not a version') TO '/var/lib/pooler/pg_data/PG_VERSION'")
+        .await
+        .unwrap_or_else(|e| panic!("overwriting {sick}'s PG_VERSION: {e}"));
+    let load = Load::start(gateway.clone(), 2_000_000);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let broken_at = Instant::now();
+    pods.delete(&sick, &DeleteParams::default()).await.unwrap();
+    eventually("the Shard publishes the pod QUARANTINED", WAIT, || async {
+        let roles = shard(client, namespace)
+            .await
+            .status
+            .unwrap_or_default()
+            .pod_roles;
+        match roles.get(&sick) {
+            Some(role) if role == "QUARANTINED" => Ok(()),
+            role => Err(format!("{sick}: {role:?}")),
+        }
+    })
+    .await;
+    let to_quarantined = broken_at.elapsed();
+    let rebuilt = eventually(
+        "the quarantined pod replaced on a new volume",
+        WAIT,
+        || async {
+            for (name, uid) in &old_claims {
+                let claim = claims.get(name).await.map_err(|e| e.to_string())?;
+                if claim.uid() == *uid {
+                    return Err(format!("{name} is still the old claim"));
+                }
+            }
+            let pod = pods.get(&sick).await.map_err(|e| e.to_string())?;
+            if !is_ready(&pod) {
+                return Err(format!("{sick} on its new volume is not Ready"));
+            }
+            Ok(pod)
+        },
+    )
+    .await;
+    let to_ready = broken_at.elapsed();
+    let endpoint = Endpoint::pod(&rebuilt, &password).unwrap();
+    wait_streaming(&endpoint, "the replaced pod streams from the primary").await;
+    cohort_until(
+        client,
+        namespace,
+        "the replaced pod back in a whole cohort",
+        |c, h, _| whole(c, 3) && h == ("True", "CohortComplete"),
+    )
+    .await;
+    let to_cohort = broken_at.elapsed();
+    let events = shard_events(client, namespace).await;
+    for reason in ["PoolerQuarantined", "ReplacingQuarantinedPod"] {
+        let told = events.iter().find(|e| e.contains(&format!(" {reason}: ")));
+        let told = told.unwrap_or_else(|| panic!("no {reason} event among {events:#?}"));
+        println!("{told}");
+    }
+    let report = load.finish().await;
+    println!(
+        "quarantine of {sick}: {} ok, {} failed, first errors {:?}",
+        report.ok, report.failed, report.errors
+    );
+    eventually(
+        "the replaced pod holds every acknowledged row",
+        WAIT,
+        || async {
+            let ids = ledger(&endpoint).await?;
+            match report
+                .acknowledged
+                .iter()
+                .filter(|id| !ids.contains(id))
+                .count()
+            {
+                0 => Ok(()),
+                n => Err(format!(
+                    "{n} of {} acknowledged rows missing",
+                    report.acknowledged.len()
+                )),
+            }
+        },
+    )
+    .await;
+    figure(
+        "replica's PG_VERSION broken, pod deleted -> QUARANTINED (s)",
+        format!("{:.1}", to_quarantined.as_secs_f64()),
+    );
+    figure(
+        "replica's PG_VERSION broken, pod deleted -> replaced pod Ready (s)",
+        format!("{:.1}", to_ready.as_secs_f64()),
+    );
+    figure(
+        "replica's PG_VERSION broken, pod deleted -> back in a whole cohort (s)",
+        format!("{:.1}", to_cohort.as_secs_f64()),
+    );
+    report.figures("the quarantined replica's replacement");
+    report.acknowledged.clone()
+}
+
+/// Waits until `endpoint`, a replica, streams WAL from the primary.
+async fn wait_streaming(endpoint: &Endpoint, what: &str) {
+    eventually(what, WAIT, || async {
+        match endpoint
+            .query("SELECT status FROM pg_stat_wal_receiver")
+            .await?
+        {
+            rows if rows == [[Some("streaming".to_owned())]] => Ok(()),
+            rows => Err(format!("WAL receiver {rows:?}")),
+        }
+    })
+    .await;
+}
+
+/// The claims `pod` mounts of its own, each with its UID.
+async fn claim_uids(
+    claims: &Api<PersistentVolumeClaim>,
+    pod: &Pod,
+) -> BTreeMap<String, Option<String>> {
+    let mut uids = BTreeMap::new();
+    for name in own_claims(pod) {
+        uids.insert(name.clone(), claims.get(&name).await.unwrap().uid());
+    }
+    uids
+}
+
 fn own_claims(pod: &Pod) -> Vec<String> {
     let name = pod.name_any();
     pod.spec
@@ -229,6 +520,181 @@ async fn scheduled_backups(
     before_last
 }
 
+/// Sets (`Some`) or removes the cluster's backup request annotation.
+async fn request_backup(client: &Client, namespace: &str, id: Option<&str>) {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({"metadata": {"annotations": {backup_request::REQUEST: id}}});
+    clusters
+        .patch(NAME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("setting the backup request {id:?}: {e}"));
+}
+
+/// The cluster's `status.backupRequest`, once it names `id` in a state `done` accepts.
+async fn cluster_request(
+    client: &Client,
+    namespace: &str,
+    id: &str,
+    what: &str,
+    done: impl Fn(BackupRequestPhase) -> bool,
+) -> BackupRequestRollup {
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    eventually(what, WAIT, || async {
+        let cluster = clusters.get(NAME).await.map_err(|e| e.to_string())?;
+        let request = cluster.status.and_then(|s| s.backup_request);
+        match request {
+            Some(r) if r.id == id && done(r.state) => Ok(r),
+            Some(r) if r.state == BackupRequestPhase::Failed => {
+                panic!("request {} failed: {r:?}", r.id)
+            }
+            other => Err(format!("status.backupRequest {other:?}")),
+        }
+    })
+    .await
+}
+
+/// Step b2: backups on request under a steady writer. A first request is taken on a replica
+/// and completes in the cluster's status; a second one, sent while the first runs, is queued
+/// and taken right after; each adds one full backup to the bucket; ids already answered, set
+/// again, take none. Extends `acknowledged`.
+async fn backups_on_request(client: &Client, namespace: &str, acknowledged: &mut Vec<i64>) {
+    let s3 = s3::server().await;
+    let full_backups = || async { repository(&s3.objects(namespace).await.unwrap()).0 };
+    let before = full_backups().await;
+    let gateway = Endpoint::gateway(client, namespace, NAME).await.unwrap();
+    let load = Load::start(gateway, 4_000_000);
+    let (first, second) = ("e2e-request-1", "e2e-request-2");
+    let asked = Instant::now();
+    request_backup(client, namespace, Some(first)).await;
+    let running = eventually("the first request running on the shard", WAIT, || async {
+        let status = shard(client, namespace).await.status.unwrap_or_default();
+        match &status.requested_backup {
+            Some(r) if r.id == first && r.state == BackupRequestState::Running => Ok(r.clone()),
+            other => Err(format!("requestedBackup {other:?}")),
+        }
+    })
+    .await;
+    request_backup(client, namespace, Some(second)).await;
+    let second_taken =
+        cluster_request(client, namespace, second, "the second request taken", |s| {
+            matches!(
+                s,
+                BackupRequestPhase::Running | BackupRequestPhase::Completed
+            )
+        })
+        .await;
+    let to_first = asked.elapsed();
+    let done = cluster_request(
+        client,
+        namespace,
+        second,
+        "the second request completed",
+        |s| s == BackupRequestPhase::Completed,
+    )
+    .await;
+    let to_second = asked.elapsed();
+    let status = shard(client, namespace).await.status.unwrap_or_default();
+    let answered = |id: &str| match backup_request::answer(id, Some(&status)) {
+        backup_request::ShardAnswer::Taken(r) if r.state == BackupRequestState::Completed => {
+            r.clone()
+        }
+        other => panic!("request {id} on the shard: {other:?}"),
+    };
+    let (one, two) = (answered(first), answered(second));
+    assert_eq!(
+        status
+            .pod_roles
+            .get(one.pod.as_deref().unwrap_or_default())
+            .map(String::as_str),
+        Some("REPLICA"),
+        "taken on a replica: {one:?}, roles {:?}",
+        status.pod_roles
+    );
+    let labels: Vec<String> = [&one, &two]
+        .iter()
+        .map(|r| r.backup.clone().expect("the backup's label"))
+        .collect();
+    let after = eventually("both requested backups in the bucket", WAIT, || async {
+        let now = full_backups().await;
+        let new: Vec<&String> = now.iter().filter(|b| !before.contains(b)).collect();
+        if new.len() == 2 && labels.iter().all(|l| now.contains(l)) {
+            Ok(now.clone())
+        } else {
+            Err(format!(
+                "before {before:?}, now {now:?}, requested {labels:?}"
+            ))
+        }
+    })
+    .await;
+    let events = shard_events(client, namespace).await;
+    let queued = format!(
+        "Normal BackupRequestQueued: request {second} waits for the backup of request {first}"
+    );
+    assert!(
+        events.iter().any(|e| e.starts_with(&queued)),
+        "{queued} in {events:?}"
+    );
+
+    // The same ids again: the annotation removed, then set back to each answered id.
+    let started = |events: &[String]| {
+        events
+            .iter()
+            .filter(|e| e.starts_with("Normal BackupRequestStarted: "))
+            .count()
+    };
+    let started_before = started(&events);
+    for id in [second, first] {
+        request_backup(client, namespace, None).await;
+        request_backup(client, namespace, Some(id)).await;
+    }
+    tokio::time::sleep(3 * backup_runs_poll()).await;
+    let status_again = shard(client, namespace).await.status.unwrap_or_default();
+    assert_eq!(
+        (&status_again.requested_backup, &status_again.queued_request),
+        (&status.requested_backup, &None),
+        "an answered id takes no new backup"
+    );
+    assert_eq!(full_backups().await, after, "no new backup in the bucket");
+    assert_eq!(
+        started(&shard_events(client, namespace).await),
+        started_before
+    );
+
+    let report = load.finish().await;
+    acknowledged.extend(&report.acknowledged);
+    assert_eq!(
+        report.failed, 0,
+        "statements failed during the requested backups: {:?}",
+        report.errors
+    );
+    println!(
+        "requested backups: {first} {} on {} (started {}), {second} {} on {}; cluster {done:?}; \
+         taken while the first ran: {second_taken:?}",
+        labels[0],
+        one.pod.as_deref().unwrap_or_default(),
+        running
+            .started_at
+            .map(|t| t.0.to_string())
+            .unwrap_or_default(),
+        labels[1],
+        two.pod.as_deref().unwrap_or_default(),
+    );
+    figure(
+        "backup request annotated -> the request behind it taken (s)",
+        format!("{:.1}", to_first.as_secs_f64()),
+    );
+    figure(
+        "two backup requests annotated -> both completed in the cluster status (s)",
+        format!("{:.1}", to_second.as_secs_f64()),
+    );
+    report.figures("the requested backups");
+}
+
+/// How often the data-handler looks at a running backup (its `backup_runs::POLL`).
+fn backup_runs_poll() -> Duration {
+    Duration::from_secs(10)
+}
+
 /// Step e: deletes the cluster and every claim of `namespace`, applies the cluster again and
 /// checks that the ids of `in_backup` are all back; prints how many of `acknowledged` are.
 async fn recover_from_the_bucket(
@@ -366,6 +832,12 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     // `status.retainedBackups`. Then the schedule is suspended.
     let before_schedule = scheduled_backups(&client, &namespace, &backups, &mut acknowledged).await;
 
+    // b2. Backups on request under a steady writer (the schedule suspended): the annotation
+    // multigres.com/backup-request with an id; a second id sent while the first runs is queued
+    // and taken right after; each adds a full backup to the bucket, no statement fails, and an
+    // id already answered, set again, takes no backup.
+    backups_on_request(&client, &namespace, &mut acknowledged).await;
+
     // c. A replica loses its volume (its claim, then its pod, deleted under a steady writer):
     // the StatefulSet makes both again, the new pod restores the newest backup from the
     // bucket, streams from the primary, and holds every acknowledged row.
@@ -397,13 +869,7 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     let old = pods.get(&replica).await.unwrap();
-    let old_claims: BTreeMap<String, Option<String>> = {
-        let mut uids = BTreeMap::new();
-        for name in own_claims(&old) {
-            uids.insert(name.clone(), claims.get(&name).await.unwrap().uid());
-        }
-        uids
-    };
+    let old_claims = claim_uids(&claims, &old).await;
     assert!(!old_claims.is_empty(), "{replica} has a volume of its own");
     let load = Load::start(gateway.clone(), 1);
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -431,20 +897,7 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     .await;
     let to_ready = deleted_at.elapsed();
     let endpoint = Endpoint::pod(&rebuilt, &password).unwrap();
-    eventually(
-        "the rebuilt replica streams from the primary",
-        WAIT,
-        || async {
-            match endpoint
-                .query("SELECT status FROM pg_stat_wal_receiver")
-                .await?
-            {
-                rows if rows == [[Some("streaming".to_owned())]] => Ok(()),
-                rows => Err(format!("WAL receiver {rows:?}")),
-            }
-        },
-    )
-    .await;
+    wait_streaming(&endpoint, "the rebuilt replica streams from the primary").await;
     let to_streaming = deleted_at.elapsed();
     let log = pods
         .logs(
@@ -513,6 +966,23 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     );
     figure("rows checked on the rebuilt replica", held);
     report.figures("the replica's rebuild");
+
+    // c2. A replica whose PostgreSQL can no longer start (PG_VERSION overwritten, then its pod
+    // deleted, so PostgreSQL starts again) under a steady writer: its multipooler quarantines
+    // it after the chart's unrecoverable timeout (30 s here), the Shard publishes it
+    // QUARANTINED, and the operator deletes its claim and pod; the new pod restores from the
+    // bucket and holds every acknowledged row.
+    acknowledged.extend(&quarantined_replica_is_replaced(&client, &namespace, &gateway).await);
+
+    // c3. A burst of 100 clients through the gateway, more than the primary's max_connections
+    // (60) and multipooler's pool (47, derived from it), beside a steady writer: the writer
+    // fails no statement during the burst or after it, and a new client is served at once.
+    acknowledged.extend(&a_client_burst_leaves_the_writer_alone(&gateway).await);
+
+    // c4. Every connection slot of the primary taken by direct sessions (as a runaway client
+    // beside the gateway would): the Shard's PrimaryServing turns False with the reason, and
+    // True again once they are closed.
+    slots_exhausted_turn_primary_serving_red(&client, &namespace, &gateway).await;
 
     // d. Every acknowledged row is there through the gateway.
     let stored = assert_kept(&gateway, &acknowledged).await;

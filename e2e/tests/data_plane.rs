@@ -1,10 +1,10 @@
-//! The real Multigres data plane under the operator, on real nodes: the unchanged minimal sample
-//! (a managed 3-member etcd, multiadmin, multigateway, multiorch, a pool of PostgreSQL 17 pods
-//! with pgctld and multipooler, filesystem backups) pointed at images built from the Multigres
-//! and pgBackRest snapshots, and what a user of it sees: SQL through multigateway, roles from the
-//! topology and the consensus cohort in the Shard status (and `kubectl multigres status` naming
-//! the primary and the streaming replicas), a failover that loses no
-//! acknowledged row, a switchover a person asks for, `kubectl drain` of each node of the cell,
+//! The real Multigres data plane under the operator, on real nodes: the minimal sample (a managed
+//! 3-member etcd, multiadmin, multigateway, multiorch, a pool of PostgreSQL 17 pods with pgctld
+//! and multipooler, filesystem backups), its pool written at 2 pods to start from a shard that
+//! cannot lose one, pointed at images built from the Multigres and pgBackRest snapshots, and
+//! what a user of it sees: SQL through multigateway, roles from the topology and the consensus
+//! cohort in the Shard status (and `kubectl multigres status` naming the primary and the
+//! streaming replicas), a failover that loses no acknowledged row, a switchover a person asks for, `kubectl drain` of each node of the cell,
 //! restart- and reload-class settings, a scale-down at once after a rollout (held until the
 //! cohort lets it), a backup in status, and data that survives deleting and recreating the
 //! cluster after that scale-down.
@@ -40,9 +40,14 @@ use multigres_e2e::sample::{
 };
 use serde_json::json;
 
-/// The sample's edit: internal mutual TLS on.
-fn with_internal_tls(cluster: &mut serde_json::Value) {
+/// The sample's edit: internal mutual TLS on, and the pool written at 2 pods (the default is 3):
+/// the story starts from a shard that cannot lose a pod (step 2), grows it to 3 and scales it
+/// back to 2, so it says that shape explicitly, as a user opting into it would.
+fn as_the_story_starts(cluster: &mut serde_json::Value) {
     cluster["spec"]["internalTLS"] = json!({"enabled": true});
+    cluster["spec"]["databases"] = json!([{"name": "postgres", "default": true,
+        "tablegroups": [{"name": "default", "default": true, "shards": [{"name": "0-inf",
+            "spec": {"pools": {"default": {"replicasPerCell": 2}}}}]}]}]);
 }
 
 /// The primary the data-handler publishes once it is a pod other than `old`; a wait past
@@ -692,7 +697,7 @@ async fn tls_cost(gateway: &Endpoint) {
 
 async fn story(cluster: &'static LocalCluster, client: Client, namespace: String) {
     // 1. Apply → Available → SQL.
-    let sent = apply_sample(&client, &namespace, with_internal_tls).await;
+    let sent = apply_sample(&client, &namespace, as_the_story_starts).await;
     let (to_available, to_sql) = wait_serving(&client, &namespace, sent).await;
     figure(
         "apply -> Available (s)",
@@ -1259,7 +1264,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         }
     })
     .await;
-    let sent = apply_sample(&client, &namespace, with_internal_tls).await;
+    let sent = apply_sample(&client, &namespace, as_the_story_starts).await;
     set_shard(&client, &namespace, 2, &config).await;
     let (_, to_sql) = wait_serving(&client, &namespace, sent).await;
     figure(

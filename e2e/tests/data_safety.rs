@@ -2,7 +2,9 @@
 //! as their own ServiceAccounts and the real StatefulSet controller and garbage collector:
 //! - `whenDeleted: Retain`: deleting the cluster keeps every volume, and recreating it binds the
 //!   very same PVCs (same UIDs);
-//! - `whenDeleted: Delete`: deleting the cluster leaves nothing of it behind, volumes included;
+//! - `whenDeleted: Delete`: deleting the cluster leaves nothing of it behind, volumes included,
+//!   but the filesystem backup volume, which goes too only when the cluster's
+//!   `multigres.com/confirm-delete-backups` annotation names it;
 //! - `whenScaled`: scaling a pool down and up again brings back the same PVCs under `Retain`,
 //!   and deletes the scaled-away ones (new ones on scale-up) under `Delete`; a scale-up over a
 //!   scaled-away volume that is still terminating waits, says so, and completes once it is gone.
@@ -221,8 +223,12 @@ async fn with_retain_a_recreated_cluster_binds_the_same_volumes() {
     }
 }
 
+/// Under `whenDeleted: Delete` a deleted cluster leaves nothing behind but its filesystem
+/// backup volume, the only copy of its backups; that goes too only when the cluster's
+/// annotation `multigres.com/confirm-delete-backups` names it (docs/operations.md, "Changes
+/// that delete data").
 #[tokio::test]
-async fn with_delete_nothing_of_a_deleted_cluster_is_left() {
+async fn with_delete_nothing_of_a_deleted_cluster_is_left_but_unconfirmed_backups() {
     let plane = control_plane().await;
     let namespace = fresh_namespace(plane, "delete").await;
     let stack = Stack::start(plane, &namespace, None).await;
@@ -231,12 +237,15 @@ async fn with_delete_nothing_of_a_deleted_cluster_is_left() {
     apply(&clusters, &cluster("dropped", "Delete", 2)).await;
     wait_healthy(&client, &clusters, "dropped").await;
     let before = wait_pool_volumes(&client, &namespace, 2).await;
+    let backup = "dropped-postgres-default-0-inf-backup";
+    assert!(before.contains_key(backup), "{before:?}");
 
     delete_cluster(&client, &clusters, "dropped").await;
-    eventually("no volume is left", WAIT, || async {
+    eventually("only the backup volume is left", WAIT, || async {
         let left = volumes(&client, &namespace).await;
         let labelled = leftovers(&client, &namespace, "dropped").await;
-        if left.is_empty() && labelled.is_empty() {
+        let kept = BTreeMap::from([(backup.to_owned(), before[backup].clone())]);
+        if left == kept && labelled == [format!("PersistentVolumeClaim/{backup}")] {
             Ok(())
         } else {
             Err(format!("{left:?} {labelled:?}"))
@@ -244,7 +253,45 @@ async fn with_delete_nothing_of_a_deleted_cluster_is_left() {
     })
     .await;
     println!(
-        "whenDeleted Delete: all {} PVCs and every labelled object gone after the cluster",
+        "whenDeleted Delete: {} of {} PVCs and every other labelled object gone after the \
+         cluster; backup volume {backup} kept (same UID)",
+        before.len() - 1,
+        before.len()
+    );
+
+    let mut confirmed = cluster("confirmed", "Delete", 2);
+    confirmed["metadata"]["annotations"] =
+        json!({"multigres.com/confirm-delete-backups": "confirmed"});
+    apply(&clusters, &confirmed).await;
+    wait_healthy(&client, &clusters, "confirmed").await;
+    let mine = |all: BTreeMap<String, String>| -> BTreeMap<String, String> {
+        all.into_iter()
+            .filter(|(name, _)| name.contains("confirmed-"))
+            .collect()
+    };
+    let before = mine(wait_pool_volumes(&client, &namespace, 2).await);
+    assert!(
+        before.contains_key("confirmed-postgres-default-0-inf-backup"),
+        "{before:?}"
+    );
+    delete_cluster(&client, &clusters, "confirmed").await;
+    eventually(
+        "no volume of the confirmed cluster is left",
+        WAIT,
+        || async {
+            let left = mine(volumes(&client, &namespace).await);
+            let labelled = leftovers(&client, &namespace, "confirmed").await;
+            if left.is_empty() && labelled.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?} {labelled:?}"))
+            }
+        },
+    )
+    .await;
+    println!(
+        "whenDeleted Delete with confirm-delete-backups: all {} PVCs, the backup volume \
+         included, and every labelled object gone after the cluster",
         before.len()
     );
     for handler in stack.handlers() {

@@ -814,7 +814,7 @@ fn mutate(rng: &mut Rng, cluster: &mut Value) -> Mutation {
     ];
     let mut spec_paths = Vec::new();
     paths(&cluster["spec"], "/spec".to_owned(), &mut spec_paths);
-    match rng.below(10) {
+    match rng.below(11) {
         0 => {
             // A previous mutation may have removed the whole spec.
             let path = if spec_paths.is_empty() {
@@ -1001,6 +1001,64 @@ fn mutate(rng: &mut Rng, cluster: &mut Value) -> Mutation {
                 format!("databases combination {which}"),
                 &["/spec/databases"],
             )
+        }
+        9 => {
+            // The admission classes of issue 38: label metadata, durations Go cannot hold, a
+            // gateway buffer without bound, backup paths over the pod's own directories,
+            // access modes, superuser names and sizes that are no whole number of bytes.
+            const GATEWAY: &str = "/spec/cells/1/spec/multigateway";
+            let backup_path =
+                *rng.pick(&["/var/lib/pooler/pg_data", "/etc", "rel", "/b/../etc", "/"]);
+            let superuser = *rng.pick(&["", "Admin", "pg_admin", "1abc", "a-b"]);
+            let size = *rng.pick(&["1m", "1.5", "100"]);
+            let (path, value) = rng
+                .pick(&[
+                    (format!("{GATEWAY}/podLabels"), json!({"My Key": "x"})),
+                    (
+                        format!("{GATEWAY}/podLabels"),
+                        json!({"team": "data platform"}),
+                    ),
+                    (format!("{GATEWAY}/podAnnotations"), json!({"a/b/c": "x"})),
+                    (format!("{GATEWAY}/buffer/window"), json!("3000000h")),
+                    (format!("{GATEWAY}/buffer/size"), json!(2147483647)),
+                    (
+                        format!("{SHARD}/spec/multiorch/leaderFailoverGracePeriodBase"),
+                        json!("2562048h"),
+                    ),
+                    (
+                        "/spec/backup/filesystem/path".to_owned(),
+                        json!(backup_path),
+                    ),
+                    (
+                        "/spec/backup/filesystem/storage/accessModes".to_owned(),
+                        json!(["ReadWriteAll"]),
+                    ),
+                    ("/spec/postgresSuperuser".to_owned(), json!(superuser)),
+                    (format!("{POOL}/storage/size"), json!(size)),
+                    (
+                        format!("{SHARD}/spec/postgresConfig"),
+                        json!({"shared_buffers": "8GB"}),
+                    ),
+                ])
+                .clone();
+            if path.starts_with("/spec/backup/") {
+                set(
+                    cluster,
+                    "/spec/backup",
+                    json!({"type": "filesystem", "filesystem": {}}),
+                );
+            }
+            // The objects the field lives in, where an earlier mutation left them out.
+            let mut parent = String::new();
+            let tokens: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+            for token in &tokens[..tokens.len() - 1] {
+                parent = format!("{parent}/{token}");
+                if cluster.pointer(&parent).is_none() {
+                    set(cluster, &parent, json!({}));
+                }
+            }
+            set(cluster, &path, value.clone());
+            Mutation::new(format!("admission class {path} = {value}"), &[&path])
         }
         _ => {
             let which = rng.below(4);

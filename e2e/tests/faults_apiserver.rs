@@ -91,9 +91,9 @@ async fn after_an_api_server_restart_the_same_handlers_still_follow_spec_changes
     let patch = json!({
         "apiVersion": "multigres.com/v1alpha1", "kind": "MultigresCluster",
         "spec": {"cells": [
-            {"name": "zone-a", "zoneId": "zone-a"},
-            {"name": "zone-b", "zoneId": "zone-b"},
-            {"name": "zone-c", "zoneId": "zone-c"},
+            {"name": "zone-a", "zone": "zone-a"},
+            {"name": "zone-b", "zone": "zone-b"},
+            {"name": "zone-c", "zone": "zone-c"},
         ]},
     });
     clusters

@@ -314,7 +314,7 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
     }
 
     // 4. The primary lost: its multipooler frozen, and every multiorch so none fails over.
-    let (primary, _) = settled_roles(&client, &namespace, &password, 2).await;
+    let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
     let primary_pod = pool_pods(&client, &namespace)
         .await
         .into_iter()

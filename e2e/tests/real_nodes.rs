@@ -433,7 +433,7 @@ async fn a_managed_etcd_topology_registers_through_cluster_dns_and_survives_a_le
     .await;
     println!("cluster-handler leader {old} -> {new}");
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &namespace);
-    let patch = serde_json::json!({"spec": {"cells": [{"name": "zone-a", "zoneId": "zone-a",
+    let patch = serde_json::json!({"spec": {"cells": [{"name": "zone-a", "zone": "zone-a",
         "spec": {"multigateway": {"replicas": 2}}}]}});
     clusters
         .patch(

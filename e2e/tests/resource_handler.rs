@@ -642,6 +642,8 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         "--service-id=$(POD_NAME)".to_owned(),
         format!("--hostname=$(POD_NAME).{set}.{ns}.svc"),
         "--pgctld-addr=127.0.0.1:15470".to_owned(),
+        // The resource-handler's default --pooler-unrecoverable-timeout.
+        "--postgres-unrecoverable-timeout=300s".to_owned(),
     ] {
         assert!(pooler.contains(&expected), "{expected} not in {pooler:?}");
     }
@@ -821,6 +823,307 @@ async fn a_template_change_restarts_pool_pods_replicas_first_and_the_primary_las
         name,
         "the Switchover condition is gone once nothing waits",
     )
+    .await;
+}
+
+/// A Shard `<cluster>-postgres-default-0-inf` of `replicas` pool pods in one cell, applied with
+/// `annotations` in a fresh namespace with its own handler, every pod up and the first replica
+/// after pod 0 published as the primary (pod 1).
+struct RunningShard {
+    _handler: HandlerProcess,
+    client: Client,
+    ns: String,
+    shards: Api<Shard>,
+    name: String,
+    set: String,
+    before: BTreeMap<String, (String, bool)>,
+}
+
+async fn running_shard(
+    cluster: &str,
+    replicas: i32,
+    annotations: serde_json::Value,
+) -> RunningShard {
+    let local = self::cluster().await;
+    let ns = fresh_namespace(local, &format!("rh-{cluster}")).await;
+    let handler = start_handler(local, &ns).await;
+    let client = local.client().unwrap();
+    let image = "ghcr.io/multigres/multigres:sha-66d2310";
+    let retain = "{whenDeleted: Retain, whenScaled: Retain}";
+    apply_yaml(
+        &client,
+        &ns,
+        &shard(cluster, &ns, replicas, image, retain, "1Gi"),
+    )
+    .await;
+    let name = format!("{cluster}-postgres-default-0-inf");
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let metadata = json!({"metadata": {"annotations": annotations}});
+    shards
+        .patch(&name, &PatchParams::default(), &Patch::Merge(metadata))
+        .await
+        .unwrap();
+    wait_condition(
+        &shards,
+        &name,
+        "RollingUpdate",
+        "False",
+        Some("UpToDate"),
+        shard_conditions,
+    )
+    .await;
+    let set = format!("{name}-pool-main-zone-a");
+    let before = pool_pods(&client, &ns, cluster).await;
+    assert_eq!(before.len(), replicas as usize);
+    publish_roles(&shards, &name, before.keys(), &format!("{set}-1")).await;
+    RunningShard {
+        _handler: handler,
+        client,
+        ns,
+        shards,
+        name,
+        set,
+        before,
+    }
+}
+
+#[tokio::test]
+async fn a_lowered_max_connections_is_held_and_restarts_no_pod() {
+    let RunningShard {
+        _handler,
+        client,
+        ns,
+        shards,
+        name,
+        before,
+        ..
+    } = running_shard("lower", 3, json!({})).await;
+    let name = name.as_str();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // Each pod is stamped with the hot-standby-sensitive values it started with (the
+    // baseline max_connections is 60).
+    for pod in before.keys() {
+        eventually("the pods' hot-standby settings stamp", WAIT, || async {
+            match annotation(&pods, pod, "multigres.com/hot-standby-settings").await {
+                Some(v) if v.contains("max_connections=60") => Ok(()),
+                other => Err(format!("{pod}: {other:?}")),
+            }
+        })
+        .await;
+    }
+
+    // Lowered: the file holds the running value (any pod restarting below it would abort
+    // recovery), nothing needs a restart, and the status and an event say so.
+    patch_spec(
+        &shards,
+        name,
+        json!({"postgresConfig": {"max_connections": "40"}}),
+    )
+    .await;
+    let held = |s: &Shard| {
+        s.status
+            .as_ref()
+            .and_then(|s| s.postgres_config.as_ref())
+            .map(|c| c.held_settings.clone())
+            .unwrap_or_default()
+    };
+    eventually("heldSettings in the Shard status", WAIT, || async {
+        let s = shards.get(name).await.unwrap();
+        match held(&s).as_slice() {
+            [one] if one == "max_connections 60 (asked 40)" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns);
+    let file = config_maps
+        .get(&format!("{name}-postgres-config"))
+        .await
+        .unwrap()
+        .data
+        .unwrap()["postgresql.conf"]
+        .clone();
+    let last = file.lines().rfind(|l| l.starts_with("max_connections = "));
+    assert_eq!(last, Some("max_connections = 60"), "{file}");
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    eventually("a PostgresConfigHeld event", WAIT, || async {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("PostgresConfigHeld")
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|m| m.contains("max_connections 60 (asked 40)"))
+            })
+            .then_some(())
+            .ok_or_else(|| "none yet".to_owned())
+    })
+    .await;
+    wait_condition(
+        &shards,
+        name,
+        "RollingUpdate",
+        "False",
+        Some("UpToDate"),
+        shard_conditions,
+    )
+    .await;
+    tokio::time::sleep(FULL_CYCLE).await;
+    assert_eq!(
+        pool_pods(&client, &ns, "lower").await,
+        before,
+        "a pod restarted for a held max_connections"
+    );
+
+    // Asked again at the running value: nothing is held any more, and no pod restarted.
+    patch_spec(
+        &shards,
+        name,
+        json!({"postgresConfig": {"max_connections": "60"}}),
+    )
+    .await;
+    eventually("heldSettings cleared", WAIT, || async {
+        let s = shards.get(name).await.unwrap();
+        held(&s)
+            .is_empty()
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", held(&s)))
+    })
+    .await;
+    assert_eq!(pool_pods(&client, &ns, "lower").await, before);
+}
+
+#[tokio::test]
+async fn a_paused_shard_changes_no_workload_until_resumed() {
+    let RunningShard {
+        _handler,
+        client,
+        ns,
+        shards,
+        name,
+        set,
+        before,
+    } = running_shard("hold", 3, json!({})).await;
+    let name = name.as_str();
+    let old = "ghcr.io/multigres/multigres:sha-66d2310";
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let pooler_image = |sts: &StatefulSet| image_of(statefulset_pod(sts), "multipooler");
+
+    // Paused, as the cluster-handler passes the cluster's annotation on: the condition says
+    // so, and a new image and a scale-up reach neither the StatefulSet nor the pods.
+    let paused = |value: serde_json::Value| json!({"metadata": {"annotations": {"multigres.com/paused": value}}});
+    shards
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(paused(json!("true"))),
+        )
+        .await
+        .unwrap();
+    wait_condition(
+        &shards,
+        name,
+        "Paused",
+        "True",
+        Some("PausedByAnnotation"),
+        shard_conditions,
+    )
+    .await;
+    let new = "ghcr.io/multigres/multigres:sha-next";
+    patch_spec(
+        &shards,
+        name,
+        json!({"images": {"multipooler": new}, "pools": {"main": {"replicasPerCell": 4}}}),
+    )
+    .await;
+    tokio::time::sleep(FULL_CYCLE).await;
+    let held = sets.get(&set).await.unwrap();
+    assert_eq!(pooler_image(&held).as_deref(), Some(old));
+    assert_eq!(held.spec.as_ref().and_then(|s| s.replicas), Some(3));
+    assert_eq!(pool_pods(&client, &ns, "hold").await, before);
+    let s = shards.get(name).await.unwrap();
+    assert_eq!(
+        condition(&shard_conditions(&s), "Available").map(|c| c.reason.as_str()),
+        Some("AllReady"),
+        "status keeps being reported while paused"
+    );
+
+    // Resumed: what waited is applied, and the condition goes.
+    shards
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(paused(json!(null))),
+        )
+        .await
+        .unwrap();
+    eventually("the held changes applied", WAIT, || async {
+        let sts = sets.get(&set).await.unwrap();
+        let replicas = sts.spec.as_ref().and_then(|s| s.replicas);
+        match (pooler_image(&sts).as_deref(), replicas) {
+            (Some(image), Some(4)) if image == new => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    eventually("the Paused condition gone", WAIT, || async {
+        let s = shards.get(name).await.unwrap();
+        match condition(&shard_conditions(&s), "Paused") {
+            None => Ok(()),
+            Some(c) => Err(format!("{c:?}")),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn supervised_restarts_wait_for_a_release_of_what_is_pending() {
+    // Supervised, as the cluster-handler passes the cluster's annotation on.
+    let supervised = json!({"multigres.com/restart-policy": "supervised"});
+    let RunningShard {
+        _handler,
+        client,
+        ns,
+        shards,
+        name,
+        set,
+        before,
+    } = running_shard("sup", 2, supervised).await;
+    let name = name.as_str();
+
+    // A new image: no pod restarts, the condition and status.pendingRestart say what waits.
+    let new = "ghcr.io/multigres/multigres:sha-next";
+    patch_spec(&shards, name, json!({"images": {"multipooler": new}})).await;
+    let s = wait_condition(
+        &shards,
+        name,
+        "RollingUpdate",
+        "True",
+        Some("WaitingForRelease"),
+        shard_conditions,
+    )
+    .await;
+    let pending = s.status.unwrap().pending_restart.unwrap();
+    assert!(pending.starts_with(&set), "{pending}");
+    tokio::time::sleep(FULL_CYCLE).await;
+    assert_eq!(pool_pods(&client, &ns, "sup").await, before);
+
+    // Released (what `kubectl multigres restart` writes): the replica restarts first.
+    let release = json!({"metadata": {"annotations": {"multigres.com/release-restarts": pending}}});
+    shards
+        .patch(name, &PatchParams::default(), &Patch::Merge(release))
+        .await
+        .unwrap();
+    let replica = format!("{set}-0");
+    eventually("the released replica restarts", WAIT, || async {
+        let now = pool_pods(&client, &ns, "sup").await;
+        match (now.get(&replica), before.get(&replica)) {
+            (Some((uid, _)), Some((old_uid, _))) if uid != old_uid => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
     .await;
 }
 

@@ -40,7 +40,8 @@ use serde_json::json;
 
 /// The multi-cell sample on real pods, by file name under `deploy/samples`.
 const SAMPLE: &str = "external-topo";
-/// A cluster of 14 pods starts on 2 shared cores beside another real-node file.
+/// A cluster of 16 pods (4 of them PostgreSQL: the default 2 per cell in two cells) starts on 2
+/// shared cores beside another real-node file.
 const WAIT: Duration = Duration::from_secs(600);
 
 /// The etcd `external-topo.yaml` names (`http://topo-etcd:2379`): one member, no volume.

@@ -4,7 +4,8 @@
 //! `url: https://127.0.0.1:<port>/...` and scoped to the test namespace, and sets their caBundle
 //! itself. Then the API server refuses a cluster naming a missing template, stores the defaults
 //! the webhook adds, refuses deleting a template in use, and refuses manual edits of children
-//! while the operator's own ServiceAccount may make them.
+//! while the operator's own ServiceAccount may make them, and warns about a cell no Node matches
+//! (it lists Nodes under the shipped RBAC).
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use multigres_api::v1alpha1::{Cell, CellTemplate, LogLevel, MultigresCluster};
-use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::cluster::{ClusterError, LocalCluster};
 use multigres_e2e::harness::{
     self, WebhookServer, fresh_namespace, only_namespace, webhook_registrations,
 };
@@ -342,6 +343,38 @@ async fn the_api_server_enforces_the_webhook() {
         .delete("demo-zone-a", &DeleteParams::default())
         .await
         .unwrap();
+
+    // 5. A cell no Node matches is admitted with a warning naming its node label: the webhook
+    //    lists Nodes under the shipped RBAC. The control plane's Nodes are in zone-a to zone-c.
+    let nowhere = json!({
+        "apiVersion": "multigres.com/v1alpha1", "kind": "MultigresCluster",
+        "metadata": {"name": "nowhere"},
+        "spec": {
+            "postgresPasswordSecretRef": pw,
+            "cells": [{"name": "zone-a", "zone": "zone-a"}, {"name": "zone-b", "zone": "nowhere-1"}],
+        },
+    });
+    let args = ["create", "-n", &ns, "--warnings-as-errors", "-f", "-"];
+    let warned = match cluster
+        .kubectl_with_stdin(&args, Some(&nowhere.to_string()))
+        .await
+    {
+        Err(ClusterError::Kubectl { stderr, .. }) => stderr,
+        other => panic!("expected warnings, got {other:?}"),
+    };
+    assert!(
+        warned.contains(
+            "Warning: spec.cells[1].zone: no Node has the label \
+             topology.kubernetes.io/zone=nowhere-1, so the pods of cell \"zone-b\" stay Pending \
+             until one does"
+        ),
+        "{warned}"
+    );
+    assert!(!warned.contains("spec.cells[0].zone"), "{warned}");
+    clusters
+        .get("nowhere")
+        .await
+        .expect("admitted despite the warning");
 
     assert!(
         webhook.process.exit_status().is_none(),

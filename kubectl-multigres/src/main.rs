@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Client, Config};
-use kubectl_multigres::{psql, status, switchover, view};
+use kubectl_multigres::{backup, maintenance, psql, status, switchover, view};
 
-/// Status, switchover and psql for Multigres clusters.
+/// Status, switchover, backup, psql, pause, resume and restart for Multigres clusters.
 #[derive(Parser)]
 #[command(name = "kubectl multigres", version)]
 struct Cli {
@@ -40,6 +40,38 @@ enum Command {
         /// How long `--wait` waits, in seconds.
         #[arg(long, default_value_t = 300)]
         timeout: u64,
+    },
+    /// Asks for a backup of every shard now (annotation `multigres.com/backup-request`, with the
+    /// UTC time as the request id); taken on a replica, as scheduled backups are.
+    Backup {
+        /// The MultigresCluster.
+        cluster: String,
+        /// Kind of backup (default: the schedule's type, else full).
+        #[arg(long = "type", value_parser = ["full", "diff", "incr"])]
+        kind: Option<String>,
+        /// Wait until every shard answered, printing progress; exits 1 if a shard failed.
+        #[arg(long)]
+        wait: bool,
+        /// How long `--wait` waits (a duration such as 30m or 1h30m).
+        #[arg(long, default_value = "30m", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Stops the operator from changing the cluster's workloads (annotation
+    /// `multigres.com/paused`); status keeps being reported.
+    Pause {
+        /// The MultigresCluster.
+        cluster: String,
+    },
+    /// Lets the operator change the cluster's workloads again, applying what waited.
+    Resume {
+        /// The MultigresCluster.
+        cluster: String,
+    },
+    /// Releases the pool pod restarts the cluster's Shards hold under
+    /// `multigres.com/restart-policy: supervised`.
+    Restart {
+        /// The MultigresCluster.
+        cluster: String,
     },
     /// psql through the cluster's multigateway, as the superuser; arguments after `--` go to
     /// psql (e.g. `-- -c 'select 1'`).
@@ -78,6 +110,27 @@ async fn main() -> Result<()> {
             let timeout = Duration::from_secs(timeout);
             switchover::run(&client, &namespace, &target, wait, timeout).await?;
         }
+        Command::Backup {
+            cluster,
+            kind,
+            wait,
+            timeout,
+        } => {
+            backup::run(
+                &client,
+                &namespace,
+                &cluster,
+                kind.as_deref(),
+                wait,
+                timeout,
+            )
+            .await?;
+        }
+        Command::Pause { cluster } => maintenance::run(&client, &namespace, &cluster, true).await?,
+        Command::Resume { cluster } => {
+            maintenance::run(&client, &namespace, &cluster, false).await?
+        }
+        Command::Restart { cluster } => maintenance::restart(&client, &namespace, &cluster).await?,
         Command::Psql {
             cluster,
             cell,
@@ -89,4 +142,10 @@ async fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A duration such as `30m`, `1h30m` or `90s`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    multigres_api::duration::parse(text)
+        .ok_or_else(|| format!("{text:?} is not a duration such as 30m, 1h30m or 90s"))
 }

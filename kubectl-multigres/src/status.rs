@@ -19,7 +19,7 @@ const WIDTH: usize = 96;
 
 /// Condition types whose `True` asks for attention (something is wrong or under way); for
 /// every other type `True` is the good state.
-const ATTENTION_WHEN_TRUE: [&str; 7] = [
+const ATTENTION_WHEN_TRUE: [&str; 8] = [
     "Degraded",
     "Progressing",
     "ImageRolloutPending",
@@ -27,6 +27,7 @@ const ATTENTION_WHEN_TRUE: [&str; 7] = [
     "Switchover",
     "Drain",
     "ScaleDown",
+    "Paused",
 ];
 
 /// Whether a condition is in its good state: not worth a line on the screen.
@@ -55,6 +56,16 @@ pub fn render(view: &ClusterView, now: Timestamp) -> String {
     conditions(&mut out, "  ", &status.conditions);
     if let Some(gateway) = &status.gateway {
         let _ = writeln!(out, "  external gateway: {}", gateway.external_endpoint);
+    }
+    if let Some(request) = &status.backup_request {
+        let mut line = format!(
+            "backup request {}: {:?}, {}/{} shards completed",
+            request.id, request.state, request.shards_completed, request.shards_total
+        );
+        if let Some(message) = &request.message {
+            line.push_str(&format!("; {message}"));
+        }
+        wrap(&mut out, "  ", &line);
     }
 
     if !view.topo_servers.is_empty() {
@@ -281,6 +292,22 @@ fn render_shard(out: &mut String, shard: &Shard, pods: &[Pod], now: Timestamp) {
             );
         }
     }
+    if let Some(requested) = &status.requested_backup {
+        let mut line = format!("requested backup {}: {:?}", requested.id, requested.state);
+        if let Some(backup) = &requested.backup {
+            line.push_str(&format!(", {backup}"));
+        }
+        if let Some(pod) = &requested.pod {
+            line.push_str(&format!(" on {pod}"));
+        }
+        if let Some(message) = &requested.message {
+            line.push_str(&format!(": {message}"));
+        }
+        if let Some(queued) = &status.queued_request {
+            line.push_str(&format!("; {} queued behind it", queued.id));
+        }
+        wrap(out, "    ", &line);
+    }
     conditions(out, "    ", &status.conditions);
 }
 
@@ -500,6 +527,7 @@ pub(crate) mod tests {
         assert!(!is_ok(&condition("Available", "Unknown")));
         assert!(is_ok(&condition("Switchover", "False")));
         assert!(!is_ok(&condition("Switchover", "True")));
+        assert!(!is_ok(&condition("Paused", "True")));
     }
 
     #[test]

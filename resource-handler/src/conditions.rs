@@ -35,6 +35,24 @@ pub fn merge(
     all
 }
 
+/// Condition, present while the object's cluster is paused (annotation
+/// `multigres.com/paused`, passed on by the cluster-handler).
+pub const PAUSED: &str = "Paused";
+
+/// The [`PAUSED`] condition of a paused `what` (`shard`, `cell`, ...).
+pub fn paused(what: &str) -> Computed {
+    Computed::new(
+        PAUSED,
+        TRUE,
+        "PausedByAnnotation",
+        format!(
+            "the cluster's annotation {} is \"true\": no workload of this {what} is applied, \
+             restarted, scaled, grown or deleted; changes wait until it is removed",
+            multigres_api::labels::PAUSED
+        ),
+    )
+}
+
 /// `Available` reason while pods of the object are on nodes that stopped reporting (see
 /// [`crate::unready::node_not_reporting`]).
 pub const NODES_NOT_REPORTING: &str = "NodesNotReporting";

@@ -125,6 +125,9 @@ pub struct Base {
     pub telemetry: InheritedEnv,
     /// The namespace the handlers run in, which the clusters' NetworkPolicies admit.
     pub operator_namespace: String,
+    /// How long a multipooler lets its PostgreSQL fail before it quarantines itself and its
+    /// pod is replaced (`--pooler-unrecoverable-timeout`; zero: never).
+    pub unrecoverable_timeout: Duration,
 }
 
 impl Base {
@@ -138,6 +141,7 @@ impl Base {
             stores: self.stores.clone(),
             telemetry: self.telemetry.clone(),
             operator_namespace: self.operator_namespace.clone(),
+            unrecoverable_timeout: self.unrecoverable_timeout,
             name,
             backoff: ObjectBackoff::new(BackoffPolicy::default()),
             pacer: StatusPacer::default(),
@@ -161,6 +165,8 @@ pub struct Ctx<K: Resource<DynamicType = ()>> {
     pub telemetry: InheritedEnv,
     /// The namespace the handlers run in, which the clusters' NetworkPolicies admit.
     pub operator_namespace: String,
+    /// See [`Base::unrecoverable_timeout`].
+    pub unrecoverable_timeout: Duration,
     /// Name of the controller in metrics and HandlerInfo.
     pub name: &'static str,
     /// Consecutive failures per object.

@@ -49,7 +49,8 @@ use slim_cache::{SlimStore, slim, slim_budget, slim_deployment};
 
 /// Fills every cache, reports SERVING, then runs every controller until shutdown.
 /// `operator_namespace` is the namespace the handlers run in, which the clusters'
-/// NetworkPolicies admit to the internal ports.
+/// NetworkPolicies admit to the internal ports; `unrecoverable_timeout` is how long a pool pod's
+/// PostgreSQL may keep failing before its multipooler quarantines it and the pod is replaced.
 ///
 /// Controllers start only once the caches are filled, so no reconcile reads a cache that is
 /// still filling; each subscription starts with every cached object, so nothing listed before
@@ -59,6 +60,7 @@ pub async fn run(
     scope: Scope,
     telemetry: InheritedEnv,
     operator_namespace: String,
+    unrecoverable_timeout: std::time::Duration,
 ) {
     let client = handler.client.clone();
     let all = watcher::Config::default;
@@ -121,6 +123,7 @@ pub async fn run(
         stores,
         telemetry,
         operator_namespace,
+        unrecoverable_timeout,
     };
     let topo = toposerver::run(
         base.ctx(toposerver::NAME),

@@ -30,6 +30,17 @@ struct Cli {
     /// client's namespace.
     #[arg(long, env = "POD_NAMESPACE")]
     operator_namespace: Option<String>,
+    /// How long a pool pod's PostgreSQL may keep failing to start, rewind or restore before its
+    /// multipooler quarantines it (`--postgres-unrecoverable-timeout`) and the handler replaces
+    /// the pod and its volume from the newest backup; a Go duration, `0s` turns both off.
+    /// Changing it changes every pool pod's template (an ordered restart).
+    #[arg(long, env = "POOLER_UNRECOVERABLE_TIMEOUT", default_value = "5m", value_parser = unrecoverable_timeout)]
+    pooler_unrecoverable_timeout: std::time::Duration,
+}
+
+fn unrecoverable_timeout(value: &str) -> Result<std::time::Duration, String> {
+    multigres_api::duration::parse(value)
+        .ok_or_else(|| format!("{value:?} is not a Go duration such as 5m or 90s"))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,7 +59,13 @@ async fn async_main() -> anyhow::Result<()> {
                 .operator_namespace
                 .filter(|ns| !ns.is_empty())
                 .unwrap_or_else(|| ctx.client.default_namespace().to_owned());
-            resource_handler::run(ctx, scope, telemetry, operator_namespace)
+            resource_handler::run(
+                ctx,
+                scope,
+                telemetry,
+                operator_namespace,
+                cli.pooler_unrecoverable_timeout,
+            )
         })
         .await?;
     Ok(())
@@ -74,5 +91,20 @@ mod tests {
             cli.leader.leader_election_id,
             "multigres-operator-resource-handler"
         );
+        assert_eq!(
+            cli.pooler_unrecoverable_timeout,
+            std::time::Duration::from_secs(300)
+        );
+        let off: Cli = cli::try_parse_from(
+            &SPEC,
+            ["resource-handler", "--pooler-unrecoverable-timeout=0s"],
+        )
+        .unwrap();
+        assert!(off.pooler_unrecoverable_timeout.is_zero());
+        let bad = cli::try_parse_from::<Cli, _, _>(
+            &SPEC,
+            ["resource-handler", "--pooler-unrecoverable-timeout=soon"],
+        );
+        assert!(bad.is_err());
     }
 }

@@ -26,7 +26,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use multigres_api::labels::CELL;
-use multigres_api::resolver::{self, ResolvedCluster, Templates, ZONE_ID_NODE_LABEL, defaults};
+use multigres_api::resolver::cohort::{Durability, survives_any_pod_loss};
+use multigres_api::resolver::{self, ResolvedCluster, Templates, ZONE_NODE_LABEL, defaults};
 use multigres_api::v1alpha1::{
     Cell, CellTemplate, CoreTemplate, GatewayTlsConfig, InternalTlsConfig, MultigresCluster, Shard,
     ShardTemplate, TopoServer,
@@ -77,7 +78,7 @@ enum Topology {
 /// A cell's multigateway.
 struct Gateway {
     cell: &'static str,
-    /// The cell's `zoneId`, which its pods are pinned to.
+    /// The cell's `zone`, which its pods are pinned to.
     zone: &'static str,
     replicas: i32,
     /// None: the built-in default.
@@ -161,7 +162,7 @@ const fn pool(
 /// Every sample, as its YAML reads.
 const SAMPLES: [Expected; 5] = [
     // Nothing but one cell: every value is a default. A 3-member etcd of 1Gi volumes, one
-    // gateway, the default pool with two pods (one cell: a primary and a replica), a 10Gi
+    // gateway, the default pool with three pods (one cell: a primary and two replicas), a 10Gi
     // ReadWriteOnce backup volume.
     Expected {
         file: "minimal.yaml",
@@ -174,14 +175,14 @@ const SAMPLES: [Expected; 5] = [
         },
         gateways: &[gateway("zone-a", 1, None)],
         buffer_flags: BUFFER_DEFAULT,
-        pools: &[pool("default", "zone-a", 2, "1Gi")],
+        pools: &[pool("default", "zone-a", 3, "1Gi")],
         multiorch_cells: &["zone-a"],
         multiorch_grace: GRACE_DEFAULT,
         postgres: &[],
         backup: BACKUP_DEFAULT,
         multiadmin: None,
     },
-    // Everything inline: pool `main` in both cells with one pod each, the resources and
+    // Everything inline: pool `main` in both cells with two pods each, the resources and
     // max_connections written in the cluster itself.
     Expected {
         file: "inline.yaml",
@@ -201,12 +202,12 @@ const SAMPLES: [Expected; 5] = [
             Pool {
                 postgres: Some(res("100m", "256Mi", "512Mi")),
                 multipooler: Some(res("100m", "128Mi", "256Mi")),
-                ..pool("main", "zone-a", 1, "1Gi")
+                ..pool("main", "zone-a", 2, "1Gi")
             },
             Pool {
                 postgres: Some(res("100m", "256Mi", "512Mi")),
                 multipooler: Some(res("100m", "128Mi", "256Mi")),
-                ..pool("main", "zone-b", 1, "1Gi")
+                ..pool("main", "zone-b", 2, "1Gi")
             },
         ],
         multiorch_cells: &["zone-a", "zone-b"],
@@ -291,7 +292,7 @@ const SAMPLES: [Expected; 5] = [
         multiadmin: None,
     },
     // The user's etcd at topo-etcd:2379: no TopoServer, every process dials it. Otherwise
-    // defaults over two cells: the default pool with one pod per cell.
+    // defaults over two cells: the default pool with two pods per cell.
     Expected {
         file: "external-topo.yaml",
         cluster: "external-topo",
@@ -302,8 +303,8 @@ const SAMPLES: [Expected; 5] = [
         gateways: &[gateway("zone-a", 1, None), gateway("zone-b", 1, None)],
         buffer_flags: BUFFER_DEFAULT,
         pools: &[
-            pool("default", "zone-a", 1, "1Gi"),
-            pool("default", "zone-b", 1, "1Gi"),
+            pool("default", "zone-a", 2, "1Gi"),
+            pool("default", "zone-b", 2, "1Gi"),
         ],
         multiorch_cells: &["zone-a", "zone-b"],
         multiorch_grace: GRACE_DEFAULT,
@@ -474,8 +475,11 @@ fn build(sample: &Sample, resolved: &ResolvedCluster, children: &Children) -> Bu
     }
     for s in &children.shards {
         let owner = Owner::of(s).unwrap();
-        let mut objects = shard::build::build(&owner, &s.spec).unwrap();
-        let (config_map, _) = shard::pgconfig::desired(&owner, s, None, &mut objects).unwrap();
+        let mut objects =
+            shard::build::build(&owner, &s.spec, shard::build::BackupDeletion::of(s, &owner))
+                .unwrap();
+        let (config_map, _) =
+            shard::pgconfig::desired(&owner, s, None, &Default::default(), &mut objects).unwrap();
         add(&mut built.config_maps, config_map);
         for orch in objects.multiorch {
             add(&mut built.deployments, orch.deployment);
@@ -555,10 +559,10 @@ fn resources_or(want: Option<Res>, default: fn() -> ResourceRequirements) -> Res
     want.map_or_else(default, requirements)
 }
 
-/// Node labels pinning pods to `zone`.
+/// Node labels pinning pods to `zone` (every sample's cells name a `zone`).
 fn in_zone(zone: &str) -> Option<BTreeMap<String, String>> {
     Some(BTreeMap::from([(
-        ZONE_ID_NODE_LABEL.to_owned(),
+        ZONE_NODE_LABEL.to_owned(),
         zone.to_owned(),
     )]))
 }
@@ -917,6 +921,38 @@ fn every_sample_has_expectations() {
         present, expected,
         "every sample in deploy/samples/ needs an entry in SAMPLES"
     );
+}
+
+/// Every sample's shard keeps electing a primary and accepting writes after losing any one of
+/// its pool pods, under its durability policy: the pool StatefulSets' replicas per cell, as
+/// built.
+#[test]
+fn every_sample_can_lose_any_one_pool_pod() {
+    for e in &SAMPLES {
+        let sample = parse(e.file);
+        let resolved = resolve(&sample);
+        let children = children(&sample.cluster, &resolved);
+        let built = build(&sample, &resolved, &children);
+        // The pool StatefulSets are exactly those of `e.pools` (check_inventory).
+        let shard = shard_name(e.cluster);
+        let mut per_cell: BTreeMap<&str, usize> = BTreeMap::new();
+        for p in e.pools {
+            let set = &built.statefulsets[&names::pool(&shard, p.pool, p.cell)];
+            let replicas = set.spec.as_ref().unwrap().replicas.unwrap();
+            *per_cell.entry(p.cell).or_default() += usize::try_from(replicas).unwrap();
+        }
+        let policy = resolved.table_groups[0]
+            .durability_policy
+            .as_deref()
+            .and_then(Durability::parse)
+            .unwrap();
+        let pods: Vec<usize> = per_cell.values().copied().collect();
+        assert!(
+            survives_any_pod_loss(policy, &pods),
+            "{}: pool pods per cell {per_cell:?} under {policy:?}",
+            e.file
+        );
+    }
 }
 
 #[test]

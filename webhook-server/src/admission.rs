@@ -21,9 +21,10 @@ use tracing::Instrument;
 
 use crate::defaults;
 use crate::lookup::{LookupError, Lookups};
+use crate::placement;
 use crate::rules::children::{self, Operators};
 use crate::rules::templates::{self, TemplateSpec};
-use crate::rules::{TemplateKind, cluster, unimplemented};
+use crate::rules::{TemplateKind, backup_request, cluster, switches, unimplemented};
 use crate::violation::Findings;
 
 /// Registers HELP text for the webhook's own metrics with the current recorder (the request
@@ -420,12 +421,26 @@ async fn validate_cluster(
     if !matches!(request.operation, Operation::Create | Operation::Update) {
         return Ok(Findings::default());
     }
-    if request.operation == Operation::Update && (spec_unchanged(request) || being_deleted(request))
-    {
-        // Metadata-only updates (labels, annotations, finalizers written by the operator) and
-        // updates of a cluster on its way out never need the spec checked: refusing them could
-        // wedge the operator or a deletion.
+    if being_deleted(request) {
+        // Refusing an update of a cluster on its way out could wedge its deletion.
         return Ok(Findings::default());
+    }
+    // The request and switch annotations are checked on metadata-only updates too: `kubectl
+    // annotate` is how a backup is asked for and a cluster paused.
+    let mut requests = Findings::default();
+    let annotations = |object: Option<&DynamicObject>| {
+        object.map(|o| o.metadata.annotations.clone().unwrap_or_default())
+    };
+    let (new_annotations, old_annotations) = (
+        annotations(request.object.as_ref()).unwrap_or_default(),
+        annotations(request.old_object.as_ref()),
+    );
+    backup_request::check(&mut requests, &new_annotations, old_annotations.as_ref());
+    switches::check(&mut requests, &new_annotations, old_annotations.as_ref());
+    if request.operation == Operation::Update && spec_unchanged(request) {
+        // Metadata-only updates (labels, annotations, finalizers written by the operator)
+        // never need the spec checked: refusing them could wedge the operator.
+        return Ok(requests);
     }
     let new: MultigresCluster = typed(request.object.as_ref(), "object")?;
     let old: Option<MultigresCluster> = match request.operation {
@@ -440,6 +455,8 @@ async fn validate_cluster(
         .templates(namespace, &names, &implicit)
         .await?;
     let mut findings = cluster::validate(&new, old.as_ref(), &templates);
+    findings.violations.extend(requests.violations);
+    placement::check(&mut findings, &state.lookups, &new.spec).await;
     let object = request.object.as_ref();
     unimplemented::check_object(&mut findings, Kind::MultigresCluster, object);
     Ok(findings)
@@ -502,25 +519,32 @@ async fn validate_template(
             let mut findings = new.validate();
             let registered = unimplemented::template(kind);
             unimplemented::check_object(&mut findings, registered, request.object.as_ref());
-            if request.operation == Operation::Update {
-                let old = template_spec(kind, request.old_object.as_ref(), "old object")?;
-                let before = old.validate();
-                findings
-                    .violations
-                    .retain(|v| !before.violations.contains(v));
-                findings.extend(template_update(state, request, namespace, &old, &new).await?);
-            }
+            let old = match request.operation {
+                Operation::Update => {
+                    let old = template_spec(kind, request.old_object.as_ref(), "old object")?;
+                    let before = old.validate();
+                    findings
+                        .violations
+                        .retain(|v| !before.violations.contains(v));
+                    Some(old)
+                }
+                _ => None,
+            };
+            findings.extend(template_change(state, request, namespace, old.as_ref(), &new).await?);
             Ok(findings)
         }
         Operation::Connect => Ok(Findings::default()),
     }
 }
 
-async fn template_update(
+/// The checks of a template created (`old` is `None`) or updated against every cluster of the
+/// namespace that uses it, explicitly or by falling back to the namespace `default`: a template
+/// created under a name clusters already fall back to reshapes them at their next reconcile.
+async fn template_change(
     state: &AdmissionState,
     request: &AdmissionRequest<DynamicObject>,
     namespace: &str,
-    old: &TemplateSpec,
+    old: Option<&TemplateSpec>,
     new: &TemplateSpec,
 ) -> Result<Findings, Failure> {
     let clusters = state.lookups.clusters(namespace).await?;
@@ -533,10 +557,9 @@ async fn template_update(
     }
     let names = cluster::needed_templates(&users);
     let implicit = cluster::implicit_defaults(&users);
-    let mut stored = state
+    let stored = state
         .lookups
         .templates(namespace, &names, &implicit)
         .await?;
-    old.install(&mut stored, &request.name);
-    Ok(templates::update(&request.name, old, new, &users, &stored))
+    Ok(templates::change(&request.name, old, new, &users, &stored))
 }

@@ -1,4 +1,5 @@
-//! Reads of other objects for the rules: templates and clusters of the request's namespace.
+//! Reads of other objects for the rules: templates and clusters of the request's namespace, and
+//! whether a Node carries a label (for the warning of [`crate::placement`]).
 //!
 //! Templates come from a watch-fed cache when [`Lookups::cached`] started one: validating a
 //! cluster otherwise costs a GET per template it may use (each kind's `default` included) on
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::try_join_all;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
@@ -172,14 +174,28 @@ impl Lookups {
         .filter(|(want, _)| *want)
         .map(|(_, kind)| (kind, multigres_api::DEFAULT_TEMPLATE.to_owned()))
         .collect();
-        // Only ever the fallbacks: promoting one is cosmetic, the controller falls back to the
-        // namespace `default` of each kind whether or not it is promoted.
-        let found = self.templates(namespace, &names, &names).await?;
+        // What is promoted is stored in the spec, so it may not depend on how far the watch has
+        // got: a template created just before the cluster (one `kubectl apply` of both) is
+        // missing from the cache for a moment. An absence is confirmed with a GET; clusters are
+        // written rarely, and validation still trusts the cache (the controller re-resolves).
+        let found = self.templates(namespace, &names, &BTreeSet::new()).await?;
         Ok(DefaultTemplates {
             core: !found.core.is_empty(),
             cell: !found.cell.is_empty(),
             shard: !found.shard.is_empty(),
         })
+    }
+
+    /// Whether at least one Node carries the label `key=value`: a list of at most one Node's
+    /// metadata, selected by the API server.
+    pub async fn node_labelled(&self, key: &str, value: &str) -> Result<bool, kube::Error> {
+        let params = ListParams::default()
+            .labels(&format!("{key}={value}"))
+            .limit(1);
+        Api::<Node>::all(self.client.clone())
+            .list_metadata(&params)
+            .await
+            .map(|list| !list.items.is_empty())
     }
 
     /// Every MultigresCluster of the namespace.

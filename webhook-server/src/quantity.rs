@@ -100,6 +100,17 @@ impl Quantity {
         self.nanos < 0
     }
 
+    /// Whether the amount is a whole number (of bytes, for a size): `1m` is a thousandth.
+    pub fn is_whole(self) -> bool {
+        self.nanos % 1_000_000_000 == 0
+    }
+
+    /// The amount as a float (of bytes, for a size), for comparing with values measured in
+    /// other units.
+    pub fn to_f64(self) -> f64 {
+        self.nanos as f64 / 1e9
+    }
+
     /// Whether the amount is zero.
     pub fn is_zero(self) -> bool {
         self.nanos == 0
@@ -158,6 +169,8 @@ mod tests {
         assert!(q("-1").is_negative());
         assert!(!q("1").is_negative());
         assert!(q("0Gi").is_zero());
+        assert!(q("1Gi").is_whole() && q("1.5k").is_whole());
+        assert!(!q("1m").is_whole() && !q("1.5").is_whole());
         assert_eq!(q("1500m").to_string(), "1.5");
         assert_eq!(q("2Ki").to_string(), "2048");
     }

@@ -76,6 +76,34 @@ async fn valid_cluster_is_allowed() {
     assert!(response.get("warnings").is_none(), "{response:#}");
 }
 
+/// The local control plane's Nodes carry `topology.kubernetes.io/zone=zone-a` (and `zone-b`,
+/// `zone-c`): a cell pinned there gets no warning, one pinned to a zone no Node is in does.
+#[tokio::test]
+async fn a_cell_no_node_matches_is_allowed_with_a_warning() {
+    let cluster = control_plane().await;
+    let ns = namespace(cluster, "admission").await;
+    let mut review: Value = serde_json::from_str(&fixture("cluster-create-valid", &ns)).unwrap();
+    let nowhere = format!("nowhere-{ns}");
+    review["request"]["object"]["spec"]["cells"] = json!([
+        {"name": "zone-a", "zone": "zone-a"},
+        {"name": "zone-b", "zone": nowhere},
+    ]);
+    let response = post(
+        &router(cluster.client().unwrap()),
+        VALIDATE_CLUSTER,
+        review.to_string(),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response:#}");
+    assert_eq!(
+        warnings(&response),
+        [format!(
+            "spec.cells[1].zone: no Node has the label topology.kubernetes.io/zone={nowhere}, so \
+             the pods of cell \"zone-b\" stay Pending until one does"
+        )]
+    );
+}
+
 #[tokio::test]
 async fn missing_templates_are_refused_by_field() {
     let response = review(VALIDATE_CLUSTER, "cluster-create-missing-templates").await;
@@ -156,6 +184,78 @@ async fn malformed_storage_size_is_refused() {
             "{SHARD}.spec.pools[main].storage.size: \"10GB\" is not a quantity (expected a number \
              with an optional suffix such as 500m, 10Gi or 1e3); use a size such as 10Gi"
         )
+    );
+}
+
+#[tokio::test]
+async fn sub_byte_storage_size_is_refused() {
+    let response = review(VALIDATE_CLUSTER, "cluster-create-storage-size-sub-byte").await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        message(&response),
+        format!(
+            "{SHARD}.spec.pools[main].storage.size: \"1m\" is not a whole number of bytes (the \
+             suffix m is a thousandth); use a size such as 10Gi"
+        )
+    );
+}
+
+#[tokio::test]
+async fn pod_labels_and_annotations_must_be_valid_metadata() {
+    let response = review(VALIDATE_CLUSTER, "cluster-create-pod-metadata-invalid").await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        causes(&response),
+        [
+            "spec.cells[0].spec.multigateway.podAnnotations[\"My Key\"]",
+            "spec.multiadmin.spec.podLabels[\"team\"]",
+        ]
+    );
+    assert!(
+        message(&response).contains(
+            "value \"data platform\" is not a valid label value: at most 63 letters, digits"
+        ),
+        "{}",
+        message(&response)
+    );
+}
+
+#[tokio::test]
+async fn durations_go_cannot_hold_are_refused() {
+    let response = review(VALIDATE_CLUSTER, "cluster-create-duration-too-long").await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        causes(&response),
+        [
+            "spec.cells[0].spec.multigateway.buffer.window",
+            "spec.cells[0].spec.multigateway.buffer.maxFailoverDuration",
+            &format!("{SHARD}.spec.multiorch.leaderFailoverGracePeriodBase"),
+        ]
+    );
+    assert!(
+        message(&response).contains(
+            "\"3000000h\" is longer than Go's longest duration (2562047h47m16.854775807s"
+        ),
+        "{}",
+        message(&response)
+    );
+}
+
+#[tokio::test]
+async fn shared_buffers_above_the_memory_limit_are_refused() {
+    let response = review(VALIDATE_CLUSTER, "cluster-create-shared-buffers-over-limit").await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        causes(&response),
+        [format!("{SHARD}.spec.postgresConfig[shared_buffers]")]
+    );
+    assert!(
+        message(&response).contains(
+            "shared_buffers = 8GB needs 8192 MiB of shared memory, more than the memory limit \
+             512Mi of the postgres container"
+        ),
+        "{}",
+        message(&response)
     );
 }
 
@@ -467,7 +567,8 @@ async fn invalid_template_is_refused() {
 
 #[tokio::test]
 async fn templates_without_a_spec_are_allowed_as_empty_templates() {
-    let router = router(unused_client());
+    // A template being created is checked against the clusters of its namespace (none here).
+    let router = router(control_plane().await.client().unwrap());
     for (kind, resource) in [
         ("CoreTemplate", "coretemplate"),
         ("CellTemplate", "celltemplate"),
@@ -589,7 +690,8 @@ async fn template_edit_that_shrinks_a_users_volume_is_refused() {
         message(&response),
         "ShardTemplate \"shared-shard\" spec.pools[main].storage.size: the data volume of pool \
          \"main\" cannot shrink from 8Gi to 1Gi: PersistentVolumeClaims can grow but never \
-         shrink; keep at least 8Gi (in MultigresCluster \"user\", which uses this ShardTemplate)"
+         shrink; keep at least 8Gi (in MultigresCluster \"user\", which uses this ShardTemplate \
+         through spec.templateDefaults.shardTemplate)"
     );
 }
 
@@ -696,6 +798,66 @@ async fn metadata_only_updates_and_deletions_are_not_rechecked() {
 }
 
 #[tokio::test]
+async fn a_backup_request_annotation_is_checked_on_a_metadata_only_update() {
+    // `kubectl annotate` changes nothing but the annotation; the id is checked all the same,
+    // and nothing else is read (the client points nowhere).
+    let router = router(unused_client());
+    let mut review: Value =
+        serde_json::from_str(&fixture("cluster-update-metadata-only", "ns")).unwrap();
+    annotate(
+        &mut review["request"],
+        "multigres.com/backup-request",
+        "20261204T221500Z",
+    );
+    let response = post(&router, VALIDATE_CLUSTER, review.to_string()).await;
+    assert_eq!(response["allowed"], true, "{response:#}");
+    annotate(
+        &mut review["request"],
+        "multigres.com/backup-request",
+        "before the migration",
+    );
+    let response = post(&router, VALIDATE_CLUSTER, review.to_string()).await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        causes(&response),
+        ["metadata.annotations[multigres.com/backup-request]"]
+    );
+    assert!(
+        message(&response).contains("is not a backup request id: use 1 to 63 letters"),
+        "{response:#}"
+    );
+}
+
+#[tokio::test]
+async fn the_switch_annotations_are_checked_on_a_metadata_only_update() {
+    let router = router(unused_client());
+    let mut review: Value =
+        serde_json::from_str(&fixture("cluster-update-metadata-only", "ns")).unwrap();
+    annotate(&mut review["request"], "multigres.com/paused", "true");
+    let response = post(&router, VALIDATE_CLUSTER, review.to_string()).await;
+    assert_eq!(response["allowed"], true, "{response:#}");
+    annotate(&mut review["request"], "multigres.com/paused", "yes");
+    let response = post(&router, VALIDATE_CLUSTER, review.to_string()).await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        causes(&response),
+        ["metadata.annotations[multigres.com/paused]"]
+    );
+    annotate(&mut review["request"], "multigres.com/paused", "true");
+    annotate(
+        &mut review["request"],
+        "multigres.com/restart-policy",
+        "manual",
+    );
+    let response = post(&router, VALIDATE_CLUSTER, review.to_string()).await;
+    assert_denied(&response, 422);
+    assert!(
+        message(&response).contains("\"manual\" is not allowed: \"supervised\""),
+        "{response:#}"
+    );
+}
+
+#[tokio::test]
 async fn changed_topology_tls_is_refused() {
     let response = review(VALIDATE_CLUSTER, "cluster-update-topology-tls-changed").await;
     assert_denied(&response, 422);
@@ -716,4 +878,179 @@ async fn topology_tls_with_an_external_etcd_is_refused() {
         message(&response).contains("spec.globalTopoServer.external is external"),
         "{response:#}"
     );
+}
+
+/// Posts fixture `name`, changed by `change`, to `path` in a fresh namespace.
+async fn review_changed(path: &str, name: &str, change: impl FnOnce(&mut Value)) -> Value {
+    let cluster = control_plane().await;
+    let ns = namespace(cluster, "admission").await;
+    let mut review: Value = serde_json::from_str(&fixture(name, &ns)).unwrap();
+    change(&mut review["request"]);
+    post(&router(cluster.client().unwrap()), path, review.to_string()).await
+}
+
+fn annotate(request: &mut Value, key: &str, value: &str) {
+    request["object"]["metadata"]["annotations"] = json!({ key: value });
+}
+
+#[tokio::test]
+async fn switching_a_managed_topology_to_external_needs_confirmation() {
+    let response = review(VALIDATE_CLUSTER, "cluster-update-topology-external").await;
+    assert_denied(&response, 422);
+    assert_eq!(causes(&response), ["spec.globalTopoServer"]);
+    assert_eq!(
+        message(&response),
+        "spec.globalTopoServer: switching the global topology from the managed etcd to an \
+         external one deletes TopoServer \"demo-global-topo\" with the topology it holds (every \
+         pooler record and the topology history) and its etcd volumes, as its \
+         pvcDeletionPolicy.whenDeleted is Delete; to go ahead, confirm on the MultigresCluster \
+         with the annotation multigres.com/confirm-delete-topology: \"demo-global-topo\" \
+         (docs/operations.md, \"Changes that delete data\")"
+    );
+    let confirmed = review_changed(
+        VALIDATE_CLUSTER,
+        "cluster-update-topology-external",
+        |request| {
+            annotate(
+                request,
+                "multigres.com/confirm-delete-topology",
+                "demo-global-topo",
+            )
+        },
+    )
+    .await;
+    assert_eq!(confirmed["allowed"], true, "{confirmed:#}");
+    assert!(
+        warnings(&confirmed).iter().any(|w| w.starts_with(
+            "spec.globalTopoServer: switching the global topology from the managed etcd to an \
+             external one deletes TopoServer \"demo-global-topo\""
+        ) && w
+            .ends_with("(confirmed by annotation multigres.com/confirm-delete-topology)")),
+        "{confirmed:#}"
+    );
+}
+
+#[tokio::test]
+async fn removing_a_table_group_needs_confirmation() {
+    let response = review(VALIDATE_CLUSTER, "cluster-update-tablegroup-removed").await;
+    assert_denied(&response, 422);
+    assert_eq!(causes(&response), ["spec.databases[0].tablegroups"]);
+    assert!(
+        message(&response).starts_with(
+            "spec.databases[0].tablegroups: removing or renaming table group \"orders\" of \
+             database \"postgres\" deletes TableGroup \"demo-postgres-orders\", its Shards and \
+             their pool StatefulSets (every pod of them), and their data volumes, as whenDeleted \
+             is Delete (a filesystem backup volume is kept); to go ahead, confirm on the \
+             MultigresCluster with the annotation multigres.com/confirm-delete-tablegroups: \
+             \"demo-postgres-orders\""
+        ),
+        "{}",
+        message(&response)
+    );
+    // Naming another table group confirms nothing.
+    let wrong = review_changed(
+        VALIDATE_CLUSTER,
+        "cluster-update-tablegroup-removed",
+        |request| {
+            annotate(
+                request,
+                "multigres.com/confirm-delete-tablegroups",
+                "demo-postgres-other",
+            )
+        },
+    )
+    .await;
+    assert_denied(&wrong, 422);
+    let confirmed = review_changed(
+        VALIDATE_CLUSTER,
+        "cluster-update-tablegroup-removed",
+        |request| {
+            annotate(
+                request,
+                "multigres.com/confirm-delete-tablegroups",
+                "demo-postgres-orders",
+            )
+        },
+    )
+    .await;
+    assert_eq!(confirmed["allowed"], true, "{confirmed:#}");
+    assert!(
+        warnings(&confirmed)
+            .iter()
+            .any(|w| w.contains("deletes TableGroup \"demo-postgres-orders\"")),
+        "{confirmed:#}"
+    );
+}
+
+#[tokio::test]
+async fn confirming_backup_deletion_warns_which_volumes_go_with_the_cluster() {
+    let response = review_changed(VALIDATE_CLUSTER, "cluster-create-valid", |request| {
+        let name = request["object"]["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        annotate(request, "multigres.com/confirm-delete-backups", &name);
+        request["object"]["spec"]["pvcDeletionPolicy"] = json!({"whenDeleted": "Delete"});
+    })
+    .await;
+    assert_eq!(response["allowed"], true, "{response:#}");
+    let warnings = warnings(&response);
+    assert!(
+        warnings.iter().any(|w| w.starts_with(
+            "spec.pvcDeletionPolicy.whenDeleted: is Delete: deleting the cluster (or removing \
+             this component) deletes its pool and etcd PersistentVolumeClaims"
+        )),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings.iter().any(|w| w.starts_with(
+            "metadata.annotations[multigres.com/confirm-delete-backups]: deleting this cluster \
+             deletes the filesystem backup volumes of shards postgres/default/0-inf with it"
+        )),
+        "{warnings:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_default_template_created_after_a_cluster_cannot_remove_its_pools() {
+    let path = "/validate-multigres-com-v1alpha1-shardtemplate";
+    let older = |ns: String| async move {
+        create_cluster(
+            &ns,
+            "older",
+            json!({
+                "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+                "cells": [{"name": "zone-a", "zoneId": "zone-a"}],
+            }),
+        )
+        .await;
+    };
+    let (response, _) = review_in(path, "shardtemplate-create-default-drops-pools", older).await;
+    assert_denied(&response, 422);
+    assert_eq!(
+        causes(&response),
+        ["shard postgres/default/0-inf (implicit) pools"]
+    );
+    assert!(
+        message(&response).starts_with(
+            "shard postgres/default/0-inf (implicit) pools: pool \"default\" of shard \
+             postgres/default/0-inf cannot be removed or renamed"
+        ) && message(&response).ends_with(
+            "(in MultigresCluster \"older\", which would use this ShardTemplate through \
+             spec.databases (unset: the default shard) (names no shardTemplate, so it uses the \
+             namespace default))"
+        ),
+        "{}",
+        message(&response)
+    );
+
+    // The same template keeping the cluster's pool is created.
+    let cluster = control_plane().await;
+    let ns = namespace(cluster, "admission").await;
+    older(ns.clone()).await;
+    let mut review: Value =
+        serde_json::from_str(&fixture("shardtemplate-create-default-drops-pools", &ns)).unwrap();
+    review["request"]["object"]["spec"]["pools"]["default"] = json!({"cells": ["zone-a"]});
+    let response = post(&router(cluster.client().unwrap()), path, review.to_string()).await;
+    assert_eq!(response["allowed"], true, "{response:#}");
 }

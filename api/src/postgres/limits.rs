@@ -1056,6 +1056,20 @@ pub fn check(limit: Limit, value: &str) -> Result<(), String> {
     }
 }
 
+/// The bytes a memory setting (`shared_buffers`, `wal_buffers`, ...) asks for, when `value`
+/// is a size: `None` for a setting that is not a memory one, a value that does not parse, or a
+/// negative one (`wal_buffers = -1` means sized from `shared_buffers`).
+pub fn memory_bytes(name: &str, value: &str) -> Option<f64> {
+    let Limit::Integer { unit, .. } = limit(name)? else {
+        return None;
+    };
+    let (scale, true) = unit.scale()? else {
+        return None;
+    };
+    let amount = in_unit(value.trim(), unit).ok()?;
+    (amount >= 0.0).then_some(amount * scale)
+}
+
 fn out_of_range(value: &str, amount: f64, min: String, max: String, unit: Unit) -> String {
     match unit {
         Unit::None => format!("{value:?} is out of range: allowed are {min} to {max}"),
@@ -1142,6 +1156,18 @@ mod tests {
 
     #[test]
     fn numbers_are_converted_to_the_settings_unit_before_the_range_check() {
+        assert_eq!(
+            memory_bytes("shared_buffers", "8GB"),
+            Some(8.0 * KB * KB * KB)
+        );
+        assert_eq!(
+            memory_bytes("shared_buffers", "16384"),
+            Some(128.0 * KB * KB)
+        );
+        assert_eq!(memory_bytes("wal_buffers", "-1"), None);
+        assert_eq!(memory_bytes("wal_buffers", "16MB"), Some(16.0 * KB * KB));
+        assert_eq!(memory_bytes("max_connections", "100"), None);
+        assert_eq!(memory_bytes("statement_timeout", "10s"), None);
         let shared_buffers = limit("shared_buffers").unwrap();
         assert_eq!(check(shared_buffers, "128kB"), Ok(()), "16 blocks");
         assert_eq!(check(shared_buffers, "1GB"), Ok(()));

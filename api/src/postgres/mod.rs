@@ -9,6 +9,7 @@ pub mod connections;
 pub mod limits;
 pub mod policy;
 mod render;
+pub mod standby;
 mod validate;
 
 pub use render::{

@@ -12,6 +12,8 @@ use super::RELOAD_MARKER;
 use super::catalog;
 use super::conf::{self, SyntaxError, quote};
 use super::connections::{PoolCapacity, pool_capacity};
+use super::limits;
+use super::standby::{self, Held, StandbySettings};
 use super::validate::{Problem, validate};
 use crate::resolver::defaults;
 use crate::v1alpha1::{PostgresConfigRef, ShardSpec};
@@ -98,6 +100,9 @@ pub struct Resources {
     pub cpu_millis: Option<u64>,
     /// Smallest data volume over the pools, in bytes.
     pub disk_bytes: Option<u64>,
+    /// Smallest postgres container memory limit over the pools that set one, in bytes: the
+    /// shared memory of every pod must fit it.
+    pub memory_limit_bytes: Option<u64>,
 }
 
 impl Resources {
@@ -114,6 +119,14 @@ impl Resources {
                         .and_then(|q| quantity(&q.0))
                 })
             };
+            let limit = req
+                .and_then(|r| r.limits.as_ref()?.get("memory"))
+                .and_then(|q| quantity(&q.0))
+                .map(floor);
+            if let Some(limit) = limit {
+                let smallest = resources.memory_limit_bytes.map_or(limit, |l| l.min(limit));
+                resources.memory_limit_bytes = Some(smallest);
+            }
             let max = |a: Option<u64>, b: Option<u64>| a.max(b);
             resources.memory_bytes = max(resources.memory_bytes, amount("memory").map(floor));
             resources.cpu_millis = max(
@@ -339,6 +352,8 @@ pub struct Rendered {
     pub split: Split,
     /// What multipooler's pools may take of its `max_connections`.
     pub pool: PoolCapacity,
+    /// Settings asked below what the servers may already run, rendered at that value.
+    pub held: Vec<Held>,
 }
 
 /// `cluster_name` of a shard's servers: `<cluster>/<database>/<tablegroup>/<shard>`.
@@ -357,6 +372,7 @@ pub fn render_shard(
     cluster: &str,
     spec: &ShardSpec,
     reference: Option<&str>,
+    floor: &StandbySettings,
 ) -> Result<Rendered, RenderError> {
     render(
         &cluster_name(cluster, spec),
@@ -364,18 +380,48 @@ pub fn render_shard(
         serves_tls(spec),
         spec.postgres_config_ref.as_ref().zip(reference),
         &spec.postgres_config,
+        floor,
     )
+}
+
+/// The settings PostgreSQL allocates as shared memory at start, in a pod's memory limit.
+const SHARED_MEMORY: [&str; 2] = ["shared_buffers", "wal_buffers"];
+
+/// Why `settings`' shared memory does not fit `limit` bytes (`None`: it fits, or no limit): the
+/// server would fail to start or be OOM-killed, replica after replica in the rollout.
+fn shared_memory_problem(
+    settings: &BTreeMap<String, String>,
+    limit: Option<u64>,
+) -> Option<Problem> {
+    let limit = limit?;
+    let total: f64 = SHARED_MEMORY
+        .iter()
+        .filter_map(|name| limits::memory_bytes(name, settings.get(*name)?))
+        .sum();
+    let fits = total <= limit as f64;
+    (!fits).then(|| Problem {
+        name: "shared_buffers".to_owned(),
+        message: format!(
+            "shared_buffers plus wal_buffers need {:.0} MiB of shared memory, more than the \
+             smallest postgres memory limit of the shard's pools ({} MiB): PostgreSQL would fail \
+             to start or be OOM-killed; lower them or raise the limit",
+            total / 1_048_576.0,
+            limit >> 20
+        ),
+    })
 }
 
 /// The postgresql.conf for servers named `cluster_name` with `resources` (and a server
 /// certificate when `tls`): baseline and sized defaults, then the referenced ConfigMap's
-/// content, then `config`, then the reload marker.
+/// content, then `config`, then any hot-standby-sensitive setting held at `floor` (see
+/// [`super::standby`]), then the reload marker.
 pub fn render(
     cluster_name: &str,
     resources: Resources,
     tls: bool,
     reference: Option<(&PostgresConfigRef, &str)>,
     config: &BTreeMap<String, String>,
+    floor: &StandbySettings,
 ) -> Result<Rendered, RenderError> {
     let problems = validate(config);
     if !problems.is_empty() {
@@ -405,6 +451,7 @@ pub fn render(
     for (name, value) in &defaults {
         let _ = writeln!(text, "{name} = {}", quote(value));
     }
+    let mut sets_shared_memory = false;
     if let Some((r, content)) = reference {
         let referenced = conf::parse(content).map_err(|source| RenderError::Reference {
             name: r.name.clone(),
@@ -419,6 +466,7 @@ pub fn render(
                 problems,
             });
         }
+        sets_shared_memory = SHARED_MEMORY.iter().any(|n| referenced.contains_key(*n));
         settings.extend(referenced);
         let _ = writeln!(
             text,
@@ -437,6 +485,28 @@ pub fn render(
             settings.insert(name.to_ascii_lowercase(), value.clone());
         }
     }
+    // The webhook checks `postgresConfig` against the memory limit at admission; the referenced
+    // ConfigMap is edited without it, so its shared memory is checked here.
+    if let Some((r, _)) = reference.filter(|_| sets_shared_memory)
+        && let Some(problem) = shared_memory_problem(&settings, resources.memory_limit_bytes)
+    {
+        return Err(RenderError::ReferenceRefused {
+            name: r.name.clone(),
+            key: r.key.clone(),
+            problems: vec![problem],
+        });
+    }
+    let held = standby::below(&settings, floor);
+    if !held.is_empty() {
+        text.push_str(
+            "\n# Held at the values the servers may already run: a standby cannot start below \
+             its primary's.\n",
+        );
+        for h in &held {
+            let _ = writeln!(text, "{} = {}", h.name, h.held);
+            settings.insert(h.name.clone(), h.held.to_string());
+        }
+    }
     let pool = pool_capacity(&settings).map_err(|message| {
         RenderError::Invalid(vec![Problem {
             name: "max_connections".to_owned(),
@@ -450,7 +520,12 @@ pub fn render(
          {RELOAD_MARKER} = {}\n",
         quote(&split.reload_hash)
     );
-    Ok(Rendered { text, split, pool })
+    Ok(Rendered {
+        text,
+        split,
+        pool,
+        held,
+    })
 }
 
 #[cfg(test)]

@@ -30,11 +30,10 @@ pub const MULTIORCH_FAILOVER_GRACE_MAX_JITTER: &str = "2s";
 /// as errors).
 pub const GATEWAY_BUFFER_MIN_TIME_BETWEEN_FAILOVERS: &str = "0s";
 
-/// Pool replicas per cell: two when the pool lives in one cell, so the default AT_LEAST_2
-/// durability policy can elect a primary; one per cell otherwise.
-pub fn pool_replicas_per_cell(cells: usize) -> i32 {
-    if cells == 1 { 2 } else { 1 }
-}
+/// Pool replicas per cell when a pool names none: the fewest that survive the loss of any one
+/// pod (3 in one cell, 2 per cell in two cells, 1 per cell in three or more; [`super::cohort`]).
+/// An explicit `replicasPerCell` may ask for less; the webhook then warns.
+pub use super::cohort::pool_replicas_per_cell;
 
 pub const ETCD_STORAGE: &str = "1Gi";
 pub const POOL_STORAGE: &str = "1Gi";

@@ -13,6 +13,7 @@
 //! an error listing every such reference; a missing `default` template is not. Levels are laid over
 //! each other with the rules in [`merge`].
 
+pub mod cohort;
 pub mod defaults;
 pub mod images;
 pub mod merge;
@@ -37,10 +38,25 @@ use crate::{DEFAULT_DATABASE, DEFAULT_POOL, DEFAULT_SHARD, DEFAULT_TABLEGROUP, D
 use merge::{Overlay, merge_map, merge_pools, overlay_opt, replace};
 pub use pvc::resolve_pvc_policy;
 
-/// Node label used to pin a cell's pods to its zone id.
+/// Node label a cell's `zone` pins its pods with: the well-known label every Kubernetes sets.
+pub const ZONE_NODE_LABEL: &str = "topology.kubernetes.io/zone";
+/// Node label a cell's `zoneId` pins its pods with, as the upstream operator does (set on EKS
+/// nodes only), so upstream manifests keep their meaning.
 pub const ZONE_ID_NODE_LABEL: &str = "topology.k8s.aws/zone-id";
-/// Node label used to pin a cell's pods to its region.
+/// Node label a cell's `region` pins its pods with.
 pub const REGION_NODE_LABEL: &str = "topology.kubernetes.io/region";
+
+/// The node label and value a cell's pods are pinned to: whichever of `zone`, `zoneId` and
+/// `region` the cell names (the schema allows exactly one).
+pub fn cell_node_label<'a>(
+    zone: Option<&'a str>,
+    zone_id: Option<&'a str>,
+    region: Option<&'a str>,
+) -> Option<(&'static str, &'a str)> {
+    zone.map(|z| (ZONE_NODE_LABEL, z))
+        .or_else(|| zone_id.map(|z| (ZONE_ID_NODE_LABEL, z)))
+        .or_else(|| region.map(|r| (REGION_NODE_LABEL, r)))
+}
 
 /// The templates of one namespace, by name.
 #[derive(Clone, Debug, Default)]
@@ -955,6 +971,7 @@ fn resolve_cell(
     ResolvedCell {
         spec: CellSpec {
             name: cell.name.clone(),
+            zone: cell.zone.clone(),
             zone_id: cell.zone_id.clone(),
             region: cell.region.clone(),
             metadata: cell.metadata.clone(),
@@ -1154,16 +1171,12 @@ fn cell_topology_labels(cells: &[CellConfig]) -> crate::v1alpha1::CellTopologyLa
     cells
         .iter()
         .filter_map(|c| {
-            let labels = match (&c.zone_id, &c.region) {
-                (Some(z), _) => {
-                    BTreeMap::from([(ZONE_ID_NODE_LABEL.to_string(), z.as_str().to_string())])
-                }
-                (None, Some(r)) => {
-                    BTreeMap::from([(REGION_NODE_LABEL.to_string(), r.as_str().to_string())])
-                }
-                (None, None) => return None,
-            };
-            Some((c.name.clone(), labels))
+            let (label, value) =
+                cell_node_label(c.zone.as_deref(), c.zone_id.as_deref(), c.region.as_deref())?;
+            Some((
+                c.name.clone(),
+                BTreeMap::from([(label.to_string(), value.to_string())]),
+            ))
         })
         .collect()
 }

@@ -100,8 +100,8 @@ fn built_in_defaults_alone() {
     assert_eq!(pool.cells, vec![CellName::new("zone-a")]);
     assert_eq!(
         pool.replicas_per_cell,
-        Some(2),
-        "one cell: two replicas for AT_LEAST_2"
+        Some(3),
+        "one cell: three pods, so the shard survives losing any one under AT_LEAST_2"
     );
     assert_eq!(pool.storage.as_ref().unwrap().size.as_deref(), Some("1Gi"));
     assert_eq!(
@@ -149,6 +149,58 @@ fn built_in_defaults_alone() {
     assert_eq!(
         tg.cell_topology_labels[&CellName::new("zone-a")][ZONE_ID_NODE_LABEL],
         "use1-az1"
+    );
+}
+
+#[test]
+fn pools_default_to_a_shape_that_survives_one_lost_pod_in_any_number_of_cells() {
+    for (cells, per_cell) in [(2, 2), (3, 1)] {
+        let list: String = ["zone-a", "zone-b", "zone-c"][..cells]
+            .iter()
+            .map(|c| format!("    - {{name: {c}, zoneId: {c}}}\n"))
+            .collect();
+        let c = cluster(&format!(
+            "apiVersion: multigres.com/v1alpha1\nkind: MultigresCluster\nmetadata: {{name: prod}}\n\
+             spec:\n  postgresPasswordSecretRef: {{name: pg, key: password}}\n  cells:\n{list}"
+        ));
+        let r = resolve(&c, &Templates::default()).unwrap();
+        let pool = &only_shard(&r).pools[&PoolName::new("default")];
+        assert_eq!(pool.cells.len(), cells);
+        assert_eq!(pool.replicas_per_cell, Some(per_cell), "{cells} cells");
+    }
+}
+
+#[test]
+fn each_placement_field_pins_its_own_node_label() {
+    let c = cluster(
+        r#"
+apiVersion: multigres.com/v1alpha1
+kind: MultigresCluster
+metadata: {name: prod}
+spec:
+  postgresPasswordSecretRef: {name: pg, key: password}
+  cells:
+    - {name: zone-a, zone: us-east-1a}
+    - {name: zone-b, zoneId: use1-az2}
+    - {name: zone-c, region: us-east-1}
+"#,
+    );
+    let r = resolve(&c, &Templates::default()).unwrap();
+    let labels = &r.table_groups[0].cell_topology_labels;
+    let label = |cell: &str| {
+        labels[&CellName::new(cell)]
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(label("zone-a"), [(ZONE_NODE_LABEL, "us-east-1a")]);
+    assert_eq!(label("zone-b"), [(ZONE_ID_NODE_LABEL, "use1-az2")]);
+    assert_eq!(label("zone-c"), [(REGION_NODE_LABEL, "us-east-1")]);
+    assert_eq!(ZONE_NODE_LABEL, "topology.kubernetes.io/zone");
+    assert_eq!(
+        r.cells[0].spec.zone.as_deref(),
+        Some("us-east-1a"),
+        "the Cell child carries the zone its pods are pinned to"
     );
 }
 

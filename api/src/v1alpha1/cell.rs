@@ -12,7 +12,7 @@ use super::{
     common::{
         CellImages, CellName, ComponentLogLevels, GatewayTlsConfig, GlobalTopoServerRef,
         GoDuration, InternalTlsConfig, ObservabilityConfig, Phase, PodPlacementSpec, Region,
-        StatelessSpec, ZoneId,
+        StatelessSpec, Zone, ZoneId,
     },
     rules,
     toposerver::LocalTopoServerSpec,
@@ -56,9 +56,13 @@ pub struct GatewayBufferConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_time_between_failovers: Option<GoDuration>,
 
-    /// Most requests buffered at once (`--buffer-size`, at least 1; multigateway default 1000).
+    /// Most requests buffered at once (`--buffer-size`, 1 to 100000; multigateway default
+    /// 1000). Each buffered request holds its client's query and a goroutine (8 KiB of stack at
+    /// least) in the gateway's memory until the new primary serves; 100000 of them already take
+    /// about a GiB, beyond any gateway memory limit, so a larger buffer only turns a failover
+    /// into an out-of-memory kill.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 100000))]
     pub size: Option<i32>,
 
     /// Buffered requests replayed in parallel once the new primary serves
@@ -103,11 +107,18 @@ pub struct CellSpec {
     /// Logical name of the cell in the topology.
     pub name: CellName,
 
-    /// Availability zone ID the cell's pods run in; exclusive with `region`.
+    /// Zone the cell's pods run in (node label `topology.kubernetes.io/zone`); exclusive with
+    /// `zoneId` and `region`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<Zone>,
+
+    /// Availability zone ID the cell's pods run in (node label `topology.k8s.aws/zone-id`);
+    /// exclusive with `zone` and `region`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone_id: Option<ZoneId>,
 
-    /// Region the cell's pods run in; exclusive with `zoneId`.
+    /// Region the cell's pods run in (node label `topology.kubernetes.io/region`); exclusive
+    /// with `zone` and `zoneId`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<Region>,
 

@@ -18,7 +18,7 @@ use super::{
         GatewayTlsConfig, ImagePullPolicy, ImageRef, InitdbArgs, InternalTlsConfig, IpAddress,
         ObservabilityConfig, Phase, PodPlacementSpec, PostgresConfigRef, PostgresPasswordSecretRef,
         PvcDeletionPolicy, Region, ShardName, StatelessSpec, TableGroupName, TemplateRef,
-        TopologyPruningConfig, ZoneId,
+        TopologyPruningConfig, Zone, ZoneId,
     },
     roles::{ApplicationRoleConfig, ManagedRole},
     rules,
@@ -148,11 +148,19 @@ pub struct MultigresClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durability_policy: Option<String>,
 
-    /// Name of the Postgres superuser role (at most 63 characters).
+    /// Name of the Postgres superuser role: a lowercase PostgreSQL identifier (a letter or
+    /// `_`, then letters, digits or `_`, at most 63 characters) not starting with `pg_`, since
+    /// Multigres passes it unquoted and PostgreSQL reserves `pg_` names. Default `postgres`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 63), extend("default" = "postgres"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = SUPERUSER_PATTERN),
+        extend("default" = "postgres")
+    )]
     #[x_kube(validation = Rule::new(crate::expansion::NO_REFERENCE_RULE)
         .message(crate::expansion::NO_REFERENCE_MESSAGE))]
+    #[x_kube(validation = Rule::new("!self.startsWith('pg_')")
+        .message("must not start with pg_: PostgreSQL reserves role names starting with pg_"))]
     pub postgres_superuser: Option<String>,
 
     /// Existing Secret holding the Postgres superuser password. Required.
@@ -364,6 +372,9 @@ pub struct MultiadminWebConfig {
 #[x_kube(validation = rules::zone_or_region_exclusive())]
 #[x_kube(validation = rules::zone_or_region_required())]
 #[x_kube(validation = Rule::new(
+    "has(self.zone) == has(oldSelf.zone) && (!has(self.zone) || self.zone == oldSelf.zone)")
+    .message("zone is immutable: it cannot be added, removed or changed after the cell is created"))]
+#[x_kube(validation = Rule::new(
     "has(self.zoneId) == has(oldSelf.zoneId) && (!has(self.zoneId) || self.zoneId == oldSelf.zoneId)")
     .message("zoneId is immutable: it cannot be added, removed or changed after the cell is created"))]
 #[x_kube(validation = Rule::new(
@@ -373,13 +384,22 @@ pub struct CellConfig {
     /// Name of the cell: a DNS label of at most 30 characters (no `_`). Cannot change.
     pub name: CellName,
 
-    /// Availability zone ID the cell's pods are pinned to (e.g. `use1-az1`). Exactly one of
-    /// `zoneId` and `region`; immutable once the cell exists.
+    /// Zone the cell's pods are pinned to, by the well-known node label
+    /// `topology.kubernetes.io/zone` that every Kubernetes sets (e.g. `us-east-1a`,
+    /// `europe-west1-b`). Exactly one of `zone`, `zoneId` and `region`; immutable once the cell
+    /// exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<Zone>,
+
+    /// Availability zone ID the cell's pods are pinned to, by the node label
+    /// `topology.k8s.aws/zone-id` (EKS; e.g. `use1-az1`), as the upstream operator pins it.
+    /// Exactly one of `zone`, `zoneId` and `region`; immutable once the cell exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone_id: Option<ZoneId>,
 
-    /// Region the cell's pods are pinned to (e.g. `us-east-1`). Exactly one of `zoneId` and
-    /// `region`; immutable once the cell exists.
+    /// Region the cell's pods are pinned to, by the node label `topology.kubernetes.io/region`
+    /// (e.g. `us-east-1`). Exactly one of `zone`, `zoneId` and `region`; immutable once the
+    /// cell exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<Region>,
 
@@ -626,6 +646,10 @@ pub struct ExternalServiceConfig {
 /// Most sources a NetworkPolicy list of the spec may name.
 pub const MAX_NETWORK_SOURCES: usize = 20;
 
+/// Pattern of the superuser's name: a lowercase PostgreSQL identifier that needs no quoting
+/// (Multigres writes it into SQL and connection strings as is), at most 63 bytes (NAMEDATALEN).
+pub const SUPERUSER_PATTERN: &str = "^[a-z_][a-z0-9_]{0,62}$";
+
 /// The NetworkPolicies the operator keeps for a cluster's pods. Enabled (the default), the
 /// internal ports (etcd, multipooler, multiorch, multiadmin, pgBackRest) admit only the
 /// cluster's own pods and the operator's namespace, pgctld's gRPC port admits no one, and the
@@ -708,6 +732,51 @@ pub struct MultigresClusterStatus {
     /// Effective images and the rollout state of operator-default images.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub images: Option<ImagesStatus>,
+
+    /// The backup asked for by the annotation `multigres.com/backup-request`, over all
+    /// shards; written by the data-handler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_request: Option<BackupRequestRollup>,
+}
+
+/// Where a requested backup stands over the shards of a cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = crate::schema::field_described)]
+pub enum BackupRequestPhase {
+    /// No shard has taken it yet (no serving pool pod to take it on, or not seen yet).
+    Pending,
+    /// Every shard that has not answered waits for a backup running before it.
+    Queued,
+    /// Being taken on some shards.
+    Running,
+    /// Completed on every shard.
+    Completed,
+    /// Answered on every shard, and failed on at least one.
+    Failed,
+}
+
+/// The state of the cluster's backup request (`multigres.com/backup-request`) over its shards.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRequestRollup {
+    /// The request id, the annotation's value.
+    pub id: String,
+
+    /// Pending, Queued, Running, Completed or Failed.
+    pub state: BackupRequestPhase,
+
+    /// Shards whose backup completed.
+    pub shards_completed: i32,
+
+    /// Shards whose backup failed.
+    pub shards_failed: i32,
+
+    /// Shards of the cluster.
+    pub shards_total: i32,
+
+    /// What waits or what failed, shard by shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Summary of one cell.

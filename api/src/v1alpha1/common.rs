@@ -69,6 +69,13 @@ constrained_string! {
 }
 
 constrained_string! {
+    /// Zone as Kubernetes names it in the well-known node label `topology.kubernetes.io/zone`,
+    /// e.g. `us-east-1a` or `europe-west1-b` (a label value: 1 to 63 letters, digits, `-`, `_`
+    /// or `.`).
+    Zone { min: 1, max: 63, pattern: LABEL_VALUE_PATTERN }
+}
+
+constrained_string! {
     /// Cloud availability zone ID, e.g. `use1-az1` (a label value: 1 to 63 letters, digits,
     /// `-`, `_` or `.`).
     ZoneId { min: 1, max: 63, pattern: LABEL_VALUE_PATTERN }
@@ -210,8 +217,13 @@ pub struct StorageSpec {
     #[schemars(length(min = 1, max = 63))]
     pub class: Option<String>,
 
-    /// Access modes of the volume, e.g. `ReadWriteOnce` (the default) or `ReadWriteMany`.
+    /// Access modes of the volume: `ReadWriteOnce` (the default), `ReadOnlyMany`,
+    /// `ReadWriteMany` or `ReadWriteOncePod`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("items" = {
+        "type": "string",
+        "enum": ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"]
+    }))]
     pub access_modes: Vec<String>,
 }
 
@@ -458,8 +470,11 @@ pub struct BackupEncryptionConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FilesystemBackupConfig {
-    /// Directory of the backup repository inside the pods. Default `/backups`.
+    /// Directory of the backup repository inside the pods. Default `/backups`. Absolute and
+    /// normalized, and neither one of the pods' own directories (PGDATA under
+    /// `/var/lib/pooler`, `/etc`, `/tmp`, ...) nor inside or above one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::backup_path::schema")]
     pub path: Option<String>,
 
     /// The shard-wide backup PVC (default 10Gi). More than one pod mounting it needs

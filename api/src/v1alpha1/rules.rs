@@ -33,15 +33,18 @@ pub(crate) fn not_both(inline: &str, other: &str) -> Rule {
     ))
 }
 
-/// A cell lives in exactly one of a zone or a region.
+/// A cell is pinned by exactly one node label: `zone`, `zoneId` or `region`.
 pub(crate) fn zone_or_region_exclusive() -> Rule {
-    not_both("zoneId", "region")
+    Rule::new(
+        "(has(self.zone) ? 1 : 0) + (has(self.zoneId) ? 1 : 0) + (has(self.region) ? 1 : 0) <= 1",
+    )
+    .message("cannot specify more than one of 'zone', 'zoneId' and 'region'")
 }
 
 /// A cell must say where it runs.
 pub(crate) fn zone_or_region_required() -> Rule {
-    Rule::new("has(self.zoneId) || has(self.region)")
-        .message("at least one of 'zoneId' or 'region' must be specified")
+    Rule::new("has(self.zone) || has(self.zoneId) || has(self.region)")
+        .message("at least one of 'zone', 'zoneId' or 'region' must be specified")
 }
 
 /// Annotations on operator-managed Services must not collide with the operator's own keys.

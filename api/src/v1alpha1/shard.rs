@@ -287,6 +287,69 @@ pub struct ScheduledBackupAttempt {
     pub message: Option<String>,
 }
 
+/// Where a backup asked for by the cluster's annotation `multigres.com/backup-request` stands
+/// on one shard (see `multigres_api::backup_request`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = crate::schema::field_described)]
+pub enum BackupRequestState {
+    /// The backup is being taken.
+    Running,
+    /// The backup completed.
+    Completed,
+    /// The backup failed, or the request could not be followed; it is not tried again (ask
+    /// again with a new id).
+    Failed,
+}
+
+/// One requested backup of a shard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestedBackupStatus {
+    /// The request id, the annotation's value.
+    pub id: String,
+
+    /// Kind of backup asked for.
+    #[serde(rename = "type")]
+    pub type_: BackupKind,
+
+    /// Running, Completed or Failed.
+    pub state: BackupRequestState,
+
+    /// When the backup started (absent for a request refused before any start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+
+    /// When it completed or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+
+    /// The pool pod whose multipooler takes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+
+    /// The pgBackRest label of the backup, once complete (e.g. `20261204-221503F`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
+
+    /// Why it failed, or what happened to it (taken again after a restart of the
+    /// data-handler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A requested backup that arrived while another backup of the shard ran: it is taken as soon
+/// as that one ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuedBackupRequest {
+    /// The request id.
+    pub id: String,
+
+    /// Kind of backup asked for.
+    #[serde(rename = "type")]
+    pub type_: BackupKind,
+}
+
 /// Rollout state of the rendered postgresql.conf.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -302,6 +365,14 @@ pub struct PostgresConfigStatus {
     /// Why the config could not be rendered or read, e.g. a missing ConfigMap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+
+    /// Settings asked below the value a server of the shard may already run, and rendered at
+    /// that value instead, e.g. `max_connections 60 (asked 40)`. A standby cannot start below
+    /// its primary's `max_connections`, `max_worker_processes`, `max_wal_senders`,
+    /// `max_prepared_transactions` or `max_locks_per_transaction`, and Multigres starts every
+    /// PostgreSQL as a standby, so a lowered value would stop any pod that restarts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_settings: Vec<String>,
 }
 
 /// The shard's Multigres consensus cohort: the pool pods whose acknowledgements a commit waits
@@ -341,6 +412,11 @@ pub struct CohortStatus {
 /// that still accepts writes. The resource-handler lets a drain evict a replica only while it
 /// holds.
 pub const FAILURE_TOLERANT: &str = "FailureTolerant";
+
+/// Shard condition (the data-handler's): the primary's PostgreSQL accepts client connections.
+/// The resource-handler makes the shard Degraded while it is `False`, so the cluster is too:
+/// readiness, roles and the cohort all look whole while every client is refused.
+pub const PRIMARY_SERVING: &str = "PrimaryServing";
 
 impl CohortStatus {
     /// Whether `pod` is one of the current rule's participants: a member, or the leader (which
@@ -399,6 +475,10 @@ pub enum Replication {
 pub const POD_ROLE_PRIMARY: &str = "PRIMARY";
 /// The role `ShardStatus::pod_roles` gives every other serving pool pod.
 pub const POD_ROLE_REPLICA: &str = "REPLICA";
+/// The role `ShardStatus::pod_roles` gives a pool pod whose multipooler gave up on its
+/// PostgreSQL (`LIFECYCLE_QUARANTINED`): it serves nothing, takes no part in consensus, and the
+/// resource-handler replaces its volume (upstream's name for it).
+pub const POD_ROLE_QUARANTINED: &str = "QUARANTINED";
 
 /// Observed state of a Shard. Several handlers write it, each its own fields and condition
 /// types.
@@ -448,6 +528,12 @@ pub struct ShardStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pools_ready: Option<bool>,
 
+    /// Under the cluster's `multigres.com/restart-policy: supervised`, the pool revisions whose
+    /// restarts wait for a release: copy it into the Shard's annotation
+    /// `multigres.com/release-restarts` (what `kubectl multigres restart` does) to let them run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_restart: Option<String>,
+
     /// When the last backup completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_time: Option<Time>,
@@ -464,6 +550,20 @@ pub struct ShardStatus {
     /// Backups taken on `spec.backup.schedule`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled_backups: Option<ScheduledBackupsStatus>,
+
+    /// The newest backup asked for by the cluster's `multigres.com/backup-request` annotation:
+    /// running, or answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_backup: Option<RequestedBackupStatus>,
+
+    /// The requested backup answered before [`Self::requested_backup`], kept so that a request
+    /// followed closely by another still shows its outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_requested_backup: Option<RequestedBackupStatus>,
+
+    /// A requested backup waiting for the backup running now (scheduled or requested).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_request: Option<QueuedBackupRequest>,
 
     /// Database role of each pod, read from the topology: `PRIMARY`, `REPLICA` or `QUARANTINED`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
+use multigres_api::confirm;
 use multigres_api::labels::{self, Component, Placement};
 use multigres_api::names;
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
@@ -40,9 +41,30 @@ pub struct Owner {
     /// Controller owner reference to the cluster, blocking its foreground deletion until the
     /// child is gone.
     pub reference: OwnerReference,
-    /// The cluster's `multigres.com/project-ref` annotation, copied onto every child: the
-    /// resource-handler reads it from the Cell and the Shard to label their telemetry.
-    pub project_ref: Option<String>,
+    /// The cluster's annotations copied onto every child ([`INHERITED_ANNOTATIONS`]).
+    pub inherited: BTreeMap<String, String>,
+}
+
+/// The annotations of a cluster its children carry too, and pass on to theirs:
+/// `multigres.com/project-ref`, which the resource-handler reads from the Cell and the Shard to
+/// label their telemetry, and `multigres.com/confirm-delete-backups`, which it reads from the
+/// Shard to decide whether the filesystem backup volume goes with the cluster, and
+/// `multigres.com/paused`, which holds every handler's hands off the children's workloads, and
+/// `multigres.com/restart-policy`, which makes the Shards' pool pod restarts wait for a release.
+pub const INHERITED_ANNOTATIONS: [&str; 4] = [
+    PROJECT_REF_ANNOTATION,
+    confirm::DELETE_BACKUPS,
+    multigres_api::labels::PAUSED,
+    multigres_api::labels::RESTART_POLICY,
+];
+
+/// The [`INHERITED_ANNOTATIONS`] among `annotations`.
+pub fn inherited(annotations: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    INHERITED_ANNOTATIONS
+        .iter()
+        .filter_map(|k| annotations.get_key_value(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 impl Owner {
@@ -61,12 +83,11 @@ impl Owner {
                 ..r
             })
             .ok_or(Incomplete("uid"))?;
-        let project_ref = cluster.annotations().get(PROJECT_REF_ANNOTATION).cloned();
         Ok(Self {
             name,
             namespace,
             reference,
-            project_ref,
+            inherited: inherited(cluster.annotations()),
         })
     }
 
@@ -76,15 +97,10 @@ impl Owner {
             namespace: Some(self.namespace.clone()),
             labels: Some(labels::labels(&self.name, component, at)),
             owner_references: Some(vec![self.reference.clone()]),
-            annotations: project_ref_annotation(self.project_ref.as_deref()),
+            annotations: (!self.inherited.is_empty()).then(|| self.inherited.clone()),
             ..ObjectMeta::default()
         }
     }
-}
-
-/// The annotations carrying a project reference to a child, `None` without one.
-pub fn project_ref_annotation(project_ref: Option<&str>) -> Option<BTreeMap<String, String>> {
-    project_ref.map(|p| BTreeMap::from([(PROJECT_REF_ANNOTATION.to_owned(), p.to_owned())]))
 }
 
 /// The children of the cluster `owner` for its resolved spec.

@@ -3,6 +3,7 @@
 //! aggregates their status into the cluster's.
 
 pub mod build;
+pub mod guard;
 pub mod images;
 pub mod status;
 
@@ -28,7 +29,7 @@ use multigres_common::events::Recorder;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
-use crate::children::{Child, Slot, owned_by, slot};
+use crate::children::{Child, Slot, is_orphan, owned_by, slot};
 use crate::watch::{Guarded, in_namespace};
 use crate::writes::{self, Writer};
 use build::{Children, Incomplete, Owner};
@@ -112,6 +113,9 @@ pub enum Error {
     /// The applied-images record cannot be used under the lazy strategy.
     #[error(transparent)]
     Images(#[from] images::RecordInvalid),
+    /// The new resolution would delete data without confirmation, or remove pools.
+    #[error(transparent)]
+    Held(#[from] guard::Held),
 }
 
 impl Classify for Error {
@@ -126,6 +130,7 @@ impl Classify for Error {
                 | Error::Resolve(_)
                 | Error::Rejected { .. }
                 | Error::Images(_)
+                | Error::Held(_)
         )
     }
 
@@ -147,6 +152,7 @@ impl Error {
             Error::Delete { .. } => "DeleteFailed",
             Error::Status(_) => "StatusFailed",
             Error::Images(_) => "InvalidImageRecord",
+            Error::Held(held) => held.reason(),
         }
     }
 
@@ -356,7 +362,10 @@ struct Realized {
 /// Resolves the cluster, applies every child that differs from its cached version, and
 /// deletes the TopoServers and TableGroups it controls that the spec no longer has. Cells are
 /// never deleted here: cells are append-only, so a Cell without a spec entry is left for a
-/// person to look at.
+/// person to look at. A resolution that would remove pools, or delete a TopoServer or
+/// TableGroup the cluster's annotations do not confirm, is not applied at all ([`guard`]).
+/// While the cluster is paused ([`labels::PAUSED`]) nothing is deleted; the children are still
+/// applied, carrying the annotation, so their handlers hold their workloads.
 async fn realize(
     cluster: &MultigresCluster,
     decision: &images::Decision,
@@ -369,6 +378,7 @@ async fn realize(
     let resolved = resolver::resolve(&completed, &templates)?;
     let children = build::children(owner, &resolved);
     let stores = &ctx.stores;
+    guard::check(cluster, &templates, &children, &observe(stores, owner))?;
     if decision.annotation_changed(cluster) {
         // Recorded before any child changes, so a restart in between never rolls a held
         // cluster back or forth.
@@ -393,22 +403,25 @@ async fn realize(
         terminating |= apply_child(&ctx.writer, &stores.table_groups, child, owner).await?;
     }
     let mut notices = Vec::new();
-    delete_orphans(
-        ctx,
-        &stores.topo_servers,
-        &children.topo_servers,
-        owner,
-        &mut notices,
-    )
-    .await?;
-    delete_orphans(
-        ctx,
-        &stores.table_groups,
-        &children.table_groups,
-        owner,
-        &mut notices,
-    )
-    .await?;
+    // A paused cluster's children stay: deleting one deletes its workloads.
+    if !labels::paused(cluster.annotations()) {
+        delete_orphans(
+            ctx,
+            &stores.topo_servers,
+            &children.topo_servers,
+            owner,
+            &mut notices,
+        )
+        .await?;
+        delete_orphans(
+            ctx,
+            &stores.table_groups,
+            &children.table_groups,
+            owner,
+            &mut notices,
+        )
+        .await?;
+    }
     Ok(Realized {
         children,
         terminating,
@@ -457,9 +470,9 @@ async fn delete_orphans<K: Child>(
     for cached in in_namespace(store, &owner.namespace) {
         let Ok(child) = &cached.0 else { continue };
         let name = child.name_any();
-        let ours = child.labels().get(labels::CLUSTER) == Some(&owner.name)
-            && owned_by(child, &owner.reference.uid);
-        if !ours || wanted.contains(&name) || child.meta().deletion_timestamp.is_some() {
+        let orphan = owned_by(child, &owner.reference.uid)
+            && is_orphan(child, &owner.name, |n| wanted.contains(n));
+        if !orphan {
             continue;
         }
         let kind = K::kind(&()).into_owned();

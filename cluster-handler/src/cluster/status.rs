@@ -1,7 +1,7 @@
 //! The status of a MultigresCluster, aggregated from its children: pure, no client.
 //!
 //! The cluster-handler owns `observedGeneration`, `phase`, `message`, `cells`, `databases`,
-//! `resolvedTemplates` and the conditions `Available`, `Progressing` and `Degraded`; other
+//! `resolvedTemplates` and the conditions `Available`, `Progressing`, `Degraded` and `Paused`; other
 //! handlers own other condition types on the same object, which are left alone.
 
 use std::collections::BTreeMap;
@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use multigres_api::labels::CLUSTER;
+use multigres_api::labels::{self, CLUSTER};
 use multigres_api::names;
 use multigres_api::v1alpha1::{
     Cell, CellName, CellStatusSummary, DatabaseName, DatabaseStatusSummary, MultigresCluster,
@@ -30,8 +30,10 @@ pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
 /// Condition: the spec cannot be realized, or a child reports it is degraded.
 pub const DEGRADED: &str = "Degraded";
+/// Condition, present while the cluster is paused ([`labels::PAUSED`]).
+pub const PAUSED: &str = "Paused";
 /// Condition types this handler writes.
-pub const OWNED_CONDITIONS: [&str; 3] = [AVAILABLE, PROGRESSING, DEGRADED];
+pub const OWNED_CONDITIONS: [&str; 4] = [AVAILABLE, PROGRESSING, DEGRADED, PAUSED];
 
 /// Reason when a child reports Degraded.
 pub const CHILD_DEGRADED: &str = "ChildDegraded";
@@ -106,6 +108,7 @@ pub fn compute(
         generation,
         now,
     );
+    let conditions_changed = conditions_changed | set_paused(&mut merged, cluster, now);
     let notices = crate::notice::transitions(
         current.phase,
         conditions::find_condition(&current.conditions, DEGRADED),
@@ -251,6 +254,33 @@ fn set_conditions(
         );
     }
     changed
+}
+
+/// Sets the [`PAUSED`] condition while `cluster` is paused and drops it otherwise; returns
+/// whether the conditions changed.
+fn set_paused(conditions: &mut Vec<Condition>, cluster: &MultigresCluster, now: Timestamp) -> bool {
+    if !labels::paused(cluster.annotations()) {
+        let before = conditions.len();
+        conditions.retain(|c| c.type_ != PAUSED);
+        return conditions.len() != before;
+    }
+    let message = format!(
+        "annotation {} is \"true\": no workload of this cluster is applied, restarted, scaled or \
+         deleted, and no child is deleted; spec changes reach the children and wait there. \
+         Remove the annotation (kubectl multigres resume) to apply them",
+        labels::PAUSED
+    );
+    conditions::set_condition(
+        conditions,
+        &DesiredCondition {
+            type_: PAUSED,
+            status: TRUE,
+            reason: "PausedByAnnotation",
+            message: &message,
+            observed_generation: cluster.metadata.generation,
+        },
+        now,
+    )
 }
 
 /// The fields of `status` that differ from the `current` ones (`conditions` as the merge

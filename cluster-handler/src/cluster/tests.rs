@@ -121,7 +121,8 @@ fn minimal_sample_gets_a_managed_topology_one_cell_and_the_default_table_group()
     );
     let cell_spec = spec(cell);
     assert_eq!(cell_spec["name"], "zone-a");
-    assert_eq!(cell_spec["zoneId"], "zone-a");
+    assert_eq!(cell_spec["zone"], "zone-a");
+    assert!(cell_spec.get("zoneId").is_none(), "{cell_spec}");
     assert_eq!(cell_spec["multigateway"]["replicas"], 1);
     assert_eq!(cell_spec["allCells"], json!(["zone-a"]));
     assert_eq!(
@@ -153,7 +154,10 @@ fn minimal_sample_gets_a_managed_topology_one_cell_and_the_default_table_group()
     let shard = &tg_spec["shards"][0];
     assert_eq!(shard["name"], "0-inf");
     assert_eq!(shard["pools"]["default"]["cells"], json!(["zone-a"]));
-    assert_eq!(shard["pools"]["default"]["replicasPerCell"], 2);
+    assert_eq!(
+        shard["pools"]["default"]["replicasPerCell"], 3,
+        "one cell: three pods survive the loss of any one"
+    );
     assert_eq!(
         tg_spec["postgresPasswordSecretRef"]["name"],
         "minimal-postgres-password"
@@ -825,5 +829,67 @@ fn ready_gateways_without_ready_shards_are_not_available() {
     assert_eq!(
         (available.status.as_str(), available.reason.as_str()),
         (TRUE, "AllCellsAndShardsReady")
+    );
+}
+
+#[test]
+fn a_paused_cluster_says_so_and_its_children_carry_the_annotation_until_resumed() {
+    let (mut cluster, _) = children_of("minimal");
+    cluster
+        .annotations_mut()
+        .insert(multigres_api::labels::PAUSED.into(), "true".into());
+    let owner = Owner::of(&cluster).unwrap();
+    let templates = resolver::Templates::default();
+    let resolved = resolver::resolve(&cluster, &templates).unwrap();
+    let children = build::children(&owner, &resolved);
+    for annotations in children
+        .cells
+        .iter()
+        .map(|c| c.annotations())
+        .chain(children.table_groups.iter().map(|t| t.annotations()))
+        .chain(children.topo_servers.iter().map(|t| t.annotations()))
+    {
+        assert_eq!(annotations[multigres_api::labels::PAUSED], "true");
+    }
+    let observed = observed(&children, "Healthy");
+    let compute = |cluster: &MultigresCluster, now| {
+        status::compute(
+            cluster,
+            &Outcome::Applied(&children),
+            &observed,
+            referenced(cluster),
+            now,
+        )
+    };
+    let paused = compute(&cluster, at(100));
+    let condition =
+        multigres_common::conditions::find_condition(&paused.status.conditions, status::PAUSED)
+            .unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "PausedByAnnotation")
+    );
+    assert!(condition.message.contains("kubectl multigres resume"));
+    let cluster = with_status(cluster, &paused);
+    assert!(compute(&cluster, at(200)).changed.is_empty());
+
+    // Resumed: the condition goes, and so does the children's annotation.
+    let mut resumed = cluster.clone();
+    resumed
+        .annotations_mut()
+        .insert(multigres_api::labels::PAUSED.into(), "false".into());
+    let after = compute(&resumed, at(300));
+    assert!(after.changed.contains(&"conditions"), "{:?}", after.changed);
+    assert!(
+        multigres_common::conditions::find_condition(&after.status.conditions, status::PAUSED)
+            .is_none()
+    );
+    let owner = Owner::of(&resumed).unwrap();
+    let children = build::children(&owner, &resolver::resolve(&resumed, &templates).unwrap());
+    assert!(
+        children.cells[0]
+            .annotations()
+            .get(multigres_api::labels::PAUSED)
+            .is_some_and(|v| v == "false")
     );
 }

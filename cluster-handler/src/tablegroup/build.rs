@@ -1,10 +1,11 @@
 //! The Shards of a TableGroup, one per resolved shard entry: pure, no client.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, Placement};
 use multigres_api::names;
-use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::resolver::shard_spec;
 use multigres_api::v1alpha1::{Shard, TableGroup, TableGroupSpec};
 
@@ -24,9 +25,9 @@ pub struct Owner {
     /// Controller owner reference to the TableGroup, blocking its foreground deletion until
     /// the Shard is gone.
     pub reference: OwnerReference,
-    /// The project reference the cluster-handler copied from the cluster, passed on to the
-    /// Shards.
-    pub project_ref: Option<String>,
+    /// The annotations the cluster-handler copied from the cluster
+    /// ([`crate::cluster::build::INHERITED_ANNOTATIONS`]), passed on to the Shards.
+    pub inherited: BTreeMap<String, String>,
 }
 
 impl Owner {
@@ -51,12 +52,11 @@ impl Owner {
                 ..r
             })
             .ok_or(Incomplete("metadata.uid"))?;
-        let project_ref = tg.annotations().get(PROJECT_REF_ANNOTATION).cloned();
         Ok(Self {
             cluster,
             namespace,
             reference,
-            project_ref,
+            inherited: crate::cluster::build::inherited(tg.annotations()),
         })
     }
 }
@@ -84,9 +84,7 @@ pub fn shards(owner: &Owner, spec: &TableGroupSpec) -> Vec<Shard> {
                     namespace: Some(owner.namespace.clone()),
                     labels: Some(labels::labels(&owner.cluster, Component::Shard, &at)),
                     owner_references: Some(vec![owner.reference.clone()]),
-                    annotations: crate::cluster::build::project_ref_annotation(
-                        owner.project_ref.as_deref(),
-                    ),
+                    annotations: (!owner.inherited.is_empty()).then(|| owner.inherited.clone()),
                     ..ObjectMeta::default()
                 },
                 spec: shard_spec(spec, entry),

@@ -267,7 +267,7 @@ struct Realized {
 }
 
 /// Applies every Shard that differs from its cached version and deletes the Shards this
-/// TableGroup controls that it no longer lists.
+/// TableGroup controls that it no longer lists (none while the cluster is paused).
 async fn realize(tg: &TableGroup, ctx: &Context) -> Result<Realized, Error> {
     let owner = Owner::of(tg)?;
     let shards = build::shards(&owner, &tg.spec);
@@ -297,7 +297,12 @@ async fn realize(tg: &TableGroup, ctx: &Context) -> Result<Realized, Error> {
     }
     let wanted: BTreeSet<String> = shards.iter().map(ResourceExt::name_any).collect();
     let mut notices = Vec::new();
-    for cached in in_namespace(&ctx.shards, &owner.namespace) {
+    // A paused cluster's Shards stay: deleting one deletes its workloads.
+    let cached_shards = match multigres_api::labels::paused(tg.annotations()) {
+        true => Vec::new(),
+        false => in_namespace(&ctx.shards, &owner.namespace),
+    };
+    for cached in cached_shards {
         let Ok(shard) = &cached.0 else { continue };
         let name = shard.name_any();
         if !owned_by(shard, &owner.reference.uid)

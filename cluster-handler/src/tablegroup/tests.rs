@@ -214,7 +214,8 @@ fn a_degraded_shard_or_a_refused_apply_degrades_the_table_group() {
 }
 
 #[test]
-fn the_project_ref_of_the_cluster_reaches_every_cell_table_group_and_shard() {
+fn the_inherited_annotations_of_the_cluster_reach_every_cell_table_group_and_shard() {
+    use multigres_api::confirm::DELETE_BACKUPS;
     use multigres_api::observability::PROJECT_REF_ANNOTATION;
     let fixtures::Sample {
         mut cluster,
@@ -230,6 +231,13 @@ fn the_project_ref_of_the_cluster_reaches_every_cell_table_group_and_shard() {
     cluster
         .annotations_mut()
         .insert(PROJECT_REF_ANNOTATION.to_owned(), "proj-1".to_owned());
+    // The resource-handler reads the backup confirmation from the Shard.
+    cluster
+        .annotations_mut()
+        .insert(DELETE_BACKUPS.to_owned(), "overrides".to_owned());
+    cluster
+        .annotations_mut()
+        .insert("unrelated.example/key".to_owned(), "x".to_owned());
     let children = cluster_build::children(&cluster_build::Owner::of(&cluster).unwrap(), &resolved);
     let project =
         |annotations: &BTreeMap<String, String>| annotations.get(PROJECT_REF_ANNOTATION).cloned();
@@ -245,5 +253,10 @@ fn the_project_ref_of_the_cluster_reaches_every_cell_table_group_and_shard() {
     assert!(!shards.is_empty());
     for shard in &shards {
         assert_eq!(project(shard.annotations()).as_deref(), Some("proj-1"));
+        assert_eq!(
+            shard.annotations().get(DELETE_BACKUPS).map(String::as_str),
+            Some("overrides")
+        );
+        assert_eq!(shard.annotations().len(), 2, "only the inherited ones");
     }
 }

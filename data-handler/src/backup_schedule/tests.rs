@@ -1,4 +1,4 @@
-use multigres_proto::topo::{Multipooler, RoutingRole, RoutingState};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
 
@@ -193,113 +193,40 @@ fn a_suspended_or_unparsable_schedule_takes_nothing() {
     ));
 }
 
-fn record(pod: &str, primary: bool, serving: PoolerServingStatus) -> PoolerRecord {
-    let role = if primary {
-        RoutingRole::Primary
-    } else {
-        RoutingRole::Replica
-    };
-    let mut pooler = Multipooler {
-        hostname: format!("{pod}.pool"),
-        port_map: [("grpc".to_owned(), 15200)].into(),
-        shard_key: Some(multigres_proto::topo::ShardKey {
-            database: "postgres".into(),
-            table_group: "default".into(),
-            shard: "0-inf".into(),
-        }),
-        routing_state: Some(RoutingState {
-            role: role as i32,
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    pooler.set_serving_status(serving);
-    PoolerRecord {
-        key: format!("poolers/{pod}"),
-        revision: 0,
-        id: format!("multipooler-zone-a-{pod}"),
-        pooler,
-    }
-}
-
-const KEY: ShardKey<'static> = ShardKey {
-    database: "postgres",
-    table_group: "default",
-    shard: "0-inf",
-};
-
-fn pods(names: &[&str]) -> Vec<PoolPod> {
-    names
-        .iter()
-        .map(|n| PoolPod {
-            name: (*n).to_owned(),
-            cell: Some("zone-a".into()),
-        })
-        .collect()
-}
-
-#[test]
-fn backups_are_taken_on_a_serving_replica_and_on_the_primary_only_when_it_is_alone() {
-    let poolers = |records: Vec<PoolerRecord>| BTreeMap::from([("zone-a".into(), Some(records))]);
-    let three = pods(&["p-0", "p-1", "p-2"]);
-    let all = poolers(vec![
-        record("p-0", true, PoolerServingStatus::Serving),
-        record("p-1", false, PoolerServingStatus::Disabled),
-        record("p-2", false, PoolerServingStatus::Serving),
-    ]);
-    let (pod, address, on_primary) = source(KEY, &three, &all).unwrap();
-    assert_eq!(
-        (pod.name.as_str(), address.as_str(), on_primary),
-        ("p-2", "http://p-2.pool:15200", false)
-    );
-    let no_serving_replica = poolers(vec![
-        record("p-0", true, PoolerServingStatus::Serving),
-        record("p-1", false, PoolerServingStatus::Disabled),
-    ]);
-    assert!(
-        source(KEY, &three, &no_serving_replica).is_none(),
-        "not on the primary while the shard has replicas"
-    );
-    let alone = pods(&["p-0"]);
-    let only = poolers(vec![record("p-0", true, PoolerServingStatus::Serving)]);
-    let (pod, _, on_primary) = source(KEY, &alone, &only).unwrap();
-    assert_eq!((pod.name.as_str(), on_primary), ("p-0", true));
-}
-
 #[test]
 fn a_finished_backup_is_published_with_its_expiry() {
     let mut status = ScheduledBackupsStatus::default();
-    let done = Finished {
-        attempt: attempt("2026-11-27T02:00:00Z", "2026-11-27T02:03:00Z"),
-        result: Ok(Done {
+    let done = (
+        attempt("2026-11-27T02:00:00Z", "2026-11-27T02:03:00Z"),
+        Ok(Done {
             backup: "20261127-020001F".into(),
             expired: vec!["20261120-020001F".into()],
             expiry_error: None,
         }),
-    };
-    let notice = done.notice();
+    );
+    let notice = finished_notice(&done.0, &done.1);
     assert_eq!(notice.reason, COMPLETED);
     assert_eq!(
         notice.message,
         "scheduled backup 20261127-020001F completed on pod pool-1; expired 20261120-020001F"
     );
-    done.record(&mut status);
+    record(&mut status, done.0, done.1);
     let success = status.last_success.as_ref().unwrap();
     assert_eq!(success.backup.as_deref(), Some("20261127-020001F"));
     assert_eq!(success.message.as_deref(), Some("expired 20261120-020001F"));
 
-    let failed = Finished {
-        attempt: attempt("2026-11-28T02:00:00Z", "2026-11-28T02:00:05Z"),
-        result: Err("Backup at http://p:1 failed: no space left".into()),
-    };
-    let notice = failed.notice();
+    let failed = (
+        attempt("2026-11-28T02:00:00Z", "2026-11-28T02:00:05Z"),
+        Err("Backup at http://p:1 failed: no space left".into()),
+    );
+    let notice = finished_notice(&failed.0, &failed.1);
     assert_eq!(notice.reason, FAILED);
     assert!(
         notice.message.contains("no space left"),
         "{}",
         notice.message
     );
-    failed.record(&mut status);
+    record(&mut status, failed.0, failed.1);
     assert!(status.last_success.is_some(), "the last success stays");
     assert_eq!(
         status.last_failure.unwrap().message.as_deref(),

@@ -1,7 +1,10 @@
-//! The conditions and events of a cluster's topology pass: pure.
+//! The conditions and events of a cluster's topology pass, and the roll-up of its backup
+//! request over its shards: pure.
 
+use kube::ResourceExt;
 use multigres_api::DEFAULT_DATABASE;
-use multigres_api::v1alpha1::MultigresCluster;
+use multigres_api::backup_request::{self, REQUEST};
+use multigres_api::v1alpha1::{BackupRequestPhase, BackupRequestRollup, MultigresCluster, Shard};
 use multigres_common::conditions::Computed;
 use multigres_common::events::Notice;
 use multigres_common::telemetry::ErrorChain;
@@ -250,6 +253,56 @@ pub fn cleanup_skipped_notice(
         )),
     }
     Notice::warning("TopologyCleanupSkipped", message)
+}
+
+/// Event reason on the cluster: its backup request completed on every shard.
+pub const BACKUP_REQUEST_COMPLETED: &str = "BackupRequestCompleted";
+/// Event reason on the cluster: its backup request was answered on every shard, and failed on
+/// some.
+pub const BACKUP_REQUEST_FAILED: &str = "BackupRequestFailed";
+
+/// `status.backupRequest` of `cluster`: where the request its annotation
+/// `multigres.com/backup-request` names stands over `shards` (its Shards); `None` without one.
+pub fn backup_request(cluster: &MultigresCluster, shards: &[Shard]) -> Option<BackupRequestRollup> {
+    let id = cluster.annotations().get(REQUEST)?;
+    Some(backup_request::rollup_of(id, shards))
+}
+
+/// The event on the cluster when its request becomes answered on every shard (`stored` is the
+/// roll-up as stored, `next` as computed now); none otherwise, so each request is told once.
+pub fn backup_request_notice(
+    stored: Option<&BackupRequestRollup>,
+    next: Option<&BackupRequestRollup>,
+) -> Option<Notice> {
+    let next = next?;
+    let answered = |r: &BackupRequestRollup| {
+        matches!(
+            r.state,
+            BackupRequestPhase::Completed | BackupRequestPhase::Failed
+        )
+    };
+    if !answered(next) || stored.is_some_and(|s| s.id == next.id && answered(s)) {
+        return None;
+    }
+    let id = &next.id;
+    Some(match next.state {
+        BackupRequestPhase::Completed => Notice::normal(
+            BACKUP_REQUEST_COMPLETED,
+            format!(
+                "request {id}: the backup completed on all {} shards",
+                next.shards_total
+            ),
+        ),
+        _ => Notice::warning(
+            BACKUP_REQUEST_FAILED,
+            format!(
+                "request {id}: the backup failed on {} of {} shards: {}",
+                next.shards_failed,
+                next.shards_total,
+                next.message.as_deref().unwrap_or("see the Shards' events")
+            ),
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -491,8 +491,10 @@ fn tolerance(policy: &Policy, participants: &Participants<'_>, leader: Option<&s
     }
     let advice = if policy.by_cells {
         format!(
-            "run pool pods in at least {} cells, with every pod a healthy cohort member",
-            policy.required + 1
+            "run pool pods in at least {} cells, or at least 2 per cell in {} cells, with every \
+             pod a healthy cohort member",
+            policy.required + 1,
+            policy.required
         )
     } else {
         format!(

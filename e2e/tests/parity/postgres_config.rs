@@ -196,7 +196,8 @@ async fn the_rendered_config_reloads_without_restarts_and_restarts_replicas_befo
     .await;
     let cm = config_with(&config_maps, "work_mem = '8MB'").await;
     let stored = shards.get(NAME).await.unwrap();
-    let expected = render_shard("pgc", &stored.spec, Some(REFERENCED)).unwrap();
+    let expected =
+        render_shard("pgc", &stored.spec, Some(REFERENCED), &Default::default()).unwrap();
     let text = cm.data.as_ref().unwrap()["postgresql.conf"].clone();
     assert_eq!(text, expected.text, "exact contents");
     for line in [

@@ -7,7 +7,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use multigres_api::labels::{self, Component, Placement};
-use multigres_api::resolver::{REGION_NODE_LABEL, ZONE_ID_NODE_LABEL};
+use multigres_api::resolver::cell_node_label;
 use multigres_api::v1alpha1::CellSpec;
 
 use crate::contract::{
@@ -94,15 +94,14 @@ pub fn multigateway_args(spec: &CellSpec) -> Vec<String> {
 
 /// Node labels pinning a cell's pods to its zone or region.
 pub fn cell_node_selector(spec: &CellSpec) -> BTreeMap<String, String> {
-    match (&spec.zone_id, &spec.region) {
-        (Some(zone), _) => {
-            BTreeMap::from([(ZONE_ID_NODE_LABEL.to_owned(), zone.as_str().to_owned())])
-        }
-        (None, Some(region)) => {
-            BTreeMap::from([(REGION_NODE_LABEL.to_owned(), region.as_str().to_owned())])
-        }
-        (None, None) => BTreeMap::new(),
-    }
+    cell_node_label(
+        spec.zone.as_deref(),
+        spec.zone_id.as_deref(),
+        spec.region.as_deref(),
+    )
+    .map(|(label, value)| (label.to_owned(), value.to_owned()))
+    .into_iter()
+    .collect()
 }
 
 /// Builds the multigateway objects of a Cell.

@@ -27,7 +27,7 @@ use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
 use crate::conditions::{
-    AVAILABLE, Computed, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase, with_lost_pods,
+    AVAILABLE, Computed, FALSE, NODES_NOT_REPORTING, TRUE, merge, paused, phase, with_lost_pods,
 };
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
@@ -196,6 +196,63 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         },
     );
     let name = crate::names::multigateway(&owner.name);
+    let gateway_selector = objects
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.clone())
+        .unwrap_or_default();
+    // A paused cluster's gateways are left as they are; their status is still reported.
+    let recheck = if multigres_api::labels::paused(cell.annotations()) {
+        None
+    } else {
+        match apply(guard, ctx, cell, &owner, objects, &name).await? {
+            Applied::Done(recheck) => recheck,
+            Applied::Waiting(action) => return Ok(action),
+        }
+    };
+    let observed_deployment = ctx
+        .stores
+        .deployments
+        .get(&ObjectRef::new(&name).within(ns));
+    let counts = readiness::deployment(observed_deployment.as_deref());
+    let silent = if counts.all_ready() {
+        BTreeSet::new()
+    } else {
+        crate::unready::silent_nodes(&ctx.client, ns, &gateway_selector)
+            .await
+            .map_err(|source| SyncError::Get {
+                kind: "Pod".to_owned(),
+                name: format!("{name}-*"),
+                source,
+            })?
+    };
+    let desired = status(cell, counts, &silent, &name, Timestamp::now());
+    let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
+    let stored = cell.status.as_ref();
+    let deferred = sync::ensure_status(NAME, &api, cell, &desired, stored, &ctx.pacer).await?;
+    Ok(status_pacer::action(recheck, deferred))
+}
+
+/// What applying a Cell's gateway objects came to.
+enum Applied {
+    /// Applied; look again after this long though nothing changes (`None`: on a change).
+    Done(Option<Duration>),
+    /// Waiting for the gateway certificate: the status says so, nothing was applied.
+    Waiting(Action),
+}
+
+/// Applies the gateway objects of `cell` (Deployment `name`, its Service and budget), moves a
+/// single pod off a cordoned node first, and prunes what it no longer wants.
+async fn apply(
+    guard: &Guard,
+    ctx: &Ctx<Guard>,
+    cell: &Cell,
+    owner: &Owner,
+    mut objects: build::CellObjects,
+    name: &str,
+) -> Result<Applied, Error> {
+    let ns = owner.namespace.as_str();
     let mut recheck = None;
     if GatewayTlsConfig::is_enabled(cell.spec.gateway_tls.as_ref()) {
         let secret =
@@ -222,7 +279,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             // Its arrival in the cache wakes this cell; the user's own Secret is read again
             // after USER_CERT_WAIT.
             tracing::info!(cell = %owner.name, namespace = ns, %secret, "waiting for the gateway certificate");
-            let desired = waiting_for_certificate(cell, &secret, source, &name, Timestamp::now());
+            let desired = waiting_for_certificate(cell, &secret, source, name, Timestamp::now());
             let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
             let stored = cell.status.as_ref();
             let deferred =
@@ -231,22 +288,16 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
                 CertificateSource::User => USER_CERT_WAIT,
                 _ => GATEWAY_CERT_RECHECK,
             };
-            return Ok(status_pacer::action(Some(again), deferred));
+            return Ok(Applied::Waiting(status_pacer::action(
+                Some(again),
+                deferred,
+            )));
         };
         let required = GatewayTlsConfig::is_required(cell.spec.gateway_tls.as_ref());
         crate::tls::mount_gateway(&mut objects.deployment, &secret, required, &digest);
     }
-    let observed_deployment = ctx
-        .stores
-        .deployments
-        .get(&ObjectRef::new(&name).within(ns));
+    let observed_deployment = ctx.stores.deployments.get(&ObjectRef::new(name).within(ns));
     let budget_wanted = objects.pdb.is_some();
-    let gateway_selector = objects
-        .deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.selector.match_labels.clone())
-        .unwrap_or_default();
     let moving = crate::cordon::move_single_pod(
         &ctx.client,
         &ctx.stores.cordoned,
@@ -278,7 +329,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             .await;
     }
 
-    let keep = BTreeSet::from([name.clone()]);
+    let keep = BTreeSet::from([name.to_owned()]);
     let uid = owner.uid();
     sync::prune(
         NAME,
@@ -301,23 +352,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     };
     sync::prune(NAME, &pdbs, &owned(&ctx.stores.pdbs, ns, uid), &keep_pdb).await?;
 
-    let counts = readiness::deployment(observed_deployment.as_deref());
-    let silent = if counts.all_ready() {
-        BTreeSet::new()
-    } else {
-        crate::unready::silent_nodes(&ctx.client, ns, &gateway_selector)
-            .await
-            .map_err(|source| SyncError::Get {
-                kind: "Pod".to_owned(),
-                name: format!("{name}-*"),
-                source,
-            })?
-    };
-    let desired = status(cell, counts, &silent, &name, Timestamp::now());
-    let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
-    let stored = cell.status.as_ref();
-    let deferred = sync::ensure_status(NAME, &api, cell, &desired, stored, &ctx.pacer).await?;
-    Ok(status_pacer::action(recheck, deferred))
+    Ok(Applied::Done(recheck))
 }
 
 /// The status fields and conditions this handler owns on a Cell; `silent` are the nodes of
@@ -371,9 +406,11 @@ fn composed(
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
     let healthy = available.is_true();
+    let paused = multigres_api::labels::paused(cell.annotations()).then(|| paused("cell"));
+    let desired: Vec<Computed> = std::iter::once(available).chain(paused).collect();
     CellStatus {
         observed_generation: cell.metadata.generation,
-        conditions: merge(observed, &[available], cell.metadata.generation, now),
+        conditions: merge(observed, &desired, cell.metadata.generation, now),
         phase: Some(phase(healthy, None, silent)),
         message: Some(message),
         gateway_replicas: replicas,

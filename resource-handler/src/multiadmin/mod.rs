@@ -239,20 +239,28 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         return Err(invalid.into());
     }
     let owner = Owner::with_cluster(cluster, cluster.name_any())?;
-    let trusted = crate::netpol::Trusted {
-        operator_namespace: &ctx.operator_namespace,
-    };
-    let policies = crate::netpol::build(&owner, cluster, trusted);
-    crate::netpol::sync(ctx, NAME, &owner, policies).await?;
+    // A paused cluster's workloads and network policies stay as they are. Its certificates
+    // and role Secrets are still kept (an expired certificate would stop it), and nothing
+    // restarts for them while it is paused.
+    let paused = multigres_api::labels::paused(cluster.annotations());
+    if !paused {
+        let trusted = crate::netpol::Trusted {
+            operator_namespace: &ctx.operator_namespace,
+        };
+        let policies = crate::netpol::build(&owner, cluster, trusted);
+        crate::netpol::sync(ctx, NAME, &owner, policies).await?;
+    }
     let resolved = resolve_cluster(ctx, cluster, &owner.namespace)?;
     let internal_tls = cluster.spec.internal_tls.as_ref();
     crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;
     crate::tls::reconcile_gateway(ctx, guard, &owner, &resolved, &cluster.spec).await?;
     // Before the Deployments: multiadmin-web reads its password from one of them.
     crate::role_secrets::reconcile(ctx, guard, &owner, &cluster.spec).await?;
-    let objects = desire(&owner, cluster, &resolved, &ctx.telemetry);
-    apply(ctx, &owner, objects).await?;
-    prune(ctx, &owner).await?;
+    if !paused {
+        let objects = desire(&owner, cluster, &resolved, &ctx.telemetry);
+        apply(ctx, &owner, objects).await?;
+        prune(ctx, &owner).await?;
+    }
     update_status(ctx, guard, cluster, &owner).await?;
     Ok(Action::await_change())
 }

@@ -19,7 +19,7 @@ use super::build::{self, ShardObjects};
 use super::drain::{self, Evictions};
 use super::rollout::{self, PodView, Step};
 use super::scale::{self, CohortHold, HeldScaleUp, ScaleDown};
-use super::{Desired, Error, Guard, NAME, pgconfig, switchover};
+use super::{Desired, Error, Guard, NAME, pgconfig, quarantine, switchover};
 use crate::conditions::Computed;
 use crate::controller::{Ctx, owned};
 use crate::owner::Owner;
@@ -51,6 +51,8 @@ pub(super) struct Outcome {
     pub drain: Option<Computed>,
     /// Claims of scaled-away replicas wait for the cohort to drop their pods.
     pub claims_waiting: bool,
+    /// The cluster is paused: nothing above was applied.
+    pub paused: bool,
 }
 
 /// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
@@ -95,10 +97,13 @@ pub(super) async fn run(
     let resize = resize(ctx, guard, &shard.spec, ns, objects).await?;
     prune(ctx, owner, objects).await?;
 
+    let rendered = &desired.postgres_config.1;
+    pgconfig::stamp_standby(ctx, ns, pods, rendered).await;
+    let sets = set_views(objects, &observed);
     let step = if templates_changed {
         None
     } else {
-        let step = plan_restart(objects, &observed, pods, &gates);
+        let step = rollout::plan(&sets, pods, gates.cohort.is_some(), released(shard));
         restart(ctx, guard, ns, &step).await?;
         Some(step)
     };
@@ -114,6 +119,8 @@ pub(super) async fn run(
     switchover::request(ctx, guard, ns, &changes).await;
     let claims_waiting =
         delete_scaled_away_claims(ctx, guard, ns, objects, &observed, pods, cohort).await;
+    let restarting = matches!(step, None | Some(Step::Restart { .. }));
+    replace_quarantined(ctx, guard, shard, ns, objects, pods, restarting).await;
     Ok(Outcome {
         observed,
         tls,
@@ -125,6 +132,47 @@ pub(super) async fn run(
         requests,
         drain: drain::condition(pods, gates.evictions, cohort),
         claims_waiting,
+        paused: false,
+    })
+}
+
+/// What a paused shard reports (annotation `multigres.com/paused`): its workloads as cached,
+/// against the templates they were last applied with, and the `Paused` verdict; nothing is
+/// written, restarted or deleted.
+pub(super) fn paused(
+    ctx: &Ctx<Guard>,
+    shard: &Shard,
+    ns: &str,
+    objects: &ShardObjects,
+    pods: &[PodView],
+) -> Outcome {
+    let observed = Observed::read(ctx, ns, objects);
+    let cohort = shard.status.as_ref().and_then(|s| s.cohort.as_ref());
+    let sets = set_views(objects, &observed);
+    let step = rollout::plan(&sets, pods, cohort.is_some(), released(shard));
+    Outcome {
+        observed,
+        tls: None,
+        resize: ResizeOutcome::default(),
+        step: Some(step),
+        held: Vec::new(),
+        downs: Vec::new(),
+        cohort_holds: Vec::new(),
+        requests: switchover::Requests::default(),
+        drain: drain::condition(pods, Evictions::of(shard), cohort),
+        claims_waiting: false,
+        paused: true,
+    }
+}
+
+/// Under supervised restarts (`multigres.com/restart-policy`), what the Shard's release
+/// annotation names (empty without one); `None` when restarts are automatic.
+fn released(shard: &Shard) -> Option<&str> {
+    let annotations = shard.annotations();
+    multigres_api::labels::supervised(annotations).then(|| {
+        annotations
+            .get(multigres_api::labels::RELEASE_RESTARTS)
+            .map_or("", String::as_str)
     })
 }
 
@@ -173,8 +221,13 @@ impl Observed {
     }
 
     /// Counts against the replicas the spec asks for, which a pool applied with fewer (a
-    /// held scale-up, or a cache not yet showing the last write) has not reached.
-    pub(super) fn counts(&self, objects: &ShardObjects) -> (Vec<Counts>, Vec<Counts>) {
+    /// held scale-up, or a cache not yet showing the last write) has not reached; while the
+    /// cluster is `paused`, against what is applied, which is what the pause holds.
+    pub(super) fn counts(
+        &self,
+        objects: &ShardObjects,
+        paused: bool,
+    ) -> (Vec<Counts>, Vec<Counts>) {
         let pools = objects
             .pools
             .iter()
@@ -183,7 +236,7 @@ impl Observed {
                 let counts = readiness::statefulset(found.map(|s| &**s));
                 let wanted = p.statefulset.spec.as_ref().and_then(|s| s.replicas);
                 match (found, wanted) {
-                    (Some(_), Some(wanted)) => Counts {
+                    (Some(_), Some(wanted)) if !paused => Counts {
                         desired: counts.desired.max(wanted),
                         ..counts
                     },
@@ -511,14 +564,66 @@ async fn delete_scaled_away_claims(
     waiting
 }
 
-/// The next step of the ordered restart of the pool pods.
-fn plan_restart(
+/// Replaces the next quarantined pool pod (see [`quarantine`]), unless a pod template was just
+/// written or a pod was just restarted: one disruption at a time.
+async fn replace_quarantined(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    shard: &Shard,
+    ns: &str,
     objects: &ShardObjects,
-    observed: &Observed,
     pods: &[PodView],
-    gates: &Gates<'_>,
-) -> Step {
-    let sets: Vec<_> = objects
+    restarting: bool,
+) {
+    let Some(status) = shard.status.as_ref() else {
+        return;
+    };
+    let cached = ctx.stores.pods.state_filter(|p| {
+        p.namespace().as_deref() == Some(ns) && pods.iter().any(|v| v.name == p.name_any())
+    });
+    let quarantined = quarantine::quarantined(&status.pod_roles, cached.iter().map(|p| &**p));
+    if quarantined.is_empty() {
+        return;
+    }
+    let plan = if restarting {
+        quarantine::Plan::Deferred {
+            pod: quarantined.iter().next().cloned().unwrap_or_default(),
+            why: "a pool pod is being restarted or a new pod template applied".to_owned(),
+        }
+    } else {
+        let cohort = status.cohort.is_some();
+        quarantine::plan(
+            pods,
+            &quarantined,
+            quarantine::backups_healthy(shard),
+            cohort,
+        )
+    };
+    let claims = match &plan {
+        quarantine::Plan::Replace { pod, .. } => {
+            let set = pods.iter().find(|v| &v.name == pod).map(|v| v.set.as_str());
+            let templates: Vec<String> = objects
+                .pools
+                .iter()
+                .filter(|p| Some(p.statefulset.name_any().as_str()) == set)
+                .flat_map(|p| p.statefulset.spec.iter())
+                .flat_map(|s| s.volume_claim_templates.iter().flatten())
+                .map(ResourceExt::name_any)
+                .collect();
+            let pvcs = ctx
+                .stores
+                .pvcs
+                .state_filter(|c| c.namespace().as_deref() == Some(ns));
+            quarantine::claims_of(pod, &templates, pvcs.iter().map(|c| &**c))
+        }
+        _ => BTreeMap::new(),
+    };
+    quarantine::replace(ctx, guard, ns, &plan, &claims).await;
+}
+
+/// The pool StatefulSets as the ordered restart sees them.
+fn set_views(objects: &ShardObjects, observed: &Observed) -> Vec<rollout::SetView> {
+    objects
         .pools
         .iter()
         .map(|p| match observed.sets.get(&p.statefulset.name_any()) {
@@ -530,8 +635,7 @@ fn plan_restart(
                 replicas: 0,
             },
         })
-        .collect();
-    rollout::plan(&sets, pods, gates.cohort.is_some())
+        .collect()
 }
 
 /// Carries out a [`Step::Restart`]: deletes the pod (if it is still the one planned) so its

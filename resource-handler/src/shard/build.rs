@@ -19,10 +19,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use multigres_api::confirm;
 use multigres_api::labels::{self, Component, Placement, ROLE, ROLE_PRIMARY};
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
-    BackupConfig, BackupType, CellName, PoolSpec, PvcDeletionPolicy, PvcRetentionPolicyType,
+    BackupConfig, BackupType, CellName, PoolSpec, PvcDeletionPolicy, PvcRetentionPolicyType, Shard,
     ShardSpec, StorageSpec,
 };
 
@@ -152,8 +154,37 @@ pub fn pool_cells(spec: &ShardSpec) -> Vec<CellName> {
     cells.into_iter().cloned().collect()
 }
 
+/// Whether the owner of a cluster agreed that its filesystem backups go with it.
+///
+/// The backup volume holds the only copy of a filesystem repository: under
+/// `whenDeleted: Delete` it goes with the Shard (and so with the cluster) only when the
+/// cluster's annotation `multigres.com/confirm-delete-backups` names the cluster; the
+/// cluster-handler copies it onto the Shard. Otherwise it is kept, owned by nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackupDeletion {
+    /// The backup volume outlives the Shard.
+    Unconfirmed,
+    /// The backup volume follows `whenDeleted`.
+    Confirmed,
+}
+
+impl BackupDeletion {
+    /// What the annotations of `shard`, in the cluster of `owner`, say.
+    pub fn of(shard: &Shard, owner: &Owner) -> Self {
+        if confirm::confirmed(shard.annotations(), confirm::DELETE_BACKUPS, &owner.cluster) {
+            Self::Confirmed
+        } else {
+            Self::Unconfirmed
+        }
+    }
+}
+
 /// Builds everything of a Shard, or says why the spec cannot be realised.
-pub fn build(owner: &Owner, spec: &ShardSpec) -> Result<ShardObjects, String> {
+pub fn build(
+    owner: &Owner,
+    spec: &ShardSpec,
+    backups: BackupDeletion,
+) -> Result<ShardObjects, String> {
     if spec.pools.is_empty() {
         return Err("spec.pools is empty: a shard needs at least one pool".to_owned());
     }
@@ -183,7 +214,7 @@ pub fn build(owner: &Owner, spec: &ShardSpec) -> Result<ShardObjects, String> {
         multiorch,
         primary_pdb: primary_pdb(owner, spec),
         pools,
-        backup: backup_pvc(owner, spec),
+        backup: backup_pvc(owner, spec, backups),
     })
 }
 
@@ -395,8 +426,13 @@ fn storage_request(
 }
 
 /// The shared filesystem backup volume (none for S3). Owned by the Shard, so deleted with it,
-/// only when the shard's `whenDeleted` is `Delete`.
-pub fn backup_pvc(owner: &Owner, spec: &ShardSpec) -> Option<PersistentVolumeClaim> {
+/// only when the shard's `whenDeleted` is `Delete` and the deletion of backups is confirmed
+/// ([`BackupDeletion`]).
+pub fn backup_pvc(
+    owner: &Owner,
+    spec: &ShardSpec,
+    backups: BackupDeletion,
+) -> Option<PersistentVolumeClaim> {
     let backup = is_filesystem(spec.backup.as_ref())?;
     let storage = backup
         .filesystem
@@ -408,7 +444,8 @@ pub fn backup_pvc(owner: &Owner, spec: &ShardSpec) -> Option<PersistentVolumeCla
         .pvc_deletion_policy
         .as_ref()
         .and_then(|p| p.when_deleted)
-        == Some(PvcRetentionPolicyType::Delete);
+        == Some(PvcRetentionPolicyType::Delete)
+        && backups == BackupDeletion::Confirmed;
     Some(PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(crate::names::backup_pvc(&owner.name)),

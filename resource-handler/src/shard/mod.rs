@@ -11,6 +11,7 @@ mod apply;
 pub mod build;
 pub mod drain;
 pub mod pgconfig;
+pub mod quarantine;
 pub mod rollout;
 pub mod scale;
 pub mod status;
@@ -29,6 +30,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
 use multigres_api::observability::{InheritedEnv, PROJECT_REF_ANNOTATION};
 use multigres_api::postgres::Rendered;
+use multigres_api::postgres::standby::StandbySettings;
 use multigres_api::v1alpha1::Shard;
 use multigres_common::guard::{Guarded, InvalidObject};
 use multigres_common::shared_watch::{Changes, SharedWatch};
@@ -214,14 +216,25 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let owner = Owner::of(shard)?;
     let ns = owner.namespace.as_str();
     let read = Dereferenced::read(ctx, &owner, shard).await;
-    let desired = match desire(&owner, shard, &ctx.telemetry, read.postgres_config) {
+    let mut desired = match desire(
+        &owner,
+        shard,
+        &ctx.telemetry,
+        read.postgres_config,
+        &read.floor,
+    ) {
         Ok(desired) => desired,
         Err(rejected) => {
             status::reject(ctx, shard, ns, &rejected).await?;
             return Err(rejected.into());
         }
     };
-    let outcome = apply::run(ctx, guard, shard, &owner, &desired, &read.pods).await?;
+    quarantine::add_to_shard(&mut desired.objects, ctx.unrecoverable_timeout);
+    let outcome = if multigres_api::labels::paused(shard.annotations()) {
+        apply::paused(ctx, shard, ns, &desired.objects, &read.pods)
+    } else {
+        apply::run(ctx, guard, shard, &owner, &desired, &read.pods).await?
+    };
     status::write(ctx, shard, ns, &desired, &read.pods, outcome).await
 }
 
@@ -232,15 +245,22 @@ struct Dereferenced {
     postgres_config: Result<Option<String>, pgconfig::ConfigError>,
     /// The shard's pool pods, from the cache.
     pods: Vec<PodView>,
+    /// The hot-standby-sensitive values the rendered file may not go below.
+    floor: StandbySettings,
 }
 
 impl Dereferenced {
-    /// Reads the referenced ConfigMap (from the API server) and the pool pods (from the cache).
+    /// Reads the referenced ConfigMap (from the API server), the pool pods and the rendered
+    /// ConfigMap as stored (from the caches).
     async fn read(ctx: &Ctx<Guard>, owner: &Owner, shard: &Shard) -> Self {
         let ns = owner.namespace.as_str();
+        let pods = pod_views(ctx, shard, ns);
+        let rendered = ObjectRef::new(&crate::names::postgres_config(&owner.name)).within(ns);
+        let floor = pgconfig::floor(ctx.stores.config_maps.get(&rendered).as_deref(), &pods);
         Self {
             postgres_config: pgconfig::referenced(&ctx.client, ns, shard).await,
-            pods: pod_views(ctx, shard, ns),
+            pods,
+            floor,
         }
     }
 }
@@ -278,8 +298,10 @@ fn desire(
     shard: &Shard,
     inherited: &InheritedEnv,
     reference: Result<Option<String>, pgconfig::ConfigError>,
+    floor: &StandbySettings,
 ) -> Result<Desired, Rejected> {
-    let mut objects = build::build(owner, &shard.spec).map_err(Rejected::Spec)?;
+    let backups = build::BackupDeletion::of(shard, owner);
+    let mut objects = build::build(owner, &shard.spec, backups).map_err(Rejected::Spec)?;
     crate::env::add_to_shard(
         &mut objects,
         crate::env::Source {
@@ -293,7 +315,9 @@ fn desire(
         },
     );
     let postgres_config = reference
-        .and_then(|content| pgconfig::desired(owner, shard, content.as_deref(), &mut objects))
+        .and_then(|content| {
+            pgconfig::desired(owner, shard, content.as_deref(), floor, &mut objects)
+        })
         .map_err(Rejected::PostgresConfig)?;
     Ok(Desired {
         objects,
@@ -348,17 +372,70 @@ mod tests {
     }
 
     #[test]
+    fn every_pool_pod_mount_is_a_directory_a_backup_path_may_not_take() {
+        let mut s = shard();
+        s.spec.internal_tls = Some(multigres_api::v1alpha1::InternalTlsConfig {
+            enabled: Some(true),
+            topology: Some(true),
+        });
+        if let Some(backup) = s.spec.backup.as_mut() {
+            backup.encryption = Some(multigres_api::v1alpha1::BackupEncryptionConfig {
+                secret_name: "cipher".into(),
+            });
+        }
+        let owner = Owner::of(&s).unwrap();
+        let env = InheritedEnv::default();
+        let built = desire(&owner, &s, &env, Ok(None), &StandbySettings::new()).unwrap();
+        let backups = s
+            .spec
+            .backup
+            .as_ref()
+            .and_then(|b| b.filesystem.as_ref())
+            .and_then(|f| f.path.clone())
+            .unwrap();
+        let mut mounts = Vec::new();
+        for pool in &built.objects.pools {
+            let pod = pool
+                .statefulset
+                .spec
+                .as_ref()
+                .unwrap()
+                .template
+                .spec
+                .as_ref()
+                .unwrap();
+            let containers = pod
+                .containers
+                .iter()
+                .chain(pod.init_containers.iter().flatten());
+            for container in containers {
+                for mount in container.volume_mounts.iter().flatten() {
+                    mounts.push(mount.mount_path.clone());
+                }
+            }
+        }
+        assert!(mounts.contains(&backups), "{mounts:?}");
+        assert!(mounts.len() > 5, "{mounts:?}");
+        for mount in mounts.iter().filter(|m| **m != backups) {
+            assert!(
+                multigres_api::backup_path::problem(mount).is_some(),
+                "a backup path of {mount} would be admitted: add it to backup_path::RESERVED"
+            );
+        }
+    }
+
+    #[test]
     fn the_spec_builds_before_its_referenced_config_is_judged() {
         let s = shard();
         let owner = Owner::of(&s).unwrap();
         let env = InheritedEnv::default();
-        let built = desire(&owner, &s, &env, Ok(None)).unwrap();
+        let built = desire(&owner, &s, &env, Ok(None), &StandbySettings::new()).unwrap();
         assert_eq!(
             built.postgres_config.0.name_any(),
             crate::names::postgres_config(&owner.name)
         );
         assert!(matches!(
-            desire(&owner, &s, &env, Err(missing())),
+            desire(&owner, &s, &env, Err(missing()), &StandbySettings::new()),
             Err(Rejected::PostgresConfig(
                 pgconfig::ConfigError::MissingConfigMap { .. }
             ))
@@ -366,7 +443,7 @@ mod tests {
         let mut empty = s.clone();
         empty.spec.pools.clear();
         assert!(matches!(
-            desire(&owner, &empty, &env, Err(missing())),
+            desire(&owner, &empty, &env, Err(missing()), &StandbySettings::new()),
             Err(Rejected::Spec(problem)) if problem.contains("spec.pools is empty")
         ));
     }

@@ -21,11 +21,13 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use multigres_api::labels::{self, Component, Placement};
+use multigres_api::postgres::standby::{self, StandbySettings};
 use multigres_api::postgres::{RenderError, Rendered, render_shard};
 use multigres_api::v1alpha1::{PostgresConfigRef, PostgresConfigStatus, Shard, ShardSpec};
 
 use super::Guard;
 use super::build::ShardObjects;
+use super::rollout::PodView;
 use multigres_common::shared_watch::SharedWatch;
 
 use crate::controller::Ctx;
@@ -151,6 +153,10 @@ pub fn config_map(owner: &Owner, shard: &Shard, rendered: &Rendered) -> ConfigMa
             annotations: Some(BTreeMap::from([
                 (CONFIG_HASH.to_owned(), rendered.split.restart_hash.clone()),
                 (RELOAD_HASH.to_owned(), rendered.split.reload_hash.clone()),
+                (
+                    labels::HOT_STANDBY_SETTINGS.to_owned(),
+                    standby::format_standby(&standby::standby_settings(&rendered.split.restart)),
+                ),
             ])),
             owner_references: Some(vec![owner.reference.clone()]),
             ..Default::default()
@@ -220,6 +226,64 @@ pub fn mount_into(objects: &mut ShardObjects, config_map: &str, rendered: &Rende
     }
 }
 
+/// The values below which no hot-standby-sensitive setting may be rendered: the highest that a
+/// server of the shard may run. A pod runs what its stamp says, and any pod that merely restarts
+/// runs what the current file says, stamped or not: `previous`, the ConfigMap as cached, whose
+/// annotation `multigres.com/hot-standby-settings` carries the file's values (the cache keeps
+/// no file content).
+pub fn floor(previous: Option<&ConfigMap>, pods: &[PodView]) -> StandbySettings {
+    let file = previous
+        .and_then(|cm| cm.annotations().get(labels::HOT_STANDBY_SETTINGS))
+        .and_then(|value| standby::parse_standby(value));
+    standby::floor(
+        file.iter()
+            .chain(pods.iter().filter_map(|p| p.standby.as_ref())),
+    )
+}
+
+/// The pods to stamp with the hot-standby-sensitive settings of `rendered` (annotation
+/// `multigres.com/hot-standby-settings`), with the value: those created from the current
+/// template (its restart fingerprint) whose stamp differs. A pod keeps the stamp of the
+/// template it was created from, so a later template's lower value can be told from a raise.
+pub fn standby_stamps(pods: &[PodView], rendered: &Rendered) -> Vec<(String, String, String)> {
+    let desired = standby::standby_settings(&rendered.split.restart);
+    pods.iter()
+        .filter(|p| !p.terminating)
+        .filter(|p| p.config_hash.as_deref() == Some(rendered.split.restart_hash.as_str()))
+        .filter(|p| p.standby.as_ref() != Some(&desired))
+        .map(|p| {
+            (
+                p.name.clone(),
+                p.uid.clone(),
+                standby::format_standby(&desired),
+            )
+        })
+        .collect()
+}
+
+/// Writes the [`standby_stamps`] of `pods` (by pod UID, so a replaced pod is not written); a
+/// failed write is logged and tried again on the next reconcile.
+pub async fn stamp_standby(ctx: &Ctx<Guard>, ns: &str, pods: &[PodView], rendered: &Rendered) {
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    for (pod, uid, value) in standby_stamps(pods, rendered) {
+        let patch = serde_json::json!({"metadata": {"uid": uid, "annotations": {
+            labels::HOT_STANDBY_SETTINGS: value}}});
+        crate::sync::count(super::NAME, "Pod", "patch");
+        let params = multigres_common::apply::patch_params(crate::sync::FIELD_MANAGER);
+        match api
+            .patch(&pod, &params, &kube::api::Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if [404, 409, 422].contains(&e.code) => {}
+            Err(error) => {
+                let error = multigres_common::telemetry::ErrorChain(&error);
+                tracing::warn!(%pod, %error, "cannot stamp the pod's hot-standby settings");
+            }
+        }
+    }
+}
+
 /// Rollout state of the config: in progress until every pool pod `objects` wants runs (live)
 /// from a template with the current restart fingerprint and has confirmed the current
 /// reload-class settings (the data-handler stamps the reload fingerprint on a pod once its
@@ -254,6 +318,7 @@ pub fn progress<'a>(
         in_progress: Some(in_progress),
         last_applied_at,
         error: None,
+        held_settings: rendered.held.iter().map(ToString::to_string).collect(),
     }
 }
 
@@ -301,13 +366,32 @@ pub async fn apply(
     let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), &namespace);
     let store = &ctx.stores.config_maps;
     let previous = store.get(&ObjectRef::from_obj(config_map));
-    if sync::ensure(super::NAME, &api, store, config_map.clone()).await?
-        && let Some(note) = change_note(previous.as_deref(), rendered)
-    {
-        ctx.event(guard, EventType::Normal, "PostgresConfigChanged", note)
-            .await;
+    if sync::ensure(super::NAME, &api, store, config_map.clone()).await? {
+        if let Some(note) = held_note(rendered) {
+            ctx.event(guard, EventType::Warning, "PostgresConfigHeld", note)
+                .await;
+        }
+        if let Some(note) = change_note(previous.as_deref(), rendered) {
+            ctx.event(guard, EventType::Normal, "PostgresConfigChanged", note)
+                .await;
+        }
     }
     Ok(())
+}
+
+/// What an event says about settings rendered above what was asked (`None`: none held).
+pub fn held_note(rendered: &Rendered) -> Option<String> {
+    let held: Vec<String> = rendered.held.iter().map(ToString::to_string).collect();
+    (!held.is_empty()).then(|| {
+        format!(
+            "kept {} at the values the servers may already run: Multigres starts every \
+             PostgreSQL as a standby, and a standby stops (\"recovery aborted because of \
+             insufficient parameter settings\") below its primary's values, so any pod that \
+             restarted with a lower value would not come back; the other settings roll out \
+             as usual. Ask for at least these values to clear this (docs/postgresql-configuration.md)",
+            held.join(", ")
+        )
+    })
 }
 
 /// The status of a config that cannot be produced: the error, the rest as it was.
@@ -342,15 +426,17 @@ pub async fn referenced(
     referenced_content(reference, namespace, found.as_ref()).map(Some)
 }
 
-/// Renders the shard's file (with `reference`, the referenced content as read) and mounts it
-/// into `objects`; returns the ConfigMap to apply and what was rendered.
+/// Renders the shard's file (with `reference`, the referenced content as read, and the
+/// hot-standby-sensitive settings held at `floor`, see [`floor`]) and mounts it into `objects`;
+/// returns the ConfigMap to apply and what was rendered.
 pub fn desired(
     owner: &Owner,
     shard: &Shard,
     reference: Option<&str>,
+    floor: &StandbySettings,
     objects: &mut ShardObjects,
 ) -> Result<(ConfigMap, Rendered), ConfigError> {
-    let rendered = render_shard(&owner.cluster, &shard.spec, reference)?;
+    let rendered = render_shard(&owner.cluster, &shard.spec, reference, floor)?;
     let config_map = config_map(owner, shard, &rendered);
     mount_into(objects, &config_map.name_any(), &rendered);
     Ok((config_map, rendered))

@@ -14,13 +14,20 @@
 //! standby every commit waits for. A recreated pod carries no label until it is read again,
 //! so it counts as outside. Without a published cohort (the data-handler cannot call the
 //! multipoolers, e.g. under `internalTLS`) restarts follow readiness alone.
+//!
+//! A template never lowers a hot-standby-sensitive setting below what the pods run: the
+//! rendered file holds it (see [`multigres_api::postgres::standby`]), so a restart here never
+//! starts a standby below its primary's values.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use multigres_api::labels::{COHORT, COHORT_MEMBER, ROLE, SWITCHOVER_REQUESTED, USER_SWITCHOVER};
+use multigres_api::labels::{
+    COHORT, COHORT_MEMBER, HOT_STANDBY_SETTINGS, ROLE, SWITCHOVER_REQUESTED, USER_SWITCHOVER,
+};
+use multigres_api::postgres::standby::{self, StandbySettings};
 
 /// The label the StatefulSet controller puts on each pod: the revision it was created from.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -71,6 +78,11 @@ pub struct PodView {
     pub user_switchover: bool,
     /// Its node is cordoned: it is about to be drained.
     pub cordoned: bool,
+    /// Its postgresql.conf restart fingerprint (from its template).
+    pub config_hash: Option<String>,
+    /// The hot-standby-sensitive settings it started with (its [`HOT_STANDBY_SETTINGS`]
+    /// stamp; `None` before it is stamped).
+    pub standby: Option<StandbySettings>,
 }
 
 impl PodView {
@@ -107,6 +119,8 @@ impl PodView {
             in_cohort: true,
             user_switchover: false,
             cordoned: false,
+            config_hash: None,
+            standby: None,
         }
     }
 }
@@ -143,6 +157,8 @@ pub enum Wait {
     Switchover(String),
     /// Pods other than the next one to restart are not healthy cohort members (yet).
     Cohort(Vec<String>),
+    /// Restarts are supervised and the revisions `pending` are not released yet.
+    Release { pending: String },
 }
 
 impl Wait {
@@ -173,6 +189,11 @@ impl Wait {
                  condition says what is missing)",
                 pods.join(", ")
             ),
+            Wait::Release { pending } => format!(
+                "restarts are supervised (multigres.com/restart-policy): the pool pods wait for a \
+                 release of {pending}; run `kubectl multigres restart <cluster>` or annotate this \
+                 Shard with multigres.com/release-restarts={pending}"
+            ),
         }
     }
 
@@ -182,6 +203,7 @@ impl Wait {
             Wait::RolesUnknown | Wait::SeveralPrimaries(_) => "WaitingForRoles",
             Wait::Switchover(_) => "WaitingForSwitchover",
             Wait::Cohort(_) => "WaitingForCohort",
+            Wait::Release { .. } => "WaitingForRelease",
             Wait::SetNotObserved(_)
             | Wait::PodTerminating(_)
             | Wait::PodMissing { .. }
@@ -242,6 +264,14 @@ pub fn pod_view(
         switchover: pod.annotations().get(SWITCHOVER_REQUESTED).cloned(),
         in_cohort: pod.labels().get(COHORT).map(String::as_str) == Some(COHORT_MEMBER),
         user_switchover: pod.annotations().contains_key(USER_SWITCHOVER),
+        config_hash: pod
+            .annotations()
+            .get(multigres_api::postgres::CONFIG_HASH_ANNOTATION)
+            .cloned(),
+        standby: pod
+            .annotations()
+            .get(HOT_STANDBY_SETTINGS)
+            .and_then(|v| standby::parse_standby(v)),
         cordoned: pod
             .spec
             .as_ref()
@@ -268,10 +298,26 @@ pub fn set_view(sts: &StatefulSet) -> SetView {
     }
 }
 
+/// The revisions outdated pods wait for, one per StatefulSet, sorted: what a release names.
+fn pending_revisions(
+    sets: &[SetView],
+    pods: &[&PodView],
+    outdated: impl Fn(&PodView) -> bool,
+) -> String {
+    let mut revisions: Vec<&str> = sets
+        .iter()
+        .filter(|s| pods.iter().any(|p| p.set == s.name && outdated(p)))
+        .filter_map(|s| s.update_revision.as_deref())
+        .collect();
+    revisions.sort_unstable();
+    revisions.join(",")
+}
+
 /// Decides the next restart across all pools of one shard (the shard has one primary across
 /// all of them). `cohort`: whether the shard's cohort is published, so Ready pods restart only
-/// while every other pod is a healthy member.
-pub fn plan(sets: &[SetView], pods: &[PodView], cohort: bool) -> Step {
+/// while every other pod is a healthy member. `released`: under supervised restarts, what the
+/// Shard's release annotation names (`Some("")` when it has none); `None` when not supervised.
+pub fn plan(sets: &[SetView], pods: &[PodView], cohort: bool, released: Option<&str>) -> Step {
     let by_set: BTreeMap<&str, &SetView> = sets.iter().map(|s| (s.name.as_str(), s)).collect();
     let mut pods: Vec<&PodView> = pods
         .iter()
@@ -297,6 +343,12 @@ pub fn plan(sets: &[SetView], pods: &[PodView], cohort: bool) -> Step {
     }
     if outdated_count == 0 {
         return Step::UpToDate { pods: pods.len() };
+    }
+    if let Some(released) = released {
+        let pending = pending_revisions(sets, &pods, outdated);
+        if released != pending {
+            return wait(Wait::Release { pending });
+        }
     }
     if let Some(p) = pods.iter().find(|p| p.terminating) {
         return wait(Wait::PodTerminating(p.name.clone()));
@@ -394,13 +446,46 @@ mod tests {
         }
     }
 
+    #[test]
+    fn supervised_restarts_wait_for_a_release_of_exactly_the_pending_revisions() {
+        let sets = [set("pool-a", "pool-a-v2", 2), set("pool-b", "pool-b-v1", 1)];
+        let pods = vec![
+            pod("pool-a-0", "pool-a-v1", Role::Replica),
+            pod("pool-a-1", "pool-a-v1", Role::Primary),
+            pod("pool-b-0", "pool-b-v1", Role::Replica),
+        ];
+        let pending = || Wait::Release {
+            pending: "pool-a-v2".into(),
+        };
+        for released in [Some(""), Some("pool-a-v1")] {
+            let step = plan(&sets, &pods, false, released);
+            assert!(
+                matches!(&step, Step::Wait { wait, outdated: 2, .. } if *wait == pending()),
+                "{step:?}"
+            );
+        }
+        assert_eq!(pending().reason(), "WaitingForRelease");
+        assert!(pending().message().contains("kubectl multigres restart"));
+        assert_eq!(
+            restarted(&plan(&sets, &pods, false, Some("pool-a-v2"))),
+            "pool-a-0"
+        );
+        assert_eq!(restarted(&plan(&sets, &pods, false, None)), "pool-a-0");
+        // Nothing outdated: nothing to release.
+        let current = [set("pool-a", "pool-a-v1", 2), set("pool-b", "pool-b-v1", 1)];
+        assert!(matches!(
+            plan(&current, &pods, false, Some("")),
+            Step::UpToDate { pods: 3 }
+        ));
+    }
+
     /// Applies the planner until everything is up to date, recreating each restarted pod at
     /// the new revision (Ready again) and handing a primary's role to the first replica that
     /// can take over when asked to, and returns the restart order.
     fn run_to_completion(sets: &[SetView], mut pods: Vec<PodView>) -> Vec<String> {
         let mut order = Vec::new();
         for _ in 0..20 {
-            match plan(sets, &pods, false) {
+            match plan(sets, &pods, false, None) {
                 Step::UpToDate { .. } => return order,
                 Step::Restart { pod: name, .. } => {
                     let p = pods.iter_mut().find(|p| p.name == name).unwrap();
@@ -446,7 +531,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v2", Role::Replica),
         ];
-        let step = plan(&sets, &pods, false);
+        let step = plan(&sets, &pods, false, None);
         assert_eq!(
             step,
             Step::Wait {
@@ -464,7 +549,7 @@ mod tests {
         pods[0].role = Role::Replica;
         pods[1].role = Role::Primary;
         assert_eq!(
-            plan(&sets, &pods, false),
+            plan(&sets, &pods, false, None),
             Step::Restart {
                 pod: "pool-a-0".into(),
                 uid: "uid-pool-a-0".into(),
@@ -480,7 +565,7 @@ mod tests {
         let sets = [set("pool-a", "v2", 1)];
         let alone = [pod("pool-a-0", "v1", Role::Primary)];
         assert_eq!(
-            plan(&sets, &alone, false),
+            plan(&sets, &alone, false, None),
             Step::Restart {
                 pod: "pool-a-0".into(),
                 uid: "uid-pool-a-0".into(),
@@ -496,7 +581,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v2", Role::Unknown),
         ];
-        assert_eq!(restarted(&plan(&sets, &unknown, false)), "pool-a-0");
+        assert_eq!(restarted(&plan(&sets, &unknown, false, None)), "pool-a-0");
     }
 
     #[test]
@@ -506,7 +591,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Primary),
             pod("pool-a-1", "v1", Role::Unknown),
         ];
-        assert_eq!(plan(&sets, &pods, false), Step::UpToDate { pods: 2 });
+        assert_eq!(plan(&sets, &pods, false, None), Step::UpToDate { pods: 2 });
     }
 
     #[test]
@@ -516,7 +601,7 @@ mod tests {
             pod("pool-a-0", "v1", Role::Unknown),
             pod("pool-a-1", "v1", Role::Replica),
         ];
-        let step = plan(&sets, &pods, false);
+        let step = plan(&sets, &pods, false, None);
         assert!(
             matches!(
                 &step,
@@ -532,7 +617,7 @@ mod tests {
         for p in &mut pods {
             p.ready = false;
         }
-        assert_eq!(restarted(&plan(&sets, &pods, false)), "pool-a-0");
+        assert_eq!(restarted(&plan(&sets, &pods, false, None)), "pool-a-0");
     }
 
     #[test]
@@ -545,7 +630,7 @@ mod tests {
         ];
         pods[1].ready = false;
         assert_eq!(
-            plan(&sets, &pods, false),
+            plan(&sets, &pods, false, None),
             Step::Wait {
                 wait: Wait::PodNotReady("pool-a-1".into()),
                 outdated: 2,
@@ -554,7 +639,7 @@ mod tests {
         );
         pods[1].terminating = true;
         assert!(matches!(
-            plan(&sets, &pods, false),
+            plan(&sets, &pods, false, None),
             Step::Wait {
                 wait: Wait::PodTerminating(_),
                 ..
@@ -562,7 +647,7 @@ mod tests {
         ));
         let missing = [pods[0].clone(), pods[2].clone()];
         assert!(matches!(
-            plan(&sets, &missing, false),
+            plan(&sets, &missing, false, None),
             Step::Wait {
                 wait: Wait::PodMissing {
                     have: 2,
@@ -583,7 +668,7 @@ mod tests {
             pod("pool-a-2", "v1", Role::Replica),
         ];
         pods[2].ready = false;
-        assert_eq!(restarted(&plan(&sets, &pods, false)), "pool-a-2");
+        assert_eq!(restarted(&plan(&sets, &pods, false, None)), "pool-a-2");
     }
 
     #[test]
@@ -595,13 +680,13 @@ mod tests {
             pod("pool-a-1", "v1", Role::Primary),
         ];
         assert!(matches!(
-            plan(&[stale], &pods, false),
+            plan(&[stale], &pods, false, None),
             Step::Wait {
                 wait: Wait::SetNotObserved(_),
                 ..
             }
         ));
-        let step = plan(&[set("pool-a", "v2", 2)], &pods, false);
+        let step = plan(&[set("pool-a", "v2", 2)], &pods, false, None);
         assert!(
             matches!(&step, Step::Wait { wait: Wait::SeveralPrimaries(p), .. } if p.len() == 2),
             "{step:?}"
@@ -648,7 +733,7 @@ mod tests {
             pod("pool-a-2", "v1", Role::Replica),
         ];
         pods[1].in_cohort = false;
-        let step = plan(&sets, &pods, true);
+        let step = plan(&sets, &pods, true, None);
         let Step::Wait { wait, .. } = &step else {
             panic!("expected a wait, got {step:?}");
         };
@@ -656,12 +741,12 @@ mod tests {
         assert_eq!(wait.reason(), "WaitingForCohort");
         assert!(wait.message().contains("pool-a-1"), "{}", wait.message());
         assert_eq!(
-            restarted(&plan(&sets, &pods, false)),
+            restarted(&plan(&sets, &pods, false, None)),
             "pool-a-2",
             "without a published cohort, readiness decides"
         );
         pods[1].in_cohort = true;
-        assert_eq!(restarted(&plan(&sets, &pods, true)), "pool-a-2");
+        assert_eq!(restarted(&plan(&sets, &pods, true, None)), "pool-a-2");
     }
 
     #[test]
@@ -674,7 +759,7 @@ mod tests {
         ];
         pods[2].in_cohort = false;
         assert!(matches!(
-            plan(&sets, &pods, true),
+            plan(&sets, &pods, true, None),
             Step::Wait {
                 wait: Wait::Cohort(_),
                 ..
@@ -683,7 +768,7 @@ mod tests {
         pods[2].in_cohort = true;
         pods[0].in_cohort = false;
         assert_eq!(
-            plan(&sets, &pods, true),
+            plan(&sets, &pods, true, None),
             Step::Wait {
                 wait: Wait::Switchover("pool-a-0".into()),
                 outdated: 1,
@@ -704,6 +789,6 @@ mod tests {
         pods[1].ready = false;
         pods[1].in_cohort = false;
         pods[2].in_cohort = false;
-        assert_eq!(restarted(&plan(&sets, &pods, true)), "pool-a-1");
+        assert_eq!(restarted(&plan(&sets, &pods, true, None)), "pool-a-1");
     }
 }

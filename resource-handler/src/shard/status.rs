@@ -6,15 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use multigres_api::v1alpha1::{Shard, ShardStatus};
+use multigres_api::v1alpha1::{PRIMARY_SERVING, Phase, Shard, ShardStatus};
 use multigres_common::status_pacer;
 
 use super::apply::Outcome;
 use super::build::{self, ShardObjects};
-use super::rollout::{self, PodView, Step};
+use super::rollout::{self, PodView, Step, Wait};
 use super::scale::{self, HeldScaleUp};
 use super::{
     Desired, Error, Guard, NAME, ROLLING_UPDATE, Rejected, labelled_for, pgconfig, switchover,
@@ -71,7 +72,7 @@ pub(super) async fn write(
     outcome: Outcome,
 ) -> Result<Action, Error> {
     let objects = &desired.objects;
-    let (pools, orchs) = outcome.observed.counts(objects);
+    let (pools, orchs) = outcome.observed.counts(objects, outcome.paused);
     // The pool pods as this reconcile's writes and restarts left them, read once for the
     // status.
     let cached = ctx
@@ -83,7 +84,7 @@ pub(super) async fn write(
         orchs,
         pool_pods: current_pool_pods(objects, pods),
         rollout: outcome.step.clone(),
-        storage: Some(outcome.resize.condition()),
+        storage: (!outcome.paused).then(|| outcome.resize.condition()),
         pgbackrest_tls: outcome.tls,
         switchover: switchover::condition(outcome.step.as_ref(), &outcome.downs, &outcome.requests),
         held: outcome.held,
@@ -96,6 +97,7 @@ pub(super) async fn write(
             .filter_map(|pod| unready::node_not_reporting(pod).map(str::to_owned))
             .collect(),
         problem: None,
+        paused: outcome.paused,
     };
     let now = Timestamp::now();
     let mut written = status(shard, &report, now);
@@ -198,6 +200,9 @@ pub struct Report<'a> {
     pub silent_nodes: BTreeSet<String>,
     /// Why the spec cannot be realised.
     pub problem: Option<&'a str>,
+    /// The cluster is paused: nothing was applied, and the verdicts of what was not looked at
+    /// (volumes, pgBackRest TLS) stay as they were.
+    pub paused: bool,
 }
 
 /// Pods listed by name in a condition message, at most; the rest are counted.
@@ -294,12 +299,33 @@ fn known_primary<'s>(shard: &'s Shard, pods: &BTreeSet<String>) -> Result<&'s st
     })
 }
 
+/// The data-handler's `PrimaryServing` among `observed`, when `False`: the primary's
+/// PostgreSQL refuses client connections, which no readiness, role or cohort shows.
+fn refusing(observed: &[Condition]) -> Option<&Condition> {
+    observed
+        .iter()
+        .find(|c| c.type_ == PRIMARY_SERVING && c.status == FALSE)
+}
+
+/// `message` led by why the primary refuses connections, when it does.
+fn with_refusal(refusal: Option<&Condition>, message: String) -> String {
+    match refusal {
+        Some(c) => format!(
+            "the primary refuses connections ({PRIMARY_SERVING} {}): {}; {message}",
+            c.reason, c.message
+        ),
+        None => message,
+    }
+}
+
 /// The status fields and conditions this handler owns on a Shard.
 ///
 /// `Available` means the shard serves SQL: every pool pod and every cell's multiorch is
 /// Ready, and a current pool pod is the primary (see [`known_primary`]). With everything
 /// Ready but no primary known, `Available` is False with reason `NoPrimary` and the phase
-/// stays Progressing: multiorch elects one within seconds of PostgreSQL running.
+/// stays Progressing: multiorch elects one within seconds of PostgreSQL running. While the
+/// data-handler's `PrimaryServing` is False the phase is Degraded, with its message first, so
+/// the TableGroup and the MultigresCluster are Degraded too, saying why.
 pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus {
     let pool_ready: i32 = report.pools.iter().map(|c| c.ready).sum();
     let pool_desired: i32 = report.pools.iter().map(|c| c.desired).sum();
@@ -347,41 +373,52 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     desired.extend(report.switchover.clone());
     desired.extend(report.scale_down.clone());
     desired.extend(report.drain.clone());
+    desired.extend(report.paused.then(|| crate::conditions::paused("shard")));
     let observed = shard
         .status
         .as_ref()
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
+    let refusal = refusing(observed);
     let generation = shard.metadata.generation;
     let mut conditions = merge(observed, &desired, generation, now);
-    if report.storage.is_none() {
-        conditions.extend(
-            observed
-                .iter()
-                .filter(|c| c.type_ == STORAGE_SYNCED)
-                .cloned(),
-        );
-    }
+    let kept = |type_: &str| {
+        (type_ == STORAGE_SYNCED && report.storage.is_none())
+            || (type_ == crate::tls::PGBACKREST_TLS && report.paused)
+    };
+    conditions.extend(observed.iter().filter(|c| kept(&c.type_)).cloned());
     ShardStatus {
         observed_generation: generation,
         conditions,
-        phase: Some(phase(healthy, report.problem, &report.silent_nodes)),
+        phase: Some(match refusal {
+            Some(_) => Phase::Degraded,
+            None => phase(healthy, report.problem, &report.silent_nodes),
+        }),
         message: Some(match report.problem {
             Some(problem) => problem.to_owned(),
-            None => with_lost_pods("pool pods", &report.silent_nodes, message),
+            None => with_refusal(
+                refusal,
+                with_lost_pods("pool pods", &report.silent_nodes, message),
+            ),
         }),
         cells: build::pool_cells(&shard.spec),
         orch_ready: Some(orch_ready),
         pools_ready: Some(pools_ready),
         ready_replicas: Some(pool_ready),
+        pending_restart: match &report.rollout {
+            Some(Step::Wait {
+                wait: Wait::Release { pending },
+                ..
+            }) => Some(pending.clone()),
+            _ => None,
+        },
         ..Default::default()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-    use multigres_api::v1alpha1::Phase;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
     use crate::shard::scale::{self, ScaleDown};
@@ -447,6 +484,60 @@ mod tests {
     }
 
     #[test]
+    fn a_primary_refusing_connections_makes_the_shard_degraded_saying_why() {
+        let report = Report {
+            pools: vec![counts(3, 3)],
+            orchs: vec![counts(1, 1)],
+            pool_pods: pods(3),
+            rollout: Some(Step::UpToDate { pods: 3 }),
+            ..Report::default()
+        };
+        let elected = with_roles(shard(), &[("zone-a-0", "PRIMARY")]);
+        let now = Timestamp::from_second(1).unwrap();
+        let st = status(&elected, &report, now);
+        assert_eq!(st.phase, Some(Phase::Healthy));
+        let serving = |status: &str| Condition {
+            type_: PRIMARY_SERVING.into(),
+            status: status.into(),
+            reason: if status == FALSE {
+                "ConnectionSlotsExhausted"
+            } else {
+                "PrimaryAcceptsConnections"
+            }
+            .into(),
+            message: "primary p-0 refuses connections: every connection slot is taken".into(),
+            observed_generation: Some(3),
+            last_transition_time: Time(now),
+        };
+        let mut refused = elected.clone();
+        let stored = refused.status.as_mut().unwrap();
+        stored.conditions.push(serving(FALSE));
+        let st = status(&refused, &report, now);
+        assert_eq!(st.phase, Some(Phase::Degraded));
+        assert_eq!(
+            available_of(&st).status,
+            TRUE,
+            "the pods serve; their primary refuses"
+        );
+        assert!(
+            st.message.as_deref().unwrap().starts_with(
+                "the primary refuses connections (PrimaryServing ConnectionSlotsExhausted): \
+                 primary p-0 refuses connections: every connection slot is taken; pool pods 3/3"
+            ),
+            "{:?}",
+            st.message
+        );
+        assert!(
+            !st.conditions.iter().any(|c| c.type_ == PRIMARY_SERVING),
+            "the condition stays the data-handler's"
+        );
+        let mut accepting = elected.clone();
+        let stored = accepting.status.as_mut().unwrap();
+        stored.conditions.push(serving(TRUE));
+        assert_eq!(status(&accepting, &report, now).phase, Some(Phase::Healthy));
+    }
+
+    #[test]
     fn pods_holding_the_shard_back_are_named_with_why() {
         let unready: Vec<String> = (0..5)
             .map(|i| format!("pool-main-z1-{i}: unschedulable: 0/3 nodes are available"))
@@ -480,6 +571,51 @@ mod tests {
     }
 
     #[test]
+    fn a_paused_shard_says_so_and_keeps_the_verdicts_it_did_not_look_at() {
+        let now = Timestamp::from_second(9).unwrap();
+        let mut s = shard();
+        let stored = |type_: &str, reason: &str| Condition {
+            type_: type_.into(),
+            status: TRUE.into(),
+            reason: reason.into(),
+            message: "as it was".into(),
+            observed_generation: Some(1),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+        };
+        s.status = Some(ShardStatus {
+            conditions: vec![
+                stored(STORAGE_SYNCED, "UpToDate"),
+                stored(crate::tls::PGBACKREST_TLS, "Ready"),
+            ],
+            ..Default::default()
+        });
+        let report = Report {
+            pools: vec![counts(3, 3)],
+            orchs: vec![counts(1, 1)],
+            rollout: Some(Step::UpToDate { pods: 3 }),
+            paused: true,
+            ..Default::default()
+        };
+        let st = status(&s, &report, now);
+        let types: Vec<&str> = st.conditions.iter().map(|c| c.type_.as_str()).collect();
+        for kept in [STORAGE_SYNCED, crate::tls::PGBACKREST_TLS, "Paused"] {
+            assert!(types.contains(&kept), "{kept} in {types:?}");
+        }
+        let paused = st.conditions.iter().find(|c| c.type_ == "Paused").unwrap();
+        assert_eq!(paused.reason, "PausedByAnnotation");
+        // Resumed: the condition goes.
+        let resumed = status(
+            &s,
+            &Report {
+                paused: false,
+                ..report
+            },
+            now,
+        );
+        assert!(resumed.conditions.iter().all(|c| c.type_ != "Paused"));
+    }
+
+    #[test]
     fn status_climbs_to_available_once_pools_and_multiorch_are_ready_and_a_primary_is_known() {
         let now = Timestamp::from_second(9).unwrap();
         let s = shard();
@@ -498,6 +634,7 @@ mod tests {
             unready: Vec::new(),
             silent_nodes: BTreeSet::new(),
             problem: None,
+            paused: false,
         };
         let st = status(&s, &report, now);
         let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();

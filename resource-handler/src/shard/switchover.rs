@@ -388,14 +388,8 @@ mod tests {
             name: name.into(),
             uid: format!("uid-{name}"),
             set: "pool".into(),
-            revision: None,
-            ready: true,
-            terminating: false,
-            role: Role::Primary,
             switchover: request.map(Into::into),
-            in_cohort: true,
-            user_switchover: false,
-            cordoned: false,
+            ..PodView::ready(name, Role::Primary)
         }
     }
 

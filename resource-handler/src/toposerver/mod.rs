@@ -24,7 +24,7 @@ use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
 use multigres_common::status_pacer;
 
-use crate::conditions::{AVAILABLE, Computed, FALSE, TRUE, merge, phase, with_lost_pods};
+use crate::conditions::{AVAILABLE, Computed, FALSE, TRUE, merge, paused, phase, with_lost_pods};
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
 use crate::controller::{Classify, Ctx, error_policy, observe, owned};
@@ -190,10 +190,14 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             return Err(Error::InvalidSpec(problem));
         }
     };
-    let storage = apply(ctx, guard, &input, objects).await?;
+    // A paused cluster's etcd is left as it is; its status is still reported.
+    let storage = match multigres_api::labels::paused(topo.annotations()) {
+        true => None,
+        false => Some(apply(ctx, guard, &input, objects).await?),
+    };
     let observed_sts = observed_statefulset(ctx, &owner);
     let observed = observed_sts.as_deref();
-    let deferred = write_status(ctx, &statuses, topo, observed, Some(storage), None).await?;
+    let deferred = write_status(ctx, &statuses, topo, observed, storage, None).await?;
     Ok(status_pacer::action(None, deferred))
 }
 
@@ -416,6 +420,7 @@ pub fn status(
     let healthy = counts.all_ready();
     let mut desired = vec![available];
     desired.extend(storage);
+    desired.extend(multigres_api::labels::paused(topo.annotations()).then(|| paused("TopoServer")));
     let observed = topo
         .status
         .as_ref()
@@ -424,7 +429,7 @@ pub fn status(
     let generation = topo.metadata.generation;
     let mut conditions = merge(observed, &desired, generation, now);
     if desired.iter().all(|c| c.type_ != STORAGE_SYNCED) {
-        // Keep the last storage verdict while the spec cannot be applied.
+        // Keep the last storage verdict while the spec cannot be applied (or is paused).
         conditions.extend(
             observed
                 .iter()

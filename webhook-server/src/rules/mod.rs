@@ -7,10 +7,13 @@
 //! quantity and duration comparisons, and whole-block removals that slip past CEL transition
 //! rules. A few CEL checks are repeated to get a message naming the exact field.
 
+pub mod backup_request;
 pub mod children;
 pub mod cluster;
 pub mod expansion;
+pub mod pod_metadata;
 pub mod postgres;
+pub mod switches;
 pub mod templates;
 pub mod unimplemented;
 
@@ -19,7 +22,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use multigres_api::v1alpha1::{GatewayBufferConfig, PvcDeletionPolicy, PvcRetentionPolicyType};
+use multigres_api::v1alpha1::{
+    GatewayBufferConfig, GoDuration, PvcDeletionPolicy, PvcRetentionPolicyType,
+};
 
 use crate::quantity::Quantity;
 use crate::violation::Findings;
@@ -76,15 +81,35 @@ fn quantities<'a>(
     parsed
 }
 
-/// Checks a volume size is a positive quantity.
+/// The smallest volume size admitted. Kubernetes takes a PersistentVolumeClaim of a few bytes,
+/// but no etcd member, PGDATA or backup repository fits in less than a mebibyte, and such a size
+/// is always a slip (`1M` meant as `1Gi`, `1m` as a milli-something).
+pub const MIN_VOLUME: &str = "1Mi";
+
+/// Checks a volume size is a whole number of bytes, at least [`MIN_VOLUME`].
 pub fn storage_size(findings: &mut Findings, path: &str, size: Option<&str>) {
     let Some(size) = size else {
         return;
     };
+    let minimum = Quantity::parse(MIN_VOLUME).ok();
     match Quantity::parse(size) {
         Ok(q) if q.is_negative() || q.is_zero() => findings.violation(
             path,
             format!("{size:?} must be a positive size such as 10Gi"),
+        ),
+        Ok(q) if !q.is_whole() => findings.violation(
+            path,
+            format!(
+                "{size:?} is not a whole number of bytes (the suffix m is a thousandth); use a \
+                 size such as 10Gi"
+            ),
+        ),
+        Ok(q) if minimum.is_some_and(|m| q < m) => findings.violation(
+            path,
+            format!(
+                "{size:?} is below {MIN_VOLUME}, the smallest volume that can hold any data; \
+                 use a size such as 10Gi"
+            ),
         ),
         Ok(_) => {}
         Err(error) => findings.violation(path, format!("{error}; use a size such as 10Gi")),
@@ -112,8 +137,11 @@ pub fn pvc_policy_warning(findings: &mut Findings, path: &str, policy: Option<&P
     if policy.and_then(|p| p.when_deleted) == Some(PvcRetentionPolicyType::Delete) {
         findings.warning(
             format!("{path}.whenDeleted"),
-            "is Delete: the PersistentVolumeClaims, and the data on them, are deleted with their \
-             owner; use Retain to keep them",
+            "is Delete: deleting the cluster (or removing this component) deletes its pool and \
+             etcd PersistentVolumeClaims and the data on them; a filesystem backup volume is \
+             kept unless the cluster's annotation multigres.com/confirm-delete-backups names the \
+             cluster (docs/operations.md, \"Changes that delete data\"); use Retain to keep \
+             them all",
         );
     }
 }
@@ -235,14 +263,26 @@ fn buffer_duration(
     field: &Option<BufferField>,
 ) -> Option<(Duration, BufferField)> {
     let field = field.as_ref()?;
-    let parsed = duration::parse(&field.text);
-    if parsed.is_none() {
-        findings.violation(
-            &field.path,
-            format!("{:?} is not a duration such as 10s or 1m30s", field.text),
-        );
+    match duration::parse_go(&field.text) {
+        Ok(parsed) => Some((parsed, field.clone())),
+        Err(error) => {
+            findings.violation(&field.path, error.to_string());
+            None
+        }
     }
-    parsed.map(|d| (d, field.clone()))
+}
+
+/// Checks a duration Multigres takes as a flag parses as Go parses it, so the process starts.
+pub fn go_duration(
+    findings: &mut Findings,
+    path: impl FnOnce() -> String,
+    value: Option<&GoDuration>,
+) {
+    if let Some(value) = value
+        && let Err(error) = duration::parse_go(value.as_str())
+    {
+        findings.violation(path(), error.to_string());
+    }
 }
 
 /// Checks that postgres and multipooler run as the same UID, since both read and write PGDATA.
@@ -330,8 +370,20 @@ mod tests {
         storage_size(&mut f, "b", Some("0Gi"));
         storage_size(&mut f, "c", Some("10GB"));
         storage_size(&mut f, "d", None);
+        storage_size(&mut f, "e", Some("1m"));
+        storage_size(&mut f, "f", Some("1.5"));
+        storage_size(&mut f, "g", Some("1000Ki"));
+        storage_size(&mut f, "h", Some("1Mi"));
+        storage_size(&mut f, "i", Some("1.5e-2147483648"));
         let fields: Vec<_> = f.violations.iter().map(|v| v.field.as_str()).collect();
-        assert_eq!(fields, ["b", "c"]);
+        assert_eq!(fields, ["b", "c", "e", "f", "g", "i"]);
+        assert!(
+            f.violations[2]
+                .message
+                .contains("not a whole number of bytes")
+        );
+        assert!(f.violations[4].message.contains("below 1Mi"));
+        assert!(f.violations[5].message.contains("out of range"), "{f:?}");
     }
 
     #[test]
@@ -397,6 +449,24 @@ mod tests {
         let mut f = Findings::default();
         buffer(&mut f, &disabled, true);
         assert!(f.allowed());
+    }
+
+    #[test]
+    fn durations_go_cannot_hold_are_refused() {
+        let mut f = Findings::default();
+        buffer(&mut f, &settings(Some("3000000h"), Some("3000000h")), true);
+        let fields: Vec<_> = f.violations.iter().map(|v| v.field.as_str()).collect();
+        assert_eq!(fields, ["b.window", "b.maxFailoverDuration"]);
+        assert!(
+            f.violations[0].message.contains("2562047h47m16.854775807s"),
+            "{f:?}"
+        );
+        let mut f = Findings::default();
+        go_duration(&mut f, || "g".into(), Some(&GoDuration::new("2562048h")));
+        go_duration(&mut f, || "ok".into(), Some(&GoDuration::new("2562047h")));
+        go_duration(&mut f, || "none".into(), None);
+        let fields: Vec<_> = f.violations.iter().map(|v| v.field.as_str()).collect();
+        assert_eq!(fields, ["g"]);
     }
 
     #[test]

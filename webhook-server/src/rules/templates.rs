@@ -1,6 +1,7 @@
 //! CoreTemplate, CellTemplate and ShardTemplate: valid on their own; not deleted while a cluster
-//! uses them; not changed in a way that would break a cluster using them (shrinking a volume,
-//! changing an etcd member count, dropping a pool cell).
+//! uses them; not created or changed in a way that would break a cluster using them, or delete
+//! its data (shrinking a volume, changing an etcd member count, dropping a pool or pool cell,
+//! replacing a managed etcd by an external one without the cluster's confirmation).
 
 use multigres_api::DEFAULT_TEMPLATE;
 use multigres_api::v1alpha1::{
@@ -39,14 +40,17 @@ impl TemplateSpec {
         match self {
             Self::Core(spec) => {
                 super::expansion::expansions(&mut findings, "spec", spec);
+                super::pod_metadata::pod_metadata(&mut findings, "spec", spec);
                 core(&mut findings, spec);
             }
             Self::Cell(spec) => {
                 super::expansion::expansions(&mut findings, "spec", spec);
+                super::pod_metadata::pod_metadata(&mut findings, "spec", spec);
                 cell(&mut findings, spec);
             }
             Self::Shard(spec) => {
                 super::expansion::expansions(&mut findings, "spec", spec);
+                super::pod_metadata::pod_metadata(&mut findings, "spec", spec);
                 shard(&mut findings, spec);
             }
         }
@@ -66,6 +70,22 @@ impl TemplateSpec {
             Self::Shard(spec) => {
                 templates.shard.insert(name, (**spec).clone());
             }
+        }
+    }
+}
+
+/// `templates` without the template `name` of `kind`: what the clusters resolved with before
+/// it was created.
+fn uninstall(templates: &mut Templates, kind: TemplateKind, name: &str) {
+    match kind {
+        TemplateKind::Core => {
+            templates.core.remove(name);
+        }
+        TemplateKind::Cell => {
+            templates.cell.remove(name);
+        }
+        TemplateKind::Shard => {
+            templates.shard.remove(name);
         }
     }
 }
@@ -116,6 +136,18 @@ fn cell(findings: &mut Findings, spec: &CellTemplateSpec) {
 }
 
 fn shard(findings: &mut Findings, spec: &ShardTemplateSpec) {
+    if let Some(multiorch) = &spec.multiorch {
+        super::go_duration(
+            findings,
+            || "spec.multiorch.leaderFailoverGracePeriodBase".to_owned(),
+            multiorch.leader_failover_grace_period_base.as_ref(),
+        );
+        super::go_duration(
+            findings,
+            || "spec.multiorch.leaderFailoverGracePeriodMaxJitter".to_owned(),
+            multiorch.leader_failover_grace_period_max_jitter.as_ref(),
+        );
+    }
     super::resources(
         findings,
         "spec.multiorch.resources",
@@ -286,32 +318,45 @@ pub fn deletion(kind: TemplateKind, name: &str, clusters: &[MultigresCluster]) -
     findings
 }
 
-/// What an update of template `name` would break in the clusters using it. `templates` holds
-/// the templates those clusters use, with the stored version of this one.
-pub fn update(
+/// What creating (`old` is `None`) or updating template `name` would break, or delete, in the
+/// clusters using it. `templates` holds the templates those clusters use.
+///
+/// A template created under a name clusters already fall back to (the namespace `default`)
+/// changes those clusters at their next reconcile just as an update would, so it gets the same
+/// checks: a pool it lacks would be removed, with its StatefulSets and (under
+/// `whenDeleted: Delete`) its volumes.
+pub fn change(
     name: &str,
-    old: &TemplateSpec,
+    old: Option<&TemplateSpec>,
     new: &TemplateSpec,
     clusters: &[MultigresCluster],
     templates: &Templates,
 ) -> Findings {
     let mut findings = Findings::default();
     let mut old_templates = templates.clone();
-    old.install(&mut old_templates, name);
+    match old {
+        Some(old) => old.install(&mut old_templates, name),
+        None => uninstall(&mut old_templates, new.kind(), name),
+    }
     let mut new_templates = templates.clone();
     new.install(&mut new_templates, name);
-    for (cluster, _) in users(new.kind(), name, clusters) {
+    let verb = if old.is_some() { "uses" } else { "would use" };
+    for (cluster, fields) in users(new.kind(), name, clusters) {
         let cluster_name = cluster.metadata.name.as_deref().unwrap_or_default();
+        let context = format!(
+            "in MultigresCluster {cluster_name:?}, which {verb} this {} through {}",
+            new.kind(),
+            fields.join(", ")
+        );
         let effects = super::cluster::template_change(cluster, &old_templates, &new_templates);
         for violation in effects.violations {
             findings.violation(
                 violation.field,
-                format!(
-                    "{} (in MultigresCluster {cluster_name:?}, which uses this {})",
-                    violation.message,
-                    new.kind()
-                ),
+                format!("{} ({context})", violation.message),
             );
+        }
+        for warning in effects.warnings {
+            findings.warnings.push(format!("{warning} ({context})"));
         }
     }
     findings
@@ -471,22 +516,55 @@ cells: [{name: zone-a, zoneId: z-a}, {name: zone-b, zoneId: z-b, cellTemplate: f
         let new = TemplateSpec::Core(Box::new(
             serde_yaml::from_str("globalTopoServer: {etcd: {replicas: 5}}").unwrap(),
         ));
-        let findings = update("core", &old, &new, std::slice::from_ref(&user), &stored);
+        let findings = change(
+            "core",
+            Some(&old),
+            &new,
+            std::slice::from_ref(&user),
+            &stored,
+        );
         assert_eq!(
             fields(&findings),
             ["CoreTemplate \"core\" spec.globalTopoServer.etcd.replicas"]
         );
-        assert!(
-            findings.violations[0]
-                .message
-                .ends_with("(in MultigresCluster \"demo\", which uses this CoreTemplate)")
-        );
+        assert!(findings.violations[0].message.ends_with(
+            "(in MultigresCluster \"demo\", which uses this CoreTemplate through \
+                     spec.templateDefaults.coreTemplate)"
+        ));
         let unrelated = TemplateSpec::Core(Box::new(
             serde_yaml::from_str(
                 "globalTopoServer: {etcd: {replicas: 3}}\nmultiadmin: {replicas: 2}",
             )
             .unwrap(),
         ));
-        assert!(update("core", &old, &unrelated, &[user], &stored).allowed());
+        assert!(change("core", Some(&old), &unrelated, &[user], &stored).allowed());
+    }
+
+    #[test]
+    fn a_default_template_created_after_its_users_is_checked_against_them() {
+        let mut implicit = cluster(BASE);
+        implicit.metadata.name = Some("older".into());
+        let mut pinned = cluster(&format!("{BASE}templateDefaults: {{shardTemplate: own}}\n"));
+        pinned.metadata.name = Some("pinned".into());
+        let stored = templates("shard: {own: {}}\ncell: {fast: {}}");
+        let new = TemplateSpec::Shard(Box::new(serde_yaml::from_str("pools: {main: {}}").unwrap()));
+        let findings = change("default", None, &new, &[implicit, pinned], &stored);
+        assert_eq!(
+            fields(&findings),
+            ["shard postgres/default/0-inf (implicit) pools"]
+        );
+        assert_eq!(
+            findings.violations[0].message,
+            "pool \"default\" of shard postgres/default/0-inf cannot be removed or renamed: pools \
+             are append-only, since their volumes and topology entries outlive them; keep it \
+             (inline, in overrides or in the template) (in MultigresCluster \"older\", which \
+             would use this ShardTemplate through spec.databases (unset: the default shard) \
+             (names no shardTemplate, so it uses the namespace default))"
+        );
+        let keeps_default = TemplateSpec::Shard(Box::new(
+            serde_yaml::from_str("pools: {default: {}, main: {}}").unwrap(),
+        ));
+        let older = cluster(BASE);
+        assert!(change("default", None, &keeps_default, &[older], &stored).allowed());
     }
 }

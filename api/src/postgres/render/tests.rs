@@ -71,9 +71,18 @@ work_mem = '1092kB'
 # Fingerprint of the settings a reload applies: tells whether PostgreSQL read this file.
 multigres.config_reload_marker = '";
 
+/// [`render`] of servers named [`NAME`] with no referenced ConfigMap and nothing held.
+fn render_plain(
+    resources: Resources,
+    tls: bool,
+    config: &BTreeMap<String, String>,
+) -> Result<Rendered, RenderError> {
+    render(NAME, resources, tls, None, config, &StandbySettings::new())
+}
+
 #[test]
 fn without_sizes_the_file_is_the_baseline_and_the_marker() {
-    let r = render(NAME, Resources::default(), false, None, &BTreeMap::new()).unwrap();
+    let r = render_plain(Resources::default(), false, &BTreeMap::new()).unwrap();
     assert_eq!(
         r.text,
         format!("{DEFAULT_FILE}{}'\n", r.split.reload_hash),
@@ -92,10 +101,9 @@ fn memory_sizes_buffers_caches_and_work_memory() {
         memory_bytes: Some(512 << 20),
         cpu_millis: Some(100),
         disk_bytes: None,
+        memory_limit_bytes: None,
     };
-    let text = render(NAME, small, false, None, &BTreeMap::new())
-        .unwrap()
-        .text;
+    let text = render_plain(small, false, &BTreeMap::new()).unwrap().text;
     for (name, value) in [
         ("shared_buffers", "'128MB'"),
         ("effective_cache_size", "'384MB'"),
@@ -113,10 +121,9 @@ fn memory_sizes_buffers_caches_and_work_memory() {
         memory_bytes: Some(64 << 30),
         cpu_millis: Some(8000),
         disk_bytes: None,
+        memory_limit_bytes: None,
     };
-    let text = render(NAME, big, false, None, &BTreeMap::new())
-        .unwrap()
-        .text;
+    let text = render_plain(big, false, &BTreeMap::new()).unwrap().text;
     for (name, value) in [
         ("shared_buffers", "'16384MB'"),
         ("effective_cache_size", "'49152MB'"),
@@ -142,7 +149,7 @@ fn disk_sizes_the_wal_within_bounds() {
             disk_bytes: Some(disk),
             ..Resources::default()
         };
-        let text = render(NAME, r, false, None, &BTreeMap::new()).unwrap().text;
+        let text = render_plain(r, false, &BTreeMap::new()).unwrap().text;
         [
             "max_wal_size",
             "min_wal_size",
@@ -173,6 +180,7 @@ fn the_reference_then_the_map_follow_the_defaults_and_win() {
         false,
         Some((&reference, content)),
         &config,
+        &StandbySettings::new(),
     )
     .unwrap();
     let tail = r.text.split_once("work_mem = '1092kB'\n").unwrap().1;
@@ -229,7 +237,7 @@ fn settings_split_by_when_postgres_applies_them() {
 #[test]
 fn a_reload_class_change_moves_only_the_reload_hash() {
     let at = |config: &[(&str, &str)]| {
-        render(NAME, Resources::default(), false, None, &map(config))
+        render_plain(Resources::default(), false, &map(config))
             .unwrap()
             .split
     };
@@ -250,11 +258,9 @@ fn a_reload_class_change_moves_only_the_reload_hash() {
 
 #[test]
 fn refused_maps_and_malformed_references_say_what_and_where() {
-    let e = render(
-        NAME,
+    let e = render_plain(
         Resources::default(),
         false,
-        None,
         &map(&[("shared_bufers", "1GB"), ("port", "1")]),
     )
     .unwrap_err();
@@ -274,6 +280,7 @@ fn refused_maps_and_malformed_references_say_what_and_where() {
         false,
         Some((&reference, "work_mem = 1MB\nwork_mem =\n")),
         &BTreeMap::new(),
+        &StandbySettings::new(),
     )
     .unwrap_err();
     assert_eq!(
@@ -299,6 +306,7 @@ fn referenced_content_is_checked_by_the_same_rules_naming_configmap_key_and_para
         false,
         Some((&reference, content)),
         &BTreeMap::new(),
+        &StandbySettings::new(),
     )
     .unwrap_err();
     assert_eq!(
@@ -319,6 +327,7 @@ fn referenced_content_is_checked_by_the_same_rules_naming_configmap_key_and_para
             false,
             Some((&reference, directive)),
             &BTreeMap::new(),
+            &StandbySettings::new(),
         )
         .unwrap_err();
         assert!(
@@ -364,9 +373,17 @@ pools:
             cpu_millis: Some(4500),
             // `reports` has no size: the 1Gi default.
             disk_bytes: Some(1 << 30),
+            // `reports` sets no limit.
+            memory_limit_bytes: Some(1 << 30),
         }
     );
-    let r = render_shard("prod", &spec, Some("statement_timeout = 5s\n")).unwrap();
+    let r = render_shard(
+        "prod",
+        &spec,
+        Some("statement_timeout = 5s\n"),
+        &StandbySettings::new(),
+    )
+    .unwrap();
     assert_eq!(
         line(&r.text, "cluster_name"),
         ["cluster_name = 'prod/postgres/default/0-inf'"]
@@ -381,7 +398,7 @@ pools:
         "the map follows the sized default: 2Gi and 4 cores give (2097152kB - 524288kB) / 180 / 2"
     );
     assert!(
-        render_shard("prod", &spec, None)
+        render_shard("prod", &spec, None, &StandbySettings::new())
             .unwrap()
             .text
             .lines()
@@ -402,10 +419,10 @@ fn quantities_read_as_kubernetes_writes_them() {
 
 #[test]
 fn a_server_certificate_turns_tls_on_and_the_baseline_off_is_replaced() {
-    let plain = render(NAME, Resources::default(), false, None, &BTreeMap::new()).unwrap();
+    let plain = render_plain(Resources::default(), false, &BTreeMap::new()).unwrap();
     assert_eq!(line(&plain.text, "ssl"), ["ssl = 'off'"]);
     assert!(line(&plain.text, "ssl_cert_file").is_empty());
-    let tls = render(NAME, Resources::default(), true, None, &BTreeMap::new()).unwrap();
+    let tls = render_plain(Resources::default(), true, &BTreeMap::new()).unwrap();
     assert_eq!(line(&tls.text, "ssl"), ["ssl = 'on'"]);
     assert_eq!(
         line(&tls.text, "ssl_cert_file"),
@@ -418,4 +435,63 @@ fn a_server_certificate_turns_tls_on_and_the_baseline_off_is_replaced() {
     // ssl is a reload-class setting: turning it on restarts no pod.
     assert_eq!(plain.split.restart_hash, tls.split.restart_hash);
     assert_ne!(plain.split.reload_hash, tls.split.reload_hash);
+}
+
+#[test]
+fn referenced_shared_memory_must_fit_the_smallest_memory_limit() {
+    let r = PostgresConfigRef {
+        name: "tuning".into(),
+        key: "pg.conf".into(),
+    };
+    let resources = Resources {
+        memory_bytes: Some(1 << 30),
+        memory_limit_bytes: Some(1 << 30),
+        ..Resources::default()
+    };
+    let at = |content: &str| {
+        render(
+            NAME,
+            resources,
+            false,
+            Some((&r, content)),
+            &BTreeMap::new(),
+            &StandbySettings::new(),
+        )
+    };
+    let e = at("shared_buffers = 1GB\nwal_buffers = 16MB\n").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "postgresConfigRef ConfigMap \"tuning\" key \"pg.conf\" is refused and not rendered (the \
+         pods keep their last postgresql.conf): shared_buffers: shared_buffers plus wal_buffers \
+         need 1040 MiB of shared memory, more than the smallest postgres memory limit of the \
+         shard's pools (1024 MiB): PostgreSQL would fail to start or be OOM-killed; lower them \
+         or raise the limit"
+    );
+    assert!(at("shared_buffers = 512MB\n").is_ok());
+    // A reference that sizes no shared memory leaves the operator's own sizing alone.
+    assert!(at("work_mem = 8MB\n").is_ok());
+}
+
+#[test]
+fn a_setting_below_the_floor_is_held_last_and_sizes_the_pools() {
+    let floor = super::standby::parse_standby("max_connections=100").unwrap();
+    let config = map(&[("max_connections", "50")]);
+    let r = render(NAME, Resources::default(), false, None, &config, &floor).unwrap();
+    assert_eq!(
+        r.held.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["max_connections 100 (asked 50)"]
+    );
+    let held = r.text.find("# Held at the values").expect("a held section");
+    assert!(
+        r.text[held..].contains("max_connections = 100\n"),
+        "{}",
+        r.text
+    );
+    assert_eq!(r.split.restart["max_connections"], "100");
+    let asked = render_plain(
+        Resources::default(),
+        false,
+        &map(&[("max_connections", "100")]),
+    );
+    assert_eq!(r.pool, asked.unwrap().pool);
 }

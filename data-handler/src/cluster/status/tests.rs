@@ -236,3 +236,65 @@ fn a_starting_managed_server_is_waited_for_without_alarm() {
         c[0].message
     );
 }
+
+fn shard_with(name: &str, status: &str) -> Shard {
+    let mut shard = Shard::new(name, Default::default());
+    shard.status = Some(serde_yaml::from_str(status).unwrap());
+    shard
+}
+
+#[test]
+fn the_backup_request_is_rolled_up_over_the_clusters_shards() {
+    let mut cluster = MultigresCluster::new("prod", Default::default());
+    let done = shard_with(
+        "prod-postgres-default-0-80",
+        "requestedBackup: {id: r1, type: full, state: Completed, backup: 20261204-221503F}",
+    );
+    let running = shard_with(
+        "prod-postgres-default-80-inf",
+        "requestedBackup: {id: r1, type: full, state: Running, pod: p-1}",
+    );
+    assert_eq!(backup_request(&cluster, std::slice::from_ref(&done)), None);
+    cluster.metadata.annotations = Some([(REQUEST.to_owned(), "r1".to_owned())].into());
+    let half = backup_request(&cluster, &[done.clone(), running]).unwrap();
+    assert_eq!(
+        (half.state, half.shards_completed, half.shards_total),
+        (BackupRequestPhase::Running, 1, 2)
+    );
+    let other = shard_with(
+        "prod-postgres-default-80-inf",
+        "requestedBackup: {id: r1, type: full, state: Completed}",
+    );
+    let all = backup_request(&cluster, &[done, other]).unwrap();
+    assert_eq!(all.state, BackupRequestPhase::Completed);
+
+    let notice = backup_request_notice(Some(&half), Some(&all)).unwrap();
+    assert_eq!(notice.reason, BACKUP_REQUEST_COMPLETED);
+    assert_eq!(
+        notice.message,
+        "request r1: the backup completed on all 2 shards"
+    );
+    assert_eq!(
+        backup_request_notice(Some(&all), Some(&all)),
+        None,
+        "told once"
+    );
+    assert_eq!(backup_request_notice(None, Some(&half)), None);
+}
+
+#[test]
+fn a_failed_backup_request_is_told_with_the_shards_reasons() {
+    let mut cluster = MultigresCluster::new("prod", Default::default());
+    cluster.metadata.annotations = Some([(REQUEST.to_owned(), "r2".to_owned())].into());
+    let failed = shard_with(
+        "prod-postgres-default-0-inf",
+        "requestedBackup: {id: r2, type: full, state: Failed, message: lease held}",
+    );
+    let rollup = backup_request(&cluster, &[failed]).unwrap();
+    let notice = backup_request_notice(None, Some(&rollup)).unwrap();
+    assert_eq!(notice.type_, EventType::Warning);
+    assert_eq!(
+        notice.message,
+        "request r2: the backup failed on 1 of 1 shards: shard prod-postgres-default-0-inf: lease held"
+    );
+}

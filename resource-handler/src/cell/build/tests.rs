@@ -215,6 +215,20 @@ fn a_region_cell_is_pinned_to_its_region() {
 }
 
 #[test]
+fn a_zone_cell_is_pinned_by_the_well_known_zone_label() {
+    let mut cell = fixture();
+    cell.spec.zone_id = None;
+    cell.spec.zone = Some(multigres_api::v1alpha1::Zone::new("europe-west1-b"));
+    assert_eq!(
+        cell_node_selector(&cell.spec),
+        BTreeMap::from([(
+            "topology.kubernetes.io/zone".to_owned(),
+            "europe-west1-b".to_owned()
+        )])
+    );
+}
+
+#[test]
 fn internal_tls_mounts_the_gateway_certificate_and_adds_its_flags() {
     let mut cell = fixture();
     cell.spec.internal_tls = Some(multigres_api::v1alpha1::InternalTlsConfig {

@@ -11,7 +11,8 @@ fn fixture() -> Shard {
 }
 
 fn objects(shard: &Shard) -> ShardObjects {
-    build(&Owner::of(shard).unwrap(), &shard.spec).unwrap()
+    let owner = Owner::of(shard).unwrap();
+    build(&owner, &shard.spec, BackupDeletion::of(shard, &owner)).unwrap()
 }
 
 fn pool<'a>(o: &'a ShardObjects, cell: &str) -> &'a PoolObjects {
@@ -369,10 +370,26 @@ fn volumes_storage_and_retention_follow_the_pool() {
         backup.spec.as_ref().unwrap().access_modes.as_deref(),
         Some(&["ReadWriteMany".to_owned()][..])
     );
+    assert!(
+        backup.metadata.owner_references.is_none(),
+        "whenDeleted is Delete, but the backups' deletion is not confirmed: the volume is kept"
+    );
+    let confirmed = |value: &str| {
+        let mut shard = fixture();
+        shard.annotations_mut().insert(
+            multigres_api::confirm::DELETE_BACKUPS.to_owned(),
+            value.to_owned(),
+        );
+        objects(&shard).backup.unwrap().metadata.owner_references
+    };
     assert_eq!(
-        backup.metadata.owner_references.as_ref().unwrap()[0].kind,
+        confirmed("prod").unwrap()[0].kind,
         "Shard",
-        "the shard's whenDeleted is Delete"
+        "whenDeleted is Delete and cluster prod confirmed: the volume goes with the Shard"
+    );
+    assert!(
+        confirmed("other").is_none(),
+        "a confirmation naming another cluster"
     );
 
     let mut retained = fixture();
@@ -580,14 +597,14 @@ fn empty_multiorch_cells_default_to_the_pools_cells_and_bad_pools_are_refused() 
     let mut no_cells = shard.spec.clone();
     no_cells.pools.values_mut().for_each(|p| p.cells.clear());
     assert!(
-        build(&owner, &no_cells)
+        build(&owner, &no_cells, BackupDeletion::Unconfirmed)
             .unwrap_err()
             .contains("at least one cell")
     );
     let mut no_pools = shard.spec.clone();
     no_pools.pools.clear();
     assert!(
-        build(&owner, &no_pools)
+        build(&owner, &no_pools, BackupDeletion::Unconfirmed)
             .unwrap_err()
             .contains("at least one pool")
     );

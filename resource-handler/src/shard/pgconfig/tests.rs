@@ -2,7 +2,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 
-use super::super::build::build;
+use super::super::build::{BackupDeletion, build};
 use super::*;
 
 const FIXTURE: &str = include_str!("../../../fixtures/shard.yaml");
@@ -23,8 +23,8 @@ fn with_config(entries: &[(&str, &str)]) -> Shard {
 /// The objects of `shard` with its file mounted, as the reconcile applies them.
 fn mounted(shard: &Shard) -> (ShardObjects, Rendered) {
     let owner = Owner::of(shard).unwrap();
-    let rendered = render_shard(&owner.cluster, &shard.spec, None).unwrap();
-    let mut objects = build(&owner, &shard.spec).unwrap();
+    let rendered = render_shard(&owner.cluster, &shard.spec, None, &Default::default()).unwrap();
+    let mut objects = build(&owner, &shard.spec, BackupDeletion::of(shard, &owner)).unwrap();
     mount_into(&mut objects, "cfg", &rendered);
     (objects, rendered)
 }
@@ -52,7 +52,7 @@ fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
 fn the_config_map_holds_the_rendered_file_and_both_fingerprints_and_is_owned_by_the_shard() {
     let shard = with_config(&[("work_mem", "8MB")]);
     let owner = Owner::of(&shard).unwrap();
-    let rendered = render_shard("prod", &shard.spec, None).unwrap();
+    let rendered = render_shard("prod", &shard.spec, None, &Default::default()).unwrap();
     let cm = config_map(&owner, &shard, &rendered);
     assert_eq!(cm.name_any(), "prod-postgres-default-0-inf-postgres-config");
     assert_eq!(cm.namespace().as_deref(), Some("db"));
@@ -420,6 +420,7 @@ fn a_failure_keeps_the_progress_and_reports_the_error() {
         in_progress: Some(false),
         last_applied_at: Some(Time(Timestamp::from_second(5).unwrap())),
         error: None,
+        held_settings: Vec::new(),
     };
     let error = ConfigError::MissingKey {
         name: "tuning".into(),
@@ -495,10 +496,17 @@ fn a_refused_referenced_configmap_is_reported_by_name_key_and_parameter_and_moun
         key: "extra.conf".into(),
     });
     let owner = Owner::of(&shard).unwrap();
-    let mut objects = build(&owner, &shard.spec).unwrap();
+    let mut objects = build(&owner, &shard.spec, BackupDeletion::of(&shard, &owner)).unwrap();
     let untouched = objects.pools[0].statefulset.clone();
     let content = "work_mem = 8MB\ninclude_if_exists '/etc/postgres-password/password'\n";
-    let error = desired(&owner, &shard, Some(content), &mut objects).unwrap_err();
+    let error = desired(
+        &owner,
+        &shard,
+        Some(content),
+        &Default::default(),
+        &mut objects,
+    )
+    .unwrap_err();
     assert!(error.is_invalid_spec(), "only an edit fixes it");
     assert_eq!(
         error.to_string(),
@@ -583,8 +591,78 @@ fn multipooler_pools_fit_within_max_connections() {
 
     let too_small = with_config(&[("max_connections", "10")]);
     let owner = Owner::of(&too_small).unwrap();
-    let error = render_shard(&owner.cluster, &too_small.spec, None).unwrap_err();
+    let error =
+        render_shard(&owner.cluster, &too_small.spec, None, &Default::default()).unwrap_err();
     let text = error.to_string();
     assert!(text.contains("postgresConfig.max_connections"), "{text}");
     assert!(text.contains("at least 14"), "{text}");
+}
+
+/// A pod view stamped with `stamp` (the hot-standby-settings annotation value).
+fn stamped_view(name: &str, stamp: &str) -> PodView {
+    PodView {
+        standby: standby::parse_standby(stamp),
+        ..PodView::ready(name, super::super::rollout::Role::Replica)
+    }
+}
+
+#[test]
+fn a_lowered_standby_setting_is_held_at_what_the_file_or_a_pod_runs() {
+    let owner = Owner::of(&fixture()).unwrap();
+    let running = with_config(&[("max_connections", "80")]);
+    let stored = config_map(
+        &owner,
+        &running,
+        &render_shard(&owner.cluster, &running.spec, None, &Default::default()).unwrap(),
+    );
+    // The stored file says 80 connections and 6 workers (from the CPU); a pod stamped with
+    // fewer connections does not lower the floor, and its 30 WAL senders raise it.
+    let pods = [stamped_view("p-0", "max_connections=60,max_wal_senders=30")];
+    // The cache keeps no file content: the ConfigMap's annotation alone carries its values.
+    let mut cached = stored.clone();
+    crate::slim_cache::slim(&mut cached);
+    assert!(cached.data.is_none());
+    assert_eq!(floor(Some(&cached), &[])["max_connections"], 80);
+    let floor = floor(Some(&cached), &pods);
+    assert_eq!(floor["max_connections"], 80);
+    assert_eq!(floor["max_worker_processes"], 6);
+    assert_eq!(floor["max_wal_senders"], 30);
+
+    let lowered = with_config(&[("max_connections", "40"), ("work_mem", "8MB")]);
+    let rendered = render_shard(&owner.cluster, &lowered.spec, None, &floor).unwrap();
+    assert_eq!(
+        rendered
+            .held
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        [
+            "max_connections 80 (asked 40)",
+            "max_wal_senders 30 (asked 25)"
+        ]
+    );
+    assert_eq!(
+        line(&rendered.text, "max_connections").last(),
+        Some(&"max_connections = 80")
+    );
+    // The pools stay sized by the 80 connections the servers run.
+    let before = render_shard(&owner.cluster, &running.spec, None, &Default::default()).unwrap();
+    assert_eq!(rendered.pool, before.pool);
+    let note = held_note(&rendered).unwrap();
+    assert!(
+        note.starts_with(
+            "kept max_connections 80 (asked 40), max_wal_senders 30 (asked 25) at the value"
+        ),
+        "{note}"
+    );
+    assert!(held_note(&before).is_none());
+
+    // Without a stored file or stamps nothing is held: a new shard renders what it is asked.
+    let fresh = render_shard(
+        &owner.cluster,
+        &lowered.spec,
+        None,
+        &super::floor(None, &[]),
+    );
+    assert!(fresh.unwrap().held.is_empty());
 }

@@ -1,12 +1,16 @@
 //! Pass 2: the spec resolved with its templates ([`multigres_api::resolver`]). Buffer durations,
 //! pool and multiorch cells that exist, postgres/multipooler UIDs, plus warnings.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use multigres_api::resolver::GlobalTopo;
+use multigres_api::resolver::cohort::{self, Durability};
 use multigres_api::v1alpha1::{BackupType, MultiorchSpec, PoolSpec, ShardConfig};
 
+use multigres_api::postgres::limits;
+
 use super::view::{ShardSite, View};
+use crate::quantity::Quantity;
 use crate::rules;
 use crate::violation::Findings;
 
@@ -80,6 +84,8 @@ pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {
             durability_warning(findings, shard, pool_name, pool);
         }
         multiorch_replicas(findings, shard);
+        multiorch_durations(findings, shard);
+        shared_memory(findings, shard);
         single_loss_warning(findings, shard);
         shared_backup_volume_warning(findings, view, shard);
         override_pools_warning(findings, shard);
@@ -124,6 +130,112 @@ fn multiorch_replicas(findings: &mut Findings, shard: &ShardSite<'_>) {
             "must be at least 1: without multiorch no primary is ever elected for the shard, \
              and a failed primary is never replaced",
         );
+    }
+}
+
+/// multiorch's failover grace periods, which it takes as Go durations.
+fn multiorch_durations(findings: &mut Findings, shard: &ShardSite<'_>) {
+    let multiorch = &shard.resolved.multiorch;
+    rules::go_duration(
+        findings,
+        || {
+            multiorch_field(shard, "leaderFailoverGracePeriodBase", |m| {
+                m.leader_failover_grace_period_base.is_some()
+            })
+        },
+        multiorch.leader_failover_grace_period_base.as_ref(),
+    );
+    rules::go_duration(
+        findings,
+        || {
+            multiorch_field(shard, "leaderFailoverGracePeriodMaxJitter", |m| {
+                m.leader_failover_grace_period_max_jitter.is_some()
+            })
+        },
+        multiorch.leader_failover_grace_period_max_jitter.as_ref(),
+    );
+}
+
+/// `shared_buffers` plus `wal_buffers` must fit the postgres container's memory limit:
+/// PostgreSQL allocates both as shared memory at start, counted against the container's limit,
+/// so it would fail to start or be OOM-killed, replica after replica in the rollout. A pool
+/// without a memory limit is not checked.
+fn shared_memory(findings: &mut Findings, shard: &ShardSite<'_>) {
+    let config = &shard.resolved.postgres_config;
+    let setting = |name: &str| {
+        config
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+    };
+    let shared = setting("shared_buffers");
+    let wal = setting("wal_buffers");
+    let bytes = |s: Option<(&str, &str)>| {
+        s.and_then(|(key, value)| limits::memory_bytes(key, value))
+            .unwrap_or(0.0)
+    };
+    let total = bytes(shared) + bytes(wal);
+    let Some((blamed, _)) = shared.or(wal) else {
+        return;
+    };
+    let written: String = [shared, wal]
+        .into_iter()
+        .flatten()
+        .map(|(key, value)| format!("{key} = {value}"))
+        .collect::<Vec<_>>()
+        .join(" plus ");
+    for (name, pool) in &shard.resolved.pools {
+        let Some(limit) = pool
+            .postgres
+            .as_ref()
+            .and_then(|c| c.resources.as_ref())
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get("memory"))
+        else {
+            continue;
+        };
+        let Ok(amount) = Quantity::parse(&limit.0) else {
+            continue;
+        };
+        if total > amount.to_f64() {
+            findings.violation(
+                postgres_config_field(shard, blamed),
+                format!(
+                    "{written} needs {:.0} MiB of shared memory, more than the memory limit {} \
+                     of the postgres container of pool {:?}: PostgreSQL would fail to start or \
+                     be OOM-killed; lower it (unset, the operator uses a quarter of the limit) \
+                     or raise the pool's postgres.resources.limits.memory",
+                    total / 1_048_576.0,
+                    limit.0,
+                    name.as_str()
+                ),
+            );
+            return;
+        }
+    }
+}
+
+/// Where `postgresConfig[<key>]` of a shard was written: its inline spec, its overrides or its
+/// template (the most specific that has it, as the resolver merges them).
+fn postgres_config_field(shard: &ShardSite<'_>, key: &str) -> String {
+    let has = |map: Option<&std::collections::BTreeMap<String, String>>| {
+        map.is_some_and(|m| m.contains_key(key))
+    };
+    let config = shard.config;
+    if has(config
+        .and_then(|c| c.spec.as_ref())
+        .map(|s| &s.postgres_config))
+    {
+        format!("{}.spec.postgresConfig[{key}]", shard.describe())
+    } else if has(config
+        .and_then(|c| c.overrides.as_ref())
+        .map(|o| &o.postgres_config))
+    {
+        format!("{}.overrides.postgresConfig[{key}]", shard.describe())
+    } else if let Some((name, _)) = shard.template {
+        format!("ShardTemplate {name:?} spec.postgresConfig[{key}]")
+    } else {
+        format!("{}.postgresConfig[{key}]", shard.describe())
     }
 }
 
@@ -187,52 +299,56 @@ fn durability_warning(
     }
 }
 
-/// A shard whose pool pods (or cells, for a `MULTI_CELL_` policy) are exactly as many as the
-/// durability policy needs: every commit waits for all of them, so losing any one (a restart,
-/// a drain, a node failure) stops writes until it is back. Fewer is warned per pool above.
+/// A shard whose cohort (every pool pod of the shard) meets its durability policy but cannot
+/// lose any one pod ([`cohort::survives_any_pod_loss`]): a restart, a drain or a node failure
+/// then stops writes until the pod is back, a drain of its node never completes, and Multigres
+/// from pull request 1349 on refuses to bootstrap it. Only an explicit `replicasPerCell` (or a
+/// `MULTI_CELL_` policy over pools in too few cells) asks for such a shape, since the defaults
+/// survive; it stays accepted, as upstream manifests write it. A shard that cannot meet the
+/// policy at all is warned per pool above.
 fn single_loss_warning(findings: &mut Findings, shard: &ShardSite<'_>) {
-    let (by_cells, required) = match shard.durability.strip_prefix("MULTI_CELL_AT_LEAST_") {
-        Some(n) => (true, n),
-        None => match shard.durability.strip_prefix("AT_LEAST_") {
-            Some(n) => (false, n),
-            None => return,
-        },
-    };
-    let Ok(required) = required.parse::<usize>() else {
+    let Some(policy) = Durability::parse(shard.durability) else {
         return;
     };
     let pools = &shard.resolved.pools;
-    let pods: usize = pools
-        .values()
-        .map(|p| usize::try_from(p.replicas_per_cell.unwrap_or(1)).unwrap_or(0) * p.cells.len())
-        .sum();
-    let cells: BTreeSet<&str> = pools
-        .values()
-        .flat_map(|p| p.cells.iter().map(|c| c.as_str()))
-        .collect();
-    let (have, unit) = if by_cells {
-        (cells.len(), "cells")
-    } else {
-        (pods, "pool pods")
-    };
-    if have != required {
+    let mut per_cell: BTreeMap<&str, usize> = BTreeMap::new();
+    for pool in pools.values() {
+        let pods = usize::try_from(pool.replicas_per_cell.unwrap_or(1)).unwrap_or(0);
+        for cell in &pool.cells {
+            *per_cell.entry(cell.as_str()).or_default() += pods;
+        }
+    }
+    let pods_per_cell: Vec<usize> = per_cell.values().copied().collect();
+    if !policy.satisfied_by(&pods_per_cell) || cohort::survives_any_pod_loss(policy, &pods_per_cell)
+    {
         return;
     }
-    let Some(pool_name) = pools.keys().next().map(|n| n.as_str()) else {
+    // Name the replicasPerCell that asked for the shape: the first pool's that is written.
+    let fields: Vec<String> = pools
+        .keys()
+        .map(|name| {
+            shard.pool_field(name.as_str(), "replicasPerCell", |p| {
+                p.replicas_per_cell.is_some()
+            })
+        })
+        .collect();
+    let Some(field) = fields
+        .iter()
+        .find(|f| !f.ends_with("(default)"))
+        .or(fields.first())
+    else {
         return;
     };
+    let pods: usize = pods_per_cell.iter().sum();
+    let cells = pods_per_cell.iter().filter(|&&p| p > 0).count();
     findings.warning(
-        shard.pool_field(pool_name, "replicasPerCell", |p| {
-            p.replicas_per_cell.is_some()
-        }),
+        field,
         format!(
-            "shard {} runs {have} {unit} and durability policy {} needs {required} to \
-             acknowledge every commit: losing any one (a restart, a drain, a node failure) \
-             stops writes until it returns; {} {unit} keep accepting writes through the loss \
-             of one",
-            shard.key,
-            shard.durability,
-            required + 1
+            "shard {} cannot lose any one of its {pods} pool pods in {cells} cell(s) (a \
+             restart, a drain, a node failure): under durability policy {} the others cannot \
+             elect a primary and accept writes until it returns; 3 pods in one cell, 2 per cell \
+             in two or 1 per cell in three survive it (the default when replicasPerCell is unset)",
+            shard.key, shard.durability,
         ),
     );
 }
@@ -328,15 +444,18 @@ mod tests {
         ));
         let findings = validate(&new, None, &Templates::default());
         assert!(findings.allowed());
-        assert_eq!(findings.warnings.len(), 4, "{:?}", findings.warnings);
+        assert_eq!(findings.warnings.len(), 3, "{:?}", findings.warnings);
         assert!(findings.warnings[0].starts_with("spec.pvcDeletionPolicy.whenDeleted: is Delete"));
         assert!(
             findings.warnings[1]
                 .starts_with("spec.globalTopoServer.etcd.replicas: the global etcd has 1 member")
         );
         assert!(
-            findings.warnings[2].contains("runs 2 pool pods"),
-            "the default shard's 2 pool pods under AT_LEAST_2"
+            findings
+                .warnings
+                .iter()
+                .all(|w| !w.contains("cannot lose any one")),
+            "the default shard's 3 pool pods survive the loss of one"
         );
     }
 
@@ -379,6 +498,42 @@ cells:
             findings.violations[0]
                 .message
                 .starts_with("buffer window (15s) must not exceed maxFailoverDuration (12s)")
+        );
+    }
+
+    #[test]
+    fn shared_buffers_must_fit_the_postgres_memory_limit() {
+        let big = cluster(&shard("overrides: {postgresConfig: {shared_buffers: 8GB}}"));
+        let findings = validate(&big, None, &Templates::default());
+        assert_eq!(
+            fields(&findings),
+            [format!("{SHARD}.overrides.postgresConfig[shared_buffers]")]
+        );
+        assert!(
+            findings.violations[0].message.starts_with(
+                "shared_buffers = 8GB needs 8192 MiB of shared memory, more than the memory \
+                 limit 512Mi of the postgres container of pool \"default\""
+            ),
+            "{findings:?}"
+        );
+        let t = templates(
+            "shard: {std: {postgresConfig: {shared_buffers: 300MB, wal_buffers: 16MB}, pools: \
+             {main: {postgres: {resources: {limits: {memory: 300Mi}}}}}}}",
+        );
+        let findings = validate(&cluster(&shard("shardTemplate: std")), None, &t);
+        assert_eq!(
+            fields(&findings),
+            ["ShardTemplate \"std\" spec.postgresConfig[shared_buffers]"]
+        );
+        let fits = cluster(&shard("spec: {postgresConfig: {shared_buffers: 128MB}}"));
+        assert!(validate(&fits, None, &Templates::default()).allowed());
+        let unlimited = cluster(&shard(
+            "spec: {postgresConfig: {shared_buffers: 8GB}, pools: {main: {postgres: \
+             {resources: {requests: {memory: 1Gi}}}}}}",
+        ));
+        assert!(
+            validate(&unlimited, None, &Templates::default()).allowed(),
+            "no memory limit, nothing to compare with"
         );
     }
 
@@ -480,31 +635,60 @@ cells:
 
     #[test]
     fn a_shard_that_cannot_lose_one_pod_says_so_and_what_would_survive_it() {
-        let new = cluster(&shard(
+        let warned = |pools: &str, policy: &str| {
+            let new = cluster(&format!("{}{policy}", shard(pools)));
+            let findings = validate(&new, None, &Templates::default());
+            assert!(findings.allowed(), "{findings:?}");
+            findings
+                .warnings
+                .into_iter()
+                .find(|w| w.contains("cannot lose any one"))
+        };
+        let two = warned(
             "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 2}}}",
-        ));
-        let findings = validate(&new, None, &Templates::default());
-        assert!(findings.allowed());
-        assert_eq!(findings.warnings.len(), 2, "{:?}", findings.warnings);
+            "",
+        )
+        .expect("2 pods under AT_LEAST_2 warn");
         assert!(
-            findings.warnings[0].starts_with(&format!(
-                "{SHARD}.spec.pools[main].replicasPerCell: shard postgres/default/0-inf runs 2 \
-                 pool pods and durability policy AT_LEAST_2 needs 2"
+            two.starts_with(&format!(
+                "{SHARD}.spec.pools[main].replicasPerCell: shard postgres/default/0-inf cannot \
+                 lose any one of its 2 pool pods in 1 cell(s)"
             )),
-            "{}",
-            findings.warnings[0]
+            "{two}"
         );
-        assert!(
-            findings.warnings[0]
-                .ends_with("3 pool pods keep accepting writes through the loss of one")
-        );
-        let three = cluster(&shard(
+        assert!(two.contains("under durability policy AT_LEAST_2"), "{two}");
+        assert!(two.ends_with("(the default when replicasPerCell is unset)"));
+        for survives in [
             "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 3}}}",
-        ));
-        let warnings = validate(&three, None, &Templates::default()).warnings;
+            "spec: {pools: {main: {cells: [zone-a, zone-b], replicasPerCell: 2}}}",
+            "spec: {pools: {main: {cells: [zone-a]}}}",
+            "spec: {pools: {main: {cells: [zone-a, zone-b]}}}",
+            "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 2}, more: {cells: [zone-b], replicasPerCell: 1}}}",
+        ] {
+            assert_eq!(warned(survives, ""), None, "{survives}");
+        }
+        let multi = "durabilityPolicy: MULTI_CELL_AT_LEAST_2\n";
+        let across = warned(
+            "spec: {pools: {main: {cells: [zone-a, zone-b], replicasPerCell: 1}}}",
+            multi,
+        )
+        .expect("one pod per cell in two cells under MULTI_CELL_AT_LEAST_2 warn");
         assert!(
-            warnings.iter().all(|w| !w.contains("losing any one")),
-            "{warnings:?}"
+            across.contains("its 2 pool pods in 2 cell(s)") && across.contains("MULTI_CELL"),
+            "{across}"
+        );
+        assert!(
+            warned(
+                "spec: {pools: {main: {cells: [zone-a], replicasPerCell: 2}, more: {cells: [zone-b], replicasPerCell: 1}}}",
+                multi,
+            )
+            .is_some(),
+            "losing the only pod of zone-b leaves one cell"
+        );
+        assert_eq!(
+            warned("spec: {pools: {main: {cells: [zone-a, zone-b]}}}", multi),
+            None,
+            "the default 2 per cell survives under MULTI_CELL_AT_LEAST_2 too"
         );
     }
 }

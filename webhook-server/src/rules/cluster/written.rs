@@ -116,6 +116,7 @@ fn written_shards(spec: &MultigresClusterSpec) -> Vec<(String, &ShardConfig)> {
 /// order of the spec.
 pub(super) fn written(findings: &mut Findings, spec: &MultigresClusterSpec) {
     rules::expansion::expansions(findings, "spec", spec);
+    rules::pod_metadata::pod_metadata(findings, "spec", spec);
     written_core(findings, spec);
     written_cells(findings, spec);
     written_policies(findings, spec);
@@ -415,6 +416,7 @@ pub(super) fn written_transition(
             continue;
         };
         let placements = [
+            ("zone", old_cell.zone.as_deref(), new_cell.zone.as_deref()),
             (
                 "zoneId",
                 old_cell.zone_id.as_deref(),
