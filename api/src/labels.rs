@@ -69,6 +69,18 @@ pub fn supervised(annotations: &BTreeMap<String, String>) -> bool {
         .is_some_and(|v| v == "supervised")
 }
 
+/// Annotation on a MultigresCluster, passed on to its children: `"true"` stops every pod of the
+/// cluster's data plane (pool pods, multiorch, gateways, multiadmin) while its volumes, topology,
+/// backups and Secrets stay; removing it (or `"false"`) starts them again on the same volumes. No
+/// scheduled or requested backup runs while it sleeps. The managed etcd keeps running: it holds
+/// the topology the woken poolers register in again.
+pub const HIBERNATE: &str = "multigres.com/hibernate";
+
+/// Whether `annotations` hibernate the object ([`HIBERNATE`] is `"true"`).
+pub fn hibernated(annotations: &BTreeMap<String, String>) -> bool {
+    annotations.get(HIBERNATE).is_some_and(|v| v == "true")
+}
+
 /// Whether `annotations` pause the object ([`PAUSED`] is `"true"`).
 pub fn paused(annotations: &BTreeMap<String, String>) -> bool {
     annotations.get(PAUSED).is_some_and(|v| v == "true")

@@ -147,6 +147,8 @@ pub enum Health {
     Healthy,
     /// Reported Degraded at its current generation, with the child's message.
     Degraded(String),
+    /// Stopped on request (annotation `multigres.com/hibernate`) at its current generation.
+    Hibernated,
     /// Anything else; the reason says what is awaited.
     Pending(String),
 }
@@ -178,6 +180,7 @@ pub fn health<K: Child>(name: &str, observed: Option<&K>) -> (Health, bool) {
     }
     let health = match phase {
         Phase::Healthy => Health::Healthy,
+        Phase::Hibernated => Health::Hibernated,
         Phase::Degraded => Health::Degraded(match report.message {
             Some(message) if !message.is_empty() => format!("{kind} {name}: {message}"),
             _ => format!("{kind} {name} is degraded"),
@@ -190,8 +193,9 @@ pub fn health<K: Child>(name: &str, observed: Option<&K>) -> (Health, bool) {
 /// How a set of children is doing as a whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Aggregate {
-    /// Degraded if any child is; Healthy if all are; Initializing while none has started;
-    /// Progressing otherwise.
+    /// Degraded if any child is; Healthy if all are; Hibernated if all are Healthy or
+    /// Hibernated and one is Hibernated; Initializing while none has started; Progressing
+    /// otherwise.
     pub phase: Phase,
     /// What the phase is about, naming the first few children that hold it back.
     pub message: String,
@@ -225,6 +229,20 @@ pub fn aggregate(healths: &[(Health, bool)], noun: &str) -> Aggregate {
             message: crate::notice::list(&degraded, LISTED),
             healthy,
             degraded: true,
+        };
+    }
+    let hibernated = healths
+        .iter()
+        .filter(|(h, _)| *h == Health::Hibernated)
+        .count();
+    if hibernated > 0 && healthy + hibernated == total {
+        return Aggregate {
+            phase: Phase::Hibernated,
+            message: format!(
+                "{hibernated} of {total} {noun} hibernated (no pod runs), the others healthy"
+            ),
+            healthy,
+            degraded: false,
         };
     }
     if healthy == total {
@@ -414,6 +432,21 @@ mod tests {
             (a.phase, a.message.as_str(), a.healthy),
             (Phase::Healthy, "All 2 shards are healthy", 2)
         );
+
+        let asleep = (Health::Hibernated, true);
+        let a = aggregate(
+            &[healthy.clone(), asleep.clone(), asleep.clone()],
+            "components",
+        );
+        assert_eq!(
+            (a.phase, a.message.as_str()),
+            (
+                Phase::Hibernated,
+                "2 of 3 components hibernated (no pod runs), the others healthy"
+            )
+        );
+        let a = aggregate(&[asleep, pending("waking", true)], "components");
+        assert_eq!(a.phase, Phase::Progressing);
 
         let a = aggregate(&[pending("a", false), pending("b", false)], "components");
         assert_eq!(

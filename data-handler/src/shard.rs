@@ -258,7 +258,9 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         name: full_name(obj),
         message: invalid.error.clone(),
     })?;
-    if shard.meta().deletion_timestamp.is_some() {
+    // A hibernating cluster has no pooler to ask: no backup, probe, reload or switchover runs,
+    // and the status stays as the cluster went to sleep. Its pods' return wakes this up.
+    if shard.meta().deletion_timestamp.is_some() || labels::hibernated(shard.annotations()) {
         return Ok(Action::await_change());
     }
     let namespace = shard.namespace().unwrap_or_default();

@@ -695,6 +695,108 @@ async fn tls_cost(gateway: &Endpoint) {
     pgbench(gateway, "require", &["-i", "-I", "d"]).await;
 }
 
+/// Pods of the cluster's data plane (everything the operator runs but etcd), by name.
+async fn data_plane_pods(client: &Client, namespace: &str) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let managed = ListParams::default().labels("app.kubernetes.io/managed-by=multigres-operator");
+    let mut names: Vec<String> = pods
+        .list(&managed)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| {
+            !p.labels()
+                .get(labels::COMPONENT)
+                .is_some_and(|c| c.ends_with("-topo"))
+        })
+        .map(ResourceExt::name_any)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Step 10b: hibernates the cluster with the plugin, checks that no data-plane pod is left,
+/// that the volumes and the last backup stay, then wakes it and waits until it serves with every
+/// `acknowledged` row.
+async fn hibernate_and_wake(
+    cluster: &'static LocalCluster,
+    client: &Client,
+    namespace: &str,
+    acknowledged: &[i64],
+) {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let volumes = bound_volumes(&claims).await;
+    let backup_before = shard(client, namespace)
+        .await
+        .status
+        .and_then(|s| s.last_backup_time);
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
+    let started = Instant::now();
+    let said = run_plugin(cluster, &["hibernate", NAME, "-n", namespace])
+        .await
+        .unwrap();
+    assert!(said.contains("hibernating"), "{said}");
+    eventually(
+        "the cluster Hibernated, no data-plane pod left",
+        WAIT,
+        || async {
+            let phase = clusters
+                .get(NAME)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .and_then(|s| s.phase);
+            let left = data_plane_pods(client, namespace).await;
+            match (phase, left.is_empty()) {
+                (Some(multigres_api::v1alpha1::Phase::Hibernated), true) => Ok(()),
+                other => Err(format!("phase {:?}, pods {left:?}", other.0)),
+            }
+        },
+    )
+    .await;
+    figure(
+        "hibernate -> no data-plane pod, phase Hibernated (s)",
+        format!("{:.1}", started.elapsed().as_secs_f64()),
+    );
+    let screen = run_plugin(cluster, &["status", NAME, "-n", namespace])
+        .await
+        .unwrap();
+    assert!(screen.contains("Hibernated"), "{screen}");
+    // A while asleep: nothing starts again, and no backup is taken.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        data_plane_pods(client, namespace).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(bound_volumes(&claims).await, volumes, "every volume stays");
+    let backup_asleep = shard(client, namespace)
+        .await
+        .status
+        .and_then(|s| s.last_backup_time);
+    assert_eq!(backup_asleep, backup_before, "no backup while hibernated");
+
+    let woken = Instant::now();
+    run_plugin(cluster, &["wake", NAME, "-n", namespace])
+        .await
+        .unwrap();
+    let (_, to_sql) = wait_serving(client, namespace, woken).await;
+    figure(
+        "wake -> first SELECT 1 answered (s)",
+        format!("{:.1}", to_sql.as_secs_f64()),
+    );
+    assert_eq!(bound_volumes(&claims).await, volumes, "the same volumes");
+    let gateway = Endpoint::gateway(client, namespace, NAME).await.unwrap();
+    assert_kept(&gateway, acknowledged).await;
+    cohort_until(
+        client,
+        namespace,
+        "the woken shard's cohort is whole",
+        |cohort, health, _| whole(cohort, 2) && health == ("True", "CohortComplete"),
+    )
+    .await;
+}
+
 async fn story(cluster: &'static LocalCluster, client: Client, namespace: String) {
     // 1. Apply → Available → SQL.
     let sent = apply_sample(&client, &namespace, as_the_story_starts).await;
@@ -1233,7 +1335,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     );
     report.figures("the scale-down");
     acknowledged.extend(&report.acknowledged);
-    let stored = assert_kept(&gateway, &acknowledged).await;
+    assert_kept(&gateway, &acknowledged).await;
 
     // 10. The first backup (taken at bootstrap) shows in the Shard status.
     let backup = eventually("a backup in the Shard status", WAIT, || async {
@@ -1245,6 +1347,22 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     })
     .await;
     println!("last backup: {backup}");
+
+    // 10b. Hibernate (`kubectl multigres hibernate`): every data-plane pod stops at once, the
+    // volumes stay, no backup runs, and the cluster says Hibernated. Wake: the pods start on the
+    // same volumes, multiorch elects a primary, and every acknowledged row is there.
+    hibernate_and_wake(cluster, &client, &namespace, &acknowledged).await;
+    let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
+    let mut id = -1000;
+    let write = eventually("a write after waking", WAIT, || {
+        id -= 1;
+        let sql = format!("INSERT INTO ledger (id) VALUES ({id})");
+        let gateway = &gateway;
+        async move { gateway.query(&sql).await.map(|_| id) }
+    })
+    .await;
+    acknowledged.push(write);
+    let stored = assert_kept(&gateway, &acknowledged).await;
 
     // 11. Delete the cluster (Retain) after the scale-down, recreate it: the same volumes, a
     // primary elected from the cohort the scale-down left, the same rows.

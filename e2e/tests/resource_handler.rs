@@ -839,21 +839,33 @@ struct RunningShard {
     before: BTreeMap<String, (String, bool)>,
 }
 
+/// [`running_shard_with`] with every volume retained.
 async fn running_shard(
     cluster: &str,
     replicas: i32,
     annotations: serde_json::Value,
+) -> RunningShard {
+    let retain = "{whenDeleted: Retain, whenScaled: Retain}";
+    running_shard_with(cluster, replicas, annotations, retain).await
+}
+
+/// A shard of `replicas` pool pods under volume policy `policy`, carrying `annotations`, up to
+/// date and with roles published.
+async fn running_shard_with(
+    cluster: &str,
+    replicas: i32,
+    annotations: serde_json::Value,
+    policy: &str,
 ) -> RunningShard {
     let local = self::cluster().await;
     let ns = fresh_namespace(local, &format!("rh-{cluster}")).await;
     let handler = start_handler(local, &ns).await;
     let client = local.client().unwrap();
     let image = "ghcr.io/multigres/multigres:sha-66d2310";
-    let retain = "{whenDeleted: Retain, whenScaled: Retain}";
     apply_yaml(
         &client,
         &ns,
-        &shard(cluster, &ns, replicas, image, retain, "1Gi"),
+        &shard(cluster, &ns, replicas, image, policy, "1Gi"),
     )
     .await;
     let name = format!("{cluster}-postgres-default-0-inf");
@@ -1071,6 +1083,115 @@ async fn a_paused_shard_changes_no_workload_until_resumed() {
     eventually("the Paused condition gone", WAIT, || async {
         let s = shards.get(name).await.unwrap();
         match condition(&shard_conditions(&s), "Paused") {
+            None => Ok(()),
+            Some(c) => Err(format!("{c:?}")),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_hibernating_shard_stops_every_pod_at_once_and_keeps_its_volumes() {
+    let RunningShard {
+        _handler,
+        client,
+        ns,
+        shards,
+        name,
+        set,
+        before,
+    } = running_shard_with(
+        "sleep",
+        3,
+        json!({}),
+        "{whenDeleted: Delete, whenScaled: Delete}",
+    )
+    .await;
+    let name = name.as_str();
+    let pods: Vec<String> = before.keys().cloned().collect();
+    let members: Vec<&String> = pods.iter().collect();
+    // A whole cohort: a scale-down would step one pod at a time and hand the primary over.
+    publish_cohort(&client, &ns, name, &pods, &format!("{set}-1"), &members).await;
+    let selector = "multigres.com/cluster=sleep";
+    let claims = pvc_names(&client, &ns, selector).await;
+    assert_eq!(claims.len(), 3, "{claims:?}");
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let replicas = |spec: Option<i32>| spec.unwrap_or(-1);
+    let switch = |value: serde_json::Value| json!({"metadata": {"annotations": {"multigres.com/hibernate": value}}});
+
+    shards
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(switch(json!("true"))),
+        )
+        .await
+        .unwrap();
+    // The published cohort never drops a member here: a gated scale-down would wait at 2
+    // replicas for good, so reaching 0 shows there is no gate.
+    eventually("every workload at zero replicas", WAIT, || async {
+        let sts = sets.get(&set).await.unwrap();
+        let orchs = deployments
+            .list(&ListParams::default().labels("app.kubernetes.io/component=multiorch"))
+            .await
+            .unwrap();
+        let orch: Vec<i32> = orchs
+            .items
+            .iter()
+            .map(|d| replicas(d.spec.as_ref().and_then(|s| s.replicas)))
+            .collect();
+        match (
+            replicas(sts.spec.as_ref().and_then(|s| s.replicas)),
+            orch.as_slice(),
+        ) {
+            (0, [0]) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    wait_condition(
+        &shards,
+        name,
+        "Hibernated",
+        "True",
+        Some("Hibernated"),
+        shard_conditions,
+    )
+    .await;
+    let s = shards.get(name).await.unwrap();
+    assert_eq!(
+        s.status.as_ref().and_then(|s| s.phase),
+        Some(multigres_api::v1alpha1::Phase::Hibernated)
+    );
+    assert!(pool_pods(&client, &ns, "sleep").await.is_empty());
+    tokio::time::sleep(FULL_CYCLE).await;
+    assert_eq!(
+        pvc_names(&client, &ns, selector).await,
+        claims,
+        "whenScaled: Delete deletes no claim of a stopped pod"
+    );
+
+    // Woken: the pods come back on the same claims, and the condition goes.
+    shards
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(switch(json!(null))),
+        )
+        .await
+        .unwrap();
+    eventually("the pool pods back", WAIT, || async {
+        let now = pool_pods(&client, &ns, "sleep").await;
+        (now.len() == 3)
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", now.keys()))
+    })
+    .await;
+    assert_eq!(pvc_names(&client, &ns, selector).await, claims);
+    eventually("the Hibernated condition gone", WAIT, || async {
+        let s = shards.get(name).await.unwrap();
+        match condition(&shard_conditions(&s), "Hibernated") {
             None => Ok(()),
             Some(c) => Err(format!("{c:?}")),
         }

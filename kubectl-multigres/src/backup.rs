@@ -84,7 +84,13 @@ pub async fn run(
     wait: bool,
     timeout: Duration,
 ) -> Result<()> {
-    view::cluster(client, namespace, name).await?;
+    let found = view::cluster(client, namespace, name).await?;
+    if labels::hibernated(found.annotations()) && wait {
+        bail!(
+            "MultigresCluster {namespace}/{name} is hibernated: no backup runs until \
+             `kubectl multigres wake {name}`; ask without --wait to have it taken after waking"
+        );
+    }
     let id = backup_request::id_at(Timestamp::now());
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
     // A type left from an earlier request goes: without one, the schedule's type applies.

@@ -7,9 +7,11 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Client, Config};
-use kubectl_multigres::{backup, maintenance, psql, status, switchover, view};
+use kubectl_multigres::maintenance::{self, Switch};
+use kubectl_multigres::{backup, psql, status, switchover, view};
 
-/// Status, switchover, backup, psql, pause, resume and restart for Multigres clusters.
+/// Status, switchover, backup, psql, pause, resume, restart, hibernate and wake for Multigres
+/// clusters.
 #[derive(Parser)]
 #[command(name = "kubectl multigres", version)]
 struct Cli {
@@ -64,6 +66,17 @@ enum Command {
     },
     /// Lets the operator change the cluster's workloads again, applying what waited.
     Resume {
+        /// The MultigresCluster.
+        cluster: String,
+    },
+    /// Stops every pod of the cluster's data plane and keeps its volumes, topology, backups and
+    /// Secrets (annotation `multigres.com/hibernate`); no backup runs while it sleeps.
+    Hibernate {
+        /// The MultigresCluster.
+        cluster: String,
+    },
+    /// Starts a hibernated cluster's pods again, on the same volumes.
+    Wake {
         /// The MultigresCluster.
         cluster: String,
     },
@@ -126,9 +139,17 @@ async fn main() -> Result<()> {
             )
             .await?;
         }
-        Command::Pause { cluster } => maintenance::run(&client, &namespace, &cluster, true).await?,
+        Command::Pause { cluster } => {
+            maintenance::run(&client, &namespace, &cluster, Switch::Pause, true).await?
+        }
         Command::Resume { cluster } => {
-            maintenance::run(&client, &namespace, &cluster, false).await?
+            maintenance::run(&client, &namespace, &cluster, Switch::Pause, false).await?
+        }
+        Command::Hibernate { cluster } => {
+            maintenance::run(&client, &namespace, &cluster, Switch::Hibernate, true).await?
+        }
+        Command::Wake { cluster } => {
+            maintenance::run(&client, &namespace, &cluster, Switch::Hibernate, false).await?
         }
         Command::Restart { cluster } => maintenance::restart(&client, &namespace, &cluster).await?,
         Command::Psql {

@@ -1,49 +1,84 @@
 //! Maintenance. `pause` and `resume` set and remove the annotation `multigres.com/paused` on a
 //! MultigresCluster (docs/operations.md, "Pausing a cluster"). The operator passes it on to the
 //! cluster's children and stops changing their workloads; the cluster's `Paused` condition confirms it.
+//! `hibernate` and `wake` set and remove `multigres.com/hibernate` (docs/operations.md,
+//! "Hibernating a cluster"): every data-plane pod stops, the volumes stay; the cluster's phase
+//! becomes Hibernated once none is left.
 //! `restart`: under `multigres.com/restart-policy: supervised`, releases the pool pod restarts
 //! each Shard holds (its `status.pendingRestart`, copied into `multigres.com/release-restarts`).
 
 use anyhow::{Context, Result};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use multigres_api::labels::{self, PAUSED, RELEASE_RESTARTS};
+use multigres_api::labels::{self, HIBERNATE, PAUSED, RELEASE_RESTARTS};
 use multigres_api::v1alpha1::{MultigresCluster, Shard};
 use serde_json::{Value, json};
 
 use crate::view;
 
-/// The merge patch that pauses (`true`) or resumes (`false`, removing the annotation) a cluster.
-pub fn patch(paused: bool) -> Value {
-    let value = if paused { json!("true") } else { Value::Null };
-    json!({"metadata": {"annotations": {PAUSED: value}}})
+/// A switch annotation of a MultigresCluster the plugin turns on and off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switch {
+    /// `multigres.com/paused`: `pause` and `resume`.
+    Pause,
+    /// `multigres.com/hibernate`: `hibernate` and `wake`.
+    Hibernate,
 }
 
-/// What the command prints once the annotation is written.
-pub fn said(cluster: &str, paused: bool) -> String {
-    if paused {
-        format!(
-            "MultigresCluster {cluster} paused: the operator changes none of its workloads until \
-             `kubectl multigres resume {cluster}`; status keeps being reported"
-        )
-    } else {
-        format!(
-            "MultigresCluster {cluster} resumed: changes made while it was paused are applied now"
-        )
+impl Switch {
+    fn annotation(self) -> &'static str {
+        match self {
+            Self::Pause => PAUSED,
+            Self::Hibernate => HIBERNATE,
+        }
     }
 }
 
-/// Pauses or resumes `cluster` in `namespace`.
-pub async fn run(client: &Client, namespace: &str, cluster: &str, paused: bool) -> Result<()> {
+/// The merge patch that turns `switch` on (`"true"`) or off (removing the annotation).
+pub fn patch(switch: Switch, on: bool) -> Value {
+    let value = if on { json!("true") } else { Value::Null };
+    json!({"metadata": {"annotations": {switch.annotation(): value}}})
+}
+
+/// What the command prints once the annotation is written.
+pub fn said(switch: Switch, cluster: &str, on: bool) -> String {
+    match (switch, on) {
+        (Switch::Pause, true) => format!(
+            "MultigresCluster {cluster} paused: the operator changes none of its workloads until \
+             `kubectl multigres resume {cluster}`; status keeps being reported"
+        ),
+        (Switch::Pause, false) => format!(
+            "MultigresCluster {cluster} resumed: changes made while it was paused are applied now"
+        ),
+        (Switch::Hibernate, true) => format!(
+            "MultigresCluster {cluster} hibernating: its pods stop, its volumes, topology, backups \
+             and Secrets stay; its phase turns Hibernated once no pod is left. \
+             `kubectl multigres wake {cluster}` starts it again"
+        ),
+        (Switch::Hibernate, false) => format!(
+            "MultigresCluster {cluster} waking: its pods start on the same volumes, and it serves \
+             once multiorch has elected a primary (kubectl multigres status {cluster})"
+        ),
+    }
+}
+
+/// Turns `switch` on or off on `cluster` in `namespace`.
+pub async fn run(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+    switch: Switch,
+    on: bool,
+) -> Result<()> {
     let api: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
     api.patch(
         cluster,
         &PatchParams::default(),
-        &Patch::Merge(patch(paused)),
+        &Patch::Merge(patch(switch, on)),
     )
     .await
     .with_context(|| format!("annotating MultigresCluster {cluster} in {namespace}"))?;
-    println!("{}", said(cluster, paused));
+    println!("{}", said(switch, cluster, on));
     Ok(())
 }
 
@@ -95,14 +130,29 @@ mod tests {
     #[test]
     fn pause_sets_the_annotation_and_resume_removes_it() {
         assert_eq!(
-            patch(true),
+            patch(Switch::Pause, true),
             json!({"metadata": {"annotations": {"multigres.com/paused": "true"}}})
         );
         assert_eq!(
-            patch(false),
+            patch(Switch::Pause, false),
             json!({"metadata": {"annotations": {"multigres.com/paused": null}}})
         );
-        assert!(said("minimal", true).contains("kubectl multigres resume minimal"));
+        assert!(said(Switch::Pause, "minimal", true).contains("kubectl multigres resume minimal"));
+    }
+
+    #[test]
+    fn hibernate_sets_the_annotation_and_wake_removes_it() {
+        assert_eq!(
+            patch(Switch::Hibernate, true),
+            json!({"metadata": {"annotations": {"multigres.com/hibernate": "true"}}})
+        );
+        assert_eq!(
+            patch(Switch::Hibernate, false),
+            json!({"metadata": {"annotations": {"multigres.com/hibernate": null}}})
+        );
+        assert!(
+            said(Switch::Hibernate, "minimal", true).contains("kubectl multigres wake minimal")
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ const WIDTH: usize = 96;
 
 /// Condition types whose `True` asks for attention (something is wrong or under way); for
 /// every other type `True` is the good state.
-const ATTENTION_WHEN_TRUE: [&str; 8] = [
+const ATTENTION_WHEN_TRUE: [&str; 9] = [
     "Degraded",
     "Progressing",
     "ImageRolloutPending",
@@ -28,6 +28,7 @@ const ATTENTION_WHEN_TRUE: [&str; 8] = [
     "Drain",
     "ScaleDown",
     "Paused",
+    "Hibernated",
 ];
 
 /// Whether a condition is in its good state: not worth a line on the screen.

@@ -53,6 +53,36 @@ pub fn paused(what: &str) -> Computed {
     )
 }
 
+/// Condition, present while the object's cluster hibernates (annotation
+/// `multigres.com/hibernate`, passed on by the cluster-handler).
+pub const HIBERNATED: &str = "Hibernated";
+
+/// How far a hibernating `what` (`shard`, `cell`, ...) has got with `running` of its pods still
+/// there: the [`HIBERNATED`] condition, True once none is, and the phase, Hibernated then and
+/// Progressing before.
+pub fn hibernation(what: &str, running: i32) -> (Computed, Phase) {
+    let switch = multigres_api::labels::HIBERNATE;
+    if running > 0 {
+        let message = format!(
+            "the cluster's annotation {switch} is \"true\": {running} pods of this {what} are \
+             still stopping; its volumes stay"
+        );
+        return (
+            Computed::new(HIBERNATED, FALSE, "Hibernating", message),
+            Phase::Progressing,
+        );
+    }
+    let message = format!(
+        "the cluster's annotation {switch} is \"true\": every pod of this {what} is stopped, \
+         its volumes, topology records, backups and Secrets are kept; remove the annotation \
+         (kubectl multigres wake) to start them again on the same volumes"
+    );
+    (
+        Computed::new(HIBERNATED, TRUE, "Hibernated", message),
+        Phase::Hibernated,
+    )
+}
+
 /// `Available` reason while pods of the object are on nodes that stopped reporting (see
 /// [`crate::unready::node_not_reporting`]).
 pub const NODES_NOT_REPORTING: &str = "NodesNotReporting";
@@ -132,5 +162,21 @@ mod tests {
         assert_eq!(phase(false, None, &none), Phase::Progressing);
         let lost = BTreeSet::from(["node-b".to_owned()]);
         assert_eq!(phase(true, None, &lost), Phase::Degraded);
+    }
+
+    #[test]
+    fn hibernation_is_done_once_no_pod_is_left() {
+        let (stopping, phase) = hibernation("shard", 2);
+        assert_eq!(
+            (stopping.status, stopping.reason, phase),
+            (FALSE, "Hibernating", Phase::Progressing)
+        );
+        assert!(stopping.message.contains("2 pods of this shard"));
+        let (done, phase) = hibernation("shard", 0);
+        assert_eq!(
+            (done.status, done.reason, phase),
+            (TRUE, "Hibernated", Phase::Hibernated)
+        );
+        assert!(done.message.contains("kubectl multigres wake"));
     }
 }

@@ -12,6 +12,8 @@ pub struct Counts {
     pub ready: i32,
     /// Whether the controller has seen the current spec (otherwise counts may be stale).
     pub observed: bool,
+    /// Pods the controller still has, ready or not (what a scale to zero waits for).
+    pub running: i32,
 }
 
 impl Counts {
@@ -38,6 +40,7 @@ pub fn statefulset(sts: Option<&StatefulSet>) -> Counts {
         desired: sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
         ready: status.ready_replicas.unwrap_or(0),
         observed: observed(sts.metadata.generation, status.observed_generation),
+        running: status.replicas,
     }
 }
 
@@ -55,6 +58,7 @@ pub fn deployment(deployment: Option<&Deployment>) -> Counts {
             .unwrap_or(1),
         ready: status.ready_replicas.unwrap_or(0),
         observed: observed(deployment.metadata.generation, status.observed_generation),
+        running: status.replicas.unwrap_or(0),
     }
 }
 

@@ -624,6 +624,8 @@ pub enum Phase {
     Healthy,
     /// Failing or partly unavailable.
     Degraded,
+    /// Stopped on request (annotation `multigres.com/hibernate`): no pod runs, the data stays.
+    Hibernated,
     /// Not observed yet.
     Unknown,
 }

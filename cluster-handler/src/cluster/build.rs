@@ -49,13 +49,15 @@ pub struct Owner {
 /// `multigres.com/project-ref`, which the resource-handler reads from the Cell and the Shard to
 /// label their telemetry, and `multigres.com/confirm-delete-backups`, which it reads from the
 /// Shard to decide whether the filesystem backup volume goes with the cluster, and
-/// `multigres.com/paused`, which holds every handler's hands off the children's workloads, and
-/// `multigres.com/restart-policy`, which makes the Shards' pool pod restarts wait for a release.
-pub const INHERITED_ANNOTATIONS: [&str; 4] = [
+/// `multigres.com/paused`, which holds every handler's hands off the children's workloads,
+/// `multigres.com/restart-policy`, which makes the Shards' pool pod restarts wait for a release,
+/// and `multigres.com/hibernate`, which stops the children's pods.
+pub const INHERITED_ANNOTATIONS: [&str; 5] = [
     PROJECT_REF_ANNOTATION,
     confirm::DELETE_BACKUPS,
     multigres_api::labels::PAUSED,
     multigres_api::labels::RESTART_POLICY,
+    multigres_api::labels::HIBERNATE,
 ];
 
 /// The [`INHERITED_ANNOTATIONS`] among `annotations`.

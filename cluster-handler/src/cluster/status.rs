@@ -32,8 +32,11 @@ pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
 /// Condition, present while the cluster is paused ([`labels::PAUSED`]).
 pub const PAUSED: &str = "Paused";
+/// Condition, present while the cluster hibernates ([`labels::HIBERNATE`]): True once every
+/// child reports no pod left.
+pub const HIBERNATED: &str = "Hibernated";
 /// Condition types this handler writes.
-pub const OWNED_CONDITIONS: [&str; 4] = [AVAILABLE, PROGRESSING, DEGRADED, PAUSED];
+pub const OWNED_CONDITIONS: [&str; 5] = [AVAILABLE, PROGRESSING, DEGRADED, PAUSED, HIBERNATED];
 
 /// Reason when a child reports Degraded.
 pub const CHILD_DEGRADED: &str = "ChildDegraded";
@@ -108,7 +111,9 @@ pub fn compute(
         generation,
         now,
     );
-    let conditions_changed = conditions_changed | set_paused(&mut merged, cluster, now);
+    let conditions_changed = conditions_changed
+        | set_paused(&mut merged, cluster, now)
+        | set_hibernated(&mut merged, cluster, phase, now);
     let notices = crate::notice::transitions(
         current.phase,
         conditions::find_condition(&current.conditions, DEGRADED),
@@ -228,6 +233,7 @@ fn progressing(phase: &Phase, outcome: &Outcome<'_>, message: &str) -> Verdict {
             "Every component has reached the desired state".to_owned(),
         ),
         (Phase::Degraded, _) => (FALSE, CHILD_DEGRADED, message.to_owned()),
+        (Phase::Hibernated, _) => (FALSE, "Hibernated", message.to_owned()),
         _ => (TRUE, "Reconciling", message.to_owned()),
     }
 }
@@ -276,6 +282,50 @@ fn set_paused(conditions: &mut Vec<Condition>, cluster: &MultigresCluster, now: 
             type_: PAUSED,
             status: TRUE,
             reason: "PausedByAnnotation",
+            message: &message,
+            observed_generation: cluster.metadata.generation,
+        },
+        now,
+    )
+}
+
+/// Sets the [`HIBERNATED`] condition while `cluster` hibernates (True once the children's
+/// `phase` is Hibernated) and drops it otherwise; returns whether the conditions changed.
+fn set_hibernated(
+    conditions: &mut Vec<Condition>,
+    cluster: &MultigresCluster,
+    phase: Phase,
+    now: Timestamp,
+) -> bool {
+    if !labels::hibernated(cluster.annotations()) {
+        let before = conditions.len();
+        conditions.retain(|c| c.type_ != HIBERNATED);
+        return conditions.len() != before;
+    }
+    let switch = labels::HIBERNATE;
+    let (status, reason, message) = if phase == Phase::Hibernated {
+        (
+            TRUE,
+            "Hibernated",
+            format!(
+                "annotation {switch} is \"true\": no pod of this cluster's data plane runs; its \
+                 volumes, topology, backups and Secrets are kept. Remove the annotation \
+                 (kubectl multigres wake) to start it again"
+            ),
+        )
+    } else {
+        (
+            FALSE,
+            "Hibernating",
+            format!("annotation {switch} is \"true\": the cluster's pods are stopping"),
+        )
+    };
+    conditions::set_condition(
+        conditions,
+        &DesiredCondition {
+            type_: HIBERNATED,
+            status,
+            reason,
             message: &message,
             observed_generation: cluster.metadata.generation,
         },

@@ -893,3 +893,47 @@ fn a_paused_cluster_says_so_and_its_children_carry_the_annotation_until_resumed(
             .is_some_and(|v| v == "false")
     );
 }
+
+#[test]
+fn a_hibernating_cluster_passes_the_switch_on_and_is_hibernated_once_its_children_are() {
+    let (mut cluster, _) = children_of("minimal");
+    cluster
+        .annotations_mut()
+        .insert(multigres_api::labels::HIBERNATE.into(), "true".into());
+    let owner = Owner::of(&cluster).unwrap();
+    let resolved = resolver::resolve(&cluster, &resolver::Templates::default()).unwrap();
+    let children = build::children(&owner, &resolved);
+    for annotations in children
+        .cells
+        .iter()
+        .map(|c| c.annotations())
+        .chain(children.table_groups.iter().map(|t| t.annotations()))
+    {
+        assert_eq!(annotations[multigres_api::labels::HIBERNATE], "true");
+    }
+    let compute = |observed: &Observed, now| {
+        status::compute(
+            &cluster,
+            &Outcome::Applied(&children),
+            observed,
+            referenced(&cluster),
+            now,
+        )
+    };
+    let hibernated = |computed: &status::Computed| {
+        let c = find_condition(&computed.status.conditions, status::HIBERNATED).unwrap();
+        (c.status.clone(), c.reason.clone())
+    };
+    // Pods still stopping: Progressing, and the condition says so.
+    let stopping = compute(&observed(&children, "Progressing"), at(100));
+    assert_eq!(stopping.status.phase, Some(Phase::Progressing));
+    assert_eq!(hibernated(&stopping), (FALSE.into(), "Hibernating".into()));
+    // Cells and table groups hibernated, the etcd healthy: the cluster is Hibernated.
+    let mut asleep = observed(&children, "Hibernated");
+    asleep.topo_servers = observed(&children, "Healthy").topo_servers;
+    let done = compute(&asleep, at(200));
+    assert_eq!(done.status.phase, Some(Phase::Hibernated));
+    assert_eq!(hibernated(&done), (TRUE.into(), "Hibernated".into()));
+    let progressing = find_condition(&done.status.conditions, "Progressing").unwrap();
+    assert_eq!(progressing.status, FALSE);
+}

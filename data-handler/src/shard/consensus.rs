@@ -519,9 +519,13 @@ fn tolerance(policy: &Policy, participants: &Participants<'_>, leader: Option<&s
 
 /// Sets the cohort and primaries gauges of every Shard in `shards` whose status has a cohort:
 /// one that had a primary elected, so a shard still bootstrapping reports no missing primary.
+/// A hibernating shard has no pod to count, and its cohort as it went to sleep is no news.
 pub fn collect(gauges: &mut StatusGauges, shards: &Store<Guarded<Shard>>) {
     for shard in shards.state() {
         let Ok(shard) = &shard.0 else { continue };
+        if multigres_api::labels::hibernated(shard.annotations()) {
+            continue;
+        }
         let Some(status) = &shard.status else {
             continue;
         };

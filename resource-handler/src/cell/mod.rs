@@ -202,6 +202,11 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         .as_ref()
         .and_then(|s| s.selector.match_labels.clone())
         .unwrap_or_default();
+    // A hibernating cluster's gateways stop: they serve nothing without pool pods.
+    let hibernated = multigres_api::labels::hibernated(cell.annotations());
+    if let Some(spec) = objects.deployment.spec.as_mut().filter(|_| hibernated) {
+        spec.replicas = Some(0);
+    }
     // A paused cluster's gateways are left as they are; their status is still reported.
     let recheck = if multigres_api::labels::paused(cell.annotations()) {
         None
@@ -216,7 +221,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         .deployments
         .get(&ObjectRef::new(&name).within(ns));
     let counts = readiness::deployment(observed_deployment.as_deref());
-    let silent = if counts.all_ready() {
+    let silent = if counts.all_ready() || hibernated {
         BTreeSet::new()
     } else {
         crate::unready::silent_nodes(&ctx.client, ns, &gateway_selector)
@@ -364,6 +369,28 @@ pub fn status(
     service: &str,
     now: Timestamp,
 ) -> CellStatus {
+    if multigres_api::labels::hibernated(cell.annotations())
+        && !multigres_api::labels::paused(cell.annotations())
+    {
+        let (hibernated, phase) = crate::conditions::hibernation("cell", counts.running);
+        let message = hibernated.message.clone();
+        let available = Computed::new(AVAILABLE, FALSE, hibernated.reason, message.clone());
+        let observed = cell
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        let generation = cell.metadata.generation;
+        return CellStatus {
+            observed_generation: generation,
+            conditions: merge(observed, &[available, hibernated], generation, now),
+            phase: Some(phase),
+            message: Some(message),
+            gateway_replicas: Some(counts.desired),
+            gateway_ready_replicas: Some(counts.ready),
+            gateway_service_name: Some(service.to_owned()),
+        };
+    }
     let message = with_lost_pods(
         "multigateway pods",
         silent,
@@ -499,6 +526,7 @@ mod tests {
             desired: 2,
             ready,
             observed: true,
+            running: 2,
         };
         let s = status(&cell, counts(1), &BTreeSet::new(), "gw", now);
         assert_eq!(s.conditions[0].type_, AVAILABLE);
@@ -519,6 +547,7 @@ mod tests {
                 desired: 0,
                 ready: 0,
                 observed: true,
+                running: 0,
             },
             &BTreeSet::new(),
             "gw",
@@ -541,5 +570,26 @@ mod tests {
                  multigateway pods ready"
             )
         );
+        let mut asleep = cell.clone();
+        asleep
+            .annotations_mut()
+            .insert(multigres_api::labels::HIBERNATE.into(), "true".into());
+        let stopping = Counts {
+            desired: 0,
+            ready: 0,
+            observed: true,
+            running: 1,
+        };
+        let s = status(&asleep, stopping, &BTreeSet::new(), "gw", now);
+        assert_eq!(s.phase, Some(Phase::Progressing));
+        assert_eq!(s.conditions[0].reason, "Hibernating");
+        let stopped = Counts {
+            running: 0,
+            ..stopping
+        };
+        let s = status(&asleep, stopped, &BTreeSet::new(), "gw", now);
+        assert_eq!(s.phase, Some(Phase::Hibernated));
+        let types: Vec<&str> = s.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, [AVAILABLE, "Hibernated"]);
     }
 }

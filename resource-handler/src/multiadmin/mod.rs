@@ -326,8 +326,14 @@ fn desire(
     let mut gateway_service = external::gateway_service(owner);
     external::expose(&mut gateway_service, Exposed::Gateway.enabled(cluster));
     let gateway_replica_service = external::gateway_replica_service(owner);
+    let mut deployments = [admin.deployment, web.deployment];
+    if multigres_api::labels::hibernated(cluster.annotations()) {
+        for spec in deployments.iter_mut().filter_map(|d| d.spec.as_mut()) {
+            spec.replicas = Some(0);
+        }
+    }
     Objects {
-        deployments: [admin.deployment, web.deployment],
+        deployments,
         services: [
             admin.service,
             web_service,

@@ -53,6 +53,9 @@ pub(super) struct Outcome {
     pub claims_waiting: bool,
     /// The cluster is paused: nothing above was applied.
     pub paused: bool,
+    /// The cluster hibernates: the workloads were applied at zero replicas, and this many
+    /// pods (pool pods and multiorch) are still there.
+    pub hibernating: Option<i32>,
 }
 
 /// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
@@ -77,6 +80,7 @@ pub(super) async fn run(
     let gates = Gates {
         cohort,
         evictions: Evictions::of(shard),
+        hibernating: false,
     };
     let Applied {
         templates_changed,
@@ -133,6 +137,7 @@ pub(super) async fn run(
         drain: drain::condition(pods, gates.evictions, cohort),
         claims_waiting,
         paused: false,
+        hibernating: None,
     })
 }
 
@@ -162,7 +167,55 @@ pub(super) fn paused(
         drain: drain::condition(pods, Evictions::of(shard), cohort),
         claims_waiting: false,
         paused: true,
+        hibernating: None,
     }
+}
+
+/// Applies a hibernating shard (annotation `multigres.com/hibernate`): its postgresql.conf and
+/// pgBackRest TLS as usual, and its workloads at zero replicas, all at once and with no gate
+/// (no pod stays to hand over to, and a pooler with nobody left to replicate to loses nothing:
+/// its volume stays). Nothing is pruned, grown, restarted or asked to switch over, and no claim
+/// is deleted: a stopped pod's claim is not a scaled-away replica's.
+pub(super) async fn hibernate(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    shard: &Shard,
+    owner: &Owner,
+    desired: &Desired,
+    pods: &[PodView],
+) -> Result<Outcome, Error> {
+    let ns = owner.namespace.as_str();
+    pgconfig::apply(ctx, guard, &desired.postgres_config).await?;
+    let tls = crate::tls::reconcile_pgbackrest(ctx, guard, owner, &shard.spec).await?;
+    let mut objects = desired.objects.clone();
+    build::hibernate(&mut objects);
+    let gates = Gates {
+        cohort: None,
+        evictions: Evictions::of(shard),
+        hibernating: true,
+    };
+    apply_workloads(ctx, owner, &objects, pods, &gates).await?;
+    let observed = Observed::read(ctx, ns, &objects);
+    let orchs: i32 = observed
+        .orchs
+        .values()
+        .map(|d| readiness::deployment(Some(d)).running)
+        .sum();
+    let pool_pods = i32::try_from(pods.len()).unwrap_or(i32::MAX);
+    Ok(Outcome {
+        observed,
+        tls,
+        resize: ResizeOutcome::default(),
+        step: None,
+        held: Vec::new(),
+        downs: Vec::new(),
+        cohort_holds: Vec::new(),
+        requests: switchover::Requests::default(),
+        drain: None,
+        claims_waiting: false,
+        paused: false,
+        hibernating: Some(pool_pods.saturating_add(orchs)),
+    })
 }
 
 /// Under supervised restarts (`multigres.com/restart-policy`), what the Shard's release
@@ -182,6 +235,8 @@ struct Gates<'a> {
     cohort: Option<&'a CohortStatus>,
     /// Whether a drain may evict a replica.
     evictions: Evictions,
+    /// The cluster hibernates: every workload goes to zero at once, with no gate.
+    hibernating: bool,
 }
 
 /// Observed state of the shard's workloads, read from the caches.
@@ -310,14 +365,18 @@ async fn apply_workloads(
         let mut deployment = m.deployment.clone();
         let name = deployment.name_any();
         let observed = stores.deployments.get(&ObjectRef::new(&name).within(ns));
-        let moving = crate::cordon::move_single_pod(
-            client,
-            &stores.cordoned,
-            &mut deployment,
-            observed.as_deref(),
-            !primary_stranded,
-        )
-        .await?;
+        let moving = if gates.hibernating {
+            None
+        } else {
+            crate::cordon::move_single_pod(
+                client,
+                &stores.cordoned,
+                &mut deployment,
+                observed.as_deref(),
+                !primary_stranded,
+            )
+            .await?
+        };
         let budget = sync::ensure_wanted(NAME, &pdbs, &stores.pdbs, m.pdb.clone());
         futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, m.service.clone()),
@@ -332,14 +391,20 @@ async fn apply_workloads(
             .statefulsets
             .get(&ObjectRef::new(&set.name_any()).within(ns));
         let claim = |name: &str| stores.pvcs.get(&ObjectRef::new(name).within(ns));
-        let held = scale::hold(&mut set, current.as_deref(), claim);
-        let cohort_hold = scale::hold_for_cohort(&mut set, current.as_deref(), pods, gates.cohort);
-        // A scale-down held for the cohort asks nobody to hand over yet.
-        let down = match &cohort_hold {
-            Some(CohortHold {
-                waiting: Some(_), ..
-            }) => None,
-            _ => scale::hold_down(&mut set, current.as_deref(), pods),
+        let (held, cohort_hold, down) = if gates.hibernating {
+            (None, None, None)
+        } else {
+            let held = scale::hold(&mut set, current.as_deref(), claim);
+            let cohort_hold =
+                scale::hold_for_cohort(&mut set, current.as_deref(), pods, gates.cohort);
+            // A scale-down held for the cohort asks nobody to hand over yet.
+            let down = match &cohort_hold {
+                Some(CohortHold {
+                    waiting: Some(_), ..
+                }) => None,
+                _ => scale::hold_down(&mut set, current.as_deref(), pods),
+            };
+            (held, cohort_hold, down)
         };
         let (_, _, set_written) = futures::try_join!(
             sync::ensure(NAME, &services, &stores.services, p.service.clone()),

@@ -179,6 +179,25 @@ impl BackupDeletion {
     }
 }
 
+/// `objects` with no pod running: every pool StatefulSet and multiorch Deployment at zero
+/// replicas, for a hibernating cluster. Services, budgets and claim templates stay as built.
+pub fn hibernate(objects: &mut ShardObjects) {
+    let sets = objects
+        .pools
+        .iter_mut()
+        .filter_map(|p| p.statefulset.spec.as_mut());
+    for spec in sets {
+        spec.replicas = Some(0);
+    }
+    let orchs = objects
+        .multiorch
+        .iter_mut()
+        .filter_map(|m| m.deployment.spec.as_mut());
+    for spec in orchs {
+        spec.replicas = Some(0);
+    }
+}
+
 /// Builds everything of a Shard, or says why the spec cannot be realised.
 pub fn build(
     owner: &Owner,

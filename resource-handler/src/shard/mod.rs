@@ -230,8 +230,11 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         }
     };
     quarantine::add_to_shard(&mut desired.objects, ctx.unrecoverable_timeout);
-    let outcome = if multigres_api::labels::paused(shard.annotations()) {
+    let annotations = shard.annotations();
+    let outcome = if multigres_api::labels::paused(annotations) {
         apply::paused(ctx, shard, ns, &desired.objects, &read.pods)
+    } else if multigres_api::labels::hibernated(annotations) {
+        apply::hibernate(ctx, guard, shard, &owner, &desired, &read.pods).await?
     } else {
         apply::run(ctx, guard, shard, &owner, &desired, &read.pods).await?
     };

@@ -72,7 +72,8 @@ pub(super) async fn write(
     outcome: Outcome,
 ) -> Result<Action, Error> {
     let objects = &desired.objects;
-    let (pools, orchs) = outcome.observed.counts(objects, outcome.paused);
+    let held_as_applied = outcome.paused || outcome.hibernating.is_some();
+    let (pools, orchs) = outcome.observed.counts(objects, held_as_applied);
     // The pool pods as this reconcile's writes and restarts left them, read once for the
     // status.
     let cached = ctx
@@ -98,6 +99,7 @@ pub(super) async fn write(
             .collect(),
         problem: None,
         paused: outcome.paused,
+        hibernating: outcome.hibernating,
     };
     let now = Timestamp::now();
     let mut written = status(shard, &report, now);
@@ -120,6 +122,10 @@ pub(super) async fn write(
 
 /// When to look again though no watched object changes (`None`: only on a change).
 fn look_again(report: &Report<'_>) -> Option<Duration> {
+    if let Some(running) = report.hibernating {
+        // Pods stopping are watched, but a Deployment's count is read from its status.
+        return (running > 0).then_some(POLL);
+    }
     let tls = report.pgbackrest_tls.as_ref();
     match report.rollout {
         // A user's Secret that is missing or incomplete is looked at again (it is not watched).
@@ -203,6 +209,8 @@ pub struct Report<'a> {
     /// The cluster is paused: nothing was applied, and the verdicts of what was not looked at
     /// (volumes, pgBackRest TLS) stay as they were.
     pub paused: bool,
+    /// The cluster hibernates, with this many of the shard's pods still there.
+    pub hibernating: Option<i32>,
 }
 
 /// Pods listed by name in a condition message, at most; the rest are counted.
@@ -327,6 +335,9 @@ fn with_refusal(refusal: Option<&Condition>, message: String) -> String {
 /// data-handler's `PrimaryServing` is False the phase is Degraded, with its message first, so
 /// the TableGroup and the MultigresCluster are Degraded too, saying why.
 pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus {
+    if let Some(running) = report.hibernating {
+        return hibernating(shard, report, running, now);
+    }
     let pool_ready: i32 = report.pools.iter().map(|c| c.ready).sum();
     let pool_desired: i32 = report.pools.iter().map(|c| c.desired).sum();
     let pools_ready = !report.pools.is_empty() && report.pools.iter().all(Counts::all_ready);
@@ -416,6 +427,39 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     }
 }
 
+/// The status of a hibernating shard with `running` of its pods still there: not Available,
+/// and Hibernated once none is. The verdicts of what hibernation does not do (a restart, a
+/// hand-over, a scale-down, a drain, a volume's growth) are dropped; they come back on waking.
+fn hibernating(shard: &Shard, report: &Report<'_>, running: i32, now: Timestamp) -> ShardStatus {
+    let (hibernated, phase) = crate::conditions::hibernation("shard", running);
+    let available = Computed::new(
+        AVAILABLE,
+        FALSE,
+        hibernated.reason,
+        hibernated.message.clone(),
+    );
+    let message = hibernated.message.clone();
+    let mut desired = vec![available, hibernated];
+    desired.extend(report.pgbackrest_tls.clone());
+    let observed = shard
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let generation = shard.metadata.generation;
+    ShardStatus {
+        observed_generation: generation,
+        conditions: merge(observed, &desired, generation, now),
+        phase: Some(phase),
+        message: Some(message),
+        cells: build::pool_cells(&shard.spec),
+        orch_ready: Some(false),
+        pools_ready: Some(false),
+        ready_replicas: Some(report.pools.iter().map(|c| c.ready).sum()),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -433,6 +477,7 @@ mod tests {
             desired,
             ready,
             observed: true,
+            running: ready,
         }
     }
 
@@ -571,6 +616,40 @@ mod tests {
     }
 
     #[test]
+    fn a_hibernating_shard_is_hibernated_once_its_pods_are_gone() {
+        let now = Timestamp::from_second(9).unwrap();
+        let stopping = Report {
+            pools: vec![counts(0, 1)],
+            orchs: vec![counts(0, 0)],
+            hibernating: Some(2),
+            ..Default::default()
+        };
+        let st = status(&shard(), &stopping, now);
+        assert_eq!(st.phase, Some(Phase::Progressing));
+        let available = available_of(&st);
+        assert_eq!(
+            (available.status.as_str(), available.reason.as_str()),
+            (FALSE, "Hibernating")
+        );
+        assert_eq!(look_again(&stopping), Some(POLL));
+        let stopped = Report {
+            pools: vec![counts(0, 0)],
+            hibernating: Some(0),
+            ..stopping
+        };
+        let st = status(&shard(), &stopped, now);
+        assert_eq!(st.phase, Some(Phase::Hibernated));
+        let types: Vec<&str> = st.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(
+            types,
+            [AVAILABLE, "Hibernated"],
+            "no restart or hand-over verdict"
+        );
+        assert!(st.message.unwrap().contains("kubectl multigres wake"));
+        assert_eq!(look_again(&stopped), None);
+    }
+
+    #[test]
     fn a_paused_shard_says_so_and_keeps_the_verdicts_it_did_not_look_at() {
         let now = Timestamp::from_second(9).unwrap();
         let mut s = shard();
@@ -635,6 +714,7 @@ mod tests {
             silent_nodes: BTreeSet::new(),
             problem: None,
             paused: false,
+            hibernating: None,
         };
         let st = status(&s, &report, now);
         let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();

@@ -466,6 +466,7 @@ mod tests {
             desired,
             ready,
             observed: true,
+            running: ready,
         }
     }
 

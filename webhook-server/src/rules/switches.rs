@@ -1,18 +1,18 @@
 //! The operator's switch annotations on a MultigresCluster (`multigres.com/paused`,
-//! `multigres.com/restart-policy`) take only the values they know: any other value would read as
-//! the default (not paused, automatic restarts), and the cluster would go on changing while its
-//! owner thinks it is held. Checked on every update, metadata-only ones included (`kubectl
+//! `multigres.com/restart-policy`, `multigres.com/hibernate`) take only the values they know: any
+//! other value would read as the default (not paused, automatic restarts, awake), and the cluster
+//! would go on changing or running while its owner thinks it is held or asleep. Checked on every update, metadata-only ones included (`kubectl
 //! annotate` is how they are set), and only when set or changed, so a value stored before the
 //! rule never blocks another edit.
 
 use std::collections::BTreeMap;
 
-use multigres_api::labels::{PAUSED, RESTART_POLICY};
+use multigres_api::labels::{HIBERNATE, PAUSED, RESTART_POLICY};
 
 use crate::violation::Findings;
 
 /// Each switch, the values it takes, and what they mean.
-const SWITCHES: [(&str, [&str; 2], &str); 2] = [
+const SWITCHES: [(&str, [&str; 2], &str); 3] = [
     (
         PAUSED,
         ["true", "false"],
@@ -24,6 +24,12 @@ const SWITCHES: [(&str, [&str; 2], &str); 2] = [
         ["supervised", "automatic"],
         "\"supervised\" makes pool pod restarts wait for `kubectl multigres restart`, \
          \"automatic\" (or no annotation) restarts them as soon as it is safe",
+    ),
+    (
+        HIBERNATE,
+        ["true", "false"],
+        "\"true\" stops every pod of the cluster's data plane and keeps its volumes, \"false\" \
+         (or no annotation) runs them",
     ),
 ];
 
@@ -68,6 +74,7 @@ mod tests {
             (PAUSED, "true"),
             (PAUSED, "false"),
             (RESTART_POLICY, "supervised"),
+            (HIBERNATE, "true"),
         ] {
             let mut findings = Findings::default();
             check(&mut findings, &annotations(key, good), None);
