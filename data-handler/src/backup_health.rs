@@ -21,7 +21,7 @@
 //! than that; the call asks for all of them ([`LIMIT`]): the multipooler runs the same
 //! `pgbackrest info` either way, and the retention policy bounds the list.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use multigres_api::v1alpha1::{
-    BackupKind, ScheduledBackupAttempt, ScheduledBackupsStatus, Shard, ShardStatus,
+    BackupKind, RecoverableWindow, ScheduledBackupAttempt, ScheduledBackupsStatus, Shard,
+    ShardStatus,
 };
 use multigres_common::conditions::{Computed, DesiredCondition, FALSE, TRUE, set_condition};
 use multigres_common::events::Notice;
@@ -43,10 +44,12 @@ use multigres_proto::multipooler::multipoolermanagerdata::{BackupMetadata, GetBa
 use serde_json::{Map, Value, json};
 
 use crate::backup_request::Requests;
+use crate::backup_runs::Reach;
 use crate::dial::Dial;
+use crate::postgres_roles::Session;
+use crate::recoverable_window;
 use crate::reload::{self, RpcError};
-use crate::roles::{self, PoolPod, ShardKey};
-use crate::topo::PoolerRecord;
+use crate::roles;
 use crate::watch::Guarded;
 
 /// The condition type.
@@ -271,6 +274,8 @@ pub struct Published {
     pub schedule: Option<ScheduledBackupsStatus>,
     /// The requested backups' fields (see [`crate::backup_request`]).
     pub requests: Requests,
+    /// `status.recoverableWindow` (see [`crate::recoverable_window`]).
+    pub window: Option<RecoverableWindow>,
 }
 
 impl Published {
@@ -290,6 +295,7 @@ impl Published {
             retained: status.retained_backups.clone(),
             schedule: status.scheduled_backups.clone(),
             requests: Requests::of(Some(status)),
+            window: status.recoverable_window.clone(),
         }
     }
 
@@ -314,6 +320,9 @@ impl Published {
             out.insert("scheduledBackups".into(), json!(schedule));
         }
         out.extend(self.requests.fields());
+        if let Some(window) = &self.window {
+            out.insert("recoverableWindow".into(), json!(window));
+        }
         out
     }
 }
@@ -352,6 +361,7 @@ pub fn next(
         retained: stored.retained.clone(),
         schedule: stored.schedule.clone(),
         requests: stored.requests.clone(),
+        window: stored.window.clone(),
     }
 }
 
@@ -426,14 +436,18 @@ pub struct Outcome {
 /// (logged).
 pub async fn run(
     checks: &Checks,
-    dial: &Dial,
+    reach: &Reach<'_>,
     shard: &Shard,
     stored: &Published,
-    key: ShardKey<'_>,
-    pods: &[PoolPod],
-    poolers: &BTreeMap<String, Option<Vec<PoolerRecord>>>,
+    superuser: Option<&str>,
 ) -> Option<Outcome> {
     shard.spec.backup.as_ref()?;
+    let Reach {
+        dial,
+        key,
+        pods,
+        poolers,
+    } = *reach;
     let (pod, record) = roles::primary(key, pods, poolers)?;
     let slot = slot(shard);
     if !checks.due(&slot, &pod.name, Instant::now()) {
@@ -443,8 +457,8 @@ pub async fn run(
         tracing::debug!(shard = %slot, record = %record.key, "backup health not checked: the primary's pooler record names no gRPC address");
         return None;
     };
-    let (found, retained) = match check(dial, &address).await {
-        Ok(found) => found,
+    let backups = match check(dial, &address).await {
+        Ok(backups) => backups,
         Err(error) => {
             if error.is_invalid() {
                 tracing::warn!(shard = %slot, primary = %pod.name, error = %ErrorChain(&error), "cannot tell the backup health; keeping the published one");
@@ -454,7 +468,28 @@ pub async fn run(
             return None;
         }
     };
+    let found = match newest(&backups) {
+        Ok(found) => found,
+        Err(error) => {
+            tracing::warn!(shard = %slot, primary = %pod.name, error = %ErrorChain(&error), "cannot tell the backup health; keeping the published one");
+            return None;
+        }
+    };
     tracing::debug!(shard = %slot, newest = ?found, "backups checked");
+    let archiver = match superuser {
+        Some(superuser) => {
+            let session = Session {
+                key,
+                superuser: superuser.to_owned(),
+                address: address.clone(),
+            };
+            recoverable_window::read_archiver(dial, &session)
+                .await
+                .inspect_err(|why| tracing::info!(shard = %slot, primary = %pod.name, why, "cannot read the archiver now; the recoverable window keeps its latest end"))
+                .ok()
+        }
+        None => None,
+    };
     let failure = stored
         .schedule
         .as_ref()
@@ -466,7 +501,12 @@ pub async fn run(
         Timestamp::now(),
         shard.metadata.generation,
     );
-    next.retained = retained;
+    next.retained = retained(&backups);
+    next.window = recoverable_window::window(
+        recoverable_window::earliest(&backups).as_ref(),
+        archiver.as_ref(),
+        stored.window.as_ref(),
+    );
     let notice = transition(stored.condition.as_ref(), next.condition.as_ref());
     Some(Outcome { next, notice })
 }
@@ -480,9 +520,8 @@ pub fn slot(shard: &Shard) -> String {
     )
 }
 
-/// Asks the multipooler at `address` for its backups; finds the newest complete one and the
-/// labels of all complete ones.
-async fn check(dial: &Dial, address: &str) -> Result<(Option<Newest>, Vec<String>), CheckError> {
+/// Asks the multipooler at `address` for its backups.
+async fn check(dial: &Dial, address: &str) -> Result<Vec<BackupMetadata>, CheckError> {
     let backups = dial
         .connect(address, CALL_TIMEOUT)
         .await?
@@ -494,7 +533,7 @@ async fn check(dial: &Dial, address: &str) -> Result<(Option<Newest>, Vec<String
             address: address.to_owned(),
             source,
         })?;
-    Ok((newest(&backups)?, retained(&backups)))
+    Ok(backups)
 }
 
 /// The labels of the complete backups among `backups`, oldest first (by completion, then

@@ -129,7 +129,8 @@ pub struct Outcome {
     pub running: bool,
 }
 
-/// Where the backup step reaches the shard's multipoolers.
+/// Where the backup steps reach the shard's multipoolers.
+#[derive(Clone, Copy)]
 pub struct Reach<'a> {
     /// The calls' connections.
     pub dial: &'a Dial,

@@ -26,6 +26,7 @@ pub mod desired;
 pub mod dial;
 pub mod finalizer;
 pub mod postgres_roles;
+pub mod recoverable_window;
 pub mod reload;
 pub mod roles;
 pub mod shard;

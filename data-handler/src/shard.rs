@@ -350,14 +350,13 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         requests: backups.requests.clone(),
         ..stored_backups.clone()
     };
+    let superuser = owner.map(|cluster| managed_roles::superuser(&cluster.spec));
     let checked = backup_health::run(
         &ctx.backup_checks,
-        &dial,
+        &reach,
         shard,
         &scheduled_backups,
-        key,
-        &pool_pods,
-        poolers,
+        superuser,
     )
     .await;
     let lent = postgres_roles::Context {

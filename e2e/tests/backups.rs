@@ -22,7 +22,8 @@ use multigres_api::backup_request;
 use multigres_api::v1alpha1::{
     BackupRequestPhase, BackupRequestRollup, BackupRequestState, MultigresCluster, ShardStatus,
 };
-use multigres_e2e::harness::{eventually, fresh_namespace};
+use multigres_e2e::cluster::LocalCluster;
+use multigres_e2e::harness::{eventually, fresh_namespace, run_plugin};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure, ledger};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::s3::{self, Object, S3Server};
@@ -520,6 +521,49 @@ async fn scheduled_backups(
     before_last
 }
 
+/// Step b3: waits for `status.recoverableWindow` to start at the oldest retained backup and end
+/// at an archived segment after it, not in the future; the plugin shows it.
+async fn recoverable_window_is_published(
+    cluster: &'static LocalCluster,
+    client: &Client,
+    namespace: &str,
+) {
+    let window = eventually(
+        "the recoverable window in the Shard status",
+        WAIT,
+        || async {
+            let status = shard(client, namespace).await.status.unwrap_or_default();
+            let window = status.recoverable_window.clone().unwrap_or_default();
+            let now = k8s_openapi::jiff::Timestamp::now();
+            match (&window.earliest, &window.earliest_backup, &window.latest) {
+                (Some(earliest), Some(label), Some(latest))
+                    if status.retained_backups.first() == Some(label)
+                        && earliest.0 < latest.0
+                        && latest.0 <= now
+                        && window.latest_wal.is_some() =>
+                {
+                    Ok(window)
+                }
+                _ => Err(format!(
+                    "window {window:?}, retained {:?}",
+                    status.retained_backups
+                )),
+            }
+        },
+    )
+    .await;
+    assert_eq!(window.archive_failing, None, "archiving works");
+    println!("recoverable window: {window:?}");
+    let screen = run_plugin(cluster, &["status", NAME, "-n", namespace])
+        .await
+        .unwrap();
+    let label = window.earliest_backup.unwrap_or_default();
+    assert!(
+        screen.contains(&format!("(end of backup {label})")),
+        "{screen}"
+    );
+}
+
 /// Sets (`Some`) or removes the cluster's backup request annotation.
 async fn request_backup(client: &Client, namespace: &str, id: Option<&str>) {
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
@@ -837,6 +881,10 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     // and taken right after; each adds a full backup to the bucket, no statement fails, and an
     // id already answered, set again, takes no backup.
     backups_on_request(&client, &namespace, &mut acknowledged).await;
+
+    // b3. The recoverable window in the Shard status and on the plugin's screen: from the end
+    // of the oldest backup the repository keeps to the last WAL segment the primary archived.
+    recoverable_window_is_published(cluster, &client, &namespace).await;
 
     // c. A replica loses its volume (its claim, then its pod, deleted under a steady writer):
     // the StatefulSet makes both again, the new pod restores the newest backup from the

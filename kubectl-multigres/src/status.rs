@@ -10,7 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use multigres_api::labels;
-use multigres_api::v1alpha1::{CohortStatus, Phase, Replication, Shard, TableGroup};
+use multigres_api::v1alpha1::{
+    CohortStatus, Phase, RecoverableWindow, Replication, Shard, TableGroup,
+};
 
 use crate::view::ClusterView;
 
@@ -260,6 +262,9 @@ fn render_shard(out: &mut String, shard: &Shard, pods: &[Pod], now: Timestamp) {
         n => format!("; {n} retained, newest {}", status.retained_backups[n - 1]),
     };
     wrap(out, "    ", &format!("last backup: {backup}{retained}"));
+    if let Some(window) = &status.recoverable_window {
+        wrap(out, "    ", &recoverable(window, now));
+    }
     if let Some(scheduled) = &status.scheduled_backups {
         let mut parts = Vec::new();
         if let Some(running) = &scheduled.running {
@@ -427,6 +432,26 @@ fn table(out: &mut String, indent: &str, rows: &[Vec<String>]) {
 }
 
 /// How long ago `then` was, in its largest unit and the next: `3d 2h`, `5m 10s`, `42s`.
+/// The line of a shard's recoverable window: from the oldest backup's end to the last
+/// archived WAL segment, and why it stops there while archiving fails.
+fn recoverable(window: &RecoverableWindow, now: Timestamp) -> String {
+    let earliest = match (&window.earliest, &window.earliest_backup) {
+        (Some(at), Some(label)) => format!("{} (end of backup {label})", at.0),
+        (Some(at), None) => at.0.to_string(),
+        _ => "no complete backup".to_owned(),
+    };
+    let latest = match (&window.latest, &window.latest_wal) {
+        (Some(at), Some(wal)) => format!("{} ({} ago, WAL {wal})", at.0, ago(now, at)),
+        (Some(at), None) => at.0.to_string(),
+        _ => "no WAL archived yet".to_owned(),
+    };
+    let mut line = format!("recoverable: {earliest} to {latest}");
+    if let Some(failing) = &window.archive_failing {
+        line.push_str(&format!("; ARCHIVING FAILS: {failing}"));
+    }
+    line
+}
+
 fn ago(now: Timestamp, then: &Time) -> String {
     let seconds = (now.as_second() - then.0.as_second()).max(0);
     let units = [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)];

@@ -337,6 +337,37 @@ pub struct RequestedBackupStatus {
     pub message: Option<String>,
 }
 
+/// The moments a restore of the shard can reach, read from its repository and its primary
+/// (docs/backups.md, "The recoverable window"). A restore to a time needs a complete backup that
+/// ended before the target and the archived WAL from there up to it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoverableWindow {
+    /// The earliest: when the oldest complete backup the repository holds ended (pgBackRest's
+    /// `timestamp.stop`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earliest: Option<Time>,
+
+    /// The pgBackRest label of that backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earliest_backup: Option<String>,
+
+    /// The latest: when the primary last archived a WAL segment into the repository
+    /// (`pg_stat_archiver.last_archived_time`); transactions committed before it are in the
+    /// archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest: Option<Time>,
+
+    /// That WAL segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_wal: Option<String>,
+
+    /// Set while archiving fails (a segment failed after the last one archived): the window
+    /// stops at `latest` until it succeeds again. Names the segment and when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive_failing: Option<String>,
+}
+
 /// A requested backup that arrived while another backup of the shard ran: it is taken as soon
 /// as that one ends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -546,6 +577,10 @@ pub struct ShardStatus {
     /// `20261127-020000F`): what a restore can start from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retained_backups: Vec<String>,
+
+    /// The earliest and the latest moment a restore of the shard can reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recoverable_window: Option<RecoverableWindow>,
 
     /// Backups taken on `spec.backup.schedule`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
