@@ -695,6 +695,19 @@ async fn tls_cost(gateway: &Endpoint) {
     pgbench(gateway, "require", &["-i", "-I", "d"]).await;
 }
 
+/// One row written through `gateway` as soon as it takes one (`what` names the moment), with an
+/// id below `below` (each try takes the next, so a write that landed unacknowledged is never
+/// mistaken for this one); the id acknowledged.
+async fn write_once(gateway: &Endpoint, what: &str, below: i64) -> i64 {
+    let mut id = below;
+    eventually(what, WAIT, || {
+        id -= 1;
+        let sql = format!("INSERT INTO ledger (id) VALUES ({id})");
+        async move { gateway.query(&sql).await.map(|_| id) }
+    })
+    .await
+}
+
 /// Pods of the cluster's data plane (everything the operator runs but etcd), by name.
 async fn data_plane_pods(client: &Client, namespace: &str) -> Vec<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -1353,15 +1366,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     // same volumes, multiorch elects a primary, and every acknowledged row is there.
     hibernate_and_wake(cluster, &client, &namespace, &acknowledged).await;
     let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
-    let mut id = -1000;
-    let write = eventually("a write after waking", WAIT, || {
-        id -= 1;
-        let sql = format!("INSERT INTO ledger (id) VALUES ({id})");
-        let gateway = &gateway;
-        async move { gateway.query(&sql).await.map(|_| id) }
-    })
-    .await;
-    acknowledged.push(write);
+    acknowledged.push(write_once(&gateway, "a write after waking", -1000).await);
     let stored = assert_kept(&gateway, &acknowledged).await;
 
     // 11. Delete the cluster (Retain) after the scale-down, recreate it: the same volumes, a
@@ -1413,14 +1418,6 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     )
     .await;
 
-    let mut id = -2000;
-    let write = eventually("a write after the re-creation", WAIT, || {
-        id -= 1;
-        let sql = format!("INSERT INTO ledger (id) VALUES ({id})");
-        let gateway = &gateway;
-        async move { gateway.query(&sql).await.map(|_| id) }
-    })
-    .await;
-    acknowledged.push(write);
+    acknowledged.push(write_once(&gateway, "a write after the re-creation", -2000).await);
     assert_kept(&gateway, &acknowledged).await;
 }

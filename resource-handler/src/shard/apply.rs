@@ -58,6 +58,27 @@ pub(super) struct Outcome {
     pub hibernating: Option<i32>,
 }
 
+impl Outcome {
+    /// The workloads as `observed`, with nothing else done: no restart step, hold, hand-over,
+    /// drain verdict or claim waiting.
+    fn untouched(observed: Observed) -> Self {
+        Self {
+            observed,
+            tls: None,
+            resize: ResizeOutcome::default(),
+            step: None,
+            held: Vec::new(),
+            downs: Vec::new(),
+            cohort_holds: Vec::new(),
+            requests: switchover::Requests::default(),
+            drain: None,
+            claims_waiting: false,
+            paused: false,
+            hibernating: None,
+        }
+    }
+}
+
 /// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
 /// so new pods mount the current file), pgBackRest TLS, the workloads, volume growth and
 /// pruning; then restarts the next outdated pool pod (unless a template was just written)
@@ -156,18 +177,10 @@ pub(super) fn paused(
     let sets = set_views(objects, &observed);
     let step = rollout::plan(&sets, pods, cohort.is_some(), released(shard));
     Outcome {
-        observed,
-        tls: None,
-        resize: ResizeOutcome::default(),
         step: Some(step),
-        held: Vec::new(),
-        downs: Vec::new(),
-        cohort_holds: Vec::new(),
-        requests: switchover::Requests::default(),
         drain: drain::condition(pods, Evictions::of(shard), cohort),
-        claims_waiting: false,
         paused: true,
-        hibernating: None,
+        ..Outcome::untouched(observed)
     }
 }
 
@@ -203,18 +216,9 @@ pub(super) async fn hibernate(
         .sum();
     let pool_pods = i32::try_from(pods.len()).unwrap_or(i32::MAX);
     Ok(Outcome {
-        observed,
         tls,
-        resize: ResizeOutcome::default(),
-        step: None,
-        held: Vec::new(),
-        downs: Vec::new(),
-        cohort_holds: Vec::new(),
-        requests: switchover::Requests::default(),
-        drain: None,
-        claims_waiting: false,
-        paused: false,
         hibernating: Some(pool_pods.saturating_add(orchs)),
+        ..Outcome::untouched(observed)
     })
 }
 
