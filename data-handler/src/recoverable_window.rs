@@ -4,7 +4,8 @@
 //! - The earliest is when the oldest complete backup ended (pgBackRest's `timestamp.stop`, which
 //!   `GetBackups` passes on as `stop_timestamp`): a restore to a time replays WAL from a backup
 //!   that ended before the target, so nothing before that end can be reached.
-//! - The latest is when the primary last archived a WAL segment into the repository, as
+//! - The latest is when the primary last archived a WAL file (a segment, or the `.backup`
+//!   history file a backup ends with) into the repository, as
 //!   PostgreSQL's archiver reports it (`pg_stat_archiver`: the multipooler's `archive_command`
 //!   is pgBackRest's `archive-push`, so a segment counts as archived only once pgBackRest took it).
 //!   While a segment failed after the last one archived, the window stops there, and says so.

@@ -352,13 +352,13 @@ pub struct RecoverableWindow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub earliest_backup: Option<String>,
 
-    /// The latest: when the primary last archived a WAL segment into the repository
+    /// The latest: when the primary last archived a WAL file into the repository
     /// (`pg_stat_archiver.last_archived_time`); transactions committed before it are in the
     /// archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latest: Option<Time>,
 
-    /// That WAL segment.
+    /// That file: a WAL segment, or the history file a backup ends with (`*.backup`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latest_wal: Option<String>,
 
