@@ -5,7 +5,7 @@
 //! API server would report as a webhook failure with no explanation.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -23,8 +23,9 @@ use crate::defaults;
 use crate::lookup::{LookupError, Lookups};
 use crate::placement;
 use crate::rules::children::{self, Operators};
+use crate::rules::cluster::repository;
 use crate::rules::templates::{self, TemplateSpec};
-use crate::rules::{TemplateKind, backup_request, cluster, switches, unimplemented};
+use crate::rules::{TemplateKind, Templates, backup_request, cluster, switches, unimplemented};
 use crate::violation::Findings;
 
 /// Registers HELP text for the webhook's own metrics with the current recorder (the request
@@ -457,9 +458,60 @@ async fn validate_cluster(
     let mut findings = cluster::validate(&new, old.as_ref(), &templates);
     findings.violations.extend(requests.violations);
     placement::check(&mut findings, &state.lookups, &new.spec).await;
+    check_repositories(
+        &mut findings,
+        &state.lookups,
+        &new,
+        old.as_ref(),
+        &templates,
+    )
+    .await;
     let object = request.object.as_ref();
     unimplemented::check_object(&mut findings, Kind::MultigresCluster, object);
     Ok(findings)
+}
+
+/// Longest wait for the Shard list of [`check_repositories`].
+const SHARD_LIST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Refuses an S3 backup repository another cluster writes to ([`cluster::repository`]), when
+/// the cluster is created or its repositories change. A Shard list that fails or takes longer
+/// than [`SHARD_LIST_TIMEOUT`] leaves a warning instead: it is a guard, and must not hold up
+/// every write of a cluster while the API server is slow.
+async fn check_repositories(
+    findings: &mut Findings,
+    lookups: &Lookups,
+    new: &MultigresCluster,
+    old: Option<&MultigresCluster>,
+    templates: &Templates,
+) {
+    let wanted = repository::wanted(new, templates);
+    let unchanged =
+        old.is_some_and(|old| repository::wanted(old, templates).keys().eq(wanted.keys()));
+    if wanted.is_empty() || unchanged {
+        return;
+    }
+    let own = (
+        new.metadata.namespace.as_deref().unwrap_or_default(),
+        new.metadata.name.as_deref().unwrap_or_default(),
+    );
+    match tokio::time::timeout(SHARD_LIST_TIMEOUT, lookups.shards()).await {
+        Ok(Ok(shards)) => {
+            repository::refuse_taken(findings, &wanted, &repository::owners(&shards, own));
+        }
+        Ok(Err(error)) => findings.warning(
+            "spec.backup",
+            format!(
+                "not checked that no other cluster writes to this cluster's backup \
+                 repositories: listing the Shards failed ({error})"
+            ),
+        ),
+        Err(_) => findings.warning(
+            "spec.backup",
+            "not checked that no other cluster writes to this cluster's backup repositories: \
+             the Shard list took longer than 2 s",
+        ),
+    }
 }
 
 fn template_spec(

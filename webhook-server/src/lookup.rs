@@ -28,7 +28,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
-use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
+use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate};
 use multigres_common::backoff::BackoffPolicy;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
@@ -196,6 +196,16 @@ impl Lookups {
             .list_metadata(&params)
             .await
             .map(|list| !list.items.is_empty())
+    }
+
+    /// Every Shard the operator manages, in every namespace: what each cluster's resolved spec
+    /// asks for, its backup repository included.
+    pub async fn shards(&self) -> Result<Vec<Shard>, kube::Error> {
+        let managed = ListParams::default().labels(multigres_api::labels::MANAGED_SELECTOR);
+        Api::<Shard>::all(self.client.clone())
+            .list(&managed)
+            .await
+            .map(|list| list.items)
     }
 
     /// Every MultigresCluster of the namespace.

@@ -6,7 +6,7 @@
 mod support;
 
 use kube::api::{Api, PostParams};
-use multigres_api::v1alpha1::{CellTemplate, MultigresCluster, ShardTemplate};
+use multigres_api::v1alpha1::{CellTemplate, MultigresCluster, Shard, ShardTemplate};
 use serde_json::{Value, json};
 use support::{control_plane, fixture, namespace, patch_of, post, router, unused_client};
 
@@ -239,6 +239,42 @@ async fn durations_go_cannot_hold_are_refused() {
         "{}",
         message(&response)
     );
+}
+
+/// A cluster whose S3 repository another cluster's Shard (in another namespace) writes to is
+/// refused, naming that cluster; the same cluster applied again over its own repository is not.
+#[tokio::test]
+async fn another_clusters_backup_repository_is_refused() {
+    let cluster = control_plane().await;
+    let other = namespace(cluster, "repository-owner").await;
+    let mut shard: Shard =
+        serde_yaml::from_str(include_str!("../../resource-handler/fixtures/shard.yaml")).unwrap();
+    shard.metadata.namespace = Some(other.clone());
+    shard.metadata.uid = None;
+    shard.spec.backup = Some(
+        serde_json::from_value(json!({"type": "s3", "s3": {"bucket": "backups",
+            "region": "eu-west-1", "keyPrefix": "/repository-taken"}}))
+        .unwrap(),
+    );
+    Api::<Shard>::namespaced(cluster.client().unwrap(), &other)
+        .create(&PostParams::default(), &shard)
+        .await
+        .unwrap();
+    let response = review(VALIDATE_CLUSTER, "cluster-create-repository-taken").await;
+    assert_denied(&response, 422);
+    assert_eq!(causes(&response), ["spec.backup.s3.keyPrefix"]);
+    assert!(
+        message(&response).contains(&format!(
+            "the backup repository s3://backups/repository-taken at s3.eu-west-1.amazonaws.com \
+             is MultigresCluster {other}/prod's"
+        )),
+        "{}",
+        message(&response)
+    );
+    // The owner itself, applied again in the Shard's namespace, is let through.
+    let own = fixture("cluster-create-repository-taken", &other).replace("\"demo\"", "\"prod\"");
+    let response = post(&router(cluster.client().unwrap()), VALIDATE_CLUSTER, own).await;
+    assert_eq!(response["allowed"], true, "{response:#}");
 }
 
 #[tokio::test]

@@ -17,6 +17,7 @@
 
 mod deletion;
 mod network;
+pub mod repository;
 mod resolved;
 mod transition;
 mod view;
