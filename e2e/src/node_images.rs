@@ -126,7 +126,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
     std::fs::write(&ready, "").map_err(io(format!("writing {}", ready.display())))
 }
 
-/// `ctr images import` of every image into the containerd at `socket`.
+/// `ctr images import` of every archive into the containerd at `socket`, once; a reference
+/// whose archive is already imported under another (a second tag of one build) is tagged.
 fn import(
     images: &BTreeMap<String, PathBuf>,
     socket: &Path,
@@ -134,13 +135,25 @@ fn import(
 ) -> Result<(), NodesError> {
     let ctr = system_program("ctr")?;
     let socket = socket.to_string_lossy();
-    for archive in images.values() {
-        let archive = archive.to_string_lossy();
-        let args = ["images", "import", "--no-unpack", &archive];
+    let ctr_run = |args: &[&str]| {
         run(
             &ctr,
-            &[&["--address", &socket, "--namespace", "k8s.io"], &args[..]].concat(),
-        )?;
+            &[&["--address", &socket, "--namespace", "k8s.io"], args].concat(),
+        )
+    };
+    let mut imported: BTreeMap<&PathBuf, &String> = BTreeMap::new();
+    for (reference, archive) in images {
+        if let Some(first) = imported.get(archive) {
+            ctr_run(&["images", "tag", first, reference])?;
+        } else {
+            ctr_run(&[
+                "images",
+                "import",
+                "--no-unpack",
+                &archive.to_string_lossy(),
+            ])?;
+            imported.insert(archive, reference);
+        }
     }
     check_listed(images, &socket, holder)
 }

@@ -163,19 +163,41 @@ pub struct RealNodes {
     stopped: bool,
 }
 
+/// The images whose build every node also holds under a second tag, [`next_tag`]: a running
+/// cluster's Multigres and PostgreSQL images can then be changed (`data_plane` step 8b) without
+/// building either twice.
+const NEXT_TAGGED: [&str; 2] = [
+    "localhost/multigres/multigres:",
+    "localhost/multigres/pgctld:",
+];
+
+/// What [`next_tag`] appends.
+pub const NEXT_SUFFIX: &str = "-next";
+
+/// The second tag of `reference` (one of [`NEXT_TAGGED`]) on every node: the same build.
+pub fn next_tag(reference: &str) -> String {
+    format!("{reference}{NEXT_SUFFIX}")
+}
+
 /// The images a real-node cluster imports: `$MULTIGRES_IMAGES`, one `<reference> <archive>` per
-/// line.
+/// line, and the [`next_tag`] of each of [`NEXT_TAGGED`] with the same archive.
 pub fn image_list() -> Result<BTreeMap<String, PathBuf>, NodesError> {
     let path = std::env::var_os(IMAGES_ENV).ok_or(NodesError::NoImages)?;
     let text = std::fs::read_to_string(&path).map_err(io(format!(
         "reading the image list {}",
         Path::new(&path).display()
     )))?;
-    Ok(text
+    let listed: BTreeMap<String, PathBuf> = text
         .lines()
         .filter_map(|line| line.split_once(' '))
         .map(|(reference, archive)| (reference.trim().to_owned(), PathBuf::from(archive.trim())))
-        .collect())
+        .collect();
+    let next: Vec<(String, PathBuf)> = listed
+        .iter()
+        .filter(|(reference, _)| NEXT_TAGGED.iter().any(|p| reference.starts_with(p)))
+        .map(|(reference, archive)| (next_tag(reference), archive.clone()))
+        .collect();
+    Ok(listed.into_iter().chain(next).collect())
 }
 
 /// A program from the machine's packages (containerd, ctr, ip, iptables), found on PATH.

@@ -35,12 +35,13 @@ pub async fn real_cluster() -> &'static LocalCluster {
         .unwrap_or_else(|e| panic!("starting the control plane with real nodes: {e}"))
 }
 
-/// The reference of the listed image whose name starts with `prefix`.
+/// The reference of the listed image whose name starts with `prefix` (its build's own tag, not
+/// a [`nodes::next_tag`]).
 pub fn image(prefix: &str) -> String {
     nodes::image_list()
         .unwrap_or_else(|e| panic!("{e}"))
         .into_keys()
-        .find(|reference| reference.starts_with(prefix))
+        .find(|reference| reference.starts_with(prefix) && !reference.ends_with(nodes::NEXT_SUFFIX))
         .unwrap_or_else(|| panic!("no {prefix}* image in ${}", nodes::IMAGES_ENV))
 }
 
@@ -63,42 +64,56 @@ pub async fn operator_installed() -> &'static LocalCluster {
     static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     let cluster = real_cluster().await;
     INSTALLED
-        .get_or_init(|| async {
-            let operator = image(OPERATOR_IMAGE_PREFIX);
-            let (repository, tag) = operator.rsplit_once(':').expect("a tagged reference");
+        .get_or_init(|| {
             let chart = repo_path("deploy/helm/multigres-operator");
-            let repository = format!("image.repository={repository}");
-            let tag = format!("image.tag={tag}");
-            let args = [
-                "install",
-                RELEASE,
-                chart.to_str().unwrap(),
-                "--namespace",
-                OPERATOR_NAMESPACE,
-                "--create-namespace",
-                "--wait",
-                "--timeout",
-                "5m",
-                "--set",
-                &repository,
-                "--set",
-                &tag,
-                "--set",
-                "image.pullPolicy=Never",
-                "--set",
-                "leaderElection.leaseDuration=4s",
-                "--set",
-                "leaderElection.renewDeadline=3s",
-                "--set",
-                "leaderElection.retryPeriod=500ms",
-                "--set",
-                POOLER_UNRECOVERABLE_TIMEOUT,
-            ];
-            let out = harness::helm(&args, Some(cluster.kubeconfig())).await;
-            assert!(out.contains("STATUS: deployed"), "{out}");
+            let operator = image(OPERATOR_IMAGE_PREFIX);
+            async move {
+                install_operator(cluster, &chart, &operator, &[POOLER_UNRECOVERABLE_TIMEOUT]).await;
+            }
         })
         .await;
     cluster
+}
+
+/// `helm install` of `chart` with the operator image `reference` (never pulled: it was
+/// imported into every node), short Leases and the `extra` values (`key=value`).
+pub async fn install_operator(
+    cluster: &LocalCluster,
+    chart: &std::path::Path,
+    reference: &str,
+    extra: &[&str],
+) {
+    let (repository, tag) = reference.rsplit_once(':').expect("a tagged reference");
+    let repository = format!("image.repository={repository}");
+    let tag = format!("image.tag={tag}");
+    let mut args = vec![
+        "install",
+        RELEASE,
+        chart.to_str().expect("a UTF-8 path"),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "5m",
+        "--set",
+        &repository,
+        "--set",
+        &tag,
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        "leaderElection.leaseDuration=4s",
+        "--set",
+        "leaderElection.renewDeadline=3s",
+        "--set",
+        "leaderElection.retryPeriod=500ms",
+    ];
+    for value in extra {
+        args.extend(["--set", value]);
+    }
+    let out = harness::helm(&args, Some(cluster.kubeconfig())).await;
+    assert!(out.contains("STATUS: deployed"), "{out}");
 }
 
 /// Points a document of a sample (JSON) at the locally built images, never pulled: a

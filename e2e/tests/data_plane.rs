@@ -31,9 +31,10 @@ use multigres_api::labels;
 use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{self, eventually, fresh_namespace, run_plugin};
-use multigres_e2e::load::{Load, assert_kept, create_ledger, figure};
+use multigres_e2e::load::{Load, LoadReport, assert_kept, create_ledger, figure};
+use multigres_e2e::nodes;
 use multigres_e2e::reach::{self, Reach};
-use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
+use multigres_e2e::real::{self, Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
     NAME, WAIT, apply_sample, cohort_until, diagnosed, diagnosed_if_slow, pool_pods, settled_roles,
     shard, shard_events, wait_serving, whole,
@@ -91,15 +92,116 @@ async fn set_shard(
     replicas: i32,
     postgres_config: &BTreeMap<&str, &str>,
 ) {
-    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), namespace);
-    let patch = json!({"spec": {"databases": [{"name": "postgres", "default": true,
+    patch_cluster(client, namespace, &shard_patch(replicas, postgres_config)).await;
+}
+
+/// The merge patch of the cluster that sets the shard's pool size and PostgreSQL settings.
+fn shard_patch(replicas: i32, postgres_config: &BTreeMap<&str, &str>) -> serde_json::Value {
+    json!({"spec": {"databases": [{"name": "postgres", "default": true,
         "tablegroups": [{"name": "default", "default": true, "shards": [{"name": "0-inf",
             "spec": {"pools": {"default": {"replicasPerCell": replicas}},
-                     "postgresConfig": postgres_config}}]}]}]}});
-    clusters
-        .patch(NAME, &PatchParams::default(), &Patch::Merge(&patch))
+                     "postgresConfig": postgres_config}}]}]}]}})
+}
+
+async fn patch_cluster(client: &Client, namespace: &str, patch: &serde_json::Value) {
+    Api::<MultigresCluster>::namespaced(client.clone(), namespace)
+        .patch(NAME, &PatchParams::default(), &Patch::Merge(patch))
         .await
-        .unwrap_or_else(|e| panic!("editing the shard: {e}"));
+        .unwrap_or_else(|e| panic!("editing the cluster with {patch}: {e}"));
+}
+
+/// What a rolling restart of the 3 pool pods did, under a steady load.
+struct Rolled {
+    /// The pool pods in the order they restarted.
+    order: Vec<String>,
+    /// The primary before the change.
+    primary: String,
+    /// Change to every pod restarted and the roles settled.
+    took: Duration,
+    load: LoadReport,
+}
+
+/// Applies `patch` under a steady load (ids from `first_id`) and waits until each of the 3
+/// pool pods restarted once and the roles settled; checks that the primary restarted last,
+/// after it handed over.
+async fn roll_under_load(
+    client: &Client,
+    namespace: &str,
+    gateway: &Endpoint,
+    patch: &serde_json::Value,
+    first_id: i64,
+) -> Rolled {
+    let (primary, _) = settled_roles(client, namespace, &gateway.password, 3).await;
+    let before = uids(client, namespace).await;
+    let load = Load::start(gateway.clone(), first_id);
+    let started = Instant::now();
+    patch_cluster(client, namespace, patch).await;
+    let mut order: Vec<String> = Vec::new();
+    let deadline = Instant::now() + WAIT * 2;
+    while order.len() < before.len() {
+        assert!(
+            Instant::now() < deadline,
+            "rollout incomplete: restarted {order:?} of {before:?}"
+        );
+        for (pod, uid) in uids(client, namespace).await {
+            if before.get(&pod) != Some(&uid) && !order.contains(&pod) {
+                order.push(pod);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (_, roles) = settled_roles(client, namespace, &gateway.password, 3).await;
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let load = load.finish().await;
+    println!(
+        "restart order {order:?} (primary before: {primary}; roles after: {roles:?}); \
+         {} ok, {} failed, first errors {:?}",
+        load.ok, load.failed, load.errors
+    );
+    assert_eq!(order.last(), Some(&primary), "the primary restarts last");
+    assert_ne!(
+        roles.get(&primary).map(String::as_str),
+        Some("PRIMARY"),
+        "the old primary handed over: {roles:?}"
+    );
+    Rolled {
+        order,
+        primary,
+        took,
+        load,
+    }
+}
+
+/// Waits until every container of the cluster's pods that runs a tag of `image`'s repository
+/// runs `image` itself, in a Ready pod: gateways, multiorch and multiadmin roll as Deployments,
+/// after the pool pods.
+async fn runs_image(client: &Client, namespace: &str, image: &str) {
+    let repository = image.rsplit_once(':').map_or(image, |(r, _)| r);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().labels(&format!("{}={NAME}", labels::CLUSTER));
+    eventually(&format!("every pod runs {image}"), WAIT, || async {
+        let list = pods.list(&params).await.map_err(|e| e.to_string())?;
+        let behind: Vec<String> = list
+            .items
+            .iter()
+            .filter(|pod| {
+                pod.metadata.deletion_timestamp.is_some() || !is_ready(pod) || {
+                    pod.spec.iter().flat_map(|s| &s.containers).any(|c| {
+                        let runs = c.image.as_deref().unwrap_or_default();
+                        runs.starts_with(&format!("{repository}:")) && runs != image
+                    })
+                }
+            })
+            .map(ResourceExt::name_any)
+            .collect();
+        if behind.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("not yet: {behind:?}"))
+        }
+    })
+    .await;
 }
 
 /// The pool pods' UIDs by name: a changed UID is a restarted pod.
@@ -1222,64 +1324,101 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     // 8. A restart-class setting: replicas restart first, the primary last, under load, and only
     // after it has handed over (the resource-handler asks, the data-handler has its multipooler
     // resign, multiorch promotes a replica).
-    let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
-    let before = uids(&client, &namespace).await;
     let asked_before = switchover_requests(&client, &namespace).await;
-    let load = Load::start(gateway.clone(), 1_000_001);
-    let started = Instant::now();
     config.insert("max_connections", "80");
-    set_shard(&client, &namespace, 3, &config).await;
-    let mut restarted: Vec<String> = Vec::new();
-    let deadline = Instant::now() + WAIT * 2;
-    while restarted.len() < before.len() {
-        assert!(
-            Instant::now() < deadline,
-            "rollout incomplete: restarted {restarted:?} of {before:?}"
-        );
-        for (pod, uid) in uids(&client, &namespace).await {
-            if before.get(&pod) != Some(&uid) && !restarted.contains(&pod) {
-                restarted.push(pod);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    let (_, roles) = settled_roles(&client, &namespace, &password, 3).await;
-    let rollout = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let report = load.finish().await;
-    println!(
-        "restart order {restarted:?} (primary before: {primary}; roles after: {roles:?}); \
-         {} ok, {} failed, first errors {:?}",
-        report.ok, report.failed, report.errors
-    );
-    assert_eq!(
-        restarted.last(),
-        Some(&primary),
-        "the primary restarts last"
-    );
-    assert_ne!(
-        roles.get(&primary).map(String::as_str),
-        Some("PRIMARY"),
-        "the old primary handed over: {roles:?}"
-    );
+    let rolled = roll_under_load(
+        &client,
+        &namespace,
+        &gateway,
+        &shard_patch(3, &config),
+        1_000_001,
+    )
+    .await;
     let asked = new_switchover_requests(&client, &namespace, &asked_before).await;
-    let expected = format!("asked the primary {primary} to hand over");
+    let expected = format!("asked the primary {} to hand over", rolled.primary);
     assert!(
         asked.iter().any(|e| e.contains(&expected)),
-        "the rollout asked {primary} to hand over before its restart: {asked:?}"
+        "the rollout asked {} to hand over before its restart: {asked:?}",
+        rolled.primary
     );
     figure(
         "restart-class rollout of 3 pods (s)",
-        format!("{:.1}", rollout.as_secs_f64()),
+        format!("{:.1}", rolled.took.as_secs_f64()),
     );
-    report.figures("the rolling restart");
+    rolled.load.figures("the rolling restart");
     for pod in pool_pods(&client, &namespace).await {
         let endpoint = Endpoint::pod(&pod, &password).unwrap();
         let rows = endpoint.query("SHOW max_connections").await.unwrap();
         assert_eq!(rows, [[Some("80".to_owned())]], "{}", pod.name_any());
     }
+    acknowledged.extend(&rolled.load.acknowledged);
+    assert_kept(&gateway, &acknowledged).await;
+
+    // 8b. Data-plane image upgrades under a steady load, as a user changes them (each a second
+    // tag of the same build, `nodes::next_tag`): first the Multigres image of the shard's
+    // components (multipooler, multiorch) and of multiadmin, then the PostgreSQL image
+    // (pgctld's). Each is the same cohort-gated rollout: replicas first, the primary last after
+    // it handed over, and every pod runs the new image at the end. Then the gateways' Multigres
+    // image: a Deployment rollout, no pool pod restarts; a gateway that stops ends the client
+    // connections it holds (the statement in flight on each fails once, and the client
+    // reconnects to the new one). Every acknowledged row stays.
+    let multigres = nodes::next_tag(&real::image(real::MULTIGRES_IMAGE_PREFIX));
+    let postgres = nodes::next_tag(&real::image(real::PGCTLD_IMAGE_PREFIX));
+    let upgrades = [
+        (
+            "the Multigres image of multipooler, multiorch and multiadmin",
+            json!({"spec": {"images": {"multiorch": multigres, "multipooler": multigres,
+                "multiadmin": multigres}}}),
+            3_000_001,
+        ),
+        (
+            "the PostgreSQL image",
+            json!({"spec": {"images": {"postgres": postgres}}}),
+            4_000_001,
+        ),
+    ];
+    for (what, patch, first_id) in upgrades {
+        let rolled = roll_under_load(&client, &namespace, &gateway, &patch, first_id).await;
+        figure(
+            &format!("{what} changed -> 3 pool pods restarted, roles settled (s)"),
+            format!("{:.1}", rolled.took.as_secs_f64()),
+        );
+        rolled.load.figures(&format!("the change of {what}"));
+        println!("{what}: restart order {:?}", rolled.order);
+        acknowledged.extend(&rolled.load.acknowledged);
+        assert_kept(&gateway, &acknowledged).await;
+    }
+    runs_image(&client, &namespace, &postgres).await;
+    let before = uids(&client, &namespace).await;
+    let load = Load::start(gateway.clone(), 5_000_001);
+    let started = Instant::now();
+    patch_cluster(
+        &client,
+        &namespace,
+        &json!({"spec": {"images": {"multigateway": multigres}}}),
+    )
+    .await;
+    runs_image(&client, &namespace, &multigres).await;
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = load.finish().await;
+    println!(
+        "the gateways' Multigres image: {} ok, {} failed, first errors {:?}",
+        report.ok, report.failed, report.errors
+    );
+    assert_eq!(
+        uids(&client, &namespace).await,
+        before,
+        "no pool pod restarted"
+    );
+    figure(
+        "the gateways' Multigres image changed -> every gateway runs it (s)",
+        format!("{:.1}", took.as_secs_f64()),
+    );
+    report.figures("the change of the gateways' Multigres image");
     acknowledged.extend(&report.acknowledged);
     assert_kept(&gateway, &acknowledged).await;
+    let roles = settled_roles(&client, &namespace, &password, 3).await.1;
 
     // 9. Scale 3 -> 2 at once after the rollout, under a steady load: the pod restarted last
     // rejoins the cohort only when multiorch re-adds it, and the operator holds the scale-down
