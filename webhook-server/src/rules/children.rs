@@ -3,10 +3,11 @@
 //! Only the operator's ServiceAccounts may create, change or delete them, plus the Kubernetes
 //! controllers that clean up after owners (garbage collector, namespace deletion).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kube::core::DynamicObject;
 use kube::core::admission::Operation;
+use multigres_api::labels::RELEASE_RESTARTS;
 
 use crate::violation::Findings;
 
@@ -84,6 +85,13 @@ pub fn check(
     let system = SYSTEM_CONTROLLERS.contains(&username);
     match operation {
         Operation::Delete | Operation::Update if system => return findings,
+        Operation::Update
+            if old
+                .zip(new)
+                .is_some_and(|(o, n)| releases_restarts(kind, o, n)) =>
+        {
+            return findings;
+        }
         Operation::Update if old.zip(new).is_some_and(|(o, n)| releases_finalizers(o, n)) => {
             findings.warning(
                 "metadata.finalizers",
@@ -118,6 +126,27 @@ pub fn check(
         ),
     );
     findings
+}
+
+/// An update of a Shard that only sets its [`RELEASE_RESTARTS`] annotation: what `kubectl
+/// multigres restart` writes to let the restarts a supervised cluster holds run. The
+/// resource-handler acts on it only when it names exactly the revisions that wait.
+fn releases_restarts(kind: &str, old: &DynamicObject, new: &DynamicObject) -> bool {
+    let (o, n) = (&old.metadata, &new.metadata);
+    let others = |annotations: &Option<BTreeMap<String, String>>| {
+        let mut others = annotations.clone().unwrap_or_default();
+        others.remove(RELEASE_RESTARTS);
+        others
+    };
+    kind == "Shard"
+        && old.data == new.data
+        && o.labels == n.labels
+        && others(&o.annotations) == others(&n.annotations)
+        && o.owner_references == n.owner_references
+        && o.finalizers == n.finalizers
+        && n.annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(RELEASE_RESTARTS))
 }
 
 /// An update of an object already being deleted that only drops finalizers: the escape hatch
@@ -217,6 +246,57 @@ mod tests {
             )
             .allowed()
         );
+    }
+
+    #[test]
+    fn a_person_may_release_a_shards_restarts_and_change_nothing_else() {
+        let shard = |annotations: serde_json::Value, replicas: i32| -> DynamicObject {
+            let mut object = cell(&[], false, replicas);
+            object.types.as_mut().unwrap().kind = "Shard".into();
+            object.metadata.annotations = serde_json::from_value(annotations).unwrap();
+            object
+        };
+        let held = shard(json!({"multigres.com/restart-policy": "supervised"}), 1);
+        let released = shard(
+            json!({"multigres.com/restart-policy": "supervised",
+                   RELEASE_RESTARTS: "demo-pool-abc"}),
+            1,
+        );
+        let update = |kind: &str, old: &DynamicObject, new: &DynamicObject| {
+            check(
+                kind,
+                &Operation::Update,
+                "alice",
+                Some(old),
+                Some(new),
+                &operators(),
+            )
+        };
+        assert!(update("Shard", &held, &released).allowed());
+        assert!(
+            update("Shard", &released, &held)
+                .message()
+                .contains("cannot be changed")
+        );
+        assert!(
+            !update("Cell", &held, &released).allowed(),
+            "only on a Shard"
+        );
+        let with_more = shard(
+            json!({"multigres.com/restart-policy": "automatic",
+                   RELEASE_RESTARTS: "demo-pool-abc"}),
+            1,
+        );
+        assert!(
+            !update("Shard", &held, &with_more).allowed(),
+            "another annotation too"
+        );
+        let resized = shard(
+            json!({"multigres.com/restart-policy": "supervised",
+                   RELEASE_RESTARTS: "demo-pool-abc"}),
+            2,
+        );
+        assert!(!update("Shard", &held, &resized).allowed(), "the spec too");
     }
 
     #[test]
