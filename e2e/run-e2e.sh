@@ -30,6 +30,8 @@ images=${CARGO_TARGET_DIR:-$repo/target}/images/list
 mkdir -p "$(dirname "$images")"
 MULTIGRES_TOOLCHAIN_BIN=$MULTIGRES_TOOLCHAIN_BIN bash e2e/images/build.sh >"$images.tmp"
 MULTIGRES_OPERATOR_PROFILE=dev bash e2e/images/operator.sh | tail -n 1 >>"$images.tmp"
+# The previous operator version, for the upgrade test (cached per machine and commit).
+bash e2e/images/previous-operator.sh | tail -n 1 >>"$images.tmp"
 mv "$images.tmp" "$images"
 export MULTIGRES_IMAGES=$images
 phase "images ready: $(cut -d' ' -f1 "$images" | tr '\n' ' ')"
@@ -59,7 +61,7 @@ fi
 # while tests run), so two lanes run at once, each with about half of the work (by the times
 # measured on 2 cores: about 1,400 s each): one takes the S3 backups, the data-plane story, the
 # multi-cell samples and Prometheus; the other the kwok-tier files, then the operator's own
-# pods, a teardown and a zone's loss (real nodes too). The data-plane story meets mostly
+# pods, a teardown, an operator upgrade and a zone's loss (real nodes too). The data-plane story meets mostly
 # kwok-tier files that way; it asserts what must hold under any
 # load, and its figures of record come from `just data-plane-runs`, which runs it alone. Each
 # sandbox names its cgroups (e2e/sandbox.sh) and the S3 server's sockets (e2e/src/s3.rs) apart,
@@ -75,7 +77,7 @@ else
 fi
 cargo build -p cluster-handler -p resource-handler -p data-handler -p webhook-server -p kubectl-multigres
 real_lane=(backups data_plane samples observability)
-kwok_lane_tail=(real_nodes real_teardown zones)
+kwok_lane_tail=(real_nodes real_teardown upgrade zones)
 kwok=() first=() tail=()
 while read -r kind name src exe; do
   entry="$name|$src|$exe"

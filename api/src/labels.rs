@@ -86,6 +86,27 @@ pub fn paused(annotations: &BTreeMap<String, String>) -> bool {
     annotations.get(PAUSED).is_some_and(|v| v == "true")
 }
 
+/// A child's annotations with the holds its MultigresCluster asks for ([`PAUSED`], a
+/// supervised [`RESTART_POLICY`]) added: a handler acting on the child reads these, so a hold set
+/// on the cluster stops the child's restarts before the cluster-handler has copied it there.
+/// During an operator upgrade the new resource-handler may meet a pod template its version
+/// changes before the new cluster-handler has copied a hold the old one did not know.
+pub fn with_cluster_holds(
+    child: &BTreeMap<String, String>,
+    cluster: Option<&BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
+    let mut effective = child.clone();
+    if let Some(cluster) = cluster {
+        if paused(cluster) {
+            effective.insert(PAUSED.to_owned(), "true".to_owned());
+        }
+        if supervised(cluster) {
+            effective.insert(RESTART_POLICY.to_owned(), "supervised".to_owned());
+        }
+    }
+    effective
+}
+
 /// Value of `app.kubernetes.io/name` and `part-of`.
 pub const APP: &str = "multigres";
 /// Value of `app.kubernetes.io/managed-by`.
@@ -267,6 +288,29 @@ fn is_dns_subdomain(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clusters_holds_reach_its_child_before_they_are_copied() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let child = map(&[(RELEASE_RESTARTS, "set-abc")]);
+        let cluster = map(&[(RESTART_POLICY, "supervised"), (PAUSED, "true")]);
+        let effective = with_cluster_holds(&child, Some(&cluster));
+        assert!(supervised(&effective) && paused(&effective));
+        assert_eq!(effective.get(RELEASE_RESTARTS).unwrap(), "set-abc");
+        let automatic = map(&[(RESTART_POLICY, "automatic"), (PAUSED, "false")]);
+        let held = map(&[(RESTART_POLICY, "supervised"), (PAUSED, "true")]);
+        assert_eq!(
+            with_cluster_holds(&held, Some(&automatic)),
+            held,
+            "a hold the child has stays until the cluster-handler copies its removal"
+        );
+        assert_eq!(with_cluster_holds(&child, None), child);
+    }
 
     #[test]
     fn label_keys_and_values_as_the_api_server_accepts_them() {

@@ -43,9 +43,25 @@ pub async fn apply_sample_file(
     file: &str,
     edit: impl Fn(&mut Value),
 ) -> String {
-    let path = repo_path(&format!("deploy/samples/{file}.yaml"));
+    apply_sample_at(
+        client,
+        namespace,
+        &repo_path(&format!("deploy/samples/{file}.yaml")),
+        edit,
+    )
+    .await
+}
+
+/// Applies the sample at `path` (of this tree or another version's) as [`apply_sample_file`]
+/// does; the cluster's name.
+pub async fn apply_sample_at(
+    client: &Client,
+    namespace: &str,
+    path: &std::path::Path,
+    edit: impl Fn(&mut Value),
+) -> String {
     let mut name = None;
-    for mut doc in manifest::read_documents(&path).unwrap() {
+    for mut doc in manifest::read_documents(path).unwrap() {
         let kind = doc
             .types
             .as_ref()

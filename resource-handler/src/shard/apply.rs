@@ -86,7 +86,7 @@ impl Outcome {
 pub(super) async fn run(
     ctx: &Ctx<Guard>,
     guard: &Guard,
-    shard: &Shard,
+    (shard, annotations): (&Shard, &BTreeMap<String, String>),
     owner: &Owner,
     desired: &Desired,
     pods: &[PodView],
@@ -128,7 +128,7 @@ pub(super) async fn run(
     let step = if templates_changed {
         None
     } else {
-        let step = rollout::plan(&sets, pods, gates.cohort.is_some(), released(shard));
+        let step = rollout::plan(&sets, pods, gates.cohort.is_some(), released(annotations));
         restart(ctx, guard, ns, &step).await?;
         Some(step)
     };
@@ -168,6 +168,7 @@ pub(super) async fn run(
 pub(super) fn paused(
     ctx: &Ctx<Guard>,
     shard: &Shard,
+    annotations: &BTreeMap<String, String>,
     ns: &str,
     objects: &ShardObjects,
     pods: &[PodView],
@@ -175,7 +176,7 @@ pub(super) fn paused(
     let observed = Observed::read(ctx, ns, objects);
     let cohort = shard.status.as_ref().and_then(|s| s.cohort.as_ref());
     let sets = set_views(objects, &observed);
-    let step = rollout::plan(&sets, pods, cohort.is_some(), released(shard));
+    let step = rollout::plan(&sets, pods, cohort.is_some(), released(annotations));
     Outcome {
         step: Some(step),
         drain: drain::condition(pods, Evictions::of(shard), cohort),
@@ -222,10 +223,10 @@ pub(super) async fn hibernate(
     })
 }
 
-/// Under supervised restarts (`multigres.com/restart-policy`), what the Shard's release
-/// annotation names (empty without one); `None` when restarts are automatic.
-fn released(shard: &Shard) -> Option<&str> {
-    let annotations = shard.annotations();
+/// Under supervised restarts (`multigres.com/restart-policy` of the Shard or its cluster, see
+/// [`multigres_api::labels::with_cluster_holds`]), what the Shard's release annotation names
+/// (empty without one); `None` when restarts are automatic.
+fn released(annotations: &BTreeMap<String, String>) -> Option<&str> {
     multigres_api::labels::supervised(annotations).then(|| {
         annotations
             .get(multigres_api::labels::RELEASE_RESTARTS)

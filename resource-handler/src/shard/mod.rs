@@ -230,13 +230,31 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         }
     };
     quarantine::add_to_shard(&mut desired.objects, ctx.unrecoverable_timeout);
-    let annotations = shard.annotations();
-    let outcome = if multigres_api::labels::paused(annotations) {
-        apply::paused(ctx, shard, ns, &desired.objects, &read.pods)
-    } else if multigres_api::labels::hibernated(annotations) {
+    let cluster = ctx
+        .stores
+        .clusters
+        .get(&ObjectRef::new(&owner.cluster).within(ns));
+    let annotations = multigres_api::labels::with_cluster_holds(
+        shard.annotations(),
+        cluster
+            .as_deref()
+            .and_then(|c| c.0.as_ref().ok())
+            .map(ResourceExt::annotations),
+    );
+    let outcome = if multigres_api::labels::paused(&annotations) {
+        apply::paused(ctx, shard, &annotations, ns, &desired.objects, &read.pods)
+    } else if multigres_api::labels::hibernated(&annotations) {
         apply::hibernate(ctx, guard, shard, &owner, &desired, &read.pods).await?
     } else {
-        apply::run(ctx, guard, shard, &owner, &desired, &read.pods).await?
+        apply::run(
+            ctx,
+            guard,
+            (shard, &annotations),
+            &owner,
+            &desired,
+            &read.pods,
+        )
+        .await?
     };
     status::write(ctx, shard, ns, &desired, &read.pods, outcome).await
 }
