@@ -182,6 +182,39 @@ async fn wait_serving_within(
     (to_available, to_sql)
 }
 
+/// The sample's pool pods' UIDs by name: a changed UID is a restarted pod.
+pub async fn pool_pod_uids(client: &Client, namespace: &str) -> BTreeMap<String, String> {
+    crate::harness::pool_pods(client, namespace, NAME)
+        .await
+        .into_iter()
+        .map(|(pod, (uid, _))| (pod, uid))
+        .collect()
+}
+
+/// Waits until each pool pod of `before` (from [`pool_pod_uids`]) has restarted once (a new
+/// UID); the pods in the order they restarted.
+pub async fn wait_restarted(
+    client: &Client,
+    namespace: &str,
+    before: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut order: Vec<String> = Vec::new();
+    let deadline = Instant::now() + WAIT * 2;
+    while order.len() < before.len() {
+        assert!(
+            Instant::now() < deadline,
+            "rollout incomplete: restarted {order:?} of {before:?}"
+        );
+        for (pod, uid) in pool_pod_uids(client, namespace).await {
+            if before.get(&pod) != Some(&uid) && !order.contains(&pod) {
+                order.push(pod);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    order
+}
+
 /// The sample's one Shard.
 pub async fn shard(client: &Client, namespace: &str) -> Shard {
     let shards: Api<Shard> = Api::namespaced(client.clone(), namespace);

@@ -30,14 +30,14 @@ use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
 use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::cluster::LocalCluster;
-use multigres_e2e::harness::{self, eventually, fresh_namespace, run_plugin};
+use multigres_e2e::harness::{eventually, fresh_namespace, run_plugin};
 use multigres_e2e::load::{Load, LoadReport, assert_kept, create_ledger, figure};
 use multigres_e2e::nodes;
 use multigres_e2e::reach::{self, Reach};
 use multigres_e2e::real::{self, Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
-    NAME, WAIT, apply_sample, cohort_until, diagnosed, diagnosed_if_slow, pool_pods, settled_roles,
-    shard, shard_events, wait_serving, whole,
+    NAME, WAIT, apply_sample, cohort_until, diagnosed, diagnosed_if_slow, pool_pod_uids, pool_pods,
+    settled_roles, shard, shard_events, wait_restarted, wait_serving, whole,
 };
 use serde_json::json;
 
@@ -132,24 +132,11 @@ async fn roll_under_load(
     first_id: i64,
 ) -> Rolled {
     let (primary, _) = settled_roles(client, namespace, &gateway.password, 3).await;
-    let before = uids(client, namespace).await;
+    let before = pool_pod_uids(client, namespace).await;
     let load = Load::start(gateway.clone(), first_id);
     let started = Instant::now();
     patch_cluster(client, namespace, patch).await;
-    let mut order: Vec<String> = Vec::new();
-    let deadline = Instant::now() + WAIT * 2;
-    while order.len() < before.len() {
-        assert!(
-            Instant::now() < deadline,
-            "rollout incomplete: restarted {order:?} of {before:?}"
-        );
-        for (pod, uid) in uids(client, namespace).await {
-            if before.get(&pod) != Some(&uid) && !order.contains(&pod) {
-                order.push(pod);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let order = wait_restarted(client, namespace, &before).await;
     let (_, roles) = settled_roles(client, namespace, &gateway.password, 3).await;
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -202,15 +189,6 @@ async fn runs_image(client: &Client, namespace: &str, image: &str) {
         }
     })
     .await;
-}
-
-/// The pool pods' UIDs by name: a changed UID is a restarted pod.
-async fn uids(client: &Client, namespace: &str) -> BTreeMap<String, String> {
-    harness::pool_pods(client, namespace, NAME)
-        .await
-        .into_iter()
-        .map(|(pod, (uid, _))| (pod, uid))
-        .collect()
 }
 
 /// The Shard's `SwitchoverRequested` events: message -> how often it was published (repeats
@@ -510,7 +488,7 @@ async fn applications_connect_as_themselves(client: &Client, namespace: &str, ga
         "read-only: {written}"
     );
 
-    let before = uids(client, namespace).await;
+    let before = pool_pod_uids(client, namespace).await;
     secrets
         .patch("reporting-password", &apply, &Patch::Apply(secret(second)))
         .await
@@ -533,7 +511,7 @@ async fn applications_connect_as_themselves(client: &Client, namespace: &str, ga
         format!("{:.1}", rotated.elapsed().as_secs_f64()),
     );
     assert_eq!(
-        uids(client, namespace).await,
+        pool_pod_uids(client, namespace).await,
         before,
         "no pool pod restarted"
     );
@@ -959,7 +937,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     tls_cost(&gateway).await;
 
     // 4. A reload-class setting: applied by the real multipooler's ReloadConfig, no restart.
-    let before = uids(&client, &namespace).await;
+    let before = pool_pod_uids(&client, &namespace).await;
     let mut config = BTreeMap::from([("work_mem", "12MB")]);
     set_shard(&client, &namespace, 2, &config).await;
     for pod in pool_pods(&client, &namespace).await {
@@ -976,7 +954,11 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         )
         .await;
     }
-    assert_eq!(uids(&client, &namespace).await, before, "no pod restarted");
+    assert_eq!(
+        pool_pod_uids(&client, &namespace).await,
+        before,
+        "no pod restarted"
+    );
     for pod in pool_pods(&client, &namespace).await {
         let restarts: i32 = pod
             .status
@@ -1389,7 +1371,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         assert_kept(&gateway, &acknowledged).await;
     }
     runs_image(&client, &namespace, &postgres).await;
-    let before = uids(&client, &namespace).await;
+    let before = pool_pod_uids(&client, &namespace).await;
     let load = Load::start(gateway.clone(), 5_000_001);
     let started = Instant::now();
     patch_cluster(
@@ -1407,7 +1389,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
         report.ok, report.failed, report.errors
     );
     assert_eq!(
-        uids(&client, &namespace).await,
+        pool_pod_uids(&client, &namespace).await,
         before,
         "no pool pod restarted"
     );

@@ -26,7 +26,9 @@ use multigres_e2e::load::{Load, assert_kept, create_ledger, figure};
 use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::nodes;
 use multigres_e2e::real::{self, Endpoint, OPERATOR_NAMESPACE, RELEASE, is_ready};
-use multigres_e2e::sample::{NAME, WAIT, apply_sample_at, settled_roles, wait_serving};
+use multigres_e2e::sample::{
+    NAME, WAIT, apply_sample_at, pool_pod_uids, settled_roles, wait_restarted, wait_serving,
+};
 use serde_json::json;
 
 /// The previous operator's image reference, and the directory of its source (chart, CRDs).
@@ -250,35 +252,21 @@ async fn an_operator_upgrade_restarts_no_database_and_a_changed_pod_template_wai
 
     // 4. What waits runs when released: the cohort-gated rollout, the primary last.
     if let Some((pending, _)) = waiting {
+        let pool_before = pool_pod_uids(&client, &namespace).await;
         let load = Load::start(gateway.clone(), 1_000_001);
         let released = Instant::now();
         let out = run_plugin(cluster, &["restart", NAME, "-n", &namespace])
             .await
             .unwrap_or_else(|e| panic!("kubectl multigres restart: {e}"));
         println!("kubectl multigres restart: {out}");
-        let pool_before: BTreeMap<String, String> = harness::pool_pods(&client, &namespace, NAME)
-            .await
-            .into_iter()
-            .map(|(pod, (uid, _))| (pod, uid))
-            .collect();
-        let mut order: Vec<String> = Vec::new();
-        let deadline = Instant::now() + WAIT * 2;
-        while order.len() < pool_before.len() {
-            assert!(
-                Instant::now() < deadline,
-                "released restarts of {pending} incomplete: {order:?}"
-            );
-            for (pod, (uid, _)) in harness::pool_pods(&client, &namespace, NAME).await {
-                if pool_before.get(&pod) != Some(&uid) && !order.contains(&pod) {
-                    order.push(pod);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        let order = wait_restarted(&client, &namespace, &pool_before).await;
         let (_, roles) = settled_roles(&client, &namespace, &gateway.password, 3).await;
         let took = released.elapsed();
         let report = load.finish().await;
-        println!("released restarts: order {order:?}, primary before {primary}, roles {roles:?}");
+        println!(
+            "released restarts of {pending}: order {order:?}, primary before {primary}, \
+             roles {roles:?}"
+        );
         assert_eq!(order.last(), Some(&primary), "the primary restarts last");
         figure(
             "released restarts after the upgrade -> 3 pool pods restarted, roles settled (s)",
