@@ -508,8 +508,10 @@ async fn check_repositories(
         ),
         Err(_) => findings.warning(
             "spec.backup",
-            "not checked that no other cluster writes to this cluster's backup repositories: \
-             the Shard list took longer than 2 s",
+            format!(
+                "not checked that no other cluster writes to this cluster's backup \
+                 repositories: the Shard list took longer than {SHARD_LIST_TIMEOUT:?}"
+            ),
         ),
     }
 }
