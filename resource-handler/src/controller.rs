@@ -2,6 +2,7 @@
 //! ([`multigres_common::shared_watch`]), the context handed to reconcilers, error classification, per-object backoff,
 //! reconcile metrics and Warning events for specs that cannot be realised.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use multigres_api::labels::{COMPONENT, Component, MANAGED_SELECTOR};
 use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
@@ -29,6 +30,7 @@ use multigres_common::status_pacer::StatusPacer;
 use multigres_common::telemetry::ErrorChain;
 use multigres_common::watch::Scope;
 
+use crate::owner::Owner;
 use crate::slim_cache::SlimStore;
 
 /// Name under which events are reported: the field manager, as every handler reports.
@@ -74,6 +76,25 @@ pub struct Stores {
     pub shard_templates: Store<Guarded<ShardTemplate>>,
     /// Nodes being drained.
     pub cordoned: crate::cordon::Cordoned,
+}
+
+impl Stores {
+    /// `child`'s annotations with the holds (pause, supervised restarts) its MultigresCluster
+    /// asks for, from the cache: what every reconciler decides by, so a hold set on the cluster
+    /// holds the child before the cluster-handler has copied it there
+    /// ([`multigres_api::labels::with_cluster_holds`]).
+    pub fn holds<K: ResourceExt>(&self, owner: &Owner, child: &K) -> BTreeMap<String, String> {
+        let cluster = self
+            .clusters
+            .get(&ObjectRef::new(&owner.cluster).within(&owner.namespace));
+        multigres_api::labels::with_cluster_holds(
+            child.annotations(),
+            cluster
+                .as_deref()
+                .and_then(|c| c.0.as_ref().ok())
+                .map(ResourceExt::annotations),
+        )
+    }
 }
 
 /// Pool pods: the only pods a reconciler looks at.

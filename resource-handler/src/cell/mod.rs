@@ -208,7 +208,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         spec.replicas = Some(0);
     }
     // A paused cluster's gateways are left as they are; their status is still reported.
-    let recheck = if multigres_api::labels::paused(cell.annotations()) {
+    let recheck = if multigres_api::labels::paused(&ctx.stores.holds(&owner, cell)) {
         None
     } else {
         match apply(guard, ctx, cell, &owner, objects, &name).await? {

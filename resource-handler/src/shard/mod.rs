@@ -230,17 +230,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         }
     };
     quarantine::add_to_shard(&mut desired.objects, ctx.unrecoverable_timeout);
-    let cluster = ctx
-        .stores
-        .clusters
-        .get(&ObjectRef::new(&owner.cluster).within(ns));
-    let annotations = multigres_api::labels::with_cluster_holds(
-        shard.annotations(),
-        cluster
-            .as_deref()
-            .and_then(|c| c.0.as_ref().ok())
-            .map(ResourceExt::annotations),
-    );
+    let annotations = ctx.stores.holds(&owner, shard);
     let outcome = if multigres_api::labels::paused(&annotations) {
         apply::paused(ctx, shard, &annotations, ns, &desired.objects, &read.pods)
     } else if multigres_api::labels::hibernated(&annotations) {

@@ -191,7 +191,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         }
     };
     // A paused cluster's etcd is left as it is; its status is still reported.
-    let storage = match multigres_api::labels::paused(topo.annotations()) {
+    let storage = match multigres_api::labels::paused(&ctx.stores.holds(&owner, topo)) {
         true => None,
         false => Some(apply(ctx, guard, &input, objects).await?),
     };
