@@ -75,6 +75,15 @@ pub async fn operator_installed() -> &'static LocalCluster {
     cluster
 }
 
+/// The chart's `image.repository=` and `image.tag=` values (for `--set`) naming `reference`.
+pub fn image_values(reference: &str) -> [String; 2] {
+    let (repository, tag) = reference.rsplit_once(':').expect("a tagged reference");
+    [
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+    ]
+}
+
 /// `helm install` of `chart` with the operator image `reference` (never pulled: it was
 /// imported into every node), short Leases and the `extra` values (`key=value`).
 pub async fn install_operator(
@@ -83,9 +92,7 @@ pub async fn install_operator(
     reference: &str,
     extra: &[&str],
 ) {
-    let (repository, tag) = reference.rsplit_once(':').expect("a tagged reference");
-    let repository = format!("image.repository={repository}");
-    let tag = format!("image.tag={tag}");
+    let [repository, tag] = image_values(reference);
     let mut args = vec![
         "install",
         RELEASE,

@@ -64,8 +64,8 @@ async fn apply_crds(client: &Client, dir: &std::path::Path) {
     }
 }
 
-/// Every pod of the cluster: name -> (UID, restarts of all its containers).
-async fn data_plane_pods(client: &Client, namespace: &str) -> BTreeMap<String, (String, i32)> {
+/// Every pod of the cluster (its etcd too): name -> (UID, restarts of all its containers).
+async fn cluster_pods(client: &Client, namespace: &str) -> BTreeMap<String, (String, i32)> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let params = ListParams::default().labels(&format!("{}={NAME}", labels::CLUSTER));
     pods.list(&params)
@@ -162,18 +162,14 @@ async fn an_operator_upgrade_restarts_no_database_and_a_changed_pod_template_wai
     let mut acknowledged = create_ledger(&gateway).await;
     let (primary, _) = settled_roles(&client, &namespace, &gateway.password, 3).await;
     let spec_before = clusters.get(NAME).await.unwrap().spec;
-    let pods_before = data_plane_pods(&client, &namespace).await;
+    let pods_before = cluster_pods(&client, &namespace).await;
 
     // 2. Upgrade under a steady writer: CRDs first, then the chart, as README.md says.
     let load = Load::start(gateway.clone(), 1);
     let started = Instant::now();
     apply_crds(&client, &repo_path("deploy/helm/multigres-operator/crds")).await;
     let current = real::image(real::OPERATOR_IMAGE_PREFIX);
-    let (repository, tag) = current.rsplit_once(':').unwrap();
-    let (repository, tag) = (
-        format!("image.repository={repository}"),
-        format!("image.tag={tag}"),
-    );
+    let [repository, tag] = real::image_values(&current);
     let new_chart = repo_path("deploy/helm/multigres-operator");
     let out = harness::helm(
         &[
@@ -230,7 +226,7 @@ async fn an_operator_upgrade_restarts_no_database_and_a_changed_pod_template_wai
     .await;
     println!("after the upgrade, the Shard holds: {waiting:?}");
     tokio::time::sleep(Duration::from_secs(20)).await;
-    let pods_after = data_plane_pods(&client, &namespace).await;
+    let pods_after = cluster_pods(&client, &namespace).await;
     let restarted: Vec<&String> = pods_before
         .iter()
         .filter(|(pod, before)| pods_after.get(*pod) != Some(before))
