@@ -1228,6 +1228,39 @@ async fn supervised_restarts_wait_for_a_release_of_what_is_pending() {
     .await;
     let pending = s.status.unwrap().pending_restart.unwrap();
     assert!(pending.starts_with(&set), "{pending}");
+    // It says first what the restart will change: the condition and one event, both naming
+    // the container and its old and new images (from the StatefulSet's revisions).
+    let says = "multipooler image ghcr.io/multigres/multigres:sha-66d2310";
+    let changes = format!(" -> {new}");
+    eventually("the condition says what changes", WAIT, || async {
+        let s = shards.get(name).await.map_err(|e| e.to_string())?;
+        let message = shard_conditions(&s)
+            .into_iter()
+            .find(|c| c.type_ == "RollingUpdate")
+            .map(|c| c.message)
+            .unwrap_or_default();
+        (message.contains("what changes: ") && message.contains(says) && message.contains(&changes))
+            .then_some(())
+            .ok_or(message)
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let announced: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("RestartPending"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        !announced.is_empty()
+            && announced
+                .iter()
+                .all(|n| n.contains(&changes) && n.contains(&pending)),
+        "a RestartPending event naming the change and the release: {announced:?}"
+    );
     tokio::time::sleep(FULL_CYCLE).await;
     assert_eq!(pool_pods(&client, &ns, "sup").await, before);
 

@@ -6,8 +6,8 @@
 //! working tree's chart and image.
 //!
 //! What must hold: the handlers roll; no data-plane pod restarts (same UIDs, same restart
-//! counts); a pool pod template the new version changes waits, and the Shard says so
-//! (`RollingUpdate` `WaitingForRelease`, `status.pendingRestart`); the cluster's spec reads back
+//! counts); a pool pod template the new version changes waits, and the Shard says so and what
+//! changes (`RollingUpdate` `WaitingForRelease`, `status.pendingRestart`); the cluster's spec reads back
 //! unchanged; `kubectl multigres restart` then runs the cohort-gated rollout, the primary last;
 //! every acknowledged row is there. The failed statements are printed.
 
@@ -215,7 +215,11 @@ async fn an_operator_upgrade_restarts_no_database_and_a_changed_pod_template_wai
                 .iter()
                 .find(|c| c.type_ == "RollingUpdate");
             match (&status.pending_restart, rolling) {
-                (Some(pending), Some(c)) if c.reason == "WaitingForRelease" => {
+                // It says what the restart changes (container by container, from the old and
+                // new StatefulSet revisions) before anything restarts.
+                (Some(pending), Some(c))
+                    if c.reason == "WaitingForRelease" && c.message.contains("what changes: ") =>
+                {
                     Ok(Some((pending.clone(), c.message.clone())))
                 }
                 (None, Some(c)) if c.status == "False" => Ok(None),

@@ -166,6 +166,7 @@ impl Base {
             name,
             backoff: ObjectBackoff::new(BackoffPolicy::default()),
             pacer: StatusPacer::default(),
+            revisions: Default::default(),
         })
     }
 }
@@ -194,6 +195,8 @@ pub struct Ctx<K: Resource<DynamicType = ()>> {
     pub backoff: ObjectBackoff<ObjectRef<K>>,
     /// When each object's status was last written, to pace progress-only status writes.
     pub pacer: StatusPacer<String>,
+    /// Pod templates of StatefulSet revisions already read (what a pending restart changes).
+    pub revisions: crate::shard::template_changes::RevisionTemplates,
 }
 
 impl<K: Resource<DynamicType = ()>> Ctx<K> {

@@ -17,8 +17,9 @@ use multigres_api::v1alpha1::{CohortStatus, Shard, ShardSpec};
 
 use super::build::{self, ShardObjects};
 use super::drain::{self, Evictions};
-use super::rollout::{self, PodView, Step};
+use super::rollout::{self, PodView, Step, Wait};
 use super::scale::{self, CohortHold, HeldScaleUp, ScaleDown};
+use super::template_changes;
 use super::{Desired, Error, Guard, NAME, pgconfig, quarantine, switchover};
 use crate::conditions::Computed;
 use crate::controller::{Ctx, owned};
@@ -39,6 +40,9 @@ pub(super) struct Outcome {
     pub resize: ResizeOutcome,
     /// The ordered restart's step (`None` while a new template is being applied).
     pub step: Option<Step>,
+    /// What the restart of the outdated pods changes, while one waits or runs
+    /// ([`template_changes`]).
+    pub restart_changes: Option<String>,
     /// Pool scale-ups applied only in part, for volumes still leaving.
     pub held: Vec<HeldScaleUp>,
     /// Pool scale-downs that remove the primary.
@@ -67,6 +71,7 @@ impl Outcome {
             tls: None,
             resize: ResizeOutcome::default(),
             step: None,
+            restart_changes: None,
             held: Vec::new(),
             downs: Vec::new(),
             cohort_holds: Vec::new(),
@@ -125,12 +130,14 @@ pub(super) async fn run(
     let rendered = &desired.postgres_config.1;
     pgconfig::stamp_standby(ctx, ns, pods, rendered).await;
     let sets = set_views(objects, &observed);
-    let step = if templates_changed {
-        None
+    let (step, restart_changes) = if templates_changed {
+        (None, None)
     } else {
         let step = rollout::plan(&sets, pods, gates.cohort.is_some(), released(annotations));
-        restart(ctx, guard, ns, &step).await?;
-        Some(step)
+        let changes = restart_changes(ctx, ns, &sets, pods, &step).await;
+        announce_pending(ctx, guard, shard, &step, changes.as_deref()).await;
+        restart(ctx, guard, ns, &step, changes.as_deref()).await?;
+        (Some(step), changes)
     };
     let mut requests = switchover::user_requests(pods, cohort.is_some());
     let drains = switchover::drain_requests(pods, cohort.is_some());
@@ -151,6 +158,7 @@ pub(super) async fn run(
         tls,
         resize,
         step,
+        restart_changes,
         held,
         downs,
         cohort_holds,
@@ -708,9 +716,74 @@ fn set_views(objects: &ShardObjects, observed: &Observed) -> Vec<rollout::SetVie
         .collect()
 }
 
+/// What restarting the outdated pool pods changes, read while a restart waits for a release or
+/// runs (see [`template_changes`]); `None` otherwise or while a revision cannot be read.
+async fn restart_changes(
+    ctx: &Ctx<Guard>,
+    ns: &str,
+    sets: &[rollout::SetView],
+    pods: &[PodView],
+    step: &Step,
+) -> Option<String> {
+    let pending = matches!(
+        step,
+        Step::Restart { .. }
+            | Step::Wait {
+                wait: Wait::Release { .. },
+                ..
+            }
+    );
+    if !pending {
+        return None;
+    }
+    let api = Api::namespaced(ctx.client.clone(), ns);
+    template_changes::read(&api, &ctx.revisions, ns, sets, pods).await
+}
+
+/// Says once, with an event, that a restart waits for a release and what it will change: the
+/// first time the Shard's `status.pendingRestart` would name these revisions.
+async fn announce_pending(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    shard: &Shard,
+    step: &Step,
+    changes: Option<&str>,
+) {
+    let Step::Wait {
+        wait: Wait::Release { pending },
+        outdated,
+        ..
+    } = step
+    else {
+        return;
+    };
+    let announced = shard
+        .status
+        .as_ref()
+        .and_then(|s| s.pending_restart.as_deref());
+    if announced == Some(pending.as_str()) {
+        return;
+    }
+    let note = format!(
+        "{outdated} pool pod(s) will restart, one at a time with the primary last, once          released: {}; run `kubectl multigres restart <cluster>` or annotate this Shard with          multigres.com/release-restarts={pending}",
+        changes.map_or_else(
+            || "the pod template changed".to_owned(),
+            |c| format!("what changes: {c}")
+        )
+    );
+    ctx.event(guard, EventType::Normal, "RestartPending", note)
+        .await;
+}
+
 /// Carries out a [`Step::Restart`]: deletes the pod (if it is still the one planned) so its
 /// StatefulSet recreates it from the current template.
-async fn restart(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, step: &Step) -> Result<(), Error> {
+async fn restart(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    ns: &str,
+    step: &Step,
+    changes: Option<&str>,
+) -> Result<(), Error> {
     let Step::Restart {
         pod,
         uid,
@@ -747,8 +820,9 @@ async fn restart(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, step: &Step) -> Resu
         "a replica"
     };
     let note = format!(
-        "restarting pod {pod} ({which}) to apply the new pod template; {outdated} of {total} \
-         pods were outdated"
+        "restarting pod {pod} ({which}) to apply the new pod template{}; {outdated} of {total} \
+         pods were outdated",
+        changes.map_or_else(String::new, |c| format!(" ({c})"))
     );
     tracing::info!(%pod, primary, outdated, total, "restarting pool pod");
     let related = ObjectReference {

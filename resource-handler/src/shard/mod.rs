@@ -16,6 +16,7 @@ pub mod rollout;
 pub mod scale;
 pub mod status;
 pub mod switchover;
+pub mod template_changes;
 
 use std::sync::Arc;
 

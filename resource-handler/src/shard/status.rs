@@ -85,6 +85,7 @@ pub(super) async fn write(
         orchs,
         pool_pods: current_pool_pods(objects, pods),
         rollout: outcome.step.clone(),
+        restart_changes: outcome.restart_changes.clone(),
         storage: (!outcome.paused).then(|| outcome.resize.condition()),
         pgbackrest_tls: outcome.tls,
         switchover: switchover::condition(outcome.step.as_ref(), &outcome.downs, &outcome.requests),
@@ -185,6 +186,8 @@ pub struct Report<'a> {
     pub pool_pods: BTreeSet<String>,
     /// The ordered restart's step (`None` while a new template is being applied).
     pub rollout: Option<Step>,
+    /// What the restart changes, while one waits for a release or runs.
+    pub restart_changes: Option<String>,
     /// The `StorageSynced` verdict.
     pub storage: Option<Computed>,
     /// The pgBackRest TLS verdict (none without backups).
@@ -226,8 +229,18 @@ fn unready_summary(unready: &[String]) -> Option<String> {
     (!listed.is_empty()).then_some(summary)
 }
 
-/// The `RollingUpdate` condition for the restart's step.
-fn rolling_condition(step: Option<&Step>) -> Computed {
+/// The `RollingUpdate` condition for the restart's step, saying what the restart changes
+/// (`changes`) while it waits for a release or runs.
+fn rolling_condition(step: Option<&Step>, changes: Option<&str>) -> Computed {
+    let mut condition = rolling_step_condition(step);
+    if let (Some(changes), "Restarting" | "WaitingForRelease") = (changes, condition.reason) {
+        condition.message = format!("{}; what changes: {changes}", condition.message);
+    }
+    condition
+}
+
+/// The `RollingUpdate` condition for the restart's step alone.
+fn rolling_step_condition(step: Option<&Step>) -> Computed {
     match step {
         None => Computed::new(
             ROLLING_UPDATE,
@@ -374,7 +387,7 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
         };
         Computed::new(AVAILABLE, FALSE, reason, message)
     };
-    let rolling = rolling_condition(report.rollout.as_ref());
+    let rolling = rolling_condition(report.rollout.as_ref(), report.restart_changes.as_deref());
     let handing_over = report.switchover.as_ref().is_some_and(Computed::is_true);
     let healthy =
         available.is_true() && !rolling.is_true() && !handing_over && report.scale_down.is_none();
@@ -703,6 +716,7 @@ mod tests {
             orchs: vec![counts(1, 1), counts(1, 0)],
             pool_pods: pods(3),
             rollout: Some(Step::UpToDate { pods: 3 }),
+            restart_changes: None,
             storage: None,
             pgbackrest_tls: None,
             switchover: None,
@@ -830,41 +844,53 @@ mod tests {
 
     #[test]
     fn rolling_update_condition_reports_progress_and_waits() {
-        let restart = rolling_condition(Some(&Step::Restart {
-            pod: "p-1".into(),
-            uid: "u".into(),
-            primary: false,
-            outdated: 3,
-            total: 4,
-        }));
+        let restart = rolling_condition(
+            Some(&Step::Restart {
+                pod: "p-1".into(),
+                uid: "u".into(),
+                primary: false,
+                outdated: 3,
+                total: 4,
+            }),
+            None,
+        );
         assert_eq!((restart.status, restart.reason), (TRUE, "Restarting"));
         assert_eq!(
             restart.message,
             "restarting replica p-1; 1 of 4 pods updated"
         );
-        let wait = rolling_condition(Some(&Step::Wait {
-            wait: Wait::RolesUnknown,
-            outdated: 4,
-            total: 4,
-        }));
+        let wait = rolling_condition(
+            Some(&Step::Wait {
+                wait: Wait::RolesUnknown,
+                outdated: 4,
+                total: 4,
+            }),
+            None,
+        );
         assert_eq!(wait.reason, "WaitingForRoles");
         assert!(wait.message.contains("no pod is known to be the primary"));
-        let primary = rolling_condition(Some(&Step::Restart {
-            pod: "p-0".into(),
-            uid: "u".into(),
-            primary: true,
-            outdated: 1,
-            total: 4,
-        }));
+        let primary = rolling_condition(
+            Some(&Step::Restart {
+                pod: "p-0".into(),
+                uid: "u".into(),
+                primary: true,
+                outdated: 1,
+                total: 4,
+            }),
+            None,
+        );
         assert_eq!(
             primary.message,
             "restarting the primary p-0 without a switchover; 3 of 4 pods updated"
         );
-        let handover = rolling_condition(Some(&Step::Wait {
-            wait: Wait::Switchover("p-0".into()),
-            outdated: 1,
-            total: 4,
-        }));
+        let handover = rolling_condition(
+            Some(&Step::Wait {
+                wait: Wait::Switchover("p-0".into()),
+                outdated: 1,
+                total: 4,
+            }),
+            None,
+        );
         assert_eq!(
             (handover.reason, handover.message.as_str()),
             (
@@ -873,8 +899,38 @@ mod tests {
                  of 4 pods updated"
             )
         );
-        let done = rolling_condition(Some(&Step::UpToDate { pods: 4 }));
+        let done = rolling_condition(Some(&Step::UpToDate { pods: 4 }), None);
         assert_eq!((done.status, done.reason), (FALSE, "UpToDate"));
+        let changes = Some("multipooler image multigres:1 -> multigres:2");
+        let released = rolling_condition(
+            Some(&Step::Wait {
+                wait: Wait::Release {
+                    pending: "pool-a-v2".into(),
+                },
+                outdated: 2,
+                total: 2,
+            }),
+            changes,
+        );
+        assert!(
+            released
+                .message
+                .ends_with("; what changes: multipooler image multigres:1 -> multigres:2"),
+            "{}",
+            released.message
+        );
+        let roles = rolling_condition(
+            Some(&Step::Wait {
+                wait: Wait::RolesUnknown,
+                outdated: 2,
+                total: 2,
+            }),
+            changes,
+        );
+        assert!(
+            !roles.message.contains("what changes"),
+            "only a release wait or a restart says it"
+        );
         let rolling = status(
             &shard(),
             &Report {
