@@ -239,11 +239,17 @@ fn compare_containers(
                 ("lifecycle", json(&(&c.lifecycle, &c.restart_policy))),
             ]
         };
-        let changed: Vec<&str> = settings(before)
+        let changed: Vec<String> = settings(before)
             .into_iter()
             .zip(settings(container))
             .filter(|((_, a), (_, b))| a != b)
-            .map(|((what, _), _)| what)
+            .map(|((what, _), _)| match what {
+                "command line" => match flags_changed(before, container) {
+                    Some(flags) => format!("command line ({flags})"),
+                    None => what.to_owned(),
+                },
+                _ => what.to_owned(),
+            })
             .collect();
         if !changed.is_empty() {
             changes.push(format!("{name} {}", changed.join(" and ")));
@@ -252,6 +258,53 @@ fn compare_containers(
     for name in old.keys().filter(|n| !new.contains_key(*n)) {
         changes.push(format!("container {name} removed"));
     }
+}
+
+/// The `--flags` of a container's arguments that were added, removed or given another value,
+/// by name only (a value may be long, and the names say what changed); `None` when the
+/// command or the other arguments changed instead.
+fn flags_changed(old: &Container, new: &Container) -> Option<String> {
+    let split = |c: &Container| {
+        let mut flags = BTreeMap::new();
+        let mut rest = Vec::new();
+        for arg in c.args.iter().flatten() {
+            match arg.strip_prefix("--") {
+                Some(flag) => {
+                    let (name, value) = flag.split_once('=').unwrap_or((flag, ""));
+                    flags.insert(format!("--{name}"), value.to_owned());
+                }
+                None => rest.push(arg.clone()),
+            }
+        }
+        (c.command.clone(), rest, flags)
+    };
+    let (old_command, old_rest, old_flags) = split(old);
+    let (new_command, new_rest, new_flags) = split(new);
+    if old_command != new_command || old_rest != new_rest {
+        return None;
+    }
+    let mut words = Vec::new();
+    let added: Vec<&str> = new_flags
+        .keys()
+        .filter(|f| !old_flags.contains_key(*f))
+        .map(String::as_str)
+        .collect();
+    let removed: Vec<&str> = old_flags
+        .keys()
+        .filter(|f| !new_flags.contains_key(*f))
+        .map(String::as_str)
+        .collect();
+    let changed: Vec<&str> = new_flags
+        .iter()
+        .filter(|(f, v)| old_flags.get(*f).is_some_and(|old| old != *v))
+        .map(|(f, _)| f.as_str())
+        .collect();
+    for (what, flags) in [("added", added), ("removed", removed), ("changed", changed)] {
+        if !flags.is_empty() {
+            words.push(format!("{what} {}", flags.join(" ")));
+        }
+    }
+    (!words.is_empty()).then(|| words.join(", "))
 }
 
 fn compare_named(
@@ -293,7 +346,7 @@ spec:
   initContainers:
     - name: postgres
       image: pgctld:1
-      args: [server, --pg-port=5432]
+      args: [server, --pg-port=5432, --log-level=info]
       restartPolicy: Always
   containers:
     - name: multipooler
@@ -328,12 +381,26 @@ spec:
             vec![
                 "multipooler image multigres:1 -> multigres:2",
                 "multipooler environment",
-                "postgres command line",
+                "postgres command line (changed --pg-port)",
                 "container postgres-exporter added (image exporter:1)",
                 "volume queries added",
                 "pod termination grace period",
                 "pod annotation multigres.com/postgres-config-hash",
             ]
+        );
+    }
+
+    #[test]
+    fn flags_added_and_removed_are_named_and_other_arguments_are_not_spelled_out() {
+        let after = BEFORE.replace("--log-level=info]", "--grpc-port=15470]");
+        assert_eq!(
+            describe(&template(BEFORE), &template(&after)),
+            vec!["postgres command line (added --grpc-port, removed --log-level)"]
+        );
+        let positional = BEFORE.replace("[server,", "[serve,");
+        assert_eq!(
+            describe(&template(BEFORE), &template(&positional)),
+            vec!["postgres command line"]
         );
     }
 
