@@ -16,6 +16,7 @@ pub mod network;
 pub mod observability;
 pub mod postgres;
 pub mod resolver;
+pub mod volumes;
 mod schema;
 pub mod v1alpha1;
 
