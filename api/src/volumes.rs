@@ -4,6 +4,14 @@
 
 use crate::v1alpha1::{VolumeAutoGrow, VolumeUsage};
 
+/// What PostgreSQL holds on a pool pod's data volume, in bytes, as one line of two
+/// space-separated fields: the data directory's two tablespaces (every database, and the shared
+/// catalogs) and the WAL directory. Runs on a replica too; needs the superuser (or
+/// `pg_monitor` and `pg_read_all_stats`).
+pub const USAGE_SQL: &str = "SELECT (pg_tablespace_size('pg_default') + \
+                             pg_tablespace_size('pg_global'))::text || ' ' || \
+                             (SELECT coalesce(sum(size), 0) FROM pg_ls_waldir())::text";
+
 /// Default `autoGrow.threshold`: percent of a claim's capacity.
 pub const DEFAULT_THRESHOLD: u32 = 80;
 /// Default `autoGrow.step`.

@@ -30,11 +30,8 @@ use crate::reload;
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::topo::PoolerRecord;
 
-/// The data directory's tablespaces and the WAL directory, in bytes, as one line of two
-/// space-separated fields.
-pub const USAGE: &str = "SELECT (pg_tablespace_size('pg_default') + \
-                         pg_tablespace_size('pg_global'))::text || ' ' || \
-                         (SELECT coalesce(sum(size), 0) FROM pg_ls_waldir())::text";
+/// The usage statement ([`multigres_api::volumes::USAGE_SQL`]).
+pub const USAGE: &str = multigres_api::volumes::USAGE_SQL;
 /// How often each pod is asked.
 pub const PERIOD: Duration = Duration::from_secs(30);
 /// How far a figure moves, in percent of its capacity, before it is written again.
