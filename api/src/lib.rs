@@ -16,9 +16,9 @@ pub mod network;
 pub mod observability;
 pub mod postgres;
 pub mod resolver;
-pub mod volumes;
 mod schema;
 pub mod v1alpha1;
+pub mod volumes;
 
 /// API group of every kind.
 pub const GROUP: &str = "multigres.com";

@@ -91,7 +91,9 @@ impl Step {
         match parse_bytes(text) {
             Some(0) => Err(format!("{text:?} must be positive, such as 2Gi or 50%")),
             Some(bytes) => Ok(Step::Bytes(bytes)),
-            None => Err(format!("{text:?} is not a size such as 2Gi or a percent such as 50%")),
+            None => Err(format!(
+                "{text:?} is not a size such as 2Gi or a percent such as 50%"
+            )),
         }
     }
 
@@ -128,9 +130,10 @@ impl AutoGrow {
         };
         let step = Step::parse(spec.step.as_deref().unwrap_or(DEFAULT_STEP))
             .map_err(|why| ("step", why))?;
-        let ceiling = parse_bytes(&spec.ceiling)
-            .filter(|c| *c > 0)
-            .ok_or(("ceiling", format!("{:?} must be a size such as 100Gi", spec.ceiling)))?;
+        let ceiling = parse_bytes(&spec.ceiling).filter(|c| *c > 0).ok_or((
+            "ceiling",
+            format!("{:?} must be a size such as 100Gi", spec.ceiling),
+        ))?;
         Ok(Self {
             threshold,
             step,
@@ -154,7 +157,12 @@ pub enum Growth {
 
 /// Whether a claim requesting `requested` bytes, whose storage gave `capacity` (bytes, once
 /// bound), grows given the pod's measured `usage`.
-pub fn decide(auto: &AutoGrow, requested: u128, capacity: Option<u128>, usage: Option<u128>) -> Growth {
+pub fn decide(
+    auto: &AutoGrow,
+    requested: u128,
+    capacity: Option<u128>,
+    usage: Option<u128>,
+) -> Growth {
     let (Some(capacity), Some(used)) = (capacity, usage) else {
         return Growth::Room;
     };
@@ -223,7 +231,10 @@ mod tests {
     fn a_claim_past_its_threshold_grows_by_the_step_never_past_the_ceiling() {
         let half = auto(Step::Percent(50), 3 * GIB);
         // Below 80 %: nothing; not measured or not bound: nothing.
-        assert_eq!(decide(&half, GIB, Some(GIB), Some(GIB * 79 / 100)), Growth::Room);
+        assert_eq!(
+            decide(&half, GIB, Some(GIB), Some(GIB * 79 / 100)),
+            Growth::Room
+        );
         assert_eq!(decide(&half, GIB, None, Some(GIB)), Growth::Room);
         assert_eq!(decide(&half, GIB, Some(GIB), None), Growth::Room);
         // At 80 %: +50 %.

@@ -1126,7 +1126,12 @@ async fn expand(
     let Some(pv) = volumes_api.get_opt(&volume).await? else {
         return Ok(());
     };
-    let held = storage(pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")));
+    let held = storage(
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage")),
+    );
     if held.is_none_or(|h| h < want) {
         volumes_api
             .patch(

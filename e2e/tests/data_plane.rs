@@ -1570,7 +1570,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
 /// Rounds `bytes` up to whole 32 MiB.
 fn round_up_32mi(bytes: i64) -> i64 {
     const STEP: i64 = 32 << 20;
-    bytes.div_ceil(STEP) * STEP
+    (bytes + STEP - 1) / STEP * STEP
 }
 
 /// What PostgreSQL on `endpoint` holds on its data volume: data plus WAL bytes.
@@ -1599,7 +1599,10 @@ async fn fill(gateway: &Endpoint, primary: &Endpoint, target: i64) -> usize {
             .await
             .unwrap_or_else(|e| panic!("filling: {e}"));
     }
-    panic!("60 statements did not fill the primary to {} MiB", target >> 20);
+    panic!(
+        "60 statements did not fill the primary to {} MiB",
+        target >> 20
+    );
 }
 
 /// The data claims of the pool pods: name -> (request, capacity), in bytes.
@@ -1637,7 +1640,11 @@ async fn claim_sizes(client: &Client, namespace: &str) -> BTreeMap<String, (i64,
 }
 
 /// The Shard's condition `type_` as (reason, message), if set.
-async fn shard_condition(client: &Client, namespace: &str, type_: &str) -> Option<(String, String)> {
+async fn shard_condition(
+    client: &Client,
+    namespace: &str,
+    type_: &str,
+) -> Option<(String, String)> {
     shard(client, namespace)
         .await
         .status?
@@ -1661,19 +1668,27 @@ async fn volumes_before_they_fill(
         .iter()
         .map(ResourceExt::name_any)
         .collect();
-    let published = eventually("every pool pod's volume in the Shard status", WAIT, || async {
-        let volumes = shard(client, namespace)
-            .await
-            .status
-            .map(|s| s.volumes)
-            .unwrap_or_default();
-        let all = pods.iter().all(|p| {
-            volumes
-                .iter()
-                .any(|v| &v.pod == p && v.capacity_bytes.is_some() && v.data_bytes > 0)
-        });
-        if all { Ok(volumes) } else { Err(format!("{volumes:?}")) }
-    })
+    let published = eventually(
+        "every pool pod's volume in the Shard status",
+        WAIT,
+        || async {
+            let volumes = shard(client, namespace)
+                .await
+                .status
+                .map(|s| s.volumes)
+                .unwrap_or_default();
+            let all = pods.iter().all(|p| {
+                volumes
+                    .iter()
+                    .any(|v| &v.pod == p && v.capacity_bytes.is_some() && v.data_bytes > 0)
+            });
+            if all {
+                Ok(volumes)
+            } else {
+                Err(format!("{volumes:?}"))
+            }
+        },
+    )
     .await;
     for v in &published {
         println!(
@@ -1703,11 +1718,19 @@ async fn volumes_before_they_fill(
 
     // A larger storage.size, with autoGrow: +25 % past 80 %, up to a ceiling one step above.
     let used = published.iter().map(|v| v.used_bytes()).max().unwrap();
-    let capacity = published.iter().filter_map(|v| v.capacity_bytes).max().unwrap();
+    let capacity = published
+        .iter()
+        .filter_map(|v| v.capacity_bytes)
+        .max()
+        .unwrap();
     let size = round_up_32mi((capacity + (64 << 20)).max(used * 100 / 55));
     let ceiling = size + size / 4;
     let (size_mi, ceiling_mi) = (format!("{}Mi", size >> 20), format!("{}Mi", ceiling >> 20));
-    println!("usage {} MiB of {} MiB: storage.size {size_mi}, ceiling {ceiling_mi}", used >> 20, capacity >> 20);
+    println!(
+        "usage {} MiB of {} MiB: storage.size {size_mi}, ceiling {ceiling_mi}",
+        used >> 20,
+        capacity >> 20
+    );
     let raised = Instant::now();
     patch_cluster(
         client,
@@ -1722,7 +1745,10 @@ async fn volumes_before_they_fill(
     .await;
     eventually("every claim grown to storage.size", WAIT, || async {
         let sizes = claim_sizes(client, namespace).await;
-        match sizes.values().all(|(request, given)| *request == size && *given == size) {
+        match sizes
+            .values()
+            .all(|(request, given)| *request == size && *given == size)
+        {
             true => Ok(()),
             false => Err(format!("{sizes:?}")),
         }
@@ -1744,13 +1770,17 @@ async fn volumes_before_they_fill(
     let claim = format!("data-{primary}");
     let crossing = Instant::now();
     fill(gateway, &at_primary, size * 82 / 100).await;
-    eventually("the primary's claim auto-grown by the step", WAIT, || async {
-        let sizes = claim_sizes(client, namespace).await;
-        match sizes.get(&claim) {
-            Some((request, given)) if *request == ceiling && *given == ceiling => Ok(()),
-            other => Err(format!("{claim}: {other:?} of {sizes:?}")),
-        }
-    })
+    eventually(
+        "the primary's claim auto-grown by the step",
+        WAIT,
+        || async {
+            let sizes = claim_sizes(client, namespace).await;
+            match sizes.get(&claim) {
+                Some((request, given)) if *request == ceiling && *given == ceiling => Ok(()),
+                other => Err(format!("{claim}: {other:?} of {sizes:?}")),
+            }
+        },
+    )
     .await;
     figure(
         "first fill past 80 % -> claim auto-grown (s)",
@@ -1763,7 +1793,9 @@ async fn volumes_before_they_fill(
         .collect();
     println!("auto-grow events: {grown:?}");
     assert!(
-        grown.iter().any(|e| e.contains(&claim) && e.contains(&ceiling_mi)),
+        grown
+            .iter()
+            .any(|e| e.contains(&claim) && e.contains(&ceiling_mi)),
         "{grown:?}"
     );
 
@@ -1802,11 +1834,20 @@ async fn volumes_before_they_fill(
     let sizes = claim_sizes(client, namespace).await;
     println!("claims (request, capacity) at the end: {sizes:?}");
     assert!(
-        sizes.values().all(|(request, given)| *request <= ceiling && *given <= ceiling),
+        sizes
+            .values()
+            .all(|(request, given)| *request <= ceiling && *given <= ceiling),
         "never past the ceiling: {sizes:?}"
     );
-    assert_eq!(sizes[&claim], (ceiling, ceiling), "at the ceiling, not past it");
+    assert_eq!(
+        sizes[&claim],
+        (ceiling, ceiling),
+        "at the ceiling, not past it"
+    );
     let used = used_on(&at_primary).await;
-    assert!(used < ceiling, "the alert fired before the volume was full: {used} of {ceiling}");
+    assert!(
+        used < ceiling,
+        "the alert fired before the volume was full: {used} of {ceiling}"
+    );
     gateway.query("DROP TABLE fill").await.unwrap();
 }

@@ -419,9 +419,9 @@ pub async fn report<K>(
             .await;
     }
     if let Some(auto) = outcome.auto_grow_condition().filter(|c| !c.is_true()) {
-        let unchanged = stored
-            .iter()
-            .any(|c| c.type_ == VOLUME_AUTO_GROW && c.reason == auto.reason && c.message == auto.message);
+        let unchanged = stored.iter().any(|c| {
+            c.type_ == VOLUME_AUTO_GROW && c.reason == auto.reason && c.message == auto.message
+        });
         if !unchanged {
             ctx.event(obj, EventType::Warning, auto.reason, auto.message)
                 .await;

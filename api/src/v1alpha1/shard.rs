@@ -141,12 +141,18 @@ pub struct VolumeAutoGrow {
     /// How much a claim grows each time: a quantity (`2Gi`) or a percent of its current
     /// request (`50%`, 1 to 1000). Default `50%`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 63), regex(pattern = r"^([0-9]+%|[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?)$"))]
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^([0-9]+%|[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?)$")
+    )]
     pub step: Option<String>,
 
     /// The largest size a claim is grown to, e.g. `100Gi`: at least `storage.size`. A claim at
     /// its ceiling is reported (`VolumeAutoGrow` condition, `AtCeiling`) and grows no more.
-    #[schemars(length(max = 63), regex(pattern = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?$"))]
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?$")
+    )]
     pub ceiling: String,
 }
 
