@@ -1614,7 +1614,11 @@ async fn claim_sizes(client: &Client, namespace: &str) -> BTreeMap<String, (i64,
             .unwrap_or_default()
     };
     claims
-        .list(&ListParams::default().labels(&format!("{}=pool", labels::COMPONENT)))
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            labels::COMPONENT,
+            labels::Component::Pool.as_str()
+        )))
         .await
         .unwrap()
         .items
