@@ -2107,7 +2107,8 @@ async fn a_pool_volume_past_its_threshold_grows_by_the_step_up_to_the_ceiling_an
     );
     // A claim auto-grown above storage.size is no shrink.
     let s = shards.get(name).await.unwrap();
-    let synced = condition(&shard_conditions(&s), "StorageSynced").unwrap();
+    let conditions = shard_conditions(&s);
+    let synced = condition(&conditions, "StorageSynced").unwrap();
     assert_eq!(synced.reason, "UpToDate", "{synced:?}");
     let at_ceiling = notes("AtCeiling").await;
     assert_eq!(at_ceiling.len(), 1, "announced once: {at_ceiling:?}");
