@@ -1588,7 +1588,7 @@ async fn fill(gateway: &Endpoint, primary: &Endpoint, target: i64) -> usize {
         .query("CREATE TABLE IF NOT EXISTS fill (id bigint, pad text)")
         .await
         .unwrap();
-    for statements in 0..60 {
+    for statements in 0..40 {
         let used = used_on(primary).await;
         if used >= target {
             println!("filled to {} MiB in {statements} statements", used >> 20);
@@ -1762,6 +1762,18 @@ async fn volumes_before_they_fill(
         "storage.size raised -> every claim's capacity grown (s)",
         format!("{:.1}", raised.elapsed().as_secs_f64()),
     );
+    // What kube-controller-manager made of it: a class it has no plugin for is left to an
+    // external resizer (the tier's provisioner), with an ExternalExpanding event.
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().fields("involvedObject.kind=PersistentVolumeClaim");
+    for event in events.list(&params).await.unwrap().items {
+        println!(
+            "claim event {} {}: {}",
+            event.involved_object.name.unwrap_or_default(),
+            event.reason.unwrap_or_default(),
+            event.message.unwrap_or_default()
+        );
+    }
 
     // Past the threshold: the claim grows by the step, which reaches the ceiling.
     let (primary, _) = settled_roles(client, namespace, &gateway.password, 2).await;

@@ -5,7 +5,7 @@
 //! the data-handler) passed its threshold, by its step, never past its ceiling
 //! ([`multigres_api::volumes::decide`]).
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use kube::api::Patch;
 use kube::{Api, ResourceExt};
 use multigres_api::v1alpha1::VolumeUsage;
@@ -410,7 +410,16 @@ pub async fn report<K>(
     }
     for (name, size, why) in &outcome.auto_grown {
         let note = format!("{why}: requested {size} for volume {name} (autoGrow)");
-        ctx.event(obj, EventType::Normal, "VolumeAutoGrown", note)
+        // The claim as the related object: each claim's growths form their own series (a
+        // series keeps its first note; the claim's request says where it is now).
+        let claim = ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("PersistentVolumeClaim".to_owned()),
+            name: Some(name.clone()),
+            namespace: obj.meta().namespace.clone(),
+            ..Default::default()
+        };
+        ctx.event_about(obj, Some(claim), EventType::Normal, "VolumeAutoGrown", note)
             .await;
     }
     let cond = outcome.condition();
