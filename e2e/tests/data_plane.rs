@@ -1592,22 +1592,20 @@ async fn used_by_pod(pods: &[(String, Endpoint)]) -> BTreeMap<String, i64> {
 
 /// Inserts rows of 1 KB through the gateway, 10 MB a statement, until PostgreSQL on some pool
 /// pod of `pods` holds at least `target` bytes (a replica keeps WAL longer than its primary, so
-/// the fullest is not always the primary); the fullest pod.
-async fn fill(gateway: &Endpoint, pods: &[(String, Endpoint)], target: i64) -> String {
+/// the fullest is not always the primary).
+async fn fill(gateway: &Endpoint, pods: &[(String, Endpoint)], target: i64) {
     gateway
         .query("CREATE TABLE IF NOT EXISTS fill (id bigint, pad text)")
         .await
         .unwrap();
     for statements in 0..80 {
         let used = used_by_pod(pods).await;
-        if let Some((fullest, _)) = used
-            .iter()
-            .filter(|(_, u)| **u >= target)
-            .max_by_key(|(_, u)| **u)
-        {
-            let mib: BTreeMap<&String, i64> = used.iter().map(|(p, u)| (p, u >> 20)).collect();
-            println!("filled to {mib:?} MiB in {statements} statements");
-            return fullest.clone();
+        if used.values().any(|u| *u >= target) {
+            if statements > 0 {
+                let mib: BTreeMap<&String, i64> = used.iter().map(|(p, u)| (p, u >> 20)).collect();
+                println!("filled to {mib:?} MiB in {statements} statements");
+            }
+            return;
         }
         gateway
             .query("INSERT INTO fill SELECT g, repeat('x', 1000) FROM generate_series(1, 10000) g")
@@ -1618,6 +1616,55 @@ async fn fill(gateway: &Endpoint, pods: &[(String, Endpoint)], target: i64) -> S
         "80 statements did not fill a pool pod to {} MiB",
         target >> 20
     );
+}
+
+/// The Shard's `status.volumes` and `VolumeAutoGrow`, for a failure message.
+fn published_usage(shard: &multigres_api::v1alpha1::Shard) -> String {
+    let status = shard.status.clone().unwrap_or_default();
+    let usage: Vec<String> = status
+        .volumes
+        .iter()
+        .map(|v| {
+            format!(
+                "{} {} MiB of {:?} MiB at {}",
+                v.pod,
+                v.used_bytes() >> 20,
+                v.capacity_bytes.map(|c| c >> 20),
+                v.measured_at.0
+            )
+        })
+        .collect();
+    let auto = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "VolumeAutoGrow");
+    format!("status.volumes {usage:?}, VolumeAutoGrow {auto:?}")
+}
+
+/// Keeps the fullest pool pod of `pods` at `target` bytes or more, topping it up (a checkpoint
+/// may recycle WAL), until `done` answers, within [`WAIT`]; what it answered.
+async fn fill_until<T, F, Fut>(
+    gateway: &Endpoint,
+    pods: &[(String, Endpoint)],
+    target: i64,
+    what: &str,
+    done: F,
+) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        fill(gateway, pods, target).await;
+        match done().await {
+            Ok(answer) => return answer,
+            Err(why) if Instant::now() > deadline => {
+                panic!("{what}: not within {WAIT:?} of filling: {why}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_secs(5)).await,
+        }
+    }
 }
 
 /// The data claims of the pool pods: name -> (request, capacity), in bytes.
@@ -1809,17 +1856,19 @@ async fn volumes_before_they_fill(
         .map(|p| (p.name_any(), Endpoint::pod(p, &gateway.password).unwrap()))
         .collect();
     let crossing = Instant::now();
-    let fullest = fill(gateway, &at_pods, size * 82 / 100).await;
-    let claim = format!("data-{fullest}");
-    eventually(
-        "the fullest pod's claim auto-grown by the step",
-        WAIT,
+    let claim = fill_until(
+        gateway,
+        &at_pods,
+        size * 85 / 100,
+        "a claim auto-grown by the step",
         || async {
             let sizes = claim_sizes(client, namespace).await;
-            match sizes.get(&claim) {
-                Some((request, given)) if *request == ceiling && *given == ceiling => Ok(()),
-                other => Err(format!("{claim}: {other:?} of {sizes:?}")),
-            }
+            let shard = shard(client, namespace).await;
+            sizes
+                .iter()
+                .find(|(_, (request, given))| *request == ceiling && *given == ceiling)
+                .map(|(claim, _)| claim.clone())
+                .ok_or_else(|| format!("claims {sizes:?}, {}", published_usage(&shard)))
         },
     )
     .await;
@@ -1854,8 +1903,8 @@ async fn volumes_before_they_fill(
     )
     .await;
     let at_ceiling = Instant::now();
-    fill(gateway, &at_pods, ceiling * 87 / 100).await;
-    let (reason, message) = eventually("VolumeAutoGrow says AtCeiling", WAIT, || async {
+    let target = ceiling * 88 / 100;
+    let (reason, message) = fill_until(gateway, &at_pods, target, "AtCeiling", || async {
         match shard_condition(client, namespace, "VolumeAutoGrow").await {
             Some((reason, message)) if reason == "AtCeiling" => Ok((reason, message)),
             other => Err(format!("{other:?}")),
@@ -1863,7 +1912,7 @@ async fn volumes_before_they_fill(
     })
     .await;
     println!("VolumeAutoGrow: {reason}: {message}");
-    let alert = eventually("MultigresVolumeFillingUp fires", WAIT, || async {
+    let alert = fill_until(gateway, &at_pods, target, "the alert", || async {
         filling_up(prometheus, namespace)
             .await?
             .ok_or_else(|| "not firing".to_owned())
