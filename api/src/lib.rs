@@ -18,6 +18,7 @@ pub mod postgres;
 pub mod resolver;
 mod schema;
 pub mod v1alpha1;
+pub mod volumes;
 
 /// API group of every kind.
 pub const GROUP: &str = "multigres.com";

@@ -37,13 +37,18 @@ pub const SHARD_REPLICATION_LAG_BYTES: &str = "multigres_operator_shard_replicat
 /// `namespace`): an alert takes its age as `time() - ...`.
 pub const SHARD_LAST_BACKUP_TIMESTAMP: &str =
     "multigres_operator_shard_last_backup_timestamp_seconds";
+/// Bytes of a pool pod's data volume PostgreSQL uses (`shard`, `namespace`, `pod`, `kind` =
+/// `data` or `wal`), as the Shard's `status.volumes` publishes them.
+pub const SHARD_VOLUME_USED_BYTES: &str = "multigres_operator_shard_volume_used_bytes";
+/// Bytes storage gave a pool pod's data volume (`shard`, `namespace`, `pod`).
+pub const SHARD_VOLUME_CAPACITY_BYTES: &str = "multigres_operator_shard_volume_capacity_bytes";
 /// A Shard's conditions, whichever handler wrote them: 1 for each condition's current status and
 /// reason (`shard`, `namespace`, `condition`, `status`, `reason`), so an alert can fire on a
 /// condition that no count shows, saying why.
 pub const SHARD_CONDITION: &str = "multigres_operator_shard_condition";
 
 /// Every family, with its HELP text, in the order rendered.
-pub const FAMILIES: [(&str, &str); 11] = [
+pub const FAMILIES: [(&str, &str); 13] = [
     (
         CLUSTER_INFO,
         "MultigresCluster phase: 1 for the cluster's current phase.",
@@ -77,6 +82,14 @@ pub const FAMILIES: [(&str, &str); 11] = [
     (
         SHARD_LAST_BACKUP_TIMESTAMP,
         "When the newest complete backup of a Shard completed, in seconds since the epoch.",
+    ),
+    (
+        SHARD_VOLUME_USED_BYTES,
+        "Bytes of a pool pod's data volume used by PostgreSQL: its databases (kind data) and its WAL (kind wal).",
+    ),
+    (
+        SHARD_VOLUME_CAPACITY_BYTES,
+        "Bytes storage gave a pool pod's data volume claim.",
     ),
     (
         SHARD_CONDITION,
@@ -249,6 +262,31 @@ impl StatusGauges {
         self.add(SHARD_LAST_BACKUP_TIMESTAMP, [(labels, completed as f64)]);
     }
 
+    /// A pool pod's volume: data and WAL bytes used, and the claim's capacity once bound.
+    pub fn set_shard_volume(
+        &mut self,
+        namespace: &str,
+        shard: &str,
+        pod: &str,
+        (data, wal): (i64, i64),
+        capacity: Option<i64>,
+    ) {
+        let labels = vec![
+            ("shard", shard.to_owned()),
+            ("namespace", namespace.to_owned()),
+            ("pod", pod.to_owned()),
+        ];
+        let used = [("data", data), ("wal", wal)].map(|(kind, bytes)| {
+            let mut labels = labels.clone();
+            labels.push(("kind", kind.to_owned()));
+            (labels, bytes as f64)
+        });
+        self.add(SHARD_VOLUME_USED_BYTES, used);
+        if let Some(capacity) = capacity {
+            self.add(SHARD_VOLUME_CAPACITY_BYTES, [(labels, capacity as f64)]);
+        }
+    }
+
     /// One condition of a Shard: its type, status and reason.
     pub fn set_shard_condition(
         &mut self,
@@ -418,6 +456,22 @@ mod tests {
         assert!(gauges.render().contains(
             r#"multigres_operator_shard_last_backup_timestamp_seconds{shard="s",namespace="db"} 1795629420"#
         ));
+    }
+
+    #[test]
+    fn a_pool_pods_volume_renders_data_wal_and_capacity() {
+        let mut gauges = StatusGauges::default();
+        gauges.set_shard_volume("db", "s", "s-0", (3 << 20, 1 << 20), Some(1 << 30));
+        gauges.set_shard_volume("db", "s", "s-1", (3 << 20, 1 << 20), None);
+        let text = gauges.render();
+        for expected in [
+            r#"multigres_operator_shard_volume_used_bytes{shard="s",namespace="db",pod="s-0",kind="data"} 3145728"#,
+            r#"multigres_operator_shard_volume_used_bytes{shard="s",namespace="db",pod="s-0",kind="wal"} 1048576"#,
+            r#"multigres_operator_shard_volume_capacity_bytes{shard="s",namespace="db",pod="s-0"} 1073741824"#,
+        ] {
+            assert!(text.contains(expected), "{expected} missing in:\n{text}");
+        }
+        assert!(!text.contains(r#"capacity_bytes{shard="s",namespace="db",pod="s-1"}"#));
     }
 
     #[test]

@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -61,7 +61,7 @@ use multigres_common::state::HandlerState;
 use multigres_common::watch::Scope;
 
 use crate::target::Connections;
-use crate::watch::{Guarded, labelled, pod_metadata_only};
+use crate::watch::{Guarded, claim_capacity_only, labelled, pod_metadata_only};
 use crate::writes::Writer;
 
 /// The binary's name, also its field manager suffix.
@@ -135,6 +135,8 @@ struct Shared {
     pods: SharedWatch<Guarded<Pod>>,
     /// The shards' rendered postgresql.conf (the resource-handler labels it as a shard object).
     config_maps: SharedWatch<Guarded<ConfigMap>>,
+    /// Pool pods' data claims, metadata and status only (their capacity).
+    claims: SharedWatch<Guarded<PersistentVolumeClaim>>,
 }
 
 impl Shared {
@@ -160,6 +162,7 @@ impl Shared {
             shards: watches.share(managed()),
             pods: watches.share_trimmed(component(Component::Pool), pod_metadata_only),
             config_maps: watches.share(component(Component::Shard)),
+            claims: watches.share_trimmed(component(Component::Pool), claim_capacity_only),
         }
     }
 }
@@ -293,6 +296,8 @@ fn shard_controller(
         cells: watches.cells.store(),
         pods: watches.pods.store(),
         config_maps: watches.config_maps.store(),
+        claims: watches.claims.store(),
+        volume_pacer: Default::default(),
         topo_servers: watches.topo_servers.store(),
         connections: base.connections.clone(),
         credentials: dial::Credentials::new(base.client.clone()),

@@ -419,19 +419,29 @@ fn finish(
     }
 }
 
-/// Statements on one shard's primary, as the superuser.
+/// Statements on one shard's primary (or, read-only, on any of its pods), as the superuser.
 pub(crate) struct Session<'a> {
     /// The shard.
     pub(crate) key: ShardKey<'a>,
     /// The role the statements run as.
     pub(crate) superuser: String,
-    /// The primary's multipooler.
+    /// The multipooler asked (the primary's, but for read-only requests).
     pub(crate) address: String,
 }
 
 impl Session<'_> {
     /// The request that runs `sql` on the primary.
     pub(crate) fn request(&self, sql: &str) -> ExecuteQueryRequest {
+        self.request_in(sql, Mode::Writable)
+    }
+
+    /// The request that runs the read-only `sql` on whichever pod the address names, a replica
+    /// too (a writable request there is refused as meant for the primary).
+    pub(crate) fn read_request(&self, sql: &str) -> ExecuteQueryRequest {
+        self.request_in(sql, Mode::Inconsistent)
+    }
+
+    fn request_in(&self, sql: &str, mode: Mode) -> ExecuteQueryRequest {
         ExecuteQueryRequest {
             query: sql.to_owned(),
             target: Some(Target {
@@ -440,7 +450,7 @@ impl Session<'_> {
                     table_group: self.key.table_group.to_owned(),
                     shard: self.key.shard.to_owned(),
                 }),
-                mode: Mode::Writable as i32,
+                mode: mode as i32,
             }),
             options: Some(ExecuteOptions {
                 user: self.superuser.clone(),

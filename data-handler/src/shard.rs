@@ -41,20 +41,21 @@ pub mod consensus;
 pub mod marks;
 pub mod reloads;
 pub mod serving;
+pub mod volumes;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, SWITCHOVER_RESIGNED};
-use multigres_api::v1alpha1::{Cell, MultigresCluster, RoleStatus, Shard, TopoServer};
+use multigres_api::v1alpha1::{Cell, MultigresCluster, RoleStatus, Shard, TopoServer, VolumeUsage};
 use multigres_api::{managed_roles, names};
 use multigres_common::apply::ApplyError;
 use multigres_common::backoff::ObjectBackoff;
@@ -177,6 +178,10 @@ pub struct Context {
     pub pods: Store<Guarded<Pod>>,
     /// The shards' rendered postgresql.conf ConfigMaps.
     pub config_maps: Store<Guarded<ConfigMap>>,
+    /// Pool pods' data claims, for what storage gave each.
+    pub claims: Store<Guarded<PersistentVolumeClaim>>,
+    /// When each shard's volume usage was last measured.
+    pub volume_pacer: volumes::Pacer,
     /// Managed TopoServers: a server still starting is not read yet.
     pub topo_servers: Store<Guarded<TopoServer>>,
     /// Open topology connections.
@@ -379,6 +384,23 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         }
         None => stored_serving.clone(),
     };
+    let stored_volumes = shard
+        .status
+        .as_ref()
+        .map(|s| s.volumes.clone())
+        .unwrap_or_default();
+    let volumes_next = match owner {
+        Some(owner) if ctx.volume_pacer.due(&full_name(shard), Instant::now()) => {
+            let claims: Vec<PersistentVolumeClaim> = valid_in(&ctx.claims, &namespace, |c| {
+                c.labels().get(labels::CLUSTER) == Some(&cluster)
+            });
+            let superuser = managed_roles::superuser(&owner.spec);
+            let measured =
+                volumes::measure(&dial, key, superuser, &pool_pods, poolers, &claims).await;
+            volumes::next(&stored_volumes, &pool_pods, &measured, Timestamp::now())
+        }
+        _ => stored_volumes.clone(),
+    };
     let stored_postgres_roles = shard
         .status
         .as_ref()
@@ -395,6 +417,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         ),
         cohort: (&stored_cohort, &cohort_next),
         serving: (&stored_serving, &serving_next),
+        volumes: (&stored_volumes, &volumes_next),
         backups: (
             &stored_backups,
             checked.as_ref().map_or(&scheduled_backups, |c| &c.next),
@@ -527,6 +550,8 @@ struct Statuses<'a> {
     backups: (&'a Published, &'a Published, bool),
     /// PostgreSQL roles: stored, published now.
     postgres_roles: (&'a [RoleStatus], &'a [RoleStatus]),
+    /// Volume usage: stored, published now.
+    volumes: (&'a [VolumeUsage], &'a [VolumeUsage]),
 }
 
 /// Applies the status fields of this handler when the roles, the cohort or the backup health
@@ -537,15 +562,23 @@ async fn write_status(ctx: &Context, shard: &Shard, statuses: &Statuses<'_>) -> 
     let (stored_cohort, cohort) = statuses.cohort;
     let (stored_roles, postgres_roles) = statuses.postgres_roles;
     let (stored_serving, serving) = statuses.serving;
+    let (stored_volumes, volumes) = statuses.volumes;
     if published == previous
         && next_backups == backups
         && cohort == stored_cohort
         && serving == stored_serving
         && postgres_roles == stored_roles
+        && volumes == stored_volumes
     {
         return Ok(());
     }
-    let body = status_body(published, cohort, serving, next_backups, postgres_roles);
+    let body = status_body(
+        published,
+        cohort,
+        serving,
+        next_backups,
+        (postgres_roles, volumes),
+    );
     ctx.writer
         .apply_status(shard, &body)
         .await
@@ -715,6 +748,7 @@ pub fn collect(gauges: &mut StatusGauges, shards: &Store<Guarded<Shard>>) {
         for c in &status.conditions {
             gauges.set_shard_condition(&namespace, &name, &c.type_, &c.status, &c.reason);
         }
+        volumes::collect(gauges, &namespace, &name, &status.volumes);
     }
 }
 
@@ -736,11 +770,14 @@ fn status_body(
     cohort: &consensus::Published,
     serving: &[Condition],
     backups: &Published,
-    postgres_roles: &[RoleStatus],
+    (postgres_roles, volumes): (&[RoleStatus], &[VolumeUsage]),
 ) -> serde_json::Value {
     let mut body = backups.fields();
     if !postgres_roles.is_empty() {
         body.insert("roles".to_owned(), json!(postgres_roles));
+    }
+    if !volumes.is_empty() {
+        body.insert("volumes".to_owned(), json!(volumes));
     }
     let mut conditions: Vec<serde_json::Value> = match body.remove("conditions") {
         Some(serde_json::Value::Array(list)) => list,
@@ -800,7 +837,7 @@ mod tests {
     fn the_status_body_carries_every_field_of_this_handler() {
         let roles = BTreeMap::from([("p-0".to_owned(), roles::PRIMARY.to_owned())]);
         let none = consensus::Published::default();
-        let body = status_body(&roles, &none, &[], &Published::default(), &[]);
+        let body = status_body(&roles, &none, &[], &Published::default(), (&[], &[]));
         assert_eq!(body, json!({ "podRoles": { "p-0": "PRIMARY" } }));
         let backups = Published {
             kind: Some(multigres_api::v1alpha1::BackupKind::Full),
@@ -815,7 +852,7 @@ mod tests {
             conditions: vec![condition(consensus::COHORT_HEALTHY)],
         };
         let serving = [condition(serving::PRIMARY_SERVING)];
-        let body = status_body(&BTreeMap::new(), &cohort, &serving, &backups, &[]);
+        let body = status_body(&BTreeMap::new(), &cohort, &serving, &backups, (&[], &[]));
         assert_eq!(
             (
                 &body["podRoles"],

@@ -2,7 +2,7 @@
 //! behind a [`multigres_common::guard::Guarded`], so a malformed object becomes a per-object error instead of a
 //! failed watch.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimStatus, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
@@ -15,6 +15,19 @@ pub fn pod_metadata_only(pod: &mut Guarded<Pod>) {
     if let Ok(pod) = pod.0.as_mut() {
         pod.spec = None;
         pod.status = None;
+    }
+}
+
+/// Drops all of a cached claim but its metadata and capacity: only what storage gave is read.
+pub fn claim_capacity_only(claim: &mut Guarded<PersistentVolumeClaim>) {
+    if let Ok(claim) = claim.0.as_mut() {
+        claim.spec = None;
+        if let Some(status) = claim.status.as_mut() {
+            *status = PersistentVolumeClaimStatus {
+                capacity: status.capacity.take(),
+                ..Default::default()
+            };
+        }
     }
 }
 

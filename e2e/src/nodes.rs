@@ -18,8 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config};
+use multigres_api::volumes::parse_bytes;
 use serde_json::json;
 
 use crate::node_images;
@@ -996,6 +998,12 @@ fn unmount_under(dir: &Path) {
 /// class retains them, as the operator's default `pvcDeletionPolicy` expects of real storage. The
 /// uid in the path gives a claim made again under a deleted one's name (a StatefulSet replacing a
 /// lost volume) an empty volume, as real storage would, not the deleted claim's data.
+///
+/// The class allows expansion, and the loop expands as an external resizer does (the CSI
+/// external-resizer a real class names): a bound claim that requests more than its volume holds
+/// gets a volume of that capacity, and the claim's `status.capacity` says so. The volumes are
+/// directories on the host's disk, so nothing is really reserved: a size is a number the
+/// operator reads, not a quota PostgreSQL could hit.
 async fn provision_loop(config: Config, volumes: PathBuf, stop: Arc<AtomicBool>) {
     let Ok(client) = Client::try_from(config) else {
         return;
@@ -1008,6 +1016,9 @@ async fn provision_loop(config: Config, volumes: PathBuf, stop: Arc<AtomicBool>)
             for claim in list.items {
                 if let Err(error) = provision(&claim, &volumes, &volumes_api, &pods).await {
                     tracing::warn!(%error, claim = ?claim.metadata.name, "provisioning a local volume");
+                }
+                if let Err(error) = expand(&claim, &claims, &volumes_api).await {
+                    tracing::warn!(%error, claim = ?claim.metadata.name, "expanding a local volume");
                 }
             }
         }
@@ -1077,6 +1088,69 @@ async fn provision(
     let pv: PersistentVolume =
         serde_json::from_value(pv).expect("the PersistentVolume literal matches its schema");
     volumes_api.create(&PostParams::default(), &pv).await?;
+    Ok(())
+}
+
+/// Gives a bound claim of the [`STORAGE_CLASS`] that requests more than its volume's capacity
+/// that capacity: the volume's first, then the claim's `status.capacity`, as the external
+/// resizer does once the storage grew (kube-controller-manager leaves a class it has no plugin
+/// for to such a resizer, with an `ExternalExpanding` event).
+async fn expand(
+    claim: &PersistentVolumeClaim,
+    claims: &Api<PersistentVolumeClaim>,
+    volumes_api: &Api<PersistentVolume>,
+) -> Result<(), kube::Error> {
+    let spec = claim.spec.clone().unwrap_or_default();
+    let Some(volume) = spec.volume_name.filter(|v| !v.is_empty()) else {
+        return Ok(());
+    };
+    if spec.storage_class_name.as_deref() != Some(STORAGE_CLASS) {
+        return Ok(());
+    }
+    let storage = |q: Option<&Quantity>| q.and_then(|q| parse_bytes(&q.0));
+    let Some(wanted) = spec.resources.as_ref().and_then(|r| r.requests.as_ref()) else {
+        return Ok(());
+    };
+    let wanted = wanted.get("storage").cloned();
+    let Some(want) = storage(wanted.as_ref()) else {
+        return Ok(());
+    };
+    let given = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| storage(c.get("storage")));
+    if given.is_some_and(|g| g >= want) {
+        return Ok(());
+    }
+    let Some(pv) = volumes_api.get_opt(&volume).await? else {
+        return Ok(());
+    };
+    let held = storage(
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage")),
+    );
+    if held.is_none_or(|h| h < want) {
+        volumes_api
+            .patch(
+                &volume,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"capacity": {"storage": wanted}}})),
+            )
+            .await?;
+    }
+    let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    Api::<PersistentVolumeClaim>::namespaced(claims.clone().into_client(), &namespace)
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"capacity": {"storage": wanted}}})),
+        )
+        .await?;
+    tracing::info!(claim = %format!("{namespace}/{name}"), size = ?wanted, "expanded a local volume");
     Ok(())
 }
 
@@ -1185,6 +1259,7 @@ pub fn addon_manifests() -> Vec<serde_json::Value> {
                             "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
                "provisioner": PROVISIONER,
                "reclaimPolicy": "Retain",
+               "allowVolumeExpansion": true,
                "volumeBindingMode": "WaitForFirstConsumer"}),
     ]
 }

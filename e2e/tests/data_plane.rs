@@ -29,10 +29,12 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
 use multigres_api::v1alpha1::MultigresCluster;
+use multigres_api::volumes;
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{eventually, fresh_namespace, run_plugin};
 use multigres_e2e::load::{Load, LoadReport, assert_kept, create_ledger, figure};
 use multigres_e2e::nodes;
+use multigres_e2e::prometheus;
 use multigres_e2e::reach::{self, Reach};
 use multigres_e2e::real::{self, Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
@@ -43,13 +45,18 @@ use serde_json::json;
 
 /// The sample's edit: internal mutual TLS on, and the pool written at 2 pods (the default is 3):
 /// the story starts from a shard that cannot lose a pod (step 2), grows it to 3 and scales it
-/// back to 2, so it says that shape explicitly, as a user opting into it would.
+/// back to 2, so it says that shape explicitly, as a user opting into it would. Its volumes are
+/// small, so step 12 fills one past its thresholds with little data.
 fn as_the_story_starts(cluster: &mut serde_json::Value) {
     cluster["spec"]["internalTLS"] = json!({"enabled": true});
     cluster["spec"]["databases"] = json!([{"name": "postgres", "default": true,
         "tablegroups": [{"name": "default", "default": true, "shards": [{"name": "0-inf",
-            "spec": {"pools": {"default": {"replicasPerCell": 2}}}}]}]}]);
+            "spec": {"pools": {"default": {"replicasPerCell": 2,
+                "storage": {"size": POOL_SIZE}}}}}]}]}]);
 }
+
+/// The pool's data volume size until step 12 raises it.
+const POOL_SIZE: &str = "256Mi";
 
 /// The primary the data-handler publishes once it is a pod other than `old`; a wait past
 /// [`SLOW`] prints the diagnostics while the change is still recent.
@@ -99,7 +106,8 @@ async fn set_shard(
 fn shard_patch(replicas: i32, postgres_config: &BTreeMap<&str, &str>) -> serde_json::Value {
     json!({"spec": {"databases": [{"name": "postgres", "default": true,
         "tablegroups": [{"name": "default", "default": true, "shards": [{"name": "0-inf",
-            "spec": {"pools": {"default": {"replicasPerCell": replicas}},
+            "spec": {"pools": {"default": {"replicasPerCell": replicas,
+                "storage": {"size": POOL_SIZE}}},
                      "postgresConfig": postgres_config}}]}]}]}})
 }
 
@@ -1541,4 +1549,401 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
 
     acknowledged.push(write_once(&gateway, "a write after the re-creation", -2000).await);
     assert_kept(&gateway, &acknowledged).await;
+
+    // 12. Volumes before they fill, under a steady load: each pool pod's usage in the Shard
+    // status and in Prometheus; a larger storage.size grows the claims online; autoGrow grows a
+    // claim past its threshold by its step up to its ceiling, and at the ceiling grows nothing
+    // and says so, while the disk alert fires before the volume is full.
+    let load = Load::start(gateway.clone(), 9_000_001);
+    volumes_before_they_fill(&client, &namespace, &gateway, &config).await;
+    let report = load.finish().await;
+    println!(
+        "volumes under load: {} ok, {} failed, failed statements {:?}",
+        report.ok, report.failed, report.errors
+    );
+    report.figures("the volume growth");
+    assert_eq!(report.failed, 0, "no statement failed: {:?}", report.errors);
+    acknowledged.extend(&report.acknowledged);
+    assert_kept(&gateway, &acknowledged).await;
+}
+
+/// Rounds `bytes` up to whole 32 MiB.
+fn round_up_32mi(bytes: i64) -> i64 {
+    const STEP: i64 = 32 << 20;
+    (bytes + STEP - 1) / STEP * STEP
+}
+
+/// What PostgreSQL on `endpoint` holds on its data volume: data plus WAL bytes.
+async fn used_on(endpoint: &Endpoint) -> i64 {
+    let rows = endpoint.query(volumes::USAGE_SQL).await.unwrap();
+    let line = rows[0][0].clone().unwrap_or_default();
+    let (data, wal) = line.split_once(' ').expect("two fields");
+    data.parse::<i64>().unwrap() + wal.parse::<i64>().unwrap()
+}
+
+/// What PostgreSQL holds on each pool pod's data volume (see [`used_on`]), by pod.
+async fn used_by_pod(pods: &[(String, Endpoint)]) -> BTreeMap<String, i64> {
+    let mut used = BTreeMap::new();
+    for (pod, endpoint) in pods {
+        used.insert(pod.clone(), used_on(endpoint).await);
+    }
+    used
+}
+
+/// Inserts rows of 1 KB through the gateway, 10 MB a statement, until PostgreSQL on some pool
+/// pod of `pods` holds at least `target` bytes (a replica keeps WAL longer than its primary, so
+/// the fullest is not always the primary).
+async fn fill(gateway: &Endpoint, pods: &[(String, Endpoint)], target: i64) {
+    gateway
+        .query("CREATE TABLE IF NOT EXISTS fill (id bigint, pad text)")
+        .await
+        .unwrap();
+    for statements in 0..80 {
+        let used = used_by_pod(pods).await;
+        if used.values().any(|u| *u >= target) {
+            if statements > 0 {
+                let mib: BTreeMap<&String, i64> = used.iter().map(|(p, u)| (p, u >> 20)).collect();
+                println!("filled to {mib:?} MiB in {statements} statements");
+            }
+            return;
+        }
+        gateway
+            .query("INSERT INTO fill SELECT g, repeat('x', 1000) FROM generate_series(1, 10000) g")
+            .await
+            .unwrap_or_else(|e| panic!("filling: {e}"));
+    }
+    panic!(
+        "80 statements did not fill a pool pod to {} MiB",
+        target >> 20
+    );
+}
+
+/// The Shard's `status.volumes` and `VolumeAutoGrow`, for a failure message.
+fn published_usage(shard: &multigres_api::v1alpha1::Shard) -> String {
+    let status = shard.status.clone().unwrap_or_default();
+    let usage: Vec<String> = status
+        .volumes
+        .iter()
+        .map(|v| {
+            format!(
+                "{} {} MiB of {:?} MiB at {}",
+                v.pod,
+                v.used_bytes() >> 20,
+                v.capacity_bytes.map(|c| c >> 20),
+                v.measured_at.0
+            )
+        })
+        .collect();
+    let auto = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "VolumeAutoGrow");
+    format!("status.volumes {usage:?}, VolumeAutoGrow {auto:?}")
+}
+
+/// Keeps the fullest pool pod of `pods` at `target` bytes or more, topping it up (a checkpoint
+/// may recycle WAL), until `done` answers, within [`WAIT`]; what it answered.
+async fn fill_until<T, F, Fut>(
+    gateway: &Endpoint,
+    pods: &[(String, Endpoint)],
+    target: i64,
+    what: &str,
+    done: F,
+) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        fill(gateway, pods, target).await;
+        match done().await {
+            Ok(answer) => return answer,
+            Err(why) if Instant::now() > deadline => {
+                panic!("{what}: not within {WAIT:?} of filling: {why}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_secs(5)).await,
+        }
+    }
+}
+
+/// The data claims of the pool pods: name -> (request, capacity), in bytes.
+async fn claim_sizes(client: &Client, namespace: &str) -> BTreeMap<String, (i64, i64)> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let bytes = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+        q.and_then(|q| volumes::parse_bytes(&q.0))
+            .and_then(|b| i64::try_from(b).ok())
+            .unwrap_or_default()
+    };
+    claims
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            labels::COMPONENT,
+            labels::Component::Pool.as_str()
+        )))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|c| c.name_any().starts_with("data-"))
+        .map(|c| {
+            let request = bytes(
+                c.spec
+                    .as_ref()
+                    .and_then(|s| s.resources.as_ref())
+                    .and_then(|r| r.requests.as_ref())
+                    .and_then(|r| r.get("storage")),
+            );
+            let capacity = bytes(
+                c.status
+                    .as_ref()
+                    .and_then(|s| s.capacity.as_ref())
+                    .and_then(|r| r.get("storage")),
+            );
+            (c.name_any(), (request, capacity))
+        })
+        .collect()
+}
+
+/// The Shard's condition `type_` as (reason, message), if set.
+async fn shard_condition(
+    client: &Client,
+    namespace: &str,
+    type_: &str,
+) -> Option<(String, String)> {
+    shard(client, namespace)
+        .await
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.reason, c.message))
+}
+
+/// The `MultigresVolumeFillingUp` alert of `namespace`, if it fires.
+async fn filling_up(
+    prometheus: &prometheus::Prometheus,
+    namespace: &str,
+) -> Result<Option<serde_json::Value>, String> {
+    Ok(prometheus.alerts().await?.into_iter().find(|a| {
+        a["labels"]["alertname"] == "MultigresVolumeFillingUp"
+            && a["labels"]["namespace"] == namespace
+            && a["state"] == "firing"
+    }))
+}
+
+/// Step 12 (see the story): usage published, storage.size raised, autoGrow to its ceiling and
+/// the alert, with the steady load the caller runs.
+async fn volumes_before_they_fill(
+    client: &Client,
+    namespace: &str,
+    gateway: &Endpoint,
+    config: &BTreeMap<&str, &str>,
+) {
+    let prometheus = prometheus::server().await;
+    let pods: Vec<String> = pool_pods(client, namespace)
+        .await
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    let published = eventually(
+        "every pool pod's volume in the Shard status",
+        WAIT,
+        || async {
+            let volumes = shard(client, namespace)
+                .await
+                .status
+                .map(|s| s.volumes)
+                .unwrap_or_default();
+            let all = pods.iter().all(|p| {
+                volumes
+                    .iter()
+                    .any(|v| &v.pod == p && v.capacity_bytes.is_some() && v.data_bytes > 0)
+            });
+            if all {
+                Ok(volumes)
+            } else {
+                Err(format!("{volumes:?}"))
+            }
+        },
+    )
+    .await;
+    for v in &published {
+        println!(
+            "status.volumes: {} data {} MiB, WAL {} MiB, capacity {:?} MiB, at {}",
+            v.pod,
+            v.data_bytes >> 20,
+            v.wal_bytes >> 20,
+            v.capacity_bytes.map(|c| c >> 20),
+            v.measured_at.0
+        );
+    }
+    let in_prometheus = format!(
+        "multigres_operator_shard_volume_used_bytes{{namespace=\"{namespace}\"}} \
+         or multigres_operator_shard_volume_capacity_bytes{{namespace=\"{namespace}\"}}"
+    );
+    let series = eventually("the volume gauges in Prometheus", WAIT, || async {
+        let series = prometheus.query(&in_prometheus).await?;
+        // data, wal and capacity of each pod
+        if series.len() >= 3 * pods.len() {
+            Ok(series.len())
+        } else {
+            Err(format!("{series:?}"))
+        }
+    })
+    .await;
+    println!("volume series in Prometheus: {series}");
+
+    // A larger storage.size, with autoGrow: +25 % past 80 %, up to a ceiling one step above.
+    let used = published.iter().map(|v| v.used_bytes()).max().unwrap();
+    let capacity = published
+        .iter()
+        .filter_map(|v| v.capacity_bytes)
+        .max()
+        .unwrap();
+    let size = round_up_32mi((capacity + (64 << 20)).max(used * 100 / 55));
+    let ceiling = size + size / 4;
+    let (size_mi, ceiling_mi) = (format!("{}Mi", size >> 20), format!("{}Mi", ceiling >> 20));
+    println!(
+        "usage {} MiB of {} MiB: storage.size {size_mi}, ceiling {ceiling_mi}",
+        used >> 20,
+        capacity >> 20
+    );
+    let raised = Instant::now();
+    patch_cluster(
+        client,
+        namespace,
+        &json!({"spec": {"databases": [{"name": "postgres", "default": true,
+            "tablegroups": [{"name": "default", "default": true, "shards": [{"name": "0-inf",
+                "spec": {"pools": {"default": {"replicasPerCell": 2,
+                    "storage": {"size": size_mi},
+                    "autoGrow": {"threshold": 80, "step": "25%", "ceiling": ceiling_mi}}},
+                         "postgresConfig": config}}]}]}]}}),
+    )
+    .await;
+    eventually("every claim grown to storage.size", WAIT, || async {
+        let sizes = claim_sizes(client, namespace).await;
+        match sizes
+            .values()
+            .all(|(request, given)| *request == size && *given == size)
+        {
+            true => Ok(()),
+            false => Err(format!("{sizes:?}")),
+        }
+    })
+    .await;
+    figure(
+        "storage.size raised -> every claim's capacity grown (s)",
+        format!("{:.1}", raised.elapsed().as_secs_f64()),
+    );
+    // What kube-controller-manager made of it: a class it has no plugin for is left to an
+    // external resizer (the tier's provisioner), with an ExternalExpanding event.
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().fields("involvedObject.kind=PersistentVolumeClaim");
+    for event in events.list(&params).await.unwrap().items {
+        println!(
+            "claim event {} {}: {}",
+            event.involved_object.name.unwrap_or_default(),
+            event.reason.unwrap_or_default(),
+            event.message.unwrap_or_default()
+        );
+    }
+
+    // Past the threshold: the claim grows by the step, which reaches the ceiling.
+    let at_pods: Vec<(String, Endpoint)> = pool_pods(client, namespace)
+        .await
+        .iter()
+        .map(|p| (p.name_any(), Endpoint::pod(p, &gateway.password).unwrap()))
+        .collect();
+    let crossing = Instant::now();
+    let claim = fill_until(
+        gateway,
+        &at_pods,
+        size * 85 / 100,
+        "a claim auto-grown by the step",
+        || async {
+            let sizes = claim_sizes(client, namespace).await;
+            let shard = shard(client, namespace).await;
+            sizes
+                .iter()
+                .find(|(_, (request, given))| *request == ceiling && *given == ceiling)
+                .map(|(claim, _)| claim.clone())
+                .ok_or_else(|| format!("claims {sizes:?}, {}", published_usage(&shard)))
+        },
+    )
+    .await;
+    figure(
+        "first fill past 80 % -> claim auto-grown (s)",
+        format!("{:.1}", crossing.elapsed().as_secs_f64()),
+    );
+    let grown: Vec<String> = shard_events(client, namespace)
+        .await
+        .into_iter()
+        .filter(|e| e.contains("VolumeAutoGrown"))
+        .collect();
+    println!("auto-grow events: {grown:?}");
+    assert!(
+        grown
+            .iter()
+            .any(|e| e.contains(&claim) && e.contains(&ceiling_mi)),
+        "{grown:?}"
+    );
+
+    // Past the threshold at the ceiling: nothing grows, the Shard says so, and the disk alert
+    // fires while the volume still has room (quiet first: the growth made room).
+    eventually(
+        "MultigresVolumeFillingUp quiet after the growth",
+        WAIT,
+        || async {
+            match filling_up(prometheus, namespace).await? {
+                None => Ok(()),
+                Some(alert) => Err(format!("firing: {}", alert["annotations"]["summary"])),
+            }
+        },
+    )
+    .await;
+    let at_ceiling = Instant::now();
+    let target = ceiling * 88 / 100;
+    let (reason, message) = fill_until(gateway, &at_pods, target, "AtCeiling", || async {
+        match shard_condition(client, namespace, "VolumeAutoGrow").await {
+            Some((reason, message)) if reason == "AtCeiling" => Ok((reason, message)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    println!("VolumeAutoGrow: {reason}: {message}");
+    let alert = fill_until(gateway, &at_pods, target, "the alert", || async {
+        filling_up(prometheus, namespace)
+            .await?
+            .ok_or_else(|| "not firing".to_owned())
+    })
+    .await;
+    println!(
+        "alert firing: {} ({})",
+        alert["annotations"]["summary"], alert["labels"]["pod"]
+    );
+    figure(
+        "second fill past 80 % at the ceiling -> alert firing (s)",
+        format!("{:.1}", at_ceiling.elapsed().as_secs_f64()),
+    );
+    let sizes = claim_sizes(client, namespace).await;
+    println!("claims (request, capacity) at the end: {sizes:?}");
+    assert!(
+        sizes
+            .values()
+            .all(|(request, given)| *request <= ceiling && *given <= ceiling),
+        "never past the ceiling: {sizes:?}"
+    );
+    assert_eq!(
+        sizes[&claim],
+        (ceiling, ceiling),
+        "at the ceiling, not past it"
+    );
+    let used = used_by_pod(&at_pods).await;
+    println!("used when the alert fired, bytes: {used:?} of {ceiling}");
+    assert!(
+        used.values().all(|u| *u < ceiling),
+        "the alert fired before any volume was full: {used:?} of {ceiling}"
+    );
+    gateway.query("DROP TABLE fill").await.unwrap();
 }

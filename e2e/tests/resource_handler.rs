@@ -1977,6 +1977,293 @@ async fn a_pool_pod_that_cannot_schedule_is_named_on_the_shard_with_why() {
     assert!(handler.exit_status().is_none(), "the handler exited");
 }
 
+/// The request and the capacity of claim `name`, as written.
+async fn claim_size(pvcs: &Api<PersistentVolumeClaim>, name: &str) -> (String, String) {
+    let pvc = pvcs.get(name).await.unwrap();
+    let request = pvc
+        .spec
+        .and_then(|s| s.resources)
+        .and_then(|r| r.requests)
+        .and_then(|r| r.get("storage").map(|q| q.0.clone()))
+        .unwrap_or_default();
+    let capacity = pvc
+        .status
+        .and_then(|s| s.capacity)
+        .and_then(|c| c.get("storage").map(|q| q.0.clone()))
+        .unwrap_or_default();
+    (request, capacity)
+}
+
+/// Gives claim `name` the capacity `size`, as storage does once an expansion is done (no
+/// resizer runs on fake nodes).
+async fn expanded(pvcs: &Api<PersistentVolumeClaim>, name: &str, size: &str) {
+    pvcs.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"capacity": {"storage": size}}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("expanding {name}: {e}"));
+}
+
+/// Publishes the data-handler's `podRoles` and one pod's measured `used` bytes of `capacity`.
+async fn publish_usage(shards: &Api<Shard>, shard: &str, pod: &str, used: i64, capacity: i64) {
+    publish_status(
+        shards,
+        shard,
+        json!({"podRoles": {pod: "PRIMARY"},
+               "volumes": [{"pod": pod, "dataBytes": used - (64 << 20), "walBytes": 64 << 20,
+                            "capacityBytes": capacity, "measuredAt": "2026-12-05T07:00:00Z"}]}),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_pool_volume_past_its_threshold_grows_by_the_step_up_to_the_ceiling_and_says_so() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-autogrow").await;
+    let _handler = start_handler(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    let image = "ghcr.io/multigres/multigres:sha-66d2310";
+    multigres_e2e::harness::allow_volume_expansion(&client).await;
+    let retain = "{whenDeleted: Retain, whenScaled: Retain}";
+    apply_yaml(&client, &ns, &shard("grow", &ns, 1, image, retain, "1Gi")).await;
+    let name = "grow-postgres-default-0-inf";
+    let pod = "grow-postgres-default-0-inf-pool-main-zone-a-0";
+    let claim = format!("data-{pod}");
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    patch_spec(
+        &shards,
+        name,
+        json!({"pools": {"main": {"autoGrow": {"threshold": 80, "step": "50%", "ceiling": "2Gi"}}}}),
+    )
+    .await;
+    eventually("the claim is bound at 1Gi", WAIT, || async {
+        match pvcs.get_opt(&claim).await.map_err(|e| e.to_string())? {
+            Some(_) => match claim_size(&pvcs, &claim).await {
+                (r, c) if r == "1Gi" && c == "1Gi" => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+            None => Err("no claim yet".to_owned()),
+        }
+    })
+    .await;
+    const GI: i64 = 1 << 30;
+    // Below the threshold: nothing.
+    publish_usage(&shards, name, pod, GI * 7 / 10, GI).await;
+    wait_condition(
+        &shards,
+        name,
+        "VolumeAutoGrow",
+        "True",
+        Some("BelowCeiling"),
+        shard_conditions,
+    )
+    .await;
+    assert_eq!(claim_size(&pvcs, &claim).await.0, "1Gi");
+
+    // Past 80 %: +50 %, then nothing more until storage gave it, however full.
+    publish_usage(&shards, name, pod, GI * 85 / 100, GI).await;
+    let grown = |want: &'static str| {
+        let (pvcs, claim) = (pvcs.clone(), claim.clone());
+        async move {
+            eventually(&format!("{claim} requests {want}"), WAIT, || async {
+                match claim_size(&pvcs, &claim).await {
+                    (r, _) if r == want => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await;
+        }
+    };
+    grown("1536Mi").await;
+    publish_usage(&shards, name, pod, GI * 95 / 100, GI).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        claim_size(&pvcs, &claim).await.0,
+        "1536Mi",
+        "one step while expanding"
+    );
+
+    // Given, and past 80 % again: the step is cut at the ceiling.
+    expanded(&pvcs, &claim, "1536Mi").await;
+    publish_usage(&shards, name, pod, 1300 << 20, 1536 << 20).await;
+    grown("2Gi").await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let notes = |reason: &'static str| {
+        let events = events.clone();
+        async move {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter_map(|e| e.note)
+                .collect::<Vec<String>>()
+        }
+    };
+    // One series for the claim: its first note, and two occurrences.
+    let growths: Vec<(String, i32)> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("VolumeAutoGrown"))
+        .map(|e| {
+            let count = e.series.map_or(1, |s| s.count);
+            (e.note.unwrap_or_default(), count)
+        })
+        .collect();
+    assert!(
+        matches!(growths.as_slice(), [(note, 2)] if note.contains("uses 871Mi of 1024Mi (threshold 80 %): requested 1536Mi")),
+        "{growths:?}"
+    );
+
+    // At the ceiling and past 80 %: nothing grows, and the condition and one event say so.
+    expanded(&pvcs, &claim, "2Gi").await;
+    publish_usage(&shards, name, pod, GI * 19 / 10, 2 * GI).await;
+    let s = wait_condition(
+        &shards,
+        name,
+        "VolumeAutoGrow",
+        "False",
+        Some("AtCeiling"),
+        shard_conditions,
+    )
+    .await;
+    let message = condition(&shard_conditions(&s), "VolumeAutoGrow")
+        .unwrap()
+        .message
+        .clone();
+    assert!(
+        message.contains(&format!("volume {claim} is at its ceiling 2Gi"))
+            && message.contains("raise autoGrow.ceiling"),
+        "{message}"
+    );
+    assert_eq!(
+        claim_size(&pvcs, &claim).await.0,
+        "2Gi",
+        "never past the ceiling"
+    );
+    // A claim auto-grown above storage.size is no shrink.
+    let s = shards.get(name).await.unwrap();
+    let conditions = shard_conditions(&s);
+    let synced = condition(&conditions, "StorageSynced").unwrap();
+    assert_eq!(synced.reason, "UpToDate", "{synced:?}");
+    let at_ceiling = notes("AtCeiling").await;
+    assert_eq!(at_ceiling.len(), 1, "announced once: {at_ceiling:?}");
+
+    // The webhook is not in this tier; the handler reports a setting it cannot read.
+    patch_spec(
+        &shards,
+        name,
+        json!({"pools": {"main": {"autoGrow": {"step": "0%", "ceiling": "2Gi"}}}}),
+    )
+    .await;
+    let s = wait_condition(
+        &shards,
+        name,
+        "VolumeAutoGrow",
+        "False",
+        Some("InvalidSpec"),
+        shard_conditions,
+    )
+    .await;
+    let message = condition(&shard_conditions(&s), "VolumeAutoGrow")
+        .unwrap()
+        .message
+        .clone();
+    assert!(message.contains("pools.main.autoGrow.step"), "{message}");
+}
+
+#[tokio::test]
+async fn a_larger_volume_on_a_class_without_expansion_is_refused_and_says_so() {
+    let cluster = cluster().await;
+    let ns = fresh_namespace(cluster, "rh-fixed-size").await;
+    let _handler = start_handler(cluster, &ns).await;
+    let client = cluster.client().unwrap();
+    let image = "ghcr.io/multigres/multigres:sha-66d2310";
+    // A class no provisioner serves and that cannot expand; its volume is made by hand, as an
+    // administrator makes static volumes.
+    let class = format!("fixed-{ns}");
+    let pod = "fixed-postgres-default-0-inf-pool-main-zone-a-0";
+    let claim = format!("data-{pod}");
+    apply_yaml(
+        &client,
+        &ns,
+        &format!(
+            r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: {class}}}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: Immediate
+allowVolumeExpansion: false
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: {class}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  storageClassName: {class}
+  persistentVolumeReclaimPolicy: Retain
+  claimRef: {{namespace: {ns}, name: {claim}}}
+  hostPath: {{path: /tmp/{class}}}
+"#
+        ),
+    )
+    .await;
+    let retain = "{whenDeleted: Retain, whenScaled: Retain}";
+    let yaml = shard("fixed", &ns, 1, image, retain, "1Gi").replace(
+        "storage: {size: 1Gi}",
+        &format!("storage: {{size: 1Gi, class: {class}}}"),
+    );
+    apply_yaml(&client, &ns, &yaml).await;
+    let name = "fixed-postgres-default-0-inf";
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &ns);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    eventually("the claim is bound to the static volume", WAIT, || async {
+        match pvcs.get_opt(&claim).await.map_err(|e| e.to_string())? {
+            Some(c) if c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") => {
+                Ok(())
+            }
+            other => Err(format!("{:?}", other.and_then(|c| c.status))),
+        }
+    })
+    .await;
+    patch_spec(
+        &shards,
+        name,
+        json!({"pools": {"main": {"storage": {"size": "2Gi"}}}}),
+    )
+    .await;
+    let s = wait_condition(
+        &shards,
+        name,
+        "StorageSynced",
+        "False",
+        Some("ExpansionRefused"),
+        shard_conditions,
+    )
+    .await;
+    let message = condition(&shard_conditions(&s), "StorageSynced")
+        .unwrap()
+        .message
+        .clone();
+    println!("StorageSynced: {message}");
+    assert!(
+        message.contains(&format!("growing volume {claim} was refused"))
+            && message.contains("allowVolumeExpansion: true"),
+        "{message}"
+    );
+    assert_eq!(claim_size(&pvcs, &claim).await.0, "1Gi", "nothing changed");
+}
+
 #[tokio::test]
 async fn pool_volumes_are_kept_or_removed_as_the_policy_says_and_grow_but_never_shrink() {
     let cluster = cluster().await;

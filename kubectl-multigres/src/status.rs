@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use multigres_api::labels;
 use multigres_api::v1alpha1::{
-    CohortStatus, Phase, RecoverableWindow, Replication, Shard, TableGroup,
+    CohortStatus, Phase, RecoverableWindow, Replication, Shard, TableGroup, VolumeUsage,
 };
 
 use crate::view::ClusterView;
@@ -248,6 +248,10 @@ fn render_shard(out: &mut String, shard: &Shard, pods: &[Pod], now: Timestamp) {
         Some(_) => {}
     }
 
+    for v in &status.volumes {
+        wrap(out, "    ", &volume(v, now));
+    }
+
     let backup = match (&status.last_backup_time, status.last_backup_type) {
         (Some(at), kind) => format!(
             "{} at {} ({} ago)",
@@ -470,6 +474,26 @@ fn ago(now: Timestamp, then: &Time) -> String {
     text
 }
 
+/// One pool pod's volume line: PostgreSQL's data and WAL over what the claim holds.
+fn volume(v: &VolumeUsage, now: Timestamp) -> String {
+    let mib = |bytes: i64| bytes.div_euclid(1 << 20);
+    let capacity = match v.capacity_bytes {
+        Some(c) if c > 0 => format!(
+            "of {} MiB ({} %)",
+            mib(c),
+            v.used_bytes().saturating_mul(100) / c
+        ),
+        _ => "(claim not bound yet)".to_owned(),
+    };
+    format!(
+        "volume of {}: {} MiB used (WAL {} MiB) {capacity}, measured {} ago",
+        v.pod,
+        mib(v.used_bytes()),
+        mib(v.wal_bytes),
+        ago(now, &v.measured_at)
+    )
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use serde::Deserialize;
@@ -583,6 +607,35 @@ pub(crate) mod tests {
                 "-"
             ]
         );
+    }
+
+    #[test]
+    fn each_pool_pods_volume_shows_use_wal_and_capacity() {
+        let mut view = degraded();
+        let status = view.shards[0].status.as_mut().unwrap();
+        status.volumes = vec![
+            VolumeUsage {
+                pod: "p-0".into(),
+                data_bytes: 700 << 20,
+                wal_bytes: 160 << 20,
+                capacity_bytes: Some(1 << 30),
+                measured_at: Time(at("2026-01-10T05:29:40Z")),
+            },
+            VolumeUsage {
+                pod: "p-1".into(),
+                data_bytes: 10 << 20,
+                wal_bytes: 0,
+                capacity_bytes: None,
+                measured_at: Time(at("2026-01-10T05:29:40Z")),
+            },
+        ];
+        let screen = render(&view, at("2026-01-10T05:30:00Z"));
+        for line in [
+            "    volume of p-0: 860 MiB used (WAL 160 MiB) of 1024 MiB (83 %), measured 20s ago",
+            "    volume of p-1: 10 MiB used (WAL 0 MiB) (claim not bound yet), measured 20s ago",
+        ] {
+            assert!(screen.lines().any(|l| l == line), "{line} in\n{screen}");
+        }
     }
 
     #[test]

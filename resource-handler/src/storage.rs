@@ -1,10 +1,15 @@
 //! Volume growth: a larger requested size is applied to the existing PVCs (StatefulSet claim
 //! templates are immutable, so the StatefulSet itself keeps the size it was created with);
-//! a smaller one is reported and never acted on, since volumes cannot shrink.
+//! a smaller one is reported and never acted on, since volumes cannot shrink. A pool with
+//! `autoGrow` also grows each claim whose pod's measured usage (`status.volumes`, published by
+//! the data-handler) passed its threshold, by its step, never past its ceiling
+//! ([`multigres_api::volumes::decide`]).
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use kube::api::Patch;
 use kube::{Api, ResourceExt};
+use multigres_api::v1alpha1::VolumeUsage;
+use multigres_api::volumes::{self, AutoGrow, Growth};
 use multigres_common::apply::patch_params;
 use serde_json::json;
 
@@ -16,45 +21,13 @@ use crate::sync::FIELD_MANAGER;
 
 /// Condition type reporting whether the volumes match the requested size.
 pub const STORAGE_SYNCED: &str = "StorageSynced";
+/// Condition type reporting whether auto-grow keeps the pool volumes ahead of their usage
+/// (only on a Shard with a pool that has `autoGrow`).
+pub const VOLUME_AUTO_GROW: &str = "VolumeAutoGrow";
+/// Prefix of a pool pod's data claim (`data-<pod>`, from the claim template's name).
+const DATA_CLAIM_PREFIX: &str = "data-";
 
-/// Bytes in a Kubernetes quantity such as `10Gi`, `1.5G` or `1e9`, rounded up; `None` if the
-/// text is not a quantity.
-pub fn parse_bytes(text: &str) -> Option<u128> {
-    let end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(end);
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() {
-        return None;
-    }
-    let mantissa: u128 = format!("{whole}{fraction}").parse().ok()?;
-    let mut denominator = 10u128.checked_pow(u32::try_from(fraction.len()).ok()?)?;
-    let multiplier: u128 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        "Ei" => 1 << 60,
-        "k" => 10u128.pow(3),
-        "M" => 10u128.pow(6),
-        "G" => 10u128.pow(9),
-        "T" => 10u128.pow(12),
-        "P" => 10u128.pow(15),
-        "E" => 10u128.pow(18),
-        "m" => {
-            denominator = denominator.checked_mul(1000)?;
-            1
-        }
-        exponent => {
-            let power: u32 = exponent.strip_prefix(['e', 'E'])?.parse().ok()?;
-            10u128.checked_pow(power)?
-        }
-    };
-    Some(mantissa.checked_mul(multiplier)?.div_ceil(denominator))
-}
+pub use multigres_api::volumes::parse_bytes;
 
 /// The storage request of a PVC, as written.
 pub fn requested(pvc: &PersistentVolumeClaim) -> Option<&str> {
@@ -125,6 +98,89 @@ pub fn plan_resize<'a>(
     plan
 }
 
+/// The storage capacity a bound claim was given, in bytes.
+pub fn capacity(pvc: &PersistentVolumeClaim) -> Option<u128> {
+    pvc.status
+        .as_ref()?
+        .capacity
+        .as_ref()?
+        .get("storage")
+        .and_then(|q| parse_bytes(&q.0))
+}
+
+/// A claim past its threshold at its ceiling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AtCeiling {
+    /// The claim.
+    pub pvc: String,
+    /// Its pod's measured usage, in bytes.
+    pub used: u128,
+    /// What storage gave it, in bytes.
+    pub capacity: u128,
+    /// The ceiling, as written.
+    pub ceiling: String,
+}
+
+/// What auto-grow does with one pool's claims.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AutoGrowPlan {
+    /// Claims to grow, with the size to request and why.
+    pub grow: Vec<(String, String, String)>,
+    /// Claims past their threshold that cannot grow.
+    pub at_ceiling: Vec<AtCeiling>,
+}
+
+/// Decides, for each of `pvcs` not already growing to the spec's size (`skip`), whether its
+/// pod's usage in `volumes` grows it under `auto` (`ceiling` as written).
+pub fn plan_auto_grow<'a>(
+    auto: &AutoGrow,
+    ceiling: &str,
+    pvcs: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
+    volumes: &[VolumeUsage],
+    skip: &[String],
+) -> AutoGrowPlan {
+    let mut plan = AutoGrowPlan::default();
+    for pvc in pvcs {
+        let name = pvc.name_any();
+        let Some(pod) = name.strip_prefix(DATA_CLAIM_PREFIX) else {
+            continue;
+        };
+        let Some(requested) = requested(pvc).and_then(parse_bytes) else {
+            continue;
+        };
+        if skip.contains(&name) || pvc.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let given = capacity(pvc);
+        let used = volumes::used_by(volumes, pod);
+        match volumes::decide(auto, requested, given, used) {
+            Growth::Grow(to) => {
+                let size = if to == auto.ceiling {
+                    ceiling.to_owned()
+                } else {
+                    volumes::quantity(to)
+                };
+                let why = format!(
+                    "pod {pod} uses {} of {} (threshold {} %)",
+                    volumes::quantity(used.unwrap_or_default()),
+                    volumes::quantity(given.unwrap_or_default()),
+                    auto.threshold
+                );
+                plan.grow.push((name, size, why));
+            }
+            Growth::AtCeiling => plan.at_ceiling.push(AtCeiling {
+                pvc: name,
+                used: used.unwrap_or_default(),
+                capacity: given.unwrap_or_default(),
+                ceiling: ceiling.to_owned(),
+            }),
+            Growth::Room | Growth::Expanding => {}
+        }
+    }
+    plan.grow.sort();
+    plan
+}
+
 /// The outcome of applying a [`ResizePlan`], for the `StorageSynced` condition.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResizeOutcome {
@@ -135,6 +191,14 @@ pub struct ResizeOutcome {
     pub refused: Vec<(String, String)>,
     /// PVCs larger than requested.
     pub shrink_refused: Vec<Shrink>,
+    /// Some pool has `autoGrow` (the `VolumeAutoGrow` condition is reported).
+    pub auto_grow: bool,
+    /// PVCs auto-grown now: name, size requested, why.
+    pub auto_grown: Vec<(String, String, String)>,
+    /// PVCs past their threshold at their ceiling.
+    pub at_ceiling: Vec<AtCeiling>,
+    /// A pool's `autoGrow` that cannot be read: the field and why.
+    pub auto_invalid: Option<String>,
 }
 
 impl ResizeOutcome {
@@ -143,6 +207,71 @@ impl ResizeOutcome {
         self.grown.extend(other.grown);
         self.refused.extend(other.refused);
         self.shrink_refused.extend(other.shrink_refused);
+        self.auto_grow |= other.auto_grow;
+        self.auto_grown.extend(other.auto_grown);
+        self.at_ceiling.extend(other.at_ceiling);
+        if self.auto_invalid.is_none() {
+            self.auto_invalid = other.auto_invalid;
+        }
+    }
+
+    /// The `VolumeAutoGrow` condition, when some pool has `autoGrow`: `False` while a claim
+    /// past its threshold is at its ceiling, its growth was refused, or the setting cannot be
+    /// read.
+    pub fn auto_grow_condition(&self) -> Option<Computed> {
+        if !self.auto_grow {
+            return None;
+        }
+        if let Some(why) = &self.auto_invalid {
+            return Some(Computed::new(
+                VOLUME_AUTO_GROW,
+                FALSE,
+                "InvalidSpec",
+                format!("{why}; no volume is grown until it is fixed"),
+            ));
+        }
+        let auto_refused: Vec<&(String, String)> = self
+            .refused
+            .iter()
+            .filter(|(name, _)| self.auto_grown.iter().all(|(grown, ..)| grown != name))
+            .collect();
+        if let Some((name, message)) = auto_refused.first() {
+            return Some(Computed::new(
+                VOLUME_AUTO_GROW,
+                FALSE,
+                "ExpansionRefused",
+                format!(
+                    "growing volume {name} past its threshold was refused: {message}; use a \
+                     StorageClass with allowVolumeExpansion: true"
+                ),
+            ));
+        }
+        if let Some(c) = self.at_ceiling.first() {
+            return Some(Computed::new(
+                VOLUME_AUTO_GROW,
+                FALSE,
+                "AtCeiling",
+                format!(
+                    "volume {} is at its ceiling {} and its pod uses {} of {} ({} %){}: raise \
+                     autoGrow.ceiling, or free space (docs/runbooks/MultigresVolumeFillingUp.md)",
+                    c.pvc,
+                    c.ceiling,
+                    volumes::quantity(c.used),
+                    volumes::quantity(c.capacity),
+                    (c.used * 100).checked_div(c.capacity).unwrap_or(100),
+                    match self.at_ceiling.len() - 1 {
+                        0 => String::new(),
+                        n => format!(", and {n} other volume(s) too"),
+                    }
+                ),
+            ));
+        }
+        Some(Computed::new(
+            VOLUME_AUTO_GROW,
+            TRUE,
+            "BelowCeiling",
+            "every volume past its threshold was grown, or none is past it",
+        ))
     }
 
     /// The `StorageSynced` condition: `True` when every volume requests its configured size.
@@ -192,43 +321,120 @@ pub async fn apply_resize(
     api: &Api<PersistentVolumeClaim>,
     plan: ResizePlan,
 ) -> Result<ResizeOutcome, kube::Error> {
-    let desired = plan.desired;
-    let mut outcome = ResizeOutcome {
+    let sizes = plan
+        .grow
+        .into_iter()
+        .map(|name| (name, plan.desired.clone()))
+        .collect();
+    let (grown, refused) = apply_sizes(controller, api, sizes).await?;
+    Ok(ResizeOutcome {
+        grown,
+        refused,
         shrink_refused: plan.shrink_refused,
         ..Default::default()
-    };
-    let patch = json!({"spec": {"resources": {"requests": {"storage": desired}}}});
-    for name in plan.grow {
+    })
+}
+
+/// Requests the size auto-grow decided for each claim of `plan`.
+pub async fn apply_auto_grow(
+    controller: &'static str,
+    api: &Api<PersistentVolumeClaim>,
+    plan: AutoGrowPlan,
+) -> Result<ResizeOutcome, kube::Error> {
+    let sizes = plan
+        .grow
+        .iter()
+        .map(|(name, size, _)| (name.clone(), size.clone()))
+        .collect();
+    let (grown, refused) = apply_sizes(controller, api, sizes).await?;
+    Ok(ResizeOutcome {
+        auto_grow: true,
+        auto_grown: plan
+            .grow
+            .into_iter()
+            .filter(|(name, ..)| grown.contains(name))
+            .collect(),
+        at_ceiling: plan.at_ceiling,
+        refused,
+        ..Default::default()
+    })
+}
+
+/// Patches each claim's request to its size: the names grown, and those the API server refused
+/// with its message (e.g. the StorageClass does not allow expansion).
+async fn apply_sizes(
+    controller: &'static str,
+    api: &Api<PersistentVolumeClaim>,
+    sizes: Vec<(String, String)>,
+) -> Result<(Vec<String>, Vec<(String, String)>), kube::Error> {
+    let (mut grown, mut refused) = (Vec::new(), Vec::new());
+    for (name, size) in sizes {
+        let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});
         crate::sync::count(controller, "PersistentVolumeClaim", "patch");
         match api
             .patch(&name, &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => outcome.grown.push(name),
+            Ok(_) => grown.push(name),
             Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
-                outcome.refused.push((name, status.message.clone()));
+                refused.push((name, status.message.clone()));
             }
             Err(other) => return Err(other),
         }
     }
-    Ok(outcome)
+    Ok((grown, refused))
 }
 
 /// Events for volume changes: a Normal one when volumes grew, a Warning when a shrink or an
-/// expansion was refused.
-pub async fn report<K>(ctx: &Ctx<K>, obj: &K, outcome: &ResizeOutcome)
-where
+/// expansion was refused; with auto-grow, a Normal one per claim grown, and a Warning when the
+/// `VolumeAutoGrow` condition turns false or changes its message (`stored`: the object's
+/// conditions as read), so a claim held at its ceiling is announced once, not every pass.
+pub async fn report<K>(
+    ctx: &Ctx<K>,
+    obj: &K,
+    outcome: &ResizeOutcome,
+    stored: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) where
     K: kube::Resource<DynamicType = ()>,
 {
-    if !outcome.grown.is_empty() {
-        let note = format!("requested a larger size for {}", outcome.grown.join(", "));
+    let by_spec: Vec<&String> = outcome
+        .grown
+        .iter()
+        .filter(|name| outcome.auto_grown.iter().all(|(auto, ..)| auto != *name))
+        .collect();
+    if !by_spec.is_empty() {
+        let names: Vec<&str> = by_spec.iter().map(|n| n.as_str()).collect();
+        let note = format!("requested a larger size for {}", names.join(", "));
         ctx.event(obj, EventType::Normal, "VolumesExpanded", note)
+            .await;
+    }
+    for (name, size, why) in &outcome.auto_grown {
+        let note = format!("{why}: requested {size} for volume {name} (autoGrow)");
+        // The claim as the related object: each claim's growths form their own series (a
+        // series keeps its first note; the claim's request says where it is now).
+        let claim = ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("PersistentVolumeClaim".to_owned()),
+            name: Some(name.clone()),
+            namespace: obj.meta().namespace.clone(),
+            ..Default::default()
+        };
+        ctx.event_about(obj, Some(claim), EventType::Normal, "VolumeAutoGrown", note)
             .await;
     }
     let cond = outcome.condition();
     if !cond.is_true() {
         ctx.event(obj, EventType::Warning, cond.reason, cond.message)
             .await;
+    }
+    if let Some(auto) = outcome.auto_grow_condition().filter(|c| !c.is_true()) {
+        let unchanged = stored.iter().any(|c| {
+            c.type_ == VOLUME_AUTO_GROW && c.reason == auto.reason && c.message == auto.message
+        });
+        if !unchanged {
+            ctx.event(obj, EventType::Warning, auto.reason, auto.message)
+                .await;
+        }
     }
 }
 
@@ -244,19 +450,6 @@ mod tests {
             "spec": {"resources": {"requests": {"storage": size}}},
         }))
         .unwrap()
-    }
-
-    #[test]
-    fn quantities_parse_to_bytes() {
-        assert_eq!(parse_bytes("1Gi"), Some(1 << 30));
-        assert_eq!(parse_bytes("1024Mi"), parse_bytes("1Gi"));
-        assert_eq!(parse_bytes("1.5Gi"), Some(3 << 29));
-        assert_eq!(parse_bytes("10G"), Some(10_000_000_000));
-        assert_eq!(parse_bytes("1e3"), Some(1000));
-        assert_eq!(parse_bytes("1500m"), Some(2));
-        assert_eq!(parse_bytes("12345"), Some(12345));
-        assert_eq!(parse_bytes("Gi"), None);
-        assert_eq!(parse_bytes("1Qi"), None);
     }
 
     #[test]

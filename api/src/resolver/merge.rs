@@ -135,6 +135,7 @@ impl Overlay for PoolSpec {
         replace_list(&mut self.cells, &upper.cells);
         replace(&mut self.replicas_per_cell, &upper.replicas_per_cell);
         overlay_opt(&mut self.storage, &upper.storage);
+        replace(&mut self.auto_grow, &upper.auto_grow);
         overlay_opt(&mut self.postgres, &upper.postgres);
         overlay_opt(&mut self.multipooler, &upper.multipooler);
         replace(&mut self.affinity, &upper.affinity);

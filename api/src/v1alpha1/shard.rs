@@ -92,6 +92,13 @@ pub struct PoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<StorageSpec>,
 
+    /// Grows each pod's data volume before it fills: when the usage the operator measures
+    /// (`status.volumes`) passes `threshold` percent of the claim's capacity, the claim grows by
+    /// `step`, never past `ceiling`. Needs a StorageClass with `allowVolumeExpansion: true`.
+    /// Unset: volumes grow only when `storage.size` is raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_grow: Option<VolumeAutoGrow>,
+
     /// The postgres (pgctld) container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres: Option<ContainerConfig>,
@@ -119,6 +126,34 @@ pub struct PoolSpec {
     /// PVC lifecycle of this pool's volumes; overrides shard, table group and cluster per field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc_deletion_policy: Option<PvcDeletionPolicy>,
+}
+
+/// Growth of a pool's data volumes before they fill (`pools.<name>.autoGrow`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeAutoGrow {
+    /// Percent of a claim's capacity, 50 to 95 (default 80), past which the pod's measured
+    /// usage (data and WAL) grows the claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 50, max = 95))]
+    pub threshold: Option<i32>,
+
+    /// How much a claim grows each time: a quantity (`2Gi`) or a percent of its current
+    /// request (`50%`, 1 to 1000). Default `50%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^([0-9]+%|[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?)$")
+    )]
+    pub step: Option<String>,
+
+    /// The largest size a claim is grown to, e.g. `100Gi`: at least `storage.size`. A claim at
+    /// its ceiling is reported (`VolumeAutoGrow` condition, `AtCeiling`) and grows no more.
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?$")
+    )]
+    pub ceiling: String,
 }
 
 /// Desired state of a Shard: the fully resolved orchestrator and pools of one shard.
@@ -613,4 +648,37 @@ pub struct ShardStatus {
     /// Ready pool pods across all pools; read by the scale subresource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
+
+    /// Each pool pod's volume usage, measured by the data-handler with SQL on the pod's own
+    /// multipooler, and its claim's capacity.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["pod".into()]))]
+    pub volumes: Vec<VolumeUsage>,
+}
+
+/// One pool pod's data volume: what PostgreSQL uses of it and what the claim holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeUsage {
+    /// The pool pod.
+    pub pod: String,
+    /// Bytes of the data directory's tablespaces (`pg_default` and `pg_global`): every
+    /// database, not the WAL.
+    pub data_bytes: i64,
+    /// Bytes of WAL segments (`pg_ls_waldir()`).
+    pub wal_bytes: i64,
+    /// What storage gave the claim (`status.capacity` of `data-<pod>`), in bytes; absent until
+    /// it is bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<i64>,
+    /// When PostgreSQL answered.
+    pub measured_at: Time,
+}
+
+impl VolumeUsage {
+    /// Data and WAL together.
+    pub fn used_bytes(&self) -> i64 {
+        self.data_bytes.saturating_add(self.wal_bytes)
+    }
 }

@@ -13,7 +13,8 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use multigres_api::v1alpha1::{CohortStatus, Shard, ShardSpec};
+use multigres_api::v1alpha1::{CohortStatus, Shard};
+use multigres_api::volumes::AutoGrow;
 
 use super::build::{self, ShardObjects};
 use super::drain::{self, Evictions};
@@ -124,7 +125,7 @@ pub(super) async fn run(
             .await;
     }
     let observed = Observed::read(ctx, ns, objects);
-    let resize = resize(ctx, guard, &shard.spec, ns, objects).await?;
+    let resize = resize(ctx, guard, shard, ns, objects).await?;
     prune(ctx, owner, objects).await?;
 
     let rendered = &desired.postgres_config.1;
@@ -453,17 +454,22 @@ async fn apply_workloads(
     Ok(applied)
 }
 
-/// Grows pool and backup volumes to their requested sizes.
+/// Grows pool and backup volumes to their requested sizes, and pool volumes past their
+/// `autoGrow` threshold by its step.
 async fn resize(
     ctx: &Ctx<Guard>,
     guard: &Guard,
-    spec: &ShardSpec,
+    shard: &Shard,
     ns: &str,
     objects: &ShardObjects,
 ) -> Result<ResizeOutcome, Error> {
     let api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), ns);
+    let status = shard.status.as_ref();
+    let volumes = status.map(|s| s.volumes.as_slice()).unwrap_or_default();
+    let stored = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let mut outcome = ResizeOutcome::default();
     let mut groups = Vec::new();
+    let mut auto_plans = Vec::new();
     for p in &objects.pools {
         let pvcs = ctx.stores.pvcs.state_filter(|pvc| {
             pvc.namespace().as_deref() == Some(ns)
@@ -471,12 +477,32 @@ async fn resize(
                     .iter()
                     .all(|(k, v)| pvc.labels().get(k) == Some(v))
         });
-        groups.push(storage::plan_resize(
-            &p.storage_size,
-            pvcs.iter().map(|p| &**p),
-        ));
+        let mut plan = storage::plan_resize(&p.storage_size, pvcs.iter().map(|p| &**p));
+        if let Some(spec) = &p.auto_grow {
+            match AutoGrow::of(spec) {
+                Ok(auto) => {
+                    // A claim auto-grown past the spec's size is no shrink, up to the ceiling.
+                    plan.shrink_refused.retain(|s| {
+                        storage::parse_bytes(&s.current).is_none_or(|b| b > auto.ceiling)
+                    });
+                    auto_plans.push(storage::plan_auto_grow(
+                        &auto,
+                        &spec.ceiling,
+                        pvcs.iter().map(|p| &**p),
+                        volumes,
+                        &plan.grow,
+                    ));
+                }
+                Err((field, why)) => outcome.extend(ResizeOutcome {
+                    auto_grow: true,
+                    auto_invalid: Some(format!("pools.{}.autoGrow.{field}: {why}", p.pool)),
+                    ..Default::default()
+                }),
+            }
+        }
+        groups.push(plan);
     }
-    if let (Some(pvc), Some(size)) = (&objects.backup, build::backup_size(spec)) {
+    if let (Some(pvc), Some(size)) = (&objects.backup, build::backup_size(&shard.spec)) {
         let existing = ctx
             .stores
             .pvcs
@@ -490,7 +516,14 @@ async fn resize(
                 .map_err(Error::Resize)?,
         );
     }
-    storage::report(ctx, guard, &outcome).await;
+    for plan in auto_plans {
+        outcome.extend(
+            storage::apply_auto_grow(NAME, &api, plan)
+                .await
+                .map_err(Error::Resize)?,
+        );
+    }
+    storage::report(ctx, guard, &outcome, stored).await;
     Ok(outcome)
 }
 

@@ -25,7 +25,7 @@ use multigres_api::labels::{self, Component, Placement, ROLE, ROLE_PRIMARY};
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
     BackupConfig, BackupType, CellName, PoolSpec, PvcDeletionPolicy, PvcRetentionPolicyType, Shard,
-    ShardSpec, StorageSpec,
+    ShardSpec, StorageSpec, VolumeAutoGrow,
 };
 
 use crate::contract::{
@@ -90,6 +90,8 @@ pub struct PoolObjects {
     pub selector: BTreeMap<String, String>,
     /// Size each data volume should request.
     pub storage_size: String,
+    /// The pool's `autoGrow`, as written.
+    pub auto_grow: Option<VolumeAutoGrow>,
     /// `whenScaled: Delete`: the handler deletes a scaled-away replica's claims itself, once
     /// its pod is gone and out of the consensus cohort (see [`super::scale::scaled_away`]); the
     /// StatefulSet always retains them, since its controller would delete them with the pod.
@@ -761,6 +763,7 @@ fn pool_objects(
         pdb,
         selector: names.selector,
         storage_size,
+        auto_grow: pool.auto_grow.clone(),
         delete_scaled_claims,
     }
 }

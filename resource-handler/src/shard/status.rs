@@ -25,7 +25,7 @@ use crate::conditions::{
 };
 use crate::controller::{Ctx, POLL};
 use crate::readiness::Counts;
-use crate::storage::STORAGE_SYNCED;
+use crate::storage::{STORAGE_SYNCED, VOLUME_AUTO_GROW};
 use crate::sync;
 use crate::unready;
 
@@ -87,6 +87,9 @@ pub(super) async fn write(
         rollout: outcome.step.clone(),
         restart_changes: outcome.restart_changes.clone(),
         storage: (!outcome.paused).then(|| outcome.resize.condition()),
+        auto_grow: (!outcome.paused)
+            .then(|| outcome.resize.auto_grow_condition())
+            .flatten(),
         pgbackrest_tls: outcome.tls,
         switchover: switchover::condition(outcome.step.as_ref(), &outcome.downs, &outcome.requests),
         held: outcome.held,
@@ -190,6 +193,8 @@ pub struct Report<'a> {
     pub restart_changes: Option<String>,
     /// The `StorageSynced` verdict.
     pub storage: Option<Computed>,
+    /// The `VolumeAutoGrow` verdict (none without `autoGrow`, or while paused).
+    pub auto_grow: Option<Computed>,
     /// The pgBackRest TLS verdict (none without backups).
     pub pgbackrest_tls: Option<Computed>,
     /// The `Switchover` verdict (none while no primary is about to go).
@@ -393,6 +398,7 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
         available.is_true() && !rolling.is_true() && !handing_over && report.scale_down.is_none();
     let mut desired = vec![available, rolling];
     desired.extend(report.storage.clone());
+    desired.extend(report.auto_grow.clone());
     desired.extend(report.pgbackrest_tls.clone());
     desired.extend(report.switchover.clone());
     desired.extend(report.scale_down.clone());
@@ -407,7 +413,8 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     let generation = shard.metadata.generation;
     let mut conditions = merge(observed, &desired, generation, now);
     let kept = |type_: &str| {
-        (type_ == STORAGE_SYNCED && report.storage.is_none())
+        ((type_ == STORAGE_SYNCED || type_ == VOLUME_AUTO_GROW) && report.paused)
+            || (type_ == STORAGE_SYNCED && report.storage.is_none())
             || (type_ == crate::tls::PGBACKREST_TLS && report.paused)
     };
     conditions.extend(observed.iter().filter(|c| kept(&c.type_)).cloned());
@@ -718,6 +725,7 @@ mod tests {
             rollout: Some(Step::UpToDate { pods: 3 }),
             restart_changes: None,
             storage: None,
+            auto_grow: None,
             pgbackrest_tls: None,
             switchover: None,
             held: Vec::new(),

@@ -268,7 +268,7 @@ async fn resize(
     let outcome = storage::apply_resize(NAME, &pvc_api, plan)
         .await
         .map_err(Error::Resize)?;
-    storage::report(ctx, guard, &outcome).await;
+    storage::report(ctx, guard, &outcome, &[]).await;
     Ok(outcome)
 }
 

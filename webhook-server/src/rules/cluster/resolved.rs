@@ -8,6 +8,7 @@ use multigres_api::resolver::cohort::{self, Durability};
 use multigres_api::v1alpha1::{BackupType, MultiorchSpec, PoolSpec, ShardConfig};
 
 use multigres_api::postgres::limits;
+use multigres_api::volumes::{self, AutoGrow};
 
 use super::view::{ShardSite, View};
 use crate::quantity::Quantity;
@@ -82,6 +83,7 @@ pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {
                 }),
             );
             durability_warning(findings, shard, pool_name, pool);
+            auto_grow(findings, shard, pool_name, pool);
         }
         multiorch_replicas(findings, shard);
         multiorch_durations(findings, shard);
@@ -89,6 +91,39 @@ pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {
         single_loss_warning(findings, shard);
         shared_backup_volume_warning(findings, view, shard);
         override_pools_warning(findings, shard);
+    }
+}
+
+/// A pool's `autoGrow` after merging: a positive step, a threshold from 50 to 95, and a
+/// ceiling no smaller than the volume it grows (else it could never grow, or would shrink).
+fn auto_grow(findings: &mut Findings, shard: &ShardSite<'_>, pool_name: &str, pool: &PoolSpec) {
+    let Some(spec) = &pool.auto_grow else {
+        return;
+    };
+    let field = |leaf: &str| {
+        shard.pool_field(pool_name, &format!("autoGrow.{leaf}"), |p| {
+            p.auto_grow.is_some()
+        })
+    };
+    let auto = match AutoGrow::of(spec) {
+        Ok(auto) => auto,
+        Err((leaf, why)) => {
+            findings.violation(field(leaf), why);
+            return;
+        }
+    };
+    let size = pool.storage.as_ref().and_then(|s| s.size.as_deref());
+    if let Some((size, bytes)) = size.and_then(|s| Some((s, volumes::parse_bytes(s)?)))
+        && auto.ceiling < bytes
+    {
+        findings.violation(
+            field("ceiling"),
+            format!(
+                "{:?} is below the pool's storage.size {size:?}: the ceiling is the largest size \
+                 a volume is grown to, so it must be at least storage.size",
+                spec.ceiling
+            ),
+        );
     }
 }
 
@@ -457,6 +492,38 @@ mod tests {
                 .all(|w| !w.contains("cannot lose any one")),
             "the default shard's 3 pool pods survive the loss of one"
         );
+    }
+
+    #[test]
+    fn auto_grow_needs_a_positive_step_and_a_ceiling_above_the_size() {
+        let t = templates("shard: {std: {pools: {main: {storage: {size: 10Gi}}}}}");
+        let new = cluster(&shard(
+            "shardTemplate: std\noverrides: {pools: {main: {autoGrow: {step: 0Gi, ceiling: 20Gi}}}}",
+        ));
+        let findings = validate(&new, None, &t);
+        assert_eq!(
+            fields(&findings),
+            [format!("{SHARD}.overrides.pools[main].autoGrow.step")]
+        );
+        assert!(findings.violations[0].message.contains("must be positive"));
+        let low = cluster(&shard(
+            "shardTemplate: std\noverrides: {pools: {main: {autoGrow: {step: 50%, ceiling: 5Gi}}}}",
+        ));
+        let findings = validate(&low, None, &t);
+        assert_eq!(
+            fields(&findings),
+            [format!("{SHARD}.overrides.pools[main].autoGrow.ceiling")]
+        );
+        assert!(
+            findings.violations[0]
+                .message
+                .contains("below the pool's storage.size \"10Gi\""),
+            "{findings:?}"
+        );
+        let fine = cluster(&shard(
+            "shardTemplate: std\noverrides: {pools: {main: {autoGrow: {step: 2Gi, ceiling: 40Gi}}}}",
+        ));
+        assert!(validate(&fine, None, &t).allowed());
     }
 
     #[test]
