@@ -43,6 +43,8 @@ pub const RULE_VALUES: &[&str] = &[
     "metrics.prometheusRule.alerts.MultigresShardPoolDegraded.for=10s",
     "metrics.prometheusRule.alerts.MultigresBackupStale.for=10s",
     "metrics.prometheusRule.backupStaleAfterSeconds=90",
+    "metrics.prometheusRule.longTransactionSeconds=20",
+    "metrics.prometheusRule.alerts.MultigresPostgresLongTransaction.for=10s",
 ];
 /// The chart values that render the ServiceMonitor and the PrometheusRule with the chart's own
 /// intervals, windows and thresholds (the Prometheus `just demo` runs).
