@@ -493,7 +493,10 @@ fn documented_exporter_metrics() -> BTreeSet<String> {
         .filter(|line| line.starts_with("| `pg_"))
         .filter_map(|line| line.split('`').nth(1).map(str::to_owned))
         .collect();
-    assert!(rows.len() >= 10, "exporter metrics table not found: {rows:?}");
+    assert!(
+        rows.len() >= 10,
+        "exporter metrics table not found: {rows:?}"
+    );
     rows
 }
 

@@ -39,6 +39,19 @@ const DASHBOARDS: &[&str] = &[
     "data-plane.json",
     "postgresql.json",
 ];
+/// A user-defined exporter query (postgres_exporter's queries format), as
+/// docs/images-and-observability.md shows it.
+const CUSTOM_QUERIES: &str = "\
+pg_database_age:
+  query: SELECT datname, age(datfrozenxid) AS xid_age FROM pg_database
+  metrics:
+    - datname:
+        usage: LABEL
+        description: Database
+    - xid_age:
+        usage: GAUGE
+        description: Age of the oldest unfrozen transaction ID
+";
 /// The PodMonitor users apply for a cluster's exporters (CLUSTER and NAMESPACE replaced).
 const POD_MONITOR: &str = "deploy/monitoring/postgres-exporter-podmonitor.yaml";
 
@@ -228,12 +241,23 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
     let client = cluster.client().unwrap();
     let namespace = fresh_namespace(cluster, "observability").await;
     let endpoint = prometheus.otlp_endpoint();
+    // A user's query for the exporters, beside their default collectors.
+    let queries: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "postgres-queries"},
+        "data": {"custom.yaml": CUSTOM_QUERIES},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+        .create(&Default::default(), &queries)
+        .await
+        .expect("the queries ConfigMap");
     let sent = apply_sample(&client, &namespace, |doc| {
         doc["spec"]["observability"] = json!({
             "otlpEndpoint": endpoint,
             "otlpProtocol": "http/protobuf",
             "metricsExporter": "otlp",
             "metricExportInterval": "5000",
+            "postgresExporter": {"customQueries": {"name": "postgres-queries", "key": "custom.yaml"}},
         });
     })
     .await;
@@ -405,6 +429,7 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
         "pg_database_size_bytes",
         "pg_long_running_transactions_oldest_timestamp_seconds",
         "pg_replication_slots_pg_wal_lsn_diff",
+        "pg_database_age_xid_age",
     ] {
         let expr = format!("{series}{{job=\"{job}\", multigres_cluster=\"{NAME}\"}}");
         story
