@@ -3,14 +3,14 @@
 //! evaluating the chart's alerts, and receiving the data plane's OpenTelemetry metrics from the
 //! minimal sample pointed at its OTLP endpoint through `spec.observability`. The story:
 //! every handler is scraped and its series carry the watched object's namespace; the data plane's
-//! series arrive; the postgres_exporter of every pool pod is scraped over TLS (verified with the
-//! CA the operator publishes) as the shipped PodMonitor says, and PostgreSQL's own series arrive;
-//! a transaction held open on the primary fires the long-transaction alert, which resolves once
-//! it commits; every panel query of every shipped dashboard returns series at some point of
+//! series arrive; every panel query of every shipped dashboard returns series at some point of
 //! the story; the primary-lost and pool-degraded alerts fire while the primary's multipooler
 //! and the shard's multiorch are frozen (SIGSTOP: no answer, no failover) and resolve once they
-//! run again; the backup-stale alert fires once the bootstrap backup is older than the test's
-//! threshold and resolves after a scheduled backup.
+//! run again; the postgres_exporter of every pool pod is scraped over TLS (verified with the CA
+//! the operator publishes) as the shipped PodMonitor says, PostgreSQL's own series and a user's
+//! query arrive, and a transaction held open on the primary fires the long-transaction alert,
+//! which resolves once it commits; the backup-stale alert fires once the bootstrap backup is
+//! older than the test's threshold and resolves after a scheduled backup.
 //!
 //! One cluster, one story; each step's failure is collected and the story goes on, so one
 //! broken panel or alert does not hide the others.
@@ -347,14 +347,52 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
             .await;
     }
 
-    // 4. PostgreSQL's own metrics: the shipped PodMonitor, with the test's scrape interval, and
-    // the CA the operator publishes for it. A session on the primary holds a temporary
-    // replication slot (Multigres streams without slots, and the slot panel would stay empty).
+    // 4. The primary lost: its multipooler frozen, and every multiorch so none fails over.
     let (primary, _) = settled_roles(&client, &namespace, &password, 3).await;
     let primary_pod = pool_pods(&client, &namespace)
         .await
         .into_iter()
         .find(|p| p.name_any() == primary)
+        .expect("the primary's pod");
+    let frozen = Instant::now();
+    freeze(&client, &namespace, &primary_pod, libc::SIGSTOP).await;
+    let no_primary =
+        format!("max(multigres_operator_shard_primaries{{namespace=\"{namespace}\"}}) == 0");
+    story
+        .series(
+            "primary froze -> 0 serving primaries scraped",
+            frozen,
+            &no_primary,
+        )
+        .await;
+    for alert in ["MultigresShardPrimaryLost", "MultigresShardPoolDegraded"] {
+        let step = format!("{alert} firing after the primary froze");
+        story.alert(&step, frozen, alert, true).await;
+    }
+    freeze(&client, &namespace, &primary_pod, libc::SIGCONT).await;
+    let thawed = Instant::now();
+    for alert in ["MultigresShardPrimaryLost", "MultigresShardPoolDegraded"] {
+        let step = format!("{alert} resolved after the primary ran again");
+        story.alert(&step, thawed, alert, false).await;
+    }
+    let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
+    let rows = story
+        .within(|| async { gateway.query("SELECT count(*) FROM seen").await })
+        .await;
+    assert_eq!(
+        rows,
+        Ok(vec![vec![Some("20".to_owned())]]),
+        "every acknowledged row after the freeze"
+    );
+
+    // 5. PostgreSQL's own metrics: the shipped PodMonitor, with the test's scrape interval, and
+    // the CA the operator publishes for it. A session on the primary holds a temporary
+    // replication slot (Multigres streams without slots, and the slot panel would stay empty).
+    let (serving, _) = settled_roles(&client, &namespace, &password, 3).await;
+    let session_pod = pool_pods(&client, &namespace)
+        .await
+        .into_iter()
+        .find(|p| p.name_any() == serving)
         .expect("the primary's pod");
     let exporters = Instant::now();
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
@@ -378,7 +416,7 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
         .scrape_pod_monitor(&monitor, &ca, cluster.kubeconfig())
         .await
         .unwrap_or_else(|e| panic!("adding the PodMonitor: {e}"));
-    let session = Endpoint::pod(&primary_pod, &password)
+    let session = Endpoint::pod(&session_pod, &password)
         .expect("the primary's address")
         .connect()
         .await
@@ -457,38 +495,6 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
             false,
         )
         .await;
-
-    // 5. The primary lost: its multipooler frozen, and every multiorch so none fails over.
-    let frozen = Instant::now();
-    freeze(&client, &namespace, &primary_pod, libc::SIGSTOP).await;
-    let no_primary =
-        format!("max(multigres_operator_shard_primaries{{namespace=\"{namespace}\"}}) == 0");
-    story
-        .series(
-            "primary froze -> 0 serving primaries scraped",
-            frozen,
-            &no_primary,
-        )
-        .await;
-    for alert in ["MultigresShardPrimaryLost", "MultigresShardPoolDegraded"] {
-        let step = format!("{alert} firing after the primary froze");
-        story.alert(&step, frozen, alert, true).await;
-    }
-    freeze(&client, &namespace, &primary_pod, libc::SIGCONT).await;
-    let thawed = Instant::now();
-    for alert in ["MultigresShardPrimaryLost", "MultigresShardPoolDegraded"] {
-        let step = format!("{alert} resolved after the primary ran again");
-        story.alert(&step, thawed, alert, false).await;
-    }
-    let gateway = Endpoint::gateway(&client, &namespace, NAME).await.unwrap();
-    let rows = story
-        .within(|| async { gateway.query("SELECT count(*) FROM seen").await })
-        .await;
-    assert_eq!(
-        rows,
-        Ok(vec![vec![Some("20".to_owned())]]),
-        "every acknowledged row after the freeze"
-    );
 
     // 6. The newest backup older than the test's threshold (90 s): backup-stale fires; a
     // schedule's next backup resolves it.

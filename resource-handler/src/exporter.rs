@@ -20,9 +20,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, KeyToPath, PodSpec, Probe,
-    ProjectedVolumeSource, ResourceRequirements, SecretProjection, SecretVolumeSource,
-    TCPSocketAction, Volume, VolumeProjection,
+    ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, HTTPGetAction, KeyToPath,
+    PodSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SecretProjection,
+    SecretVolumeSource, Volume, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -144,17 +144,21 @@ pub fn args(config: &PostgresExporterConfig) -> Vec<String> {
     args
 }
 
-/// A TCP probe of the exporter's port (its HTTP endpoints need TLS and may be slow while
-/// PostgreSQL is).
-fn tcp_probe(period: i32, failures: i32) -> Probe {
+/// An HTTPS probe of the exporter's landing page, which answers without asking PostgreSQL
+/// (the kubelet does not verify the certificate; a bare TCP probe would leave a TLS handshake
+/// error in the exporter's log at every period).
+fn liveness_probe() -> Probe {
     Probe {
-        tcp_socket: Some(TCPSocketAction {
+        http_get: Some(HTTPGetAction {
+            path: Some("/".to_owned()),
             port: IntOrString::Int(POSTGRES_EXPORTER_PORT),
+            scheme: Some("HTTPS".to_owned()),
             ..Default::default()
         }),
-        period_seconds: Some(period),
+        period_seconds: Some(10),
         timeout_seconds: Some(3),
-        failure_threshold: Some(failures),
+        success_threshold: Some(1),
+        failure_threshold: Some(3),
         ..Default::default()
     }
 }
@@ -256,7 +260,7 @@ pub fn add_to_pool_pod(
         resources: Some(settings.resources.clone().unwrap_or_else(default_resources)),
         // No readiness probe: a pool pod's readiness is PostgreSQL's, and the exporter reports
         // an unreachable database as `pg_up 0` rather than going away.
-        liveness_probe: Some(tcp_probe(10, 3)),
+        liveness_probe: Some(liveness_probe()),
         security_context: Some(container_security(identity, true)),
         volume_mounts: Some(mounts),
         ..Default::default()
