@@ -205,6 +205,7 @@ elif [ "${MULTIGRES_E2E_SANDBOX:-}" != 1 ]; then
   mkdir -p "$target/images"
   MULTIGRES_TOOLCHAIN_BIN=$bin_dir bash e2e/images/build.sh >"$target/images/demo-list"
   bash e2e/images/operator.sh | tail -n 1 >>"$target/images/demo-list"
+  bash e2e/images/postgres-exporter.sh | tail -n 1 >>"$target/images/demo-list"
   say "entering the sandbox (private network, mount and PID namespaces)"
   trap - EXIT
   rm -rf "$state"

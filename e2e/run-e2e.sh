@@ -30,6 +30,8 @@ images=${CARGO_TARGET_DIR:-$repo/target}/images/list
 mkdir -p "$(dirname "$images")"
 MULTIGRES_TOOLCHAIN_BIN=$MULTIGRES_TOOLCHAIN_BIN bash e2e/images/build.sh >"$images.tmp"
 MULTIGRES_OPERATOR_PROFILE=dev bash e2e/images/operator.sh | tail -n 1 >>"$images.tmp"
+# postgres_exporter beside PostgreSQL in pool pods (cached per version and script).
+bash e2e/images/postgres-exporter.sh | tail -n 1 >>"$images.tmp"
 # The previous operator version, for the upgrade test (cached per machine and commit).
 bash e2e/images/previous-operator.sh | tail -n 1 >>"$images.tmp"
 mv "$images.tmp" "$images"

@@ -234,6 +234,11 @@ pub static FIELDS: &[Field] = &[
     done(Mgc, "spec.images.postgres", "resolver: the Shard's images"),
     done(
         Mgc,
+        "spec.images.postgresExporter",
+        "resolver: the Shard's images; resource-handler: the pool pods' postgres-exporter",
+    ),
+    done(
+        Mgc,
         "spec.images.multiadminWeb",
         "resource-handler: the multiadmin-web Deployment",
     ),
@@ -284,7 +289,8 @@ pub static FIELDS: &[Field] = &[
     done(
         Mgc,
         "spec.observability",
-        "resource-handler: OTEL_* environment of every Multigres container",
+        "resource-handler: OTEL_* environment of every Multigres container; postgresExporter: \
+         the pool pods' postgres-exporter container and the cluster's PodMonitor",
     ),
     done(Mgc, "spec.internalTLS", INTERNAL_TLS),
     done(

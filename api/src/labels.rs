@@ -134,6 +134,8 @@ pub enum Component {
     PgBackRestTls,
     /// The CA and certificate of the gateways' client TLS, and the published CA.
     GatewayTls,
+    /// The CA and certificate postgres_exporter serves its metrics with.
+    MetricsTls,
     /// A NetworkPolicy of the cluster's pods.
     NetworkPolicy,
 }
@@ -154,6 +156,7 @@ impl Component {
             Component::InternalTls => "internal-tls",
             Component::PgBackRestTls => "pgbackrest-tls",
             Component::GatewayTls => "gateway-tls",
+            Component::MetricsTls => "metrics-tls",
             Component::NetworkPolicy => "network-policy",
         }
     }

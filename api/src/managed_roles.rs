@@ -1,13 +1,13 @@
-//! The PostgreSQL roles a cluster's shards should hold, from its spec: the application role,
-//! the web UI's read-only role and the declared ones. Pure: the resource-handler generates the
+//! The PostgreSQL roles a cluster's shards should hold, from its spec: the web UI's read-only
+//! role, postgres_exporter's monitoring role, the application role and the declared ones. Pure: the resource-handler generates the
 //! Secrets these name, the data-handler keeps the roles in PostgreSQL.
 
 use k8s_openapi::jiff::Timestamp;
 
 use crate::names;
 use crate::v1alpha1::{
-    ApplicationRoleConfig, MultigresClusterSpec, RolePasswordSecret, SUPERUSER_EQUIVALENT_ROLES,
-    WEB_UI_ROLE,
+    ApplicationRoleConfig, MONITOR_ROLE, MultigresClusterSpec, PG_MONITOR, PostgresExporterConfig,
+    RolePasswordSecret, SUPERUSER_EQUIVALENT_ROLES, WEB_UI_ROLE,
 };
 
 /// The tables the web UI reads (`web/multiadmin/lib/db.ts` in Multigres): all its role may
@@ -100,6 +100,11 @@ pub fn generated_application_secret(spec: &MultigresClusterSpec, cluster: &str) 
     }
 }
 
+/// Whether the cluster's pool pods run postgres_exporter, and so its monitoring role exists.
+pub fn monitoring(spec: &MultigresClusterSpec) -> bool {
+    PostgresExporterConfig::enabled(spec.observability.as_ref())
+}
+
 /// The roles of cluster `cluster` with `spec`, the operator's own first.
 pub fn desired(
     spec: &MultigresClusterSpec,
@@ -119,6 +124,20 @@ pub fn desired(
         owns_schema: false,
         reads: WEB_UI_READS.map(str::to_owned).to_vec(),
     }];
+    // Present only while the exporter runs: no unused login role with a credential.
+    roles.push(DesiredRole {
+        name: MONITOR_ROLE.to_owned(),
+        present: monitoring(spec),
+        login: true,
+        connection_limit: -1,
+        valid_until: None,
+        in_roles: vec![PG_MONITOR.to_owned()],
+        password: Some(PasswordSource::generated(names::monitor_role_secret(
+            cluster,
+        ))),
+        owns_schema: false,
+        reads: Vec::new(),
+    });
     let config = spec.application_role.as_ref();
     if let Some(name) = ApplicationRoleConfig::role_name(config) {
         let password = match config.and_then(|c| c.password_secret.as_ref()) {
@@ -201,8 +220,15 @@ mod tests {
     fn by_default_a_cluster_has_the_web_ui_role_and_an_application_role_with_a_generated_secret() {
         let roles = desired(&spec(BASE), "shop").unwrap();
         let names: Vec<&str> = roles.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["multiadmin_web", "app"]);
-        let app = &roles[1];
+        assert_eq!(names, ["multiadmin_web", "multigres_monitor", "app"]);
+        let monitor = &roles[1];
+        assert!(monitor.present && monitor.login && !monitor.owns_schema);
+        assert_eq!(monitor.in_roles, ["pg_monitor"]);
+        assert_eq!(
+            monitor.password.as_ref().map(|p| p.secret.as_str()),
+            Some("shop-monitor-role")
+        );
+        let app = &roles[2];
         assert!(app.owns_schema && app.login && app.present);
         assert_eq!(
             app.password,
@@ -225,14 +251,26 @@ mod tests {
             "{BASE}applicationRole: {{name: shop, passwordSecret: {{name: shop-pw, key: pw}}}}"
         ));
         let roles = desired(&own, "c").unwrap();
-        assert_eq!(roles[1].name, "shop");
-        assert_eq!(roles[1].password.as_ref().unwrap().secret, "shop-pw");
-        assert_eq!(roles[1].password.as_ref().unwrap().key, "pw");
-        assert!(!roles[1].password.as_ref().unwrap().generated);
+        assert_eq!(roles[2].name, "shop");
+        assert_eq!(roles[2].password.as_ref().unwrap().secret, "shop-pw");
+        assert_eq!(roles[2].password.as_ref().unwrap().key, "pw");
+        assert!(!roles[2].password.as_ref().unwrap().generated);
         assert_eq!(generated_application_secret(&own, "c"), None);
         let off = spec(&format!("{BASE}applicationRole: {{enabled: false}}"));
-        assert_eq!(desired(&off, "c").unwrap().len(), 1);
+        assert_eq!(desired(&off, "c").unwrap().len(), 2);
         assert_eq!(generated_application_secret(&off, "c"), None);
+    }
+
+    #[test]
+    fn the_monitoring_role_goes_with_the_exporter() {
+        let off = spec(&format!(
+            "{BASE}observability: {{postgresExporter: {{enabled: false}}}}"
+        ));
+        let roles = desired(&off, "c").unwrap();
+        assert_eq!(roles[1].name, "multigres_monitor");
+        assert!(!roles[1].present);
+        assert!(!monitoring(&off));
+        assert!(monitoring(&spec(BASE)));
     }
 
     #[test]
@@ -243,12 +281,12 @@ mod tests {
              - name: gone\n  ensure: absent\n  login: false\n  connectionLimit: 3\n"
         ));
         let roles = desired(&declared, "c").unwrap();
-        let reporting = &roles[2];
+        let reporting = &roles[3];
         assert_eq!(reporting.in_roles, ["pg_monitor", "pg_read_all_data"]);
         assert_eq!(reporting.valid_until.unwrap().as_second(), 1_798_761_600);
         assert_eq!(reporting.password.as_ref().unwrap().key, "password");
         assert!(reporting.login && reporting.present && reporting.connection_limit == -1);
-        let gone = &roles[3];
+        let gone = &roles[4];
         assert!(!gone.present && !gone.login && gone.connection_limit == 3);
         assert_eq!(gone.password, None);
     }
@@ -267,6 +305,10 @@ mod tests {
             (
                 "roles: [{name: multiadmin_web}]",
                 "spec.roles[multiadmin_web]: the operator keeps",
+            ),
+            (
+                "roles: [{name: multigres_monitor}]",
+                "spec.roles[multigres_monitor]: the operator keeps",
             ),
             ("roles: [{name: pg_x}]", "names starting with pg_"),
             (

@@ -115,6 +115,11 @@ pub fn application_role_secret(cluster: &str) -> String {
     join(&[cluster, "app"], MAX_DNS_LABEL)
 }
 
+/// The Secret with the generated password of postgres_exporter's monitoring role.
+pub fn monitor_role_secret(cluster: &str) -> String {
+    join(&[cluster, "monitor-role"], MAX_DNS_LABEL)
+}
+
 /// The Secret with the generated password of the web UI's read-only role.
 pub fn web_ui_role_secret(cluster: &str) -> String {
     join(&[cluster, "web-ui-role"], MAX_DNS_LABEL)

@@ -54,6 +54,7 @@ pub fn invalid_fields(spec: &MultigresClusterSpec) -> Vec<InvalidNetworkField> {
                 "spec.networkPolicy.adminWebSources",
                 &policy.admin_web_sources,
             ),
+            ("spec.networkPolicy.metricsSources", &policy.metrics_sources),
         ];
         for (path, peers) in lists {
             for (i, peer) in peers.iter().enumerate() {

@@ -325,6 +325,7 @@ mod tests {
                 name: "sampling".into(),
                 key: None,
             }),
+            postgres_exporter: None,
         };
         let t = telemetry(Some(&config), &InheritedEnv::default(), id(Process::Pgctld));
         assert_eq!(

@@ -376,6 +376,7 @@ fn schema_defaults_are_only_the_fixed_ones() {
         let allowed = (path.ends_with(".postgresSuperuser") && value == "postgres")
             || (path.ends_with(".implementation") && value == "etcd")
             || (path.ends_with(".samplingConfigRef.key") && value == "sampling-config.yaml")
+            || (path.ends_with(".customQueries.key") && value == "queries.yaml")
             || (path.ends_with("Template.spec") && *value == serde_json::json!({}));
         assert!(allowed, "unexpected schema default at {path}: {value}");
     }

@@ -201,7 +201,12 @@ async fn the_chart_lints_and_renders_every_option() {
     let docs = render(&ALL_OPTIONS).await;
     assert_eq!(of_kind(&docs, "ServiceMonitor").len(), 1);
     let rule = &of_kind(&docs, "PrometheusRule")[0];
-    let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
+    let rules: Vec<&Value> = rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
     assert_eq!(rules.len(), alerts().len());
     for rule in rules {
         let alert = rule["alert"].as_str().unwrap();
@@ -211,7 +216,12 @@ async fn the_chart_lints_and_renders_every_option() {
         );
     }
     let dashboards = &of_kind(&docs, "ConfigMap")[0]["data"];
-    for file in ["operator.json", "clusters.json", "data-plane.json"] {
+    for file in [
+        "operator.json",
+        "clusters.json",
+        "data-plane.json",
+        "postgresql.json",
+    ] {
         let json: Value = serde_json::from_str(dashboards[file].as_str().unwrap()).unwrap();
         assert!(json["uid"].is_string(), "{file}");
     }
@@ -439,23 +449,55 @@ fn documented_metrics() -> Vec<DocumentedMetric> {
 
 /// Metric names a PromQL expression uses, histogram series mapped to their family.
 fn metric_names(expr: &str) -> BTreeSet<String> {
+    names_with_prefix(expr, "multigres_operator_")
+        .into_iter()
+        .map(|name| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .filter(|family| family.ends_with("_seconds"))
+                .map_or_else(|| name.clone(), str::to_owned)
+        })
+        .collect()
+}
+
+/// The identifiers of `expr` that start with `prefix` (not in the middle of another name).
+fn names_with_prefix(expr: &str, prefix: &str) -> BTreeSet<String> {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut names = BTreeSet::new();
-    let mut rest = expr;
-    while let Some(start) = rest.find("multigres_operator_") {
-        let tail = &rest[start..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        let name = &tail[..end];
-        let family = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|suffix| name.strip_suffix(suffix))
-            .filter(|family| family.ends_with("_seconds"))
-            .unwrap_or(name);
-        names.insert(family.to_owned());
-        rest = &tail[end..];
+    let mut at = 0;
+    while let Some(found) = expr[at..].find(prefix) {
+        let start = at + found;
+        let tail = &expr[start..];
+        let end = tail.find(|c: char| !is_name(c)).unwrap_or(tail.len());
+        if !expr[..start].ends_with(is_name) {
+            names.insert(tail[..end].to_owned());
+        }
+        at = start + end.max(1);
     }
     names
+}
+
+/// postgres_exporter's metric names an expression uses (PostgreSQL's own statistics).
+fn exporter_metric_names(expr: &str) -> BTreeSet<String> {
+    names_with_prefix(expr, "pg_")
+}
+
+/// postgres_exporter's metrics the dashboards and alerts may use: the rows of the table in
+/// docs/images-and-observability.md (whether they arrive is checked against a live Prometheus
+/// in observability.rs).
+fn documented_exporter_metrics() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(repo_path("docs/images-and-observability.md")).unwrap();
+    let rows: BTreeSet<String> = text
+        .lines()
+        .filter(|line| line.starts_with("| `pg_"))
+        .filter_map(|line| line.split('`').nth(1).map(str::to_owned))
+        .collect();
+    assert!(
+        rows.len() >= 10,
+        "exporter metrics table not found: {rows:?}"
+    );
+    rows
 }
 
 /// (alert name, expression) of files/alerts.yaml.
@@ -479,6 +521,7 @@ fn alerts() -> Vec<(String, String)> {
 #[test]
 fn every_alert_has_a_runbook_and_uses_documented_metrics() {
     let documented: BTreeSet<String> = documented_metrics().into_iter().map(|m| m.name).collect();
+    let exporter = documented_exporter_metrics();
     let index = std::fs::read_to_string(repo_path("docs/runbooks/README.md")).unwrap();
     let alerts = alerts();
     assert!(alerts.len() >= 7, "{alerts:?}");
@@ -495,11 +538,21 @@ fn every_alert_has_a_runbook_and_uses_documented_metrics() {
             "{alert} not indexed"
         );
         let used = metric_names(expr);
-        assert!(!used.is_empty(), "{alert}: {expr}");
+        let from_exporter = exporter_metric_names(expr);
+        assert!(
+            !used.is_empty() || !from_exporter.is_empty(),
+            "{alert}: {expr}"
+        );
         for name in used {
             assert!(
                 documented.contains(&name),
                 "{alert} uses undocumented {name}"
+            );
+        }
+        for name in from_exporter {
+            assert!(
+                exporter.contains(&name),
+                "{alert} uses {name}, not in the exporter metrics of docs/images-and-observability.md"
             );
         }
     }
@@ -601,8 +654,14 @@ fn every_alert_has_a_firing_and_a_quiet_unit_test() {
 #[test]
 fn dashboards_use_only_documented_metrics() {
     let documented: BTreeSet<String> = documented_metrics().into_iter().map(|m| m.name).collect();
+    let exporter = documented_exporter_metrics();
     let mut uids = BTreeSet::new();
-    for file in ["operator.json", "clusters.json", "data-plane.json"] {
+    for file in [
+        "operator.json",
+        "clusters.json",
+        "data-plane.json",
+        "postgresql.json",
+    ] {
         let path = repo_path(&format!("deploy/dashboards/{file}"));
         let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
             .unwrap_or_else(|e| panic!("{file}: {e}"));
@@ -613,12 +672,19 @@ fn dashboards_use_only_documented_metrics() {
                 let expr = target["expr"].as_str().unwrap();
                 exprs += 1;
                 let used = metric_names(expr);
+                let from_exporter = exporter_metric_names(expr);
                 // The data plane's own series (OTLP from the Multigres processes) are checked
                 // against a live Prometheus in observability.rs.
                 assert!(
-                    !used.is_empty() || file == "data-plane.json",
+                    !used.is_empty() || !from_exporter.is_empty() || file == "data-plane.json",
                     "{file}: {expr}"
                 );
+                for name in from_exporter {
+                    assert!(
+                        exporter.contains(&name),
+                        "{file} uses {name}, not in docs/images-and-observability.md"
+                    );
+                }
                 for name in used {
                     assert!(
                         documented.contains(&name),

@@ -552,7 +552,7 @@ async fn applications_connect_as_themselves(client: &Client, namespace: &str, ga
     })
     .await;
     for pod in pool_pods(client, namespace).await {
-        for container in ["multipooler", "postgres"] {
+        for container in ["multipooler", "postgres", "postgres-exporter"] {
             let logs = Api::<Pod>::namespaced(client.clone(), namespace)
                 .logs(
                     &pod.name_any(),
@@ -612,7 +612,7 @@ async fn strangers_are_refused(
         }
     };
     // (what, component, port, a stranger reaches it, the cluster's own pod reaches it)
-    let rows: [(&str, &str, u16, Reach, Reach); 10] = [
+    let rows: [(&str, &str, u16, Reach, Reach); 11] = [
         (
             "etcd client",
             "global-topo",
@@ -653,6 +653,15 @@ async fn strangers_are_refused(
             "shard-pool",
             5432,
             Reach::Filtered,
+            Reach::Open,
+        ),
+        // A metrics port: open to every pod while `metricsSources` lists none (TLS, read-only
+        // statistics).
+        (
+            "postgres_exporter",
+            "shard-pool",
+            9187,
+            Reach::Open,
             Reach::Open,
         ),
         // No policy admits it, not even to the cluster's own pods: pgctld listens on loopback

@@ -6,8 +6,11 @@
 //! series arrive; every panel query of every shipped dashboard returns series at some point of
 //! the story; the primary-lost and pool-degraded alerts fire while the primary's multipooler
 //! and the shard's multiorch are frozen (SIGSTOP: no answer, no failover) and resolve once they
-//! run again; the backup-stale alert fires once the bootstrap backup is older than the test's
-//! threshold and resolves after a scheduled backup.
+//! run again; the postgres_exporter of every pool pod is scraped over TLS (verified with the CA
+//! the operator publishes) as the shipped PodMonitor says, PostgreSQL's own series and a user's
+//! query arrive, and a transaction held open on the primary fires the long-transaction alert,
+//! which resolves once it commits; the backup-stale alert fires once the bootstrap backup is
+//! older than the test's threshold and resolves after a scheduled backup.
 //!
 //! One cluster, one story; each step's failure is collected and the story goes on, so one
 //! broken panel or alert does not hide the others.
@@ -15,14 +18,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::labels;
 use multigres_api::v1alpha1::MultigresCluster;
 use multigres_e2e::harness::{fresh_namespace, repo_path};
 use multigres_e2e::prometheus::{self, Prometheus};
-use multigres_e2e::real::{Endpoint, OPERATOR_NAMESPACE, operator_installed};
+use multigres_e2e::real::{Endpoint, OPERATOR_NAMESPACE, operator_installed, run};
 use multigres_e2e::sample::{NAME, apply_sample, pool_pods, settled_roles, wait_serving};
 use serde_json::{Value, json};
 
@@ -30,7 +33,27 @@ use serde_json::{Value, json};
 /// data-plane export every 5 s, the shortened `for` windows, and a 2-core machine.
 const SEEN_WITHIN: Duration = Duration::from_secs(180);
 /// The dashboards the chart ships (deploy/dashboards/).
-const DASHBOARDS: &[&str] = &["operator.json", "clusters.json", "data-plane.json"];
+const DASHBOARDS: &[&str] = &[
+    "operator.json",
+    "clusters.json",
+    "data-plane.json",
+    "postgresql.json",
+];
+/// A user-defined exporter query (postgres_exporter's queries format), as
+/// docs/images-and-observability.md shows it.
+const CUSTOM_QUERIES: &str = "\
+pg_database_age:
+  query: SELECT datname, age(datfrozenxid) AS xid_age FROM pg_database
+  metrics:
+    - datname:
+        usage: LABEL
+        description: Database
+    - xid_age:
+        usage: GAUGE
+        description: Age of the oldest unfrozen transaction ID
+";
+/// The PodMonitor users apply for a cluster's exporters (CLUSTER and NAMESPACE replaced).
+const POD_MONITOR: &str = "deploy/monitoring/postgres-exporter-podmonitor.yaml";
 
 /// Every panel query of the shipped dashboards, as (dashboard/panel, expression) with the
 /// template variables a user would pick: this namespace and cluster, every handler, a 1-minute
@@ -218,12 +241,23 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
     let client = cluster.client().unwrap();
     let namespace = fresh_namespace(cluster, "observability").await;
     let endpoint = prometheus.otlp_endpoint();
+    // A user's query for the exporters, beside their default collectors.
+    let queries: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "postgres-queries"},
+        "data": {"custom.yaml": CUSTOM_QUERIES},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+        .create(&Default::default(), &queries)
+        .await
+        .expect("the queries ConfigMap");
     let sent = apply_sample(&client, &namespace, |doc| {
         doc["spec"]["observability"] = json!({
             "otlpEndpoint": endpoint,
             "otlpProtocol": "http/protobuf",
             "metricsExporter": "otlp",
             "metricExportInterval": "5000",
+            "postgresExporter": {"customQueries": {"name": "postgres-queries", "key": "custom.yaml"}},
         });
     })
     .await;
@@ -351,7 +385,118 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
         "every acknowledged row after the freeze"
     );
 
-    // 5. The newest backup older than the test's threshold (90 s): backup-stale fires; a
+    // 5. PostgreSQL's own metrics: the shipped PodMonitor, with the test's scrape interval, and
+    // the CA the operator publishes for it. A session on the primary holds a temporary
+    // replication slot (Multigres streams without slots, and the slot panel would stay empty).
+    let (serving, _) = settled_roles(&client, &namespace, &password, 3).await;
+    let session_pod = pool_pods(&client, &namespace)
+        .await
+        .into_iter()
+        .find(|p| p.name_any() == serving)
+        .expect("the primary's pod");
+    let exporters = Instant::now();
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let published = format!("{NAME}-postgres-exporter");
+    let ca = story
+        .within(|| async {
+            let map = maps.get_opt(&published).await.map_err(|e| e.to_string())?;
+            map.and_then(|m| m.data?.get("ca.crt").cloned())
+                .ok_or_else(|| format!("no ca.crt in ConfigMap {published}"))
+        })
+        .await
+        .expect("the exporters' CA is published");
+    let text = std::fs::read_to_string(repo_path(POD_MONITOR))
+        .unwrap()
+        .replace("CLUSTER", NAME)
+        .replace("NAMESPACE", &namespace);
+    let mut monitor: Value = serde_yaml::from_str(&text).unwrap();
+    monitor["spec"]["podMetricsEndpoints"][0]["interval"] = json!(prometheus::INTERVAL);
+    monitor["spec"]["podMetricsEndpoints"][0]["scrapeTimeout"] = json!("4s");
+    prometheus
+        .scrape_pod_monitor(&monitor, &ca, cluster.kubeconfig())
+        .await
+        .unwrap_or_else(|e| panic!("adding the PodMonitor: {e}"));
+    let session = Endpoint::pod(&session_pod, &password)
+        .expect("the primary's address")
+        .connect()
+        .await
+        .expect("a session on the primary");
+    run(
+        &session,
+        "SELECT pg_create_physical_replication_slot('observability', true, true)",
+    )
+    .await
+    .expect("a temporary slot");
+    let job = format!("{namespace}/{NAME}-postgres-exporter");
+    let pods = pool_pods(&client, &namespace).await.len();
+    let up = story
+        .within(|| async {
+            let targets = prometheus.targets().await?;
+            let ours: Vec<&Value> = targets
+                .iter()
+                .filter(|t| t["labels"]["job"] == *job)
+                .collect();
+            let healthy = ours.iter().filter(|t| t["health"] == "up").count();
+            let connected = prometheus
+                .query(&format!("pg_up{{job=\"{job}\"}} == 1"))
+                .await?
+                .len();
+            if healthy == pods && connected == pods {
+                Ok(())
+            } else {
+                let seen: Vec<String> = ours
+                    .iter()
+                    .map(|t| format!("{} {} {}", t["labels"]["pod"], t["health"], t["lastError"]))
+                    .collect();
+                Err(format!(
+                    "{healthy} of {pods} exporters scraped, {connected} connected: {seen:?}"
+                ))
+            }
+        })
+        .await;
+    story.record(
+        "every pool pod's exporter scraped over TLS and connected",
+        exporters,
+        up,
+    );
+    for series in [
+        "pg_settings_max_connections",
+        "pg_stat_database_numbackends",
+        "pg_stat_replication_pg_wal_lsn_diff",
+        "pg_wal_size_bytes",
+        "pg_database_size_bytes",
+        "pg_long_running_transactions_oldest_timestamp_seconds",
+        "pg_replication_slots_pg_wal_lsn_diff",
+        "pg_database_age_xid_age",
+    ] {
+        let expr = format!("{series}{{job=\"{job}\", multigres_cluster=\"{NAME}\"}}");
+        story
+            .series(&format!("{series} from the exporters"), exporters, &expr)
+            .await;
+    }
+    run(&session, "BEGIN; SELECT txid_current()")
+        .await
+        .expect("a transaction left open");
+    let opened = Instant::now();
+    story
+        .alert(
+            "MultigresPostgresLongTransaction firing while a transaction stays open",
+            opened,
+            "MultigresPostgresLongTransaction",
+            true,
+        )
+        .await;
+    run(&session, "COMMIT").await.expect("the commit");
+    story
+        .alert(
+            "MultigresPostgresLongTransaction resolved after the commit",
+            Instant::now(),
+            "MultigresPostgresLongTransaction",
+            false,
+        )
+        .await;
+
+    // 6. The newest backup older than the test's threshold (90 s): backup-stale fires; a
     // schedule's next backup resolves it.
     story
         .alert(
@@ -377,8 +522,10 @@ async fn a_real_prometheus_scrapes_every_handler_draws_every_panel_and_sees_aler
         )
         .await;
 
-    // 6. Every panel of every dashboard has drawn something by now.
+    // 7. Every panel of every dashboard has drawn something by now. The slot goes with the
+    // primary's session.
     story.sample_panels().await;
+    drop(session);
     if !story.pending_panels.is_empty() {
         let empty: Vec<String> = story
             .pending_panels

@@ -36,6 +36,8 @@ pub const PGCTLD_GRPC: i32 = 15470;
 pub const LOOPBACK: &str = "127.0.0.1";
 /// PostgreSQL, in the pool pods and on the gateway.
 pub const POSTGRES_PORT: i32 = 5432;
+/// postgres_exporter's metrics port in pool pods (its default, as upstream's sidecar uses).
+pub const POSTGRES_EXPORTER_PORT: i32 = 9187;
 /// multigateway's second PostgreSQL listener (`--pg-replica-port`): connections there are
 /// routed to replicas, for reads that may lag the primary. Served by the
 /// `<cluster>-multigateway-replica` Service, as the upstream operator does.

@@ -13,6 +13,7 @@ pub mod contract;
 pub mod controller;
 pub mod cordon;
 pub mod env;
+pub mod exporter;
 pub mod gauges;
 pub mod multiadmin;
 pub mod names;

@@ -11,9 +11,10 @@
 //!   pgBackRest of the pool pods, multiorch, multiadmin, the gateways' HTTP and gRPC) admit the
 //!   cluster's own pods and the operator's namespace (the data-handler dials etcd and the
 //!   multipoolers);
-//! - etcd's metrics port (2381: `/metrics`, `/livez`, `/readyz`) admits every pod of the
-//!   Kubernetes cluster, so a Prometheus in any namespace can scrape it; the Multigres
-//!   processes push their metrics over OTLP and serve none;
+//! - the metrics ports, etcd's (2381: `/metrics`, `/livez`, `/readyz`) and postgres_exporter's
+//!   on the pool pods (9187, TLS, read-only statistics), admit `metricsSources`, or every pod
+//!   of the Kubernetes cluster, so a Prometheus in any namespace can scrape them; the
+//!   Multigres processes push their metrics over OTLP and serve none;
 //! - the gateways' PostgreSQL ports (5432, 5433) admit `gatewaySources`, or every source;
 //! - multiadmin-web (18100) admits the cluster's pods, the operator's namespace and
 //!   `adminWebSources`, or every source while `externalAdminWeb` is enabled and no sources
@@ -38,7 +39,7 @@ use multigres_api::v1alpha1::{MultigresCluster, NetworkPolicyConfig};
 use crate::contract::{
     ETCD_CLIENT, ETCD_METRICS, ETCD_PEER, MULTIADMIN_GRPC, MULTIADMIN_HTTP, MULTIGATEWAY_GRPC,
     MULTIGATEWAY_HTTP, MULTIORCH_GRPC, MULTIORCH_HTTP, MULTIPOOLER_GRPC, MULTIPOOLER_HTTP,
-    PGBACKREST_PORT, PGCTLD_HTTP, POSTGRES_PORT, POSTGRES_REPLICA_PORT,
+    PGBACKREST_PORT, PGCTLD_HTTP, POSTGRES_EXPORTER_PORT, POSTGRES_PORT, POSTGRES_REPLICA_PORT,
 };
 use crate::controller::{Ctx, owned};
 use crate::multiadmin::web::MULTIADMIN_WEB_HTTP;
@@ -89,6 +90,11 @@ pub fn build(
     let web_sources = config
         .map(|c| c.admin_web_sources.clone())
         .unwrap_or_default();
+    let metrics_sources = config
+        .map(|c| c.metrics_sources.clone())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| vec![anywhere_in_cluster()]);
+    let from_scrapers = |ports: &[i32]| rule(Some(metrics_sources.clone()), ports);
     let web_from = if !web_sources.is_empty() {
         Some(internal.iter().cloned().chain(web_sources).collect())
     } else if crate::multiadmin::external::Exposed::AdminWeb
@@ -121,13 +127,16 @@ pub fn build(
             topo,
             vec![
                 from_internal(&[ETCD_CLIENT, ETCD_PEER]),
-                rule(Some(vec![anywhere_in_cluster()]), &[ETCD_METRICS]),
+                from_scrapers(&[ETCD_METRICS]),
             ],
         ),
         (
             "pool",
             of(Component::Pool),
-            vec![from_internal(&POOL_PORTS)],
+            vec![
+                from_internal(&POOL_PORTS),
+                from_scrapers(&[POSTGRES_EXPORTER_PORT]),
+            ],
         ),
         (
             "multiorch",

@@ -5,6 +5,9 @@
 //! - `<cluster>-web-ui-role`, always: keys `username` ([`WEB_UI_ROLE`], `multiadmin_web`) and
 //!   `password`. multiadmin-web logs in with it ([`crate::multiadmin::web`]), so the UI holds
 //!   no superuser password;
+//! - `<cluster>-monitor-role`, while pool pods run postgres_exporter: keys `username`
+//!   ([`MONITOR_ROLE`], `multigres_monitor`, a member of `pg_monitor`) and `password`. Pool
+//!   pods mount it and the exporter reads the password from the file;
 //! - `<cluster>-app`, while the application role is on and `spec.applicationRole` names no
 //!   `passwordSecret`: keys `username`, `password`, `dbname` (`postgres`), `host` (the
 //!   cluster-wide gateway Service, `<cluster>-multigateway.<namespace>.svc`), `port` (its
@@ -39,7 +42,7 @@ use kube::runtime::events::EventType;
 use multigres_api::labels::{self, COMPONENT, Component, Placement};
 use multigres_api::managed_roles::{self, PASSWORD_KEY};
 use multigres_api::v1alpha1::{
-    ApplicationRoleConfig, GatewayTlsConfig, MultigresClusterSpec, WEB_UI_ROLE,
+    ApplicationRoleConfig, GatewayTlsConfig, MONITOR_ROLE, MultigresClusterSpec, WEB_UI_ROLE,
 };
 use rand::TryRngCore;
 use rand::rand_core::OsError;
@@ -93,13 +96,21 @@ pub struct Wanted {
 }
 
 /// The generated role Secrets cluster `cluster` in `namespace` with `spec` wants: the web UI
-/// role's, then the application role's when the operator generates its password.
+/// role's, the monitoring role's while the exporter runs, then the application role's when the
+/// operator generates its password.
 pub fn wanted(spec: &MultigresClusterSpec, cluster: &str, namespace: &str) -> Vec<Wanted> {
     let mut out = vec![Wanted {
         name: multigres_api::names::web_ui_role_secret(cluster),
         username: WEB_UI_ROLE.to_owned(),
         connection: None,
     }];
+    if managed_roles::monitoring(spec) {
+        out.push(Wanted {
+            name: multigres_api::names::monitor_role_secret(cluster),
+            username: MONITOR_ROLE.to_owned(),
+            connection: None,
+        });
+    }
     let application = ApplicationRoleConfig::role_name(spec.application_role.as_ref());
     let secret = managed_roles::generated_application_secret(spec, cluster);
     if let (Some(username), Some(name)) = (application, secret) {
@@ -328,7 +339,9 @@ where
 
 #[cfg(test)]
 mod tests {
-    use multigres_api::v1alpha1::{MultigresCluster, RolePasswordSecret};
+    use multigres_api::v1alpha1::{
+        MultigresCluster, ObservabilityConfig, PostgresExporterConfig, RolePasswordSecret,
+    };
 
     use super::*;
 
@@ -364,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn a_default_cluster_wants_the_web_ui_and_application_secrets() {
+    fn a_default_cluster_wants_the_web_ui_monitoring_and_application_secrets() {
         let c = cluster();
         let wanted = wanted(&c.spec, "prod", "db");
         assert_eq!(
@@ -373,6 +386,11 @@ mod tests {
                 Wanted {
                     name: "prod-web-ui-role".into(),
                     username: "multiadmin_web".into(),
+                    connection: None,
+                },
+                Wanted {
+                    name: "prod-monitor-role".into(),
+                    username: "multigres_monitor".into(),
                     connection: None,
                 },
                 Wanted {
@@ -405,12 +423,29 @@ mod tests {
                 .map(|w| w.name)
                 .collect()
         };
-        assert_eq!(names(&c), ["prod-web-ui-role"]);
+        assert_eq!(names(&c), ["prod-web-ui-role", "prod-monitor-role"]);
         c.spec.application_role = Some(ApplicationRoleConfig {
             enabled: Some(false),
             ..Default::default()
         });
-        assert_eq!(names(&c), ["prod-web-ui-role"]);
+        assert_eq!(names(&c), ["prod-web-ui-role", "prod-monitor-role"]);
+    }
+
+    #[test]
+    fn no_monitoring_secret_without_the_exporter() {
+        let mut c = cluster();
+        c.spec.observability = Some(ObservabilityConfig {
+            postgres_exporter: Some(PostgresExporterConfig {
+                enabled: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let names: Vec<String> = wanted(&c.spec, "prod", "db")
+            .into_iter()
+            .map(|w| w.name)
+            .collect();
+        assert_eq!(names, ["prod-web-ui-role", "prod-app"]);
     }
 
     #[test]

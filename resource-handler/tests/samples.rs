@@ -880,6 +880,7 @@ fn check_images_and_admin(e: &Expected, built: &Built) {
         "postgres" => defaults::POSTGRES_IMAGE,
         "etcd" => defaults::ETCD_IMAGE,
         "multiadmin-web" => defaults::MULTIADMIN_WEB_IMAGE,
+        "postgres-exporter" => defaults::POSTGRES_EXPORTER_IMAGE,
         other => panic!("{}: unexpected container {other}", e.file),
     };
     let templates = built

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 /// checks, replication and consensus calls.
 pub const POOLER_ADMIN_CONNECTIONS: u64 = 5;
 /// Connections kept out of multipooler's pools for everything else that logs in: pgBackRest,
-/// pg_rewind, the operator's checks and a person with psql on the pod.
+/// pg_rewind, postgres_exporter (at most two during a scrape), the operator's checks and a
+/// person with psql on the pod.
 pub const OUTSIDE_POOLER_CONNECTIONS: u64 = 5;
 /// PostgreSQL's default `superuser_reserved_connections`.
 const SUPERUSER_RESERVED_DEFAULT: u64 = 3;

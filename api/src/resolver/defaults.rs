@@ -11,6 +11,11 @@ use crate::v1alpha1::PvcRetentionPolicyType;
 pub const POSTGRES_IMAGE: &str = "ghcr.io/multigres/pgctld:sha-66d2310";
 pub const MULTIGRES_IMAGE: &str = "ghcr.io/multigres/multigres:sha-66d2310";
 pub const MULTIADMIN_WEB_IMAGE: &str = "ghcr.io/multigres/multiadmin-web:sha-64da1ab";
+/// postgres_exporter beside PostgreSQL in every pool pod (e2e/images/postgres-exporter.sh tags
+/// its local build with this reference).
+pub const POSTGRES_EXPORTER_IMAGE: &str = "quay.io/prometheuscommunity/postgres-exporter:v0.17.1";
+/// Key of the custom queries file in its ConfigMap (the CRD schema default).
+pub const EXPORTER_QUERIES_KEY: &str = "queries.yaml";
 pub const ETCD_IMAGE: &str = "gcr.io/etcd-development/etcd:v3.6.7";
 
 pub const ETCD_REPLICAS: i32 = 3;

@@ -175,6 +175,7 @@ pub struct ResolvedImages {
     pub multiadmin: ImageRef,
     pub multiadmin_web: ImageRef,
     pub postgres: ImageRef,
+    pub postgres_exporter: ImageRef,
 }
 
 /// A cell: the spec of its Cell child, and of its local TopoServer when the operator runs one.
@@ -759,6 +760,7 @@ fn resolve_table_group(
             multiorch: images.multiorch.clone(),
             multipooler: images.multipooler.clone(),
             postgres: images.postgres.clone(),
+            postgres_exporter: Some(images.postgres_exporter.clone()),
         },
         global_topo_server: inherited.topo_ref.clone(),
         shards,
@@ -835,6 +837,7 @@ fn resolve_images(cluster: &MultigresCluster) -> ResolvedImages {
         multiadmin: or(i.multiadmin, defaults::MULTIGRES_IMAGE),
         multiadmin_web: or(i.multiadmin_web, defaults::MULTIADMIN_WEB_IMAGE),
         postgres: or(i.postgres, defaults::POSTGRES_IMAGE),
+        postgres_exporter: or(i.postgres_exporter, defaults::POSTGRES_EXPORTER_IMAGE),
     }
 }
 
@@ -847,6 +850,15 @@ fn resolve_observability(config: Option<&ObservabilityConfig>) -> Option<Observa
         sampling
             .key
             .get_or_insert_with(|| defaults::SAMPLING_CONFIG_KEY.to_string());
+    }
+    if let Some(queries) = config
+        .postgres_exporter
+        .as_mut()
+        .and_then(|e| e.custom_queries.as_mut())
+    {
+        queries
+            .key
+            .get_or_insert_with(|| defaults::EXPORTER_QUERIES_KEY.to_string());
     }
     Some(config)
 }

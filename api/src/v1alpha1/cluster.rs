@@ -253,6 +253,12 @@ pub struct ClusterImages {
     /// Image of pgctld with PostgreSQL and pgBackRest. Default: the operator's pgctld image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres: Option<ImageRef>,
+
+    /// Image of postgres_exporter, run beside PostgreSQL in every pool pod. Default:
+    /// `quay.io/prometheuscommunity/postgres-exporter:v0.17.1`. Not part of the operator's
+    /// default image set (`status.images`): a changed default reaches pools with the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_exporter: Option<ImageRef>,
 }
 
 /// How a cluster adopts a new operator-default image set.
@@ -675,6 +681,13 @@ pub struct NetworkPolicyConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "embedded_list_of_at_most::<NetworkPolicyPeer, MAX_NETWORK_SOURCES>")]
     pub admin_web_sources: Vec<NetworkPolicyPeer>,
+
+    /// Sources that may scrape the metrics ports (postgres_exporter's 9187 on pool pods, the
+    /// managed etcd's 2381), at most 20: name your Prometheus here. Unset or empty: every pod
+    /// of the Kubernetes cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "embedded_list_of_at_most::<NetworkPolicyPeer, MAX_NETWORK_SOURCES>")]
+    pub metrics_sources: Vec<NetworkPolicyPeer>,
 }
 
 impl NetworkPolicyConfig {

@@ -680,6 +680,11 @@ pub struct ShardImages {
 
     /// Image of pgctld with PostgreSQL and pgBackRest.
     pub postgres: ImageRef,
+
+    /// Image of postgres_exporter (unset in a Shard written by an older operator: the
+    /// operator's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_exporter: Option<ImageRef>,
 }
 
 /// OTLP transport protocol.
@@ -784,6 +789,62 @@ pub struct ObservabilityConfig {
     /// `multigres_custom`; mounted at `/etc/otel/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling_config_ref: Option<SamplingConfigRef>,
+
+    /// PostgreSQL's own metrics: postgres_exporter beside PostgreSQL in every pool pod, on
+    /// port 9187 (`pg-metrics`, TLS), scraped through the cluster's PodMonitor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_exporter: Option<PostgresExporterConfig>,
+}
+
+/// postgres_exporter of the pool pods.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresExporterConfig {
+    /// Whether pool pods run the exporter. Default `true`; `false` removes the container (a
+    /// change rolls the pool pods in order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
+    /// ConfigMap key holding user-defined queries in postgres_exporter's queries.yaml format,
+    /// run besides the default collectors. Read at every scrape: an edit applies without a
+    /// restart. A missing ConfigMap or key never stops PostgreSQL: the exporter then reports
+    /// `pg_exporter_user_queries_load_error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_queries: Option<CustomQueriesRef>,
+
+    /// Resources of the exporter container. Default: requests 10m CPU and 32Mi memory, limit
+    /// 128Mi memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "embedded::<ResourceRequirements>")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl PostgresExporterConfig {
+    /// Whether the exporter runs under `config` (on unless turned off).
+    pub fn enabled(config: Option<&ObservabilityConfig>) -> bool {
+        config
+            .and_then(|c| c.postgres_exporter.as_ref())
+            .and_then(|e| e.enabled)
+            .unwrap_or(true)
+    }
+}
+
+/// Reference to a ConfigMap key holding postgres_exporter queries.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CustomQueriesRef {
+    /// Name of the ConfigMap, in the cluster's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+
+    /// Key of the queries file inside the ConfigMap. Default `queries.yaml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        extend("default" = "queries.yaml"),
+        length(min = 1, max = 253),
+        regex(pattern = "^[-._a-zA-Z0-9]+$")
+    )]
+    pub key: Option<String>,
 }
 
 /// Reference to a ConfigMap holding a trace sampling configuration file.

@@ -16,6 +16,13 @@ pub const ROLE_NAME_PATTERN: &str = "^[a-z_][a-z0-9_]{0,62}$";
 /// role may take its name.
 pub const WEB_UI_ROLE: &str = "multiadmin_web";
 
+/// The role postgres_exporter logs in as: a member of `pg_monitor` (reads every statistics
+/// view and setting, no data); the operator keeps it, so no declared role may take its name.
+pub const MONITOR_ROLE: &str = "multigres_monitor";
+
+/// The predefined role whose members read PostgreSQL's statistics.
+pub const PG_MONITOR: &str = "pg_monitor";
+
 /// The application role's name when `applicationRole.name` is unset.
 pub const DEFAULT_APPLICATION_ROLE: &str = "app";
 

@@ -254,6 +254,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let internal_tls = cluster.spec.internal_tls.as_ref();
     crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;
     crate::tls::reconcile_gateway(ctx, guard, &owner, &resolved, &cluster.spec).await?;
+    crate::exporter::reconcile(ctx, guard, &owner, &cluster.spec).await?;
     // Before the Deployments: multiadmin-web reads its password from one of them.
     crate::role_secrets::reconcile(ctx, guard, &owner, &cluster.spec).await?;
     if !paused {

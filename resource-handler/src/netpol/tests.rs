@@ -118,7 +118,10 @@ fn by_default_internal_ports_admit_the_cluster_and_the_operator_and_the_gateway_
         ),
         (
             "prod-pool-ingress",
-            vec![(vec![15200, 15270, 15400, 5432, 8432], internal())],
+            vec![
+                (vec![15200, 15270, 15400, 5432, 8432], internal()),
+                (vec![9187], Some(vec!["every namespace".into()])),
+            ],
         ),
         (
             "prod-multiorch-ingress",
@@ -218,6 +221,24 @@ fn listed_sources_replace_everyone_on_the_gateway_and_join_the_web_ui() {
     assert_eq!(
         rules(named(&policies, "prod-multiadmin-web-ingress")),
         [(vec![18100], Some(web))]
+    );
+}
+
+#[test]
+fn listed_metrics_sources_alone_reach_the_metrics_ports() {
+    let c = cluster(
+        "networkPolicy: {metricsSources: [{namespaceSelector: \
+         {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]}",
+    );
+    let policies = built(&c);
+    let only_monitoring = Some(vec!["ns monitoring".to_owned()]);
+    assert_eq!(
+        rules(named(&policies, "prod-pool-ingress"))[1],
+        (vec![9187], only_monitoring.clone())
+    );
+    assert_eq!(
+        rules(named(&policies, "prod-topo-ingress"))[1],
+        (vec![2381], only_monitoring)
     );
 }
 

@@ -769,8 +769,9 @@ fn pool_objects(
 }
 
 /// The pod of a pool whose headless Service is `service`, in `cell`: pgctld (a native
-/// sidecar) and multipooler sharing the pool volumes, on a node of its own among the shard's
-/// pool pods unless the pool gives an affinity.
+/// sidecar) and multipooler sharing the pool volumes, and postgres_exporter (see
+/// [`crate::exporter`]), on a node of its own among the shard's pool pods unless the pool
+/// gives an affinity.
 fn pool_pod(
     owner: &Owner,
     spec: &ShardSpec,
@@ -816,6 +817,18 @@ fn pool_pod(
         owner,
         spec.internal_tls.as_ref(),
         &spec.global_topo_server,
+    );
+    let exporter_image = spec.images.postgres_exporter.as_ref().map_or(
+        defaults::POSTGRES_EXPORTER_IMAGE,
+        multigres_api::v1alpha1::ImageRef::as_str,
+    );
+    crate::exporter::add_to_pool_pod(
+        &mut pod,
+        &owner.cluster,
+        spec.observability.as_ref(),
+        exporter_image,
+        pull.policy(),
+        pg_identity,
     );
     pod
 }

@@ -842,6 +842,15 @@ fn user_text_reaches_args_and_env_with_every_dollar_doubled() {
   - POSTGRES_PASSWORD_FILE=/etc/postgres-password/password
   - AWS_REGION=eu-$$(AWS_SECRET_ACCESS_KEY)
   name: multipooler
+- args:
+  - --web.listen-address=:9187
+  - --web.config.file=/etc/postgres-exporter/tls/web-config.yaml
+  - --collector.long_running_transactions
+  env:
+  - DATA_SOURCE_URI=localhost:5432/postgres?host=/var/lib/pooler/pg_sockets&sslmode=disable
+  - DATA_SOURCE_USER=multigres_monitor
+  - DATA_SOURCE_PASS_FILE=/etc/postgres-exporter/password/password
+  name: postgres-exporter
 "
     );
     assert_eq!(args_and_env(pod(pool(&o, "zone-a"))), expected);
