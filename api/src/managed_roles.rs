@@ -216,9 +216,13 @@ mod tests {
 
     const BASE: &str = "postgresPasswordSecretRef: {name: pw, key: password}\n";
 
+    /// [`BASE`] as the webhook defaults a new cluster: with the exporter.
+    const CREATED: &str = "postgresPasswordSecretRef: {name: pw, key: password}\n\
+                           observability: {postgresExporter: {enabled: true}}\n";
+
     #[test]
     fn by_default_a_cluster_has_the_web_ui_role_and_an_application_role_with_a_generated_secret() {
-        let roles = desired(&spec(BASE), "shop").unwrap();
+        let roles = desired(&spec(CREATED), "shop").unwrap();
         let names: Vec<&str> = roles.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["multiadmin_web", "multigres_monitor", "app"]);
         let monitor = &roles[1];
@@ -270,7 +274,11 @@ mod tests {
         assert_eq!(roles[1].name, "multigres_monitor");
         assert!(!roles[1].present);
         assert!(!monitoring(&off));
-        assert!(monitoring(&spec(BASE)));
+        assert!(monitoring(&spec(CREATED)));
+        assert!(
+            !monitoring(&spec(BASE)),
+            "unset: a cluster created before the exporter runs none"
+        );
     }
 
     #[test]

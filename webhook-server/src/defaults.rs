@@ -5,7 +5,8 @@
 //! namespace template named `default` into an empty `templateDefaults` field (which is what the
 //! resolver would pick anyway, and makes the dependency visible and protected from deletion).
 //!
-//! Internal mutual TLS is on for a cluster created without saying (see [`internal_tls`]).
+//! Internal mutual TLS is on for a cluster created without saying (see [`internal_tls`]), and so
+//! is PostgreSQL's exporter (see [`postgres_exporter`]).
 //!
 //! Component specs are not materialised: an inline value written here would override every
 //! template created afterwards, changing what the user's manifest means. `pvcDeletionPolicy` is
@@ -119,6 +120,38 @@ pub fn internal_tls(spec: &mut MultigresClusterSpec, stored: Stored<'_>, all_man
     }
 }
 
+/// postgres_exporter (`observability.postgresExporter.enabled`), when the request leaves it out:
+/// on for a cluster being created; an existing cluster keeps the value it has, and one that never
+/// had a value keeps none, so runs no exporter. Adding the container changes every pool pod
+/// template, so it rolls every pool: that is the owner's decision (setting `enabled: true`),
+/// never an operator upgrade's.
+pub fn postgres_exporter(spec: &mut MultigresClusterSpec, stored: Stored<'_>) {
+    let sent = spec
+        .observability
+        .as_ref()
+        .and_then(|o| o.postgres_exporter.as_ref())
+        .and_then(|e| e.enabled);
+    if sent.is_some() {
+        return;
+    }
+    let wanted = match stored {
+        Stored::Nothing => Some(true),
+        Stored::Spec(old) => old
+            .observability
+            .as_ref()
+            .and_then(|o| o.postgres_exporter.as_ref())
+            .and_then(|e| e.enabled),
+        Stored::Unreadable => None,
+    };
+    if let Some(enabled) = wanted {
+        spec.observability
+            .get_or_insert_with(Default::default)
+            .postgres_exporter
+            .get_or_insert_with(Default::default)
+            .enabled = Some(enabled);
+    }
+}
+
 /// The `templateDefaults` fields still empty, whose `default` template must be looked up.
 pub fn promotable(spec: &MultigresClusterSpec) -> DefaultTemplates {
     let defaults = spec.template_defaults.as_ref();
@@ -141,12 +174,14 @@ pub fn patch(
     let mut defaulted = cluster.clone();
     apply(&mut defaulted.spec, present);
     internal_tls(&mut defaulted.spec, stored, all_managed);
+    postgres_exporter(&mut defaulted.spec, stored);
     let after = serde_json::to_value(&defaulted)?;
     Ok(json_patch::diff(&before, &after))
 }
 
 #[cfg(test)]
 mod tests {
+    use multigres_api::v1alpha1::PostgresExporterConfig;
     use serde_json::json;
 
     use super::*;
@@ -183,6 +218,7 @@ mod tests {
                 },
                 "topologyPruning": {"enabled": true},
                 "durabilityPolicy": "AT_LEAST_2",
+                "observability": {"postgresExporter": {"enabled": true}},
             })
         );
         assert!(raw["spec"].get("pvcDeletionPolicy").is_none());
@@ -230,6 +266,7 @@ mod tests {
         };
         apply(&mut typed.spec, all);
         internal_tls(&mut typed.spec, Stored::Nothing, true);
+        postgres_exporter(&mut typed.spec, Stored::Nothing);
         assert!(
             patch(&typed, Stored::Nothing, all, true)
                 .unwrap()
@@ -271,6 +308,55 @@ mod tests {
         assert_eq!(defaulted(Stored::Spec(&off.spec)), Some(false));
         assert_eq!(defaulted(Stored::Spec(&sent.spec)), None);
         assert_eq!(defaulted(Stored::Unreadable), None);
+    }
+
+    #[test]
+    fn the_exporter_is_on_for_new_clusters_and_an_upgrade_adds_it_to_no_existing_one() {
+        let enabled = |spec: &MultigresClusterSpec| {
+            spec.observability
+                .as_ref()?
+                .postgres_exporter
+                .as_ref()?
+                .enabled
+        };
+        let (_, sent) = cluster(json!({
+            "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+            "observability": {"tracesSampler": "always_on"},
+        }));
+        let (_, off) = cluster(json!({
+            "postgresPasswordSecretRef": {"name": "pw", "key": "password"},
+            "observability": {"postgresExporter": {"enabled": false}},
+        }));
+        let defaulted = |stored: Stored<'_>| {
+            let mut spec = sent.spec.clone();
+            postgres_exporter(&mut spec, stored);
+            spec
+        };
+        let created = defaulted(Stored::Nothing);
+        assert_eq!(enabled(&created), Some(true), "created: on");
+        assert_eq!(
+            created
+                .observability
+                .as_ref()
+                .unwrap()
+                .traces_sampler
+                .as_deref(),
+            Some("always_on"),
+            "the rest of observability is kept"
+        );
+        let mut explicit = off.spec.clone();
+        postgres_exporter(&mut explicit, Stored::Nothing);
+        assert_eq!(enabled(&explicit), Some(false), "a value sent is kept");
+        assert_eq!(enabled(&defaulted(Stored::Spec(&created))), Some(true));
+        assert_eq!(enabled(&defaulted(Stored::Spec(&off.spec))), Some(false));
+        // A cluster created before the exporter existed (no value) keeps running none, so an
+        // operator upgrade restarts no pool for it; nor does an update whose stored object was
+        // unreadable.
+        assert_eq!(enabled(&defaulted(Stored::Spec(&sent.spec))), None);
+        assert_eq!(enabled(&defaulted(Stored::Unreadable)), None);
+        assert!(!PostgresExporterConfig::enabled(
+            sent.spec.observability.as_ref()
+        ));
     }
 
     #[test]

@@ -800,8 +800,10 @@ pub struct ObservabilityConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresExporterConfig {
-    /// Whether pool pods run the exporter. Default `true`; `false` removes the container (a
-    /// change rolls the pool pods in order).
+    /// Whether pool pods run the exporter. The admission webhook sets `true` on a cluster
+    /// created without a value; unset (a cluster created before the exporter existed) means
+    /// `false`, so an operator upgrade restarts no pool to add it. A change rolls the pool pods
+    /// in order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 
@@ -820,12 +822,12 @@ pub struct PostgresExporterConfig {
 }
 
 impl PostgresExporterConfig {
-    /// Whether the exporter runs under `config` (on unless turned off).
+    /// Whether the exporter runs under `config`: only when turned on (see `enabled`).
     pub fn enabled(config: Option<&ObservabilityConfig>) -> bool {
         config
             .and_then(|c| c.postgres_exporter.as_ref())
             .and_then(|e| e.enabled)
-            .unwrap_or(true)
+            .unwrap_or(false)
     }
 }
 

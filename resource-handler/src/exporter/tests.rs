@@ -8,7 +8,9 @@ use crate::shard::build::{BackupDeletion, build};
 fn shard(observability: Option<&str>) -> Shard {
     let mut shard: Shard =
         serde_yaml::from_str(include_str!("../../fixtures/shard.yaml")).expect("fixture parses");
-    shard.spec.observability = observability.map(|o| serde_yaml::from_str(o).unwrap());
+    if let Some(observability) = observability {
+        shard.spec.observability = Some(serde_yaml::from_str(observability).unwrap());
+    }
     shard
 }
 
@@ -90,9 +92,16 @@ fn turned_off_there_is_no_exporter_and_none_of_its_volumes() {
 }
 
 #[test]
+fn unset_there_is_no_exporter_so_an_upgrade_changes_no_pool_of_an_older_cluster() {
+    let pod = pool_pod(&shard(Some("tracesSampler: always_on")));
+    assert!(exporter(&pod).is_none());
+    assert!(volumes(&pod).is_empty());
+}
+
+#[test]
 fn custom_queries_are_an_optional_config_map_key_read_as_the_query_file() {
     let pod = pool_pod(&shard(Some(
-        "postgresExporter: {customQueries: {name: my-queries, key: pg.yaml}}",
+        "postgresExporter: {enabled: true, customQueries: {name: my-queries, key: pg.yaml}}",
     )));
     let c = exporter(&pod).unwrap();
     assert!(
@@ -131,6 +140,7 @@ fn custom_queries_are_an_optional_config_map_key_read_as_the_query_file() {
 #[test]
 fn an_unset_queries_key_is_the_default_file_name() {
     let config = PostgresExporterConfig {
+        enabled: Some(true),
         custom_queries: Some(CustomQueriesRef {
             name: "q".into(),
             key: None,
@@ -163,7 +173,7 @@ fn an_unset_queries_key_is_the_default_file_name() {
 #[test]
 fn the_spec_can_pin_the_image_and_size_the_container() {
     let mut s = shard(Some(
-        "postgresExporter: {resources: {limits: {memory: 64Mi}}}",
+        "postgresExporter: {enabled: true, resources: {limits: {memory: 64Mi}}}",
     ));
     s.spec.images.postgres_exporter = Some(multigres_api::v1alpha1::ImageRef::new(
         "registry.example/pgexp:v1",
