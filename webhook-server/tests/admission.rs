@@ -573,6 +573,10 @@ async fn defaults_are_patched_and_default_templates_promoted() {
         "templateDefaults".into(),
         json!({"cellTemplate": "default"}),
     );
+    spec.insert(
+        "observability".into(),
+        json!({"postgresExporter": {"enabled": true}}),
+    );
     assert_eq!(object, expected);
 }
 
