@@ -491,6 +491,32 @@ impl Session<'_> {
         self.first_value(answer)
     }
 
+    /// Runs one statement (`request`, from [`Self::request`] or [`Self::read_request`]) on the
+    /// pooler behind this session, on its own connection, and gives the first column of its
+    /// first row; all within `timeout`, the connection included.
+    pub(crate) async fn ask(
+        &self,
+        dial: &Dial,
+        request: ExecuteQueryRequest,
+        timeout: Duration,
+    ) -> Result<String, String> {
+        let ask = async {
+            let channel = dial
+                .channel(&self.address, timeout)
+                .await
+                .map_err(|e| e.to_string())?;
+            let answer = MultipoolerServiceClient::new(channel)
+                .execute_query(request)
+                .await
+                .map_err(|status| status.message().to_owned())?
+                .into_inner();
+            self.first_value(answer)
+        };
+        tokio::time::timeout(timeout, ask)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {} s", timeout.as_secs())))
+    }
+
     /// The first column of `answer`'s first row, as text.
     pub(crate) fn first_value(&self, answer: ExecuteQueryResponse) -> Result<String, String> {
         let row = answer

@@ -21,7 +21,6 @@ use k8s_openapi::jiff::Timestamp;
 use multigres_api::v1alpha1::RecoverableWindow;
 use multigres_proto::multipooler::multipoolermanagerdata::BackupMetadata;
 use multigres_proto::multipooler::multipoolermanagerdata::backup_metadata::Status;
-use multigres_proto::multipooler::multipoolerservice::multipooler_service_client::MultipoolerServiceClient;
 
 use crate::backup_health::completed_at;
 use crate::dial::Dial;
@@ -113,22 +112,10 @@ pub fn window(
 
 /// Asks the primary behind `session` for its archiver's report.
 pub(crate) async fn read_archiver(dial: &Dial, session: &Session<'_>) -> Result<Archiver, String> {
-    let ask = async {
-        let channel = dial
-            .channel(&session.address, TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        let answer = MultipoolerServiceClient::new(channel)
-            .execute_query(session.request(ARCHIVER))
-            .await
-            .map_err(|status| status.message().to_owned())?
-            .into_inner();
-        let line = session.first_value(answer)?;
-        parse(&line).ok_or_else(|| format!("pg_stat_archiver answered {line:?}"))
-    };
-    tokio::time::timeout(TIMEOUT, ask)
-        .await
-        .unwrap_or_else(|_| Err(format!("no answer within {} s", TIMEOUT.as_secs())))
+    let line = session
+        .ask(dial, session.request(ARCHIVER), TIMEOUT)
+        .await?;
+    parse(&line).ok_or_else(|| format!("pg_stat_archiver answered {line:?}"))
 }
 
 #[cfg(test)]

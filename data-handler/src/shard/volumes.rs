@@ -22,7 +22,6 @@ use k8s_openapi::jiff::Timestamp;
 use multigres_api::v1alpha1::VolumeUsage;
 use multigres_api::volumes::parse_bytes;
 use multigres_common::status_metrics::StatusGauges;
-use multigres_proto::multipooler::multipoolerservice::multipooler_service_client::MultipoolerServiceClient;
 
 use crate::dial::Dial;
 use crate::postgres_roles::Session;
@@ -154,22 +153,10 @@ pub async fn measure(
 
 /// Runs [`USAGE`] on the pod behind `session`.
 async fn ask(dial: &Dial, session: &Session<'_>) -> Result<(i64, i64), String> {
-    let ask = async {
-        let channel = dial
-            .channel(&session.address, TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        let answer = MultipoolerServiceClient::new(channel)
-            .execute_query(session.read_request(USAGE))
-            .await
-            .map_err(|status| status.message().to_owned())?
-            .into_inner();
-        let line = session.first_value(answer)?;
-        parse(&line).ok_or_else(|| format!("the usage statement answered {line:?}"))
-    };
-    tokio::time::timeout(TIMEOUT, ask)
-        .await
-        .unwrap_or_else(|_| Err(format!("no answer within {} s", TIMEOUT.as_secs())))
+    let line = session
+        .ask(dial, session.read_request(USAGE), TIMEOUT)
+        .await?;
+    parse(&line).ok_or_else(|| format!("the usage statement answered {line:?}"))
 }
 
 /// Sets the volume gauges of one Shard from its published figures.
