@@ -1256,9 +1256,11 @@ async fn supervised_restarts_wait_for_a_release_of_what_is_pending() {
         .collect();
     assert!(
         !announced.is_empty()
-            && announced
-                .iter()
-                .all(|n| n.contains(&changes) && n.contains(&pending)),
+            && announced.iter().all(|n| n.contains(&changes)
+                && n.contains(&pending)
+                && n.contains(
+                    "one at a time with the primary last, once released: what changes: "
+                )),
         "a RestartPending event naming the change and the release: {announced:?}"
     );
     tokio::time::sleep(FULL_CYCLE).await;

@@ -798,7 +798,9 @@ async fn announce_pending(
         return;
     }
     let note = format!(
-        "{outdated} pool pod(s) will restart, one at a time with the primary last, once          released: {}; run `kubectl multigres restart <cluster>` or annotate this Shard with          multigres.com/release-restarts={pending}",
+        "{outdated} pool pod(s) will restart, one at a time with the primary last, once \
+         released: {}; run `kubectl multigres restart <cluster>` or annotate this Shard with \
+         multigres.com/release-restarts={pending}",
         changes.map_or_else(
             || "the pod template changed".to_owned(),
             |c| format!("what changes: {c}")
