@@ -130,8 +130,9 @@ pub struct ClusterOptions {
     /// removed on stop. `Some`: created if missing and kept on stop (logs stay for inspection);
     /// etcd data from an earlier run is wiped at start.
     pub state_dir: Option<PathBuf>,
-    /// CustomResourceDefinitions to install (every `*.yaml` in the directory).
-    pub crd_dir: PathBuf,
+    /// CustomResourceDefinitions to install (every `*.yaml` in the directory). `None`: none,
+    /// for a test of an install (the Helm chart) that brings its own.
+    pub crd_dir: Option<PathBuf>,
     /// One fake Node per zone, named `kwok-node-<zone>`.
     pub zones: Vec<String>,
     /// Budget for each wait during startup (API server ready, CRDs established, Nodes ready).
@@ -150,7 +151,7 @@ impl Default for ClusterOptions {
     fn default() -> Self {
         ClusterOptions {
             state_dir: None,
-            crd_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds"),
+            crd_dir: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds")),
             zones: ["zone-a", "zone-b", "zone-c"].map(String::from).to_vec(),
             wait_timeout: Duration::from_secs(90),
             real_nodes: false,
@@ -289,9 +290,11 @@ impl LocalCluster {
             manifest::apply(&client, doc, None, Mode::Apply).await?;
         }
         // CRDs before the controller manager, so its garbage collector discovers them at once.
-        cluster
-            .install_crds(&client, &opts.crd_dir, opts.wait_timeout)
-            .await?;
+        if let Some(crd_dir) = &opts.crd_dir {
+            cluster
+                .install_crds(&client, crd_dir, opts.wait_timeout)
+                .await?;
+        }
         cluster.start_controller_manager()?;
         cluster.create_nodes(&client, &opts.zones).await?;
         cluster
@@ -319,6 +322,23 @@ impl LocalCluster {
             }
         }
         start_shared(&SHARED, ClusterOptions::default(), stop_shared).await
+    }
+
+    /// Like [`LocalCluster::shared`], without the CRDs: for tests of the Helm chart, whose
+    /// install creates them. (Deleting CRDs a test installed waits on the API server's cleanup
+    /// of each one, which took over 60 s under the load of a full run.)
+    pub async fn shared_without_crds() -> Result<&'static LocalCluster, &'static ClusterError> {
+        static SHARED: SharedCluster = tokio::sync::OnceCell::const_new();
+        extern "C" fn stop_shared() {
+            if let Some(Ok(cluster)) = SHARED.get() {
+                cluster.shutdown();
+            }
+        }
+        let opts = ClusterOptions {
+            crd_dir: None,
+            ..ClusterOptions::default()
+        };
+        start_shared(&SHARED, opts, stop_shared).await
     }
 
     /// Like [`LocalCluster::shared`], with real nodes ([`REAL_NODE_ZONES`]): for the test
@@ -456,8 +476,10 @@ impl LocalCluster {
     async fn start_real_nodes(&mut self, opts: &ClusterOptions) -> Result<(), ClusterError> {
         self.start_scheduler()?;
         let client = self.client()?;
-        self.install_crds(&client, &opts.crd_dir, opts.wait_timeout)
-            .await?;
+        if let Some(crd_dir) = &opts.crd_dir {
+            self.install_crds(&client, crd_dir, opts.wait_timeout)
+                .await?;
+        }
         self.start_controller_manager()?;
         let real = RealNodes::start(
             &self.dir,

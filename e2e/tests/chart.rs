@@ -726,48 +726,12 @@ async fn release() -> &'static Release {
     RELEASE_ONCE.get_or_init(install).await
 }
 
-/// Removes the CRDs the harness installed, so `helm install` creates them from the chart.
-async fn remove_crds(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let names: Vec<String> = crds
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|crd| crd.metadata.name)
-        .filter(|name| name.ends_with(".multigres.com"))
-        .collect();
-    for name in &names {
-        crds.delete(name, &DeleteParams::default()).await.unwrap();
-    }
-    eventually("the harness CRDs are gone", WAIT, || async {
-        let left = crds
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let left: Vec<_> = left
-            .items
-            .iter()
-            .filter_map(|c| c.metadata.name.as_deref())
-            .filter(|n| n.ends_with(".multigres.com"))
-            .map(str::to_owned)
-            .collect();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    })
-    .await;
-}
-
 /// `helm install` with the webhooks on loopback and short Leases, then the webhook-server.
 async fn install() -> Release {
-    let cluster = LocalCluster::shared()
+    // A control plane without the harness's CRDs: `helm install` creates them from the chart.
+    let cluster = LocalCluster::shared_without_crds()
         .await
         .unwrap_or_else(|e| panic!("starting the local control plane: {e}"));
-    remove_crds(&cluster.client().unwrap()).await;
     let webhook_port = multigres_e2e::ports::free_loopback_port().expect("a free loopback port");
     let url = format!("webhook.url=https://127.0.0.1:{webhook_port}");
     let chart = chart_dir();

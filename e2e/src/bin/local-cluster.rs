@@ -118,14 +118,13 @@ async fn up(
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let mut opts = ClusterOptions {
+    let defaults = ClusterOptions::default();
+    let opts = ClusterOptions {
         state_dir: Some(dir.clone()),
         real_nodes,
-        ..ClusterOptions::default()
+        crd_dir: crds.or(defaults.crd_dir.clone()),
+        ..defaults
     };
-    if let Some(crds) = crds {
-        opts.crd_dir = crds;
-    }
     // Dropping a half-started cluster (on a signal) stops what it had started.
     let started = tokio::select! {
         started = LocalCluster::start(opts) => started.context("starting the local control plane"),
