@@ -159,6 +159,9 @@ const BACKUP: &str =
     "resource-handler: backup volume and env; data-handler: topology backup_location";
 const BACKUP_SCHEDULE: &str = "data-handler: MultipoolerManager.Backup on a replica when due, \
      then ExpireBackups with retainFull; status.scheduledBackups (docs/backups.md)";
+const BACKUP_RECOVERY: &str = "resource-handler: a recovery Job restores the source to the \
+     target and writes it as the shard's first backup before any pool pod starts; webhook: \
+     target checked against the source's recoverable window (docs/backups.md)";
 const TEMPLATES: &str = "resolver: template selection";
 const CELL: &str = "resource-handler: the cell's multigateway Deployment";
 const SHARD: &str = "resource-handler: the shard's multiorch and pool pods";
@@ -408,12 +411,14 @@ pub static FIELDS: &[Field] = &[
     done(Mgc, "spec.backup.encryption", BACKUP),
     done(Mgc, "spec.backup.pgbackrestTLS", PGBACKREST_TLS),
     done(Mgc, "spec.backup.schedule", BACKUP_SCHEDULE),
+    done(Mgc, "spec.backup.recovery", BACKUP_RECOVERY),
     done(Mgc, "spec.databases[].backup.type", BACKUP),
     done(Mgc, "spec.databases[].backup.filesystem", BACKUP),
     done(Mgc, "spec.databases[].backup.s3", BACKUP),
     done(Mgc, "spec.databases[].backup.encryption", BACKUP),
     done(Mgc, "spec.databases[].backup.pgbackrestTLS", PGBACKREST_TLS),
     done(Mgc, "spec.databases[].backup.schedule", BACKUP_SCHEDULE),
+    done(Mgc, "spec.databases[].backup.recovery", BACKUP_RECOVERY),
     done(Mgc, "spec.databases[].tablegroups[].backup.type", BACKUP),
     done(
         Mgc,
@@ -435,6 +440,11 @@ pub static FIELDS: &[Field] = &[
         Mgc,
         "spec.databases[].tablegroups[].backup.schedule",
         BACKUP_SCHEDULE,
+    ),
+    done(
+        Mgc,
+        "spec.databases[].tablegroups[].backup.recovery",
+        BACKUP_RECOVERY,
     ),
     done(
         Mgc,
@@ -465,6 +475,11 @@ pub static FIELDS: &[Field] = &[
         Mgc,
         "spec.databases[].tablegroups[].shards[].backup.schedule",
         BACKUP_SCHEDULE,
+    ),
+    done(
+        Mgc,
+        "spec.databases[].tablegroups[].shards[].backup.recovery",
+        BACKUP_RECOVERY,
     ),
     // MultigresCluster: databases, table groups and shards.
     done(

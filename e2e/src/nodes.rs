@@ -1155,7 +1155,8 @@ async fn expand(
 }
 
 /// The uid and gid that should own a new volume: the `runAsUser` and `fsGroup` (else
-/// `runAsGroup`) of a pod that mounts the claim; root when none says.
+/// `runAsGroup`) of a pod that mounts the claim (by name, or as its generic ephemeral volume);
+/// root when none says.
 async fn claim_owner(
     pods: &Api<Pod>,
     namespace: &str,
@@ -1164,10 +1165,13 @@ async fn claim_owner(
     let in_namespace: Api<Pod> = Api::namespaced(pods.clone().into_client(), namespace);
     for pod in in_namespace.list(&ListParams::default()).await?.items {
         let Some(spec) = pod.spec else { continue };
+        let pod_name = pod.metadata.name.unwrap_or_default();
+        // A generic ephemeral volume's claim is `<pod>-<volume>`.
         let mounts = spec.volumes.unwrap_or_default().iter().any(|v| {
             v.persistent_volume_claim
                 .as_ref()
                 .is_some_and(|c| c.claim_name == claim)
+                || (v.ephemeral.is_some() && format!("{pod_name}-{}", v.name) == claim)
         });
         if !mounts {
             continue;

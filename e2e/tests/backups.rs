@@ -20,11 +20,13 @@ use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::backup_request;
 use multigres_api::v1alpha1::{
-    BackupRequestPhase, BackupRequestRollup, BackupRequestState, MultigresCluster, ShardStatus,
+    BackupRequestPhase, BackupRequestRollup, BackupRequestState, MultigresCluster, Shard,
+    ShardStatus,
 };
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{eventually, fresh_namespace, run_plugin};
 use multigres_e2e::load::{Load, assert_kept, create_ledger, figure, ledger};
+use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::s3::{self, Object, S3Server};
 use multigres_e2e::sample::{
@@ -739,6 +741,194 @@ fn backup_runs_poll() -> Duration {
     Duration::from_secs(10)
 }
 
+/// Rows of the restore step's `moments` table: `batch` 1 before the target time, 2 after.
+async fn insert_moments(gateway: &Endpoint, batch: i64) {
+    let sql = format!(
+        "INSERT INTO moments (id, batch) SELECT {batch} * 1000 + g, {batch} \
+         FROM generate_series(1, 200) g ON CONFLICT DO NOTHING"
+    );
+    eventually("a batch of moments written", WAIT, || gateway.query(&sql)).await;
+}
+
+/// The `batch` of every row of `moments` at `endpoint`.
+async fn moments(endpoint: &Endpoint) -> Result<BTreeMap<i64, usize>, String> {
+    let rows = endpoint
+        .query("SELECT batch, count(*) FROM moments GROUP BY batch")
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let batch = r[0].as_deref()?.parse().ok()?;
+            Some((batch, r[1].as_deref()?.parse().ok()?))
+        })
+        .collect())
+}
+
+/// The sample's MultigresCluster, with `edit` applied, sent to `namespace` as a server-side
+/// dry run (admission runs, nothing is stored): the API server's refusal, if any.
+async fn dry_run_sample(
+    client: &Client,
+    namespace: &str,
+    edit: impl Fn(&mut Value),
+) -> Option<String> {
+    let path = multigres_e2e::harness::repo_path("deploy/samples/minimal.yaml");
+    let mut cluster = manifest::read_documents(&path)
+        .unwrap()
+        .into_iter()
+        .find(|d| {
+            d.types
+                .as_ref()
+                .is_some_and(|t| t.kind == "MultigresCluster")
+        })
+        .expect("the sample's MultigresCluster");
+    edit(&mut cluster.data);
+    manifest::apply(client, &cluster, Some(namespace), Mode::DryRun)
+        .await
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// Step b4: a point-in-time recovery into a new namespace. 200 rows, a time T, 200 more; once
+/// the WAL past T is in the bucket, the same cluster (name, shape) is applied in another
+/// namespace with its own key prefix and `backup.recovery` naming this repository and T. Its
+/// recovery Job restores T and writes it as the first backup of the new repository, and its
+/// pods restore that: every row of the first batch is there, none of the second. The source
+/// writes on under a steady writer that fails no statement. Before that, admission refuses a
+/// target before the source's recoverable window (naming it), and a second cluster writing
+/// into the source's repository.
+async fn recover_to_a_time_in_a_new_namespace(
+    cluster: &'static LocalCluster,
+    client: &Client,
+    namespace: &str,
+    gateway: &Endpoint,
+) {
+    let s3 = s3::server().await;
+    gateway
+        .query("CREATE TABLE IF NOT EXISTS moments (id bigint PRIMARY KEY, batch int)")
+        .await
+        .unwrap();
+    insert_moments(gateway, 1).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let target = gateway
+        .query(r#"SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')"#)
+        .await
+        .unwrap()[0][0]
+        .clone()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    insert_moments(gateway, 2).await;
+    let segments = repository(&s3.objects(namespace).await.unwrap()).1.len();
+    gateway.query("SELECT pg_switch_wal()").await.unwrap();
+    eventually("the WAL past the target in the bucket", WAIT, || async {
+        let now = repository(&s3.objects(namespace).await?).1.len();
+        if now > segments {
+            Ok(())
+        } else {
+            Err(format!("{now} segments, {segments} before the switch"))
+        }
+    })
+    .await;
+
+    let load = Load::start(gateway.clone(), 5_000_000);
+    let restored = fresh_namespace(cluster, "restored").await;
+    s3::create_credentials(client, &restored).await;
+    let source = s3.backup_spec(namespace)["s3"].clone();
+    let window = shard(client, namespace)
+        .await
+        .status
+        .and_then(|s| s.recoverable_window)
+        .expect("the window of step b3");
+    let too_early = dry_run_sample(client, &restored, |c| {
+        c["spec"]["backup"] = s3.backup_spec(&restored);
+        c["spec"]["backup"]["recovery"] =
+            json!({"source": source, "target": {"time": "2026-01-01T00:00:00Z"}});
+    })
+    .await
+    .expect("a target before the window is refused");
+    let earliest = window.earliest.as_ref().unwrap().0.to_string();
+    assert!(
+        too_early.contains("before the recoverable window") && too_early.contains(&earliest),
+        "{too_early}"
+    );
+    println!("a target before the window: {too_early}");
+    let taken = dry_run_sample(client, &restored, |c| {
+        c["spec"]["backup"] = s3.backup_spec(namespace);
+    })
+    .await
+    .expect("a second cluster writing the source's repository is refused");
+    assert!(
+        taken.contains(&format!("MultigresCluster {namespace}/{NAME}'s")),
+        "{taken}"
+    );
+    println!("a second cluster on the source's repository: {taken}");
+    let sent = apply_sample(client, &restored, |c| {
+        c["spec"]["backup"] = s3.backup_spec(&restored);
+        c["spec"]["backup"]["recovery"] = json!({"source": source, "target": {"time": target}});
+        c["spec"]["databases"] = json!([{"name": "postgres", "default": true,
+            "tablegroups": [{"name": "default", "default": true, "shards": [{"name": "0-inf",
+                "spec": {"pools": {"default": {"replicasPerCell": 3}}}}]}]}]);
+    })
+    .await;
+    let shards: Api<Shard> = Api::namespaced(client.clone(), &restored);
+    let recovery = eventually("the Recovery condition True", WAIT, || async {
+        let listed = shards
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = listed
+            .items
+            .first()
+            .and_then(|s| s.status.clone())
+            .unwrap_or_default();
+        let recovery = status.conditions.iter().find(|c| c.type_ == "Recovery");
+        match recovery {
+            Some(c) if c.status == "True" => Ok(c.message.clone()),
+            Some(c) if c.reason == "RecoveryFailed" => Ok(format!("FAILED: {}", c.message)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(!recovery.starts_with("FAILED"), "{recovery}");
+    let recovered_in = sent.elapsed();
+    let (_, to_sql) = wait_serving_after_restore(client, &restored, sent).await;
+    let new_gateway = Endpoint::gateway(client, &restored, NAME).await.unwrap();
+    let found = eventually("the restored moments read back", WAIT, || {
+        moments(&new_gateway)
+    })
+    .await;
+    let report = load.finish().await;
+    report.figures("the recovery into a new namespace (the source's writer)");
+    assert_eq!(
+        report.failed, 0,
+        "the source failed statements: {:?}",
+        report.errors
+    );
+    assert_eq!(
+        found,
+        BTreeMap::from([(1, 200)]),
+        "restored to {target}: every row of the first batch, none of the second"
+    );
+    let own = s3.objects(&restored).await.unwrap();
+    assert!(
+        !repository(&own).0.is_empty(),
+        "the new repository holds its first backup"
+    );
+    println!("recovery to {target}: {recovery}");
+    figure(
+        "recovery to a time into a new namespace: apply -> Recovery True (s)",
+        format!("{:.1}", recovered_in.as_secs_f64()),
+    );
+    figure(
+        "recovery to a time into a new namespace: apply -> first SELECT 1 answered (s)",
+        format!("{:.1}", to_sql.as_secs_f64()),
+    );
+    let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &restored);
+    clusters
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
 /// Step e: deletes the cluster and every claim of `namespace`, applies the cluster again and
 /// checks that the ids of `in_backup` are all back; prints how many of `acknowledged` are.
 async fn recover_from_the_bucket(
@@ -885,6 +1075,9 @@ async fn a_replica_that_lost_its_volume_is_rebuilt_from_the_s3_repository() {
     // b3. The recoverable window in the Shard status and on the plugin's screen: from the end
     // of the oldest backup the repository keeps to the last WAL segment the primary archived.
     recoverable_window_is_published(cluster, &client, &namespace).await;
+
+    // b4. Recovery to a point in time into a new namespace, under a steady writer on the source.
+    recover_to_a_time_in_a_new_namespace(cluster, &client, &namespace, &gateway).await;
 
     // c. A replica loses its volume (its claim, then its pod, deleted under a steady writer):
     // the StatefulSet makes both again, the new pod restores the newest backup from the

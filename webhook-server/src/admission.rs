@@ -498,6 +498,7 @@ async fn check_repositories(
     match tokio::time::timeout(SHARD_LIST_TIMEOUT, lookups.shards()).await {
         Ok(Ok(shards)) => {
             repository::refuse_taken(findings, &wanted, &repository::owners(&shards, own));
+            repository::check_targets(findings, new, templates, &shards);
         }
         Ok(Err(error)) => findings.warning(
             "spec.backup",

@@ -202,6 +202,7 @@ impl Overlay for BackupConfig {
         replace(&mut self.pgbackrest_tls, &upper.pgbackrest_tls);
         replace(&mut self.encryption, &upper.encryption);
         replace(&mut self.schedule, &upper.schedule);
+        replace(&mut self.recovery, &upper.recovery);
     }
 }
 
@@ -364,6 +365,7 @@ mod tests {
             pgbackrest_tls: None,
             encryption: None,
             schedule: None,
+            recovery: None,
         };
         let s3 = BackupConfig {
             type_: BackupType::S3,
@@ -376,6 +378,7 @@ mod tests {
             pgbackrest_tls: None,
             encryption: None,
             schedule: None,
+            recovery: None,
         };
         let mut merged = fs.clone();
         merged.overlay(&s3);

@@ -1130,6 +1130,7 @@ fn default_backup() -> BackupConfig {
         pgbackrest_tls: None,
         encryption: None,
         schedule: None,
+        recovery: None,
     }
 }
 

@@ -427,6 +427,49 @@ pub struct BackupConfig {
     /// created; without a schedule no other backup is ever taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<BackupScheduleConfig>,
+
+    /// Start a new cluster from another cluster's S3 repository, restored to a chosen moment,
+    /// instead of an empty database. Read once, before the shard's first pod starts: the
+    /// restored data becomes the first backup of this cluster's own repository, and the source
+    /// is only read. Cannot be added to, or changed on, an existing cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoveryConfig>,
+}
+
+/// Where a new cluster's data comes from, and up to which moment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoveryConfig {
+    /// The S3 repository of the cluster to recover (its `backup.s3` settings). Only read,
+    /// with its own credentials.
+    pub source: S3BackupConfig,
+
+    /// The moment to restore to. Absent: everything the source's WAL archive holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<RecoveryTarget>,
+}
+
+/// One moment in a source repository: a time, a WAL position, or the end of one backup.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.time), has(self.lsn), has(self.backup)].filter(x, x).size() == 1")
+    .message("a recovery target names exactly one of time, lsn and backup"))]
+pub struct RecoveryTarget {
+    /// A time (RFC 3339, e.g. `2026-12-05T14:02:59Z`): every transaction committed before it
+    /// is kept, none after. Needs a backup that ended before it and archived WAL up to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+
+    /// A WAL position (LSN, e.g. `0/3000060`), as `pg_current_wal_lsn()` prints it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$"))]
+    pub lsn: Option<String>,
+
+    /// A backup's label (e.g. `20261205-094009F`, as the Shard status lists them): the
+    /// database as that backup left it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^[0-9]{8}-[0-9]{6}F(_[0-9]{8}-[0-9]{6}[DI])?$"))]
+    pub backup: Option<String>,
 }
 
 /// A recurring backup of each shard the backup configuration applies to, taken on a replica

@@ -126,7 +126,7 @@ fn placement<'a>(
     }
 }
 
-fn pull(spec: &ShardSpec) -> PullSettings {
+pub(super) fn pull(spec: &ShardSpec) -> PullSettings {
     PullSettings::new(
         spec.images.image_pull_policy,
         &spec.images.image_pull_secrets,
@@ -418,7 +418,7 @@ fn is_filesystem(backup: Option<&BackupConfig>) -> Option<&BackupConfig> {
     backup.filter(|b| b.type_ == BackupType::Filesystem)
 }
 
-fn storage_request(
+pub(super) fn storage_request(
     storage: &StorageSpec,
     default_size: &str,
 ) -> (String, PersistentVolumeClaimSpec) {
@@ -690,7 +690,7 @@ pub fn multipooler_args(
 
 /// Identities of pgctld and multipooler: they share PGDATA, so multipooler runs as the
 /// postgres user unless told otherwise.
-fn pool_identities(pool: &PoolSpec) -> (RunAs, RunAs) {
+pub(super) fn pool_identities(pool: &PoolSpec) -> (RunAs, RunAs) {
     let postgres = pool.postgres.as_ref();
     let pg = RunAs {
         user: postgres.and_then(|c| c.run_as_user).unwrap_or(POSTGRES_ID),

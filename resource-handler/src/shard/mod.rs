@@ -12,6 +12,7 @@ pub mod build;
 pub mod drain;
 pub mod pgconfig;
 pub mod quarantine;
+pub mod recovery;
 pub mod rollout;
 pub mod scale;
 pub mod status;
@@ -75,6 +76,9 @@ pub enum Error {
     /// The postgresql.conf cannot be rendered, or its referenced ConfigMap read.
     #[error(transparent)]
     PostgresConfig(#[from] pgconfig::ConfigError),
+    /// Reading or creating the recovery Job failed.
+    #[error("the recovery Job")]
+    Recovery(#[source] kube::Error),
     /// Deleting a pod for its restart failed.
     #[error("restarting pod {pod}")]
     Restart {
@@ -232,6 +236,20 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     };
     quarantine::add_to_shard(&mut desired.objects, ctx.unrecoverable_timeout);
     let annotations = ctx.stores.holds(&owner, shard);
+    // A shard recovering another cluster's data starts no pool pod before the recovery Job
+    // has written that data as its first backup.
+    let recovered = match recovery::pending(shard) {
+        Some(recovery) if !multigres_api::labels::paused(&annotations) => {
+            // The Job runs PostgreSQL with the shard's own postgresql.conf.
+            pgconfig::apply(ctx, guard, &desired.postgres_config).await?;
+            let verdict = recovery::run(ctx, guard, shard, &owner, recovery).await?;
+            if !verdict.is_true() {
+                return status::recovering(ctx, shard, ns, verdict).await;
+            }
+            Some(verdict)
+        }
+        _ => recovery::done(shard),
+    };
     let outcome = if multigres_api::labels::paused(&annotations) {
         apply::paused(ctx, shard, &annotations, ns, &desired.objects, &read.pods)
     } else if multigres_api::labels::hibernated(&annotations) {
@@ -247,7 +265,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         )
         .await?
     };
-    status::write(ctx, shard, ns, &desired, &read.pods, outcome).await
+    status::write(ctx, shard, ns, &desired, &read.pods, (outcome, recovered)).await
 }
 
 /// What a Shard refers to, read before anything is built.

@@ -69,7 +69,7 @@ pub(super) async fn write(
     ns: &str,
     desired: &Desired,
     pods: &[PodView],
-    outcome: Outcome,
+    (outcome, recovery): (Outcome, Option<Computed>),
 ) -> Result<Action, Error> {
     let objects = &desired.objects;
     let held_as_applied = outcome.paused || outcome.hibernating.is_some();
@@ -104,6 +104,7 @@ pub(super) async fn write(
         problem: None,
         paused: outcome.paused,
         hibernating: outcome.hibernating,
+        recovery,
     };
     let now = Timestamp::now();
     let mut written = status(shard, &report, now);
@@ -219,6 +220,8 @@ pub struct Report<'a> {
     pub paused: bool,
     /// The cluster hibernates, with this many of the shard's pods still there.
     pub hibernating: Option<i32>,
+    /// The `Recovery` verdict of a shard started from another cluster's backups, once done.
+    pub recovery: Option<Computed>,
 }
 
 /// Pods listed by name in a condition message, at most; the rest are counted.
@@ -404,6 +407,7 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     desired.extend(report.scale_down.clone());
     desired.extend(report.drain.clone());
     desired.extend(report.paused.then(|| crate::conditions::paused("shard")));
+    desired.extend(report.recovery.clone());
     let observed = shard
         .status
         .as_ref()
@@ -443,6 +447,56 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
             }) => Some(pending.clone()),
             _ => None,
         },
+        ..Default::default()
+    }
+}
+
+/// Writes the status of a shard whose pool pods wait for its recovery (`verdict`, not True):
+/// not Available, with the recovery's message; Degraded once it failed. The Job is not
+/// watched, so it is looked at again every [`POLL`].
+pub(super) async fn recovering(
+    ctx: &Ctx<Guard>,
+    shard: &Shard,
+    ns: &str,
+    verdict: Computed,
+) -> Result<Action, Error> {
+    let desired = recovering_status(shard, verdict, Timestamp::now());
+    let api: Api<Shard> = Api::namespaced(ctx.client.clone(), ns);
+    let deferred = sync::ensure_status(
+        NAME,
+        &api,
+        shard,
+        &desired,
+        shard.status.as_ref(),
+        &ctx.pacer,
+    )
+    .await?;
+    Ok(status_pacer::action(Some(POLL), deferred))
+}
+
+fn recovering_status(shard: &Shard, verdict: Computed, now: Timestamp) -> ShardStatus {
+    let failed = verdict.reason == "RecoveryFailed";
+    let available = Computed::new(AVAILABLE, FALSE, verdict.reason, verdict.message.clone());
+    let message = verdict.message.clone();
+    let observed = shard
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let generation = shard.metadata.generation;
+    ShardStatus {
+        observed_generation: generation,
+        conditions: merge(observed, &[available, verdict], generation, now),
+        phase: Some(if failed {
+            Phase::Degraded
+        } else {
+            Phase::Progressing
+        }),
+        message: Some(message),
+        cells: build::pool_cells(&shard.spec),
+        orch_ready: Some(false),
+        pools_ready: Some(false),
+        ready_replicas: Some(0),
         ..Default::default()
     }
 }
@@ -737,6 +791,7 @@ mod tests {
             problem: None,
             paused: false,
             hibernating: None,
+            recovery: None,
         };
         let st = status(&s, &report, now);
         let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();

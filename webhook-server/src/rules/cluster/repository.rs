@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 use kube::ResourceExt;
 use multigres_api::labels::CLUSTER;
 use multigres_api::resolver;
-use multigres_api::v1alpha1::{BackupConfig, BackupType, MultigresCluster, Shard};
+use multigres_api::v1alpha1::{
+    BackupConfig, BackupType, MultigresCluster, RecoverableWindow, Shard,
+};
 
 use super::view::View;
 use crate::rules::Templates;
@@ -110,6 +112,108 @@ pub fn owners(shards: &[Shard], own: (&str, &str)) -> BTreeMap<Repository, Strin
         }
     }
     owners
+}
+
+/// Checks each time target of a recovery (`backup.recovery.target.time`) against the window a
+/// Shard of `shards` that writes the source repository publishes
+/// (`status.recoverableWindow`). Before its earliest moment nothing can reach it (no backup
+/// ended before it), which is refused, naming the window; after its latest, the WAL up to the
+/// target may not be archived yet (the window is read once a minute), which warns. Sources no
+/// Shard here writes are checked by the recovery Job itself.
+pub fn check_targets(
+    findings: &mut Findings,
+    cluster: &MultigresCluster,
+    templates: &Templates,
+    shards: &[Shard],
+) {
+    let Ok(resolved) = resolver::resolve(cluster, templates) else {
+        return;
+    };
+    let view = View::new(&cluster.spec, templates, &resolved);
+    for shard in &view.shards {
+        let Some(recovery) = shard
+            .resolved
+            .backup
+            .as_ref()
+            .and_then(|b| b.recovery.as_ref())
+        else {
+            continue;
+        };
+        let Some(time) = recovery.target.as_ref().and_then(|t| t.time.as_ref()) else {
+            continue;
+        };
+        let source = Repository::of(&BackupConfig {
+            type_: BackupType::S3,
+            s3: Some(recovery.source.clone()),
+            filesystem: None,
+            pgbackrest_tls: None,
+            encryption: None,
+            schedule: None,
+            recovery: None,
+        });
+        let writer = shards.iter().find(|s| {
+            let key = format!(
+                "{}/{}/{}",
+                s.spec.database_name.as_str(),
+                s.spec.table_group_name.as_str(),
+                s.spec.shard_name.as_str()
+            );
+            s.spec.backup.as_ref().and_then(Repository::of) == source && key == shard.key
+        });
+        let Some(window) = writer
+            .and_then(|s| s.status.as_ref())
+            .and_then(|s| s.recoverable_window.as_ref())
+        else {
+            continue;
+        };
+        let owner = writer.map(|s| {
+            format!(
+                "{}/{}",
+                s.namespace().unwrap_or_default(),
+                s.labels().get(CLUSTER).cloned().unwrap_or_default()
+            )
+        });
+        let field = shard.backup_field(&cluster.spec, "recovery.target.time", |b| {
+            b.recovery.is_some()
+        });
+        let described = describe(window);
+        let owner = owner.unwrap_or_default();
+        match (&window.earliest, &window.latest) {
+            (Some(earliest), _) if time.0 < earliest.0 => findings.violation(
+                field,
+                format!(
+                    "{} is before the recoverable window of MultigresCluster {owner}'s \
+                     repository ({described}): no backup there ended before it",
+                    time.0
+                ),
+            ),
+            (_, Some(latest)) if time.0 > latest.0 => findings.warning(
+                field,
+                format!(
+                    "{} is after the latest moment MultigresCluster {owner}'s repository is \
+                     known to hold ({described}); the recovery fails, naming the window, unless \
+                     its WAL is archived by the time the recovery runs",
+                    time.0
+                ),
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// A published recoverable window as messages give it.
+fn describe(window: &RecoverableWindow) -> String {
+    let at = |t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+        t.as_ref()
+            .map_or_else(|| "unknown".to_owned(), |t| t.0.to_string())
+    };
+    format!(
+        "from {} (end of backup {}) to {} (WAL {})",
+        at(&window.earliest),
+        window.earliest_backup.as_deref().unwrap_or("unknown"),
+        at(&window.latest),
+        window.latest_wal.as_deref().unwrap_or("unknown")
+    )
 }
 
 /// Refuses each of the `wanted` repositories that one of the `owners` already writes to.
@@ -208,5 +312,51 @@ mod tests {
         assert_ne!(Repository::of(&aws), Repository::of(&minio));
         let filesystem = backup(json!({"type": "filesystem", "filesystem": {"path": "/backups"}}));
         assert_eq!(Repository::of(&filesystem), None);
+    }
+
+    #[test]
+    fn a_target_time_before_the_sources_window_is_refused_naming_it() {
+        let mut prod = shard_of("prod-ns", "prod", "prod");
+        prod.status = Some(
+            serde_json::from_value(json!({"recoverableWindow": {
+                "earliest": "2026-12-05T09:00:00Z", "earliestBackup": "20261205-085959F",
+                "latest": "2026-12-05T10:00:00Z", "latestWal": "000000010000000000000009"}}))
+            .unwrap(),
+        );
+        let restoring = |time: &str| {
+            cluster(&with(&format!(
+                "backup: {{type: s3, s3: {{bucket: b, region: eu-west-1, keyPrefix: staging}}, \
+                 recovery: {{source: {{bucket: b, region: eu-west-1, keyPrefix: prod}}, \
+                 target: {{time: '{time}'}}}}}}"
+            )))
+        };
+        let check = |time: &str| {
+            let mut findings = Findings::default();
+            check_targets(
+                &mut findings,
+                &restoring(time),
+                &Templates::default(),
+                &[prod.clone()],
+            );
+            findings
+        };
+        let before = check("2026-12-05T08:30:00Z");
+        assert_eq!(fields(&before), ["spec.backup.recovery.target.time"]);
+        let message = &before.violations[0].message;
+        assert!(
+            message.contains(
+                "MultigresCluster prod-ns/prod's repository (from 2026-12-05T09:00:00Z \
+                 (end of backup 20261205-085959F) to 2026-12-05T10:00:00Z (WAL \
+                 000000010000000000000009))"
+            ),
+            "{message}"
+        );
+        assert!(check("2026-12-05T09:30:00Z").allowed());
+        let after = check("2026-12-05T10:30:00Z");
+        assert!(after.allowed());
+        assert!(
+            after.warnings[0].contains("unless its WAL is archived"),
+            "{after:?}"
+        );
     }
 }

@@ -3,13 +3,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::jiff::Timestamp;
 use multigres_api::resolver::GlobalTopo;
 use multigres_api::resolver::cohort::{self, Durability};
-use multigres_api::v1alpha1::{BackupType, MultiorchSpec, PoolSpec, ShardConfig};
+use multigres_api::v1alpha1::{BackupConfig, BackupType, MultiorchSpec, PoolSpec, ShardConfig};
 
 use multigres_api::postgres::limits;
 use multigres_api::volumes::{self, AutoGrow};
 
+use super::repository::Repository;
 use super::view::{ShardSite, View};
 use crate::quantity::Quantity;
 use crate::rules;
@@ -91,6 +93,76 @@ pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {
         single_loss_warning(findings, shard);
         shared_backup_volume_warning(findings, view, shard);
         override_pools_warning(findings, shard);
+        recovery(findings, view, shard);
+    }
+}
+
+/// A shard started from another cluster's backups (`backup.recovery`, see the
+/// resource-handler's recovery Job): the recovered data is written as the first backup of the
+/// shard's own S3 repository, so that one must be S3, unencrypted, and not the source; the
+/// source is read with its own keys; a time target lies in the past.
+fn recovery(findings: &mut Findings, view: &View<'_>, shard: &ShardSite<'_>) {
+    let Some(backup) = shard.resolved.backup.as_ref() else {
+        return;
+    };
+    let Some(recovery) = backup.recovery.as_ref() else {
+        return;
+    };
+    let field = |leaf: &str| shard.backup_field(view.spec, leaf, |b| b.recovery.is_some());
+    let Some(own) = Repository::of(backup) else {
+        findings.violation(
+            field("recovery"),
+            format!(
+                "shard {} recovers into its own backup repository, which must be S3                  (backup.type: s3): the recovered data becomes its first backup there",
+                shard.key
+            ),
+        );
+        return;
+    };
+    let source = BackupConfig {
+        type_: BackupType::S3,
+        s3: Some(recovery.source.clone()),
+        filesystem: None,
+        pgbackrest_tls: None,
+        encryption: None,
+        schedule: None,
+        recovery: None,
+    };
+    if Repository::of(&source).as_ref() == Some(&own) {
+        findings.violation(
+            field("recovery.source"),
+            format!(
+                "shard {} would recover from its own repository ({own}): a recovery never \
+                 writes into its source; give backup.s3.keyPrefix a prefix of its own",
+                shard.key
+            ),
+        );
+    }
+    if backup.encryption.is_some() {
+        findings.violation(
+            field("encryption"),
+            format!(
+                "shard {}: a recovery writes an unencrypted first backup, so it cannot be \
+                 combined with backup encryption yet",
+                shard.key
+            ),
+        );
+    }
+    if recovery.source.service_account_name.is_some() {
+        findings.violation(
+            field("recovery.source.serviceAccountName"),
+            "the recovery source is read with credentialsSecret or useEnvCredentials; a              ServiceAccount (IRSA) of its own is not supported",
+        );
+    }
+    let time = recovery.target.as_ref().and_then(|t| t.time.as_ref());
+    if let Some(time) = time.filter(|t| t.0 > Timestamp::now()) {
+        findings.violation(
+            field("recovery.target.time"),
+            format!(
+                "{} is in the future: a recovery reaches only what the source has archived",
+                time.0
+            ),
+        );
     }
 }
 
@@ -756,6 +828,49 @@ cells:
             warned("spec: {pools: {main: {cells: [zone-a, zone-b]}}}", multi),
             None,
             "the default 2 per cell survives under MULTI_CELL_AT_LEAST_2 too"
+        );
+    }
+
+    #[test]
+    fn a_recovery_writes_into_an_s3_repository_of_its_own_and_targets_the_past() {
+        let t = Templates::default();
+        let own = "type: s3, s3: {bucket: b, region: r, keyPrefix: staging}";
+        let fine = cluster(&with(&format!(
+            "backup: {{{own}, recovery: {{source: {{bucket: b, region: r, keyPrefix: prod}}, \
+             target: {{time: '2026-01-01T00:00:00Z'}}}}}}"
+        )));
+        assert!(validate(&fine, None, &t).allowed());
+        let itself = cluster(&with(&format!(
+            "backup: {{{own}, recovery: {{source: {{bucket: b, region: r, keyPrefix: /staging/}}}}}}"
+        )));
+        let findings = validate(&itself, None, &t);
+        assert_eq!(fields(&findings), ["spec.backup.recovery.source"]);
+        assert!(
+            findings.violations[0]
+                .message
+                .contains("never writes into its source"),
+            "{findings:?}"
+        );
+        let future = cluster(&with(&format!(
+            "backup: {{{own}, recovery: {{source: {{bucket: b, region: r, keyPrefix: prod}}, \
+             target: {{time: '2999-01-01T00:00:00Z'}}}}}}"
+        )));
+        let findings = validate(&future, None, &t);
+        assert_eq!(fields(&findings), ["spec.backup.recovery.target.time"]);
+        assert!(findings.violations[0].message.contains("in the future"));
+        let filesystem = cluster(&with(
+            "backup: {type: filesystem, recovery: {source: {bucket: b, region: r}}}",
+        ));
+        let findings = validate(&filesystem, None, &t);
+        assert_eq!(fields(&findings), ["spec.backup.recovery"]);
+        assert!(findings.violations[0].message.contains("must be S3"));
+        let encrypted = cluster(&with(&format!(
+            "backup: {{{own}, encryption: {{secretName: k}}, \
+             recovery: {{source: {{bucket: b, region: r, keyPrefix: prod}}}}}}"
+        )));
+        assert_eq!(
+            fields(&validate(&encrypted, None, &t)),
+            ["spec.backup.encryption"]
         );
     }
 }

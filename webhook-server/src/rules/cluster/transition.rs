@@ -142,6 +142,19 @@ fn shard_transition(
             );
         }
     }
+    let recovery = |b: &Option<BackupConfig>| b.as_ref().and_then(|b| b.recovery.clone());
+    let wanted = recovery(&new.resolved.backup);
+    if wanted.is_some() && wanted != recovery(&old.resolved.backup) {
+        findings.violation(
+            new.backup_field(spec, "recovery", |b| b.recovery.is_some()),
+            format!(
+                "shard {} exists: a recovery is read once, before a new shard's first pod \
+                 starts, so it cannot be added or changed afterwards (it may be removed); to \
+                 recover into a cluster, apply a new one",
+                new.key
+            ),
+        );
+    }
     let (Some(old_backup), Some(new_backup)) = (&old.resolved.backup, &new.resolved.backup) else {
         return;
     };
@@ -284,5 +297,30 @@ mod tests {
             "backup: {type: filesystem, filesystem: {storage: {size: 50Gi}}, encryption: {secretName: keys}}",
         ));
         assert!(validate(&moved, Some(&old), &Templates::default()).allowed());
+    }
+
+    #[test]
+    fn a_recovery_cannot_be_added_to_or_changed_on_an_existing_shard() {
+        let t = Templates::default();
+        let plain = cluster(&with(
+            "backup: {type: s3, s3: {bucket: b, region: r, keyPrefix: x}}",
+        ));
+        let recovering = |prefix: &str| {
+            cluster(&with(&format!(
+                "backup: {{type: s3, s3: {{bucket: b, region: r, keyPrefix: x}}, \
+                 recovery: {{source: {{bucket: b, region: r, keyPrefix: {prefix}}}}}}}"
+            )))
+        };
+        let added = validate(&recovering("prod"), Some(&plain), &t);
+        assert_eq!(fields(&added), ["spec.backup.recovery"]);
+        assert!(
+            added.violations[0]
+                .message
+                .contains("cannot be added or changed")
+        );
+        let changed = validate(&recovering("other"), Some(&recovering("prod")), &t);
+        assert_eq!(fields(&changed), ["spec.backup.recovery"]);
+        assert!(validate(&recovering("prod"), Some(&recovering("prod")), &t).allowed());
+        assert!(validate(&plain, Some(&recovering("prod")), &t).allowed());
     }
 }
