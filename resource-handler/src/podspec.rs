@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
     LocalObjectReference, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity,
-    PodSecurityContext, Probe, SeccompProfile, SecurityContext, ServicePort, Volume, VolumeMount,
-    WeightedPodAffinityTerm,
+    PodSecurityContext, Probe, SeccompProfile, SecretKeySelector, SecurityContext, ServicePort,
+    Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -200,6 +200,22 @@ pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
         value: Some(multigres_api::expansion::literal(&value.into())),
+        ..Default::default()
+    }
+}
+
+/// `name` from key `key` of Secret `secret`.
+pub fn env_from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_owned(),
+                key: key.to_owned(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

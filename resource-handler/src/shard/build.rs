@@ -9,9 +9,9 @@ use k8s_openapi::api::apps::v1::{
     Deployment, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecretKeySelector,
-    SecretVolumeSource, Service, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    Container, EnvVar, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecretVolumeSource, Service,
+    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -36,15 +36,16 @@ use crate::contract::{
 };
 use crate::owner::Owner;
 use crate::podspec::{
-    POSTGRES_ID, Probes, PullSettings, RunAs, container_port, container_security, env, mount,
-    pod_identity_env, pod_security, service_port, spread_across_zones_and_nodes,
+    POSTGRES_ID, Probes, PullSettings, RunAs, container_port, container_security, env,
+    env_from_secret, mount, pod_identity_env, pod_security, service_port,
+    spread_across_zones_and_nodes,
 };
 use crate::stateless::{self, Process, Workload};
 use crate::toposerver::build::retention;
 
 /// Data volume claim template of pool pods (PVCs are `data-<pod>`).
 pub const DATA_VOLUME: &str = "data";
-const PASSWORD_VOLUME: &str = "postgres-password";
+pub(super) const PASSWORD_VOLUME: &str = "postgres-password";
 const BACKUP_VOLUME: &str = "backup";
 const SOCKET_VOLUME: &str = "postgres-socket";
 const SOCKET_DIR: &str = "/var/run/postgresql";
@@ -520,43 +521,38 @@ fn postgres_env(spec: &ShardSpec) -> Vec<EnvVar> {
         vars.push(env("AWS_REGION", s3.region.clone()));
         if let Some(secret) = &s3.credentials_secret {
             for key in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
-                vars.push(EnvVar {
-                    name: key.to_owned(),
-                    value_from: Some(EnvVarSource {
-                        secret_key_ref: Some(SecretKeySelector {
-                            name: secret.clone(),
-                            key: key.to_owned(),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                });
+                vars.push(env_from_secret(key, secret, key));
             }
         }
     }
     vars
 }
 
+/// The superuser's password from `postgresPasswordSecretRef`, as the file `password` (mounted
+/// at [`PASSWORD_DIR`]).
+pub(super) fn password_volume(spec: &ShardSpec) -> Volume {
+    let secret = &spec.postgres_password_secret_ref;
+    Volume {
+        name: PASSWORD_VOLUME.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.name.clone()),
+            items: Some(vec![KeyToPath {
+                key: secret.key.clone(),
+                path: "password".to_owned(),
+                ..Default::default()
+            }]),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// Volumes of a pool pod besides the data volume, and their mounts (shared by both
 /// containers).
 fn pool_volumes(owner: &Owner, spec: &ShardSpec) -> (Vec<Volume>, Vec<VolumeMount>) {
-    let secret = &spec.postgres_password_secret_ref;
     let mut volumes = vec![
-        Volume {
-            name: PASSWORD_VOLUME.to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret.name.clone()),
-                items: Some(vec![KeyToPath {
-                    key: secret.key.clone(),
-                    path: "password".to_owned(),
-                    ..Default::default()
-                }]),
-                default_mode: Some(0o440),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
+        password_volume(spec),
         Volume {
             name: SOCKET_VOLUME.to_owned(),
             empty_dir: Some(Default::default()),

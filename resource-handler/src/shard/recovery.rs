@@ -13,9 +13,8 @@
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, EphemeralVolumeSource, KeyToPath,
-    PersistentVolumeClaimTemplate, Pod, PodSpec, PodTemplateSpec, SecretKeySelector,
-    SecretVolumeSource, Volume,
+    ConfigMapVolumeSource, Container, EnvVar, EphemeralVolumeSource, PersistentVolumeClaimTemplate,
+    Pod, PodSpec, PodTemplateSpec, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{ListParams, PostParams};
@@ -34,7 +33,7 @@ use crate::conditions::{Computed, FALSE, TRUE};
 use crate::contract::{PASSWORD_DIR, PASSWORD_FILE, POOLER_DIR};
 use crate::controller::Ctx;
 use crate::owner::Owner;
-use crate::podspec::{container_security, env, mount, pod_security};
+use crate::podspec::{container_security, env, env_from_secret, mount, pod_security};
 
 /// Condition type: where the recovery of a shard's data from its `backup.recovery` source is.
 pub const RECOVERY: &str = "Recovery";
@@ -42,7 +41,6 @@ pub const RECOVERY: &str = "Recovery";
 /// The script the Job runs (see its header).
 const SCRIPT: &str = include_str!("recovery.sh");
 const SCRATCH_VOLUME: &str = "scratch";
-const PASSWORD_VOLUME: &str = "postgres-password";
 const CONFIG_VOLUME: &str = "postgres-config";
 
 /// The recovery `shard` still waits for: its spec names one and its `Recovery` condition is
@@ -122,21 +120,6 @@ fn restore_target(target: Option<&RecoveryTarget>) -> (&'static str, String) {
     }
 }
 
-fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
-    EnvVar {
-        name: name.to_owned(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: secret.to_owned(),
-                key: key.to_owned(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 /// The environment naming one repository to the script (`prefix` `SOURCE` or `OWN`).
 fn repository_env(prefix: &str, s3: &S3BackupConfig) -> Vec<EnvVar> {
     let mut vars = vec![
@@ -157,12 +140,12 @@ fn repository_env(prefix: &str, s3: &S3BackupConfig) -> Vec<EnvVar> {
         env(&format!("{prefix}_DESC"), describe_repository(s3)),
     ];
     if let Some(secret) = &s3.credentials_secret {
-        vars.push(secret_env(
+        vars.push(env_from_secret(
             &format!("{prefix}_KEY"),
             secret,
             "AWS_ACCESS_KEY_ID",
         ));
-        vars.push(secret_env(
+        vars.push(env_from_secret(
             &format!("{prefix}_SECRET"),
             secret,
             "AWS_SECRET_ACCESS_KEY",
@@ -215,7 +198,6 @@ pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result
     ];
     vars.extend(repository_env("SOURCE", &recovery.source));
     vars.extend(repository_env("OWN", own));
-    let secret = &spec.postgres_password_secret_ref;
     let pull = build::pull(spec);
     let container = Container {
         name: "recovery".to_owned(),
@@ -232,7 +214,7 @@ pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result
         security_context: Some(container_security(pg, false)),
         volume_mounts: Some(vec![
             mount(SCRATCH_VOLUME, POOLER_DIR, false),
-            mount(PASSWORD_VOLUME, PASSWORD_DIR, true),
+            mount(build::PASSWORD_VOLUME, PASSWORD_DIR, true),
             mount(CONFIG_VOLUME, CONFIG_DIR, true),
         ]),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
@@ -265,20 +247,7 @@ pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result
                 }),
                 ..Default::default()
             },
-            Volume {
-                name: PASSWORD_VOLUME.to_owned(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret.name.clone()),
-                    items: Some(vec![KeyToPath {
-                        key: secret.key.clone(),
-                        path: "password".to_owned(),
-                        ..Default::default()
-                    }]),
-                    default_mode: Some(0o440),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
+            build::password_volume(spec),
             // The shard's own postgresql.conf: PostgreSQL promotes here with the settings the
             // pool pods run, so none of them is below what the restored data was written with
             // (a standby refuses a max_connections lower than its primary's).

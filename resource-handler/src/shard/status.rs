@@ -475,30 +475,14 @@ pub(super) async fn recovering(
 }
 
 fn recovering_status(shard: &Shard, verdict: Computed, now: Timestamp) -> ShardStatus {
-    let failed = verdict.reason == "RecoveryFailed";
+    let phase = if verdict.reason == "RecoveryFailed" {
+        Phase::Degraded
+    } else {
+        Phase::Progressing
+    };
     let available = Computed::new(AVAILABLE, FALSE, verdict.reason, verdict.message.clone());
     let message = verdict.message.clone();
-    let observed = shard
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
-    let generation = shard.metadata.generation;
-    ShardStatus {
-        observed_generation: generation,
-        conditions: merge(observed, &[available, verdict], generation, now),
-        phase: Some(if failed {
-            Phase::Degraded
-        } else {
-            Phase::Progressing
-        }),
-        message: Some(message),
-        cells: build::pool_cells(&shard.spec),
-        orch_ready: Some(false),
-        pools_ready: Some(false),
-        ready_replicas: Some(0),
-        ..Default::default()
-    }
+    without_pods(shard, &[available, verdict], (phase, message), now)
 }
 
 /// The status of a hibernating shard with `running` of its pods still there: not Available,
@@ -515,6 +499,19 @@ fn hibernating(shard: &Shard, report: &Report<'_>, running: i32, now: Timestamp)
     let message = hibernated.message.clone();
     let mut desired = vec![available, hibernated];
     desired.extend(report.pgbackrest_tls.clone());
+    let mut status = without_pods(shard, &desired, (phase, message), now);
+    status.ready_replicas = Some(report.pools.iter().map(|c| c.ready).sum());
+    status
+}
+
+/// The status of a shard whose pool pods are not meant to serve (hibernating, or waiting for
+/// its recovery): only `desired` conditions, nothing ready.
+fn without_pods(
+    shard: &Shard,
+    desired: &[Computed],
+    (phase, message): (Phase, String),
+    now: Timestamp,
+) -> ShardStatus {
     let observed = shard
         .status
         .as_ref()
@@ -523,13 +520,13 @@ fn hibernating(shard: &Shard, report: &Report<'_>, running: i32, now: Timestamp)
     let generation = shard.metadata.generation;
     ShardStatus {
         observed_generation: generation,
-        conditions: merge(observed, &desired, generation, now),
+        conditions: merge(observed, desired, generation, now),
         phase: Some(phase),
         message: Some(message),
         cells: build::pool_cells(&shard.spec),
         orch_ready: Some(false),
         pools_ready: Some(false),
-        ready_replicas: Some(report.pools.iter().map(|c| c.ready).sum()),
+        ready_replicas: Some(0),
         ..Default::default()
     }
 }

@@ -21,7 +21,7 @@ use kube::ResourceExt;
 use multigres_api::labels::CLUSTER;
 use multigres_api::resolver;
 use multigres_api::v1alpha1::{
-    BackupConfig, BackupType, MultigresCluster, RecoverableWindow, Shard,
+    BackupConfig, BackupType, MultigresCluster, RecoverableWindow, S3BackupConfig, Shard,
 };
 
 use super::view::View;
@@ -46,11 +46,16 @@ impl Repository {
             .s3
             .as_ref()
             .filter(|_| backup.type_ == BackupType::S3)?;
+        Some(Self::of_s3(s3))
+    }
+
+    /// The S3 repository `s3` names (a recovery source, or a cluster's own).
+    pub fn of_s3(s3: &S3BackupConfig) -> Self {
         let endpoint = match s3.endpoint.as_deref() {
             Some(endpoint) if !endpoint.is_empty() => endpoint.to_owned(),
             _ => format!("s3.{}.amazonaws.com", s3.region),
         };
-        Some(Self {
+        Self {
             endpoint,
             bucket: s3.bucket.clone(),
             prefix: s3
@@ -59,7 +64,7 @@ impl Repository {
                 .unwrap_or_default()
                 .trim_matches('/')
                 .to_owned(),
-        })
+        }
     }
 }
 
@@ -142,15 +147,7 @@ pub fn check_targets(
         let Some(time) = recovery.target.as_ref().and_then(|t| t.time.as_ref()) else {
             continue;
         };
-        let source = Repository::of(&BackupConfig {
-            type_: BackupType::S3,
-            s3: Some(recovery.source.clone()),
-            filesystem: None,
-            pgbackrest_tls: None,
-            encryption: None,
-            schedule: None,
-            recovery: None,
-        });
+        let source = Some(Repository::of_s3(&recovery.source));
         let writer = shards.iter().find(|s| {
             let key = format!(
                 "{}/{}/{}",

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::jiff::Timestamp;
 use multigres_api::resolver::GlobalTopo;
 use multigres_api::resolver::cohort::{self, Durability};
-use multigres_api::v1alpha1::{BackupConfig, BackupType, MultiorchSpec, PoolSpec, ShardConfig};
+use multigres_api::v1alpha1::{BackupType, MultiorchSpec, PoolSpec, ShardConfig};
 
 use multigres_api::postgres::limits;
 use multigres_api::volumes::{self, AutoGrow};
@@ -113,22 +113,14 @@ fn recovery(findings: &mut Findings, view: &View<'_>, shard: &ShardSite<'_>) {
         findings.violation(
             field("recovery"),
             format!(
-                "shard {} recovers into its own backup repository, which must be S3                  (backup.type: s3): the recovered data becomes its first backup there",
+                "shard {} recovers into its own backup repository, which must be S3 \
+                 (backup.type: s3): the recovered data becomes its first backup there",
                 shard.key
             ),
         );
         return;
     };
-    let source = BackupConfig {
-        type_: BackupType::S3,
-        s3: Some(recovery.source.clone()),
-        filesystem: None,
-        pgbackrest_tls: None,
-        encryption: None,
-        schedule: None,
-        recovery: None,
-    };
-    if Repository::of(&source).as_ref() == Some(&own) {
+    if Repository::of_s3(&recovery.source) == own {
         findings.violation(
             field("recovery.source"),
             format!(
@@ -151,7 +143,8 @@ fn recovery(findings: &mut Findings, view: &View<'_>, shard: &ShardSite<'_>) {
     if recovery.source.service_account_name.is_some() {
         findings.violation(
             field("recovery.source.serviceAccountName"),
-            "the recovery source is read with credentialsSecret or useEnvCredentials; a              ServiceAccount (IRSA) of its own is not supported",
+            "the recovery source is read with credentialsSecret or useEnvCredentials; a \
+             ServiceAccount (IRSA) of its own is not supported",
         );
     }
     let time = recovery.target.as_ref().and_then(|t| t.time.as_ref());
