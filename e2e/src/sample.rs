@@ -103,13 +103,15 @@ pub async fn wait_serving(client: &Client, namespace: &str, sent: Instant) -> (D
 /// health stream tells a gateway which pooler is the primary.
 pub const GATEWAY_HEALTH_RETRY_CAP: Duration = Duration::from_secs(60);
 
-/// [`wait_serving`] after every pool pod restored the repository's newest backup, which pins a
-/// Multigres limit seen on real pods: each pooler is in the topology seconds to tens of seconds
-/// before the gateway's dials to it succeed (they are refused: `failed to open health stream
-/// ... connection refused`), and every refusal lengthens the gateway's backoff. After
-/// `Available` (the topology names a primary) the gateway may take up to
-/// [`GATEWAY_HEALTH_RETRY_CAP`] to see the primary. The gap is printed.
-pub async fn wait_serving_after_restore(
+/// [`wait_serving`] for pool pods that come back rather than start afresh (restored from the
+/// repository, or a deleted cluster recreated on its volumes), which pins a Multigres limit seen
+/// on real pods: each pooler is in the topology seconds to tens of seconds before the gateway's
+/// dials to it succeed (they are refused: `failed to open health stream ... connection
+/// refused`; a recreated cluster's topology also still holds the deleted pods' records), and
+/// every refusal lengthens the gateway's backoff. After `Available` (the topology names a
+/// primary) the gateway may take up to [`GATEWAY_HEALTH_RETRY_CAP`] to see the primary. The gap
+/// is printed.
+pub async fn wait_serving_pools_returned(
     client: &Client,
     namespace: &str,
     sent: Instant,
@@ -117,7 +119,7 @@ pub async fn wait_serving_after_restore(
     let tolerance = GATEWAY_HEALTH_RETRY_CAP + Duration::from_secs(5);
     let (to_available, to_sql) = wait_serving_within(client, namespace, sent, tolerance).await;
     crate::load::figure(
-        "restored from the repository: Available -> first SELECT 1 through the gateway (s)",
+        "pool pods returned: Available -> first SELECT 1 through the gateway (s)",
         format!("{:.1}", to_sql.as_secs_f64() - to_available.as_secs_f64()),
     );
     (to_available, to_sql)

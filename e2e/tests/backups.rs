@@ -31,7 +31,7 @@ use multigres_e2e::real::{Endpoint, is_ready, operator_installed};
 use multigres_e2e::s3::{self, Object, S3Server};
 use multigres_e2e::sample::{
     NAME, WAIT, apply_sample, cohort_until, pool_pods, settled_roles, shard, shard_events,
-    wait_serving, wait_serving_after_restore, whole,
+    wait_serving, wait_serving_pools_returned, whole,
 };
 use serde_json::{Value, json};
 
@@ -890,7 +890,7 @@ async fn recover_to_a_time_in_a_new_namespace(
     .await;
     assert!(!recovery.starts_with("FAILED"), "{recovery}");
     let recovered_in = sent.elapsed();
-    let (_, to_sql) = wait_serving_after_restore(client, &restored, sent).await;
+    let (_, to_sql) = wait_serving_pools_returned(client, &restored, sent).await;
     let new_gateway = Endpoint::gateway(client, &restored, NAME).await.unwrap();
     let found = eventually("the restored moments read back", WAIT, || {
         moments(&new_gateway)
@@ -977,7 +977,7 @@ async fn recover_from_the_bucket(
     })
     .await;
     let sent = apply_with_s3(client, namespace, s3).await;
-    let (_, to_sql) = wait_serving_after_restore(client, namespace, sent).await;
+    let (_, to_sql) = wait_serving_pools_returned(client, namespace, sent).await;
     let gateway = Endpoint::gateway(client, namespace, NAME).await.unwrap();
     let ids = eventually("the recovered ledger reads back", WAIT, || ledger(&gateway)).await;
     let lost: Vec<&i64> = in_backup.iter().filter(|id| !ids.contains(id)).collect();

@@ -39,7 +39,8 @@ use multigres_e2e::reach::{self, Reach};
 use multigres_e2e::real::{self, Endpoint, is_ready, operator_installed};
 use multigres_e2e::sample::{
     NAME, WAIT, apply_sample, cohort_until, diagnosed, diagnosed_if_slow, pool_pod_uids, pool_pods,
-    settled_roles, shard, shard_events, wait_restarted, wait_serving, whole,
+    settled_roles, shard, shard_events, wait_restarted, wait_serving, wait_serving_pools_returned,
+    whole,
 };
 use serde_json::json;
 
@@ -1527,7 +1528,7 @@ async fn story(cluster: &'static LocalCluster, client: Client, namespace: String
     .await;
     let sent = apply_sample(&client, &namespace, as_the_story_starts).await;
     set_shard(&client, &namespace, 2, &config).await;
-    let (_, to_sql) = wait_serving(&client, &namespace, sent).await;
+    let (_, to_sql) = wait_serving_pools_returned(&client, &namespace, sent).await;
     figure(
         "recreate -> first SELECT 1 answered (s)",
         format!("{:.1}", to_sql.as_secs_f64()),

@@ -37,6 +37,8 @@ use crate::podspec::{container_security, env, env_from_secret, mount, pod_securi
 
 /// Condition type: where the recovery of a shard's data from its `backup.recovery` source is.
 pub const RECOVERY: &str = "Recovery";
+/// Its reason once the recovery Job failed.
+pub const FAILED: &str = "RecoveryFailed";
 
 /// The script the Job runs (see its header).
 const SCRIPT: &str = include_str!("recovery.sh");
@@ -73,6 +75,15 @@ pub fn done(shard: &Shard) -> Option<Computed> {
         stored.message.clone(),
     ))
 }
+
+/// The `job_id` annotation of the backup a shard's recovery writes: the Shard's UID, so a Job
+/// made again for the same Shard knows its own backup, and another cluster's never matches.
+fn recovery_id(owner: &Owner) -> String {
+    format!("recovery-{}", owner.reference.uid)
+}
+
+/// How long a finished recovery Job (and its pod's scratch volume) is kept.
+const FINISHED_JOB_TTL_SECONDS: i32 = 3600;
 
 /// The Job of `shard`'s recovery.
 pub fn job_name(shard: &str) -> String {
@@ -187,6 +198,7 @@ pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result
         env("TABLE_GROUP", spec.table_group_name.as_str()),
         env("SHARD", spec.shard_name.as_str()),
         env("JOB_NAME", name.as_str()),
+        env("RECOVERY_ID", recovery_id(owner)),
         env(
             "POSTGRES_USER",
             spec.postgres_superuser
@@ -278,6 +290,9 @@ pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result
         },
         spec: Some(JobSpec {
             backoff_limit: Some(0),
+            // Gone an hour after it ends, with its pod and scratch volume (a failure's message
+            // stays in the Recovery condition).
+            ttl_seconds_after_finished: Some(FINISHED_JOB_TTL_SECONDS),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),
@@ -313,7 +328,7 @@ pub fn verdict(recovery: &RecoveryConfig, job: Option<&Job>, failure: Option<Str
         return Computed::new(
             RECOVERY,
             FALSE,
-            "RecoveryFailed",
+            FAILED,
             format!(
                 "restoring {source} to {target} failed, so no pool pod is started: {said}. \
                  Fix the spec and apply the cluster again under a new backup keyPrefix (the \
@@ -361,8 +376,15 @@ pub(super) async fn run(
     let name = desired.name_any();
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     let found = api.get_opt(&name).await.map_err(Error::Recovery)?;
+    let failed_before = stored(shard).filter(|c| c.reason == FAILED);
     let job = match found {
         Some(job) => job,
+        // A failed recovery is not tried again (its Job is gone after an hour): the message
+        // stays until the cluster is applied again.
+        None if failed_before.is_some() => {
+            let message = failed_before.map(|c| c.message.clone()).unwrap_or_default();
+            return Ok(Computed::new(RECOVERY, FALSE, FAILED, message));
+        }
         None => match api.create(&PostParams::default(), &desired).await {
             Ok(job) => job,
             Err(kube::Error::Api(e)) if e.code == 409 => desired,
@@ -377,7 +399,7 @@ pub(super) async fn run(
     let computed = verdict(recovery, Some(&job), failure);
     let previous = stored(shard).map(|c| c.reason.as_str());
     if previous != Some(computed.reason) {
-        let type_ = if computed.reason == "RecoveryFailed" {
+        let type_ = if computed.reason == FAILED {
             EventType::Warning
         } else {
             EventType::Normal
@@ -449,8 +471,16 @@ recovery:
             value(&vars, "TABLE_GROUP"),
             s.spec.table_group_name.as_str()
         );
+        assert_eq!(
+            value(&vars, "RECOVERY_ID"),
+            format!("recovery-{}", owner.reference.uid)
+        );
         let spec = job.spec.as_ref().unwrap();
         assert_eq!(spec.backoff_limit, Some(0));
+        assert_eq!(
+            spec.ttl_seconds_after_finished,
+            Some(FINISHED_JOB_TTL_SECONDS)
+        );
         let pod = spec.template.spec.as_ref().unwrap();
         assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
         assert_eq!(pod.automount_service_account_token, Some(false));

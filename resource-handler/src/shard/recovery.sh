@@ -99,11 +99,15 @@ source="--config=$dir/source.conf --stanza=multigres"
 own="--config=$dir/own.conf --stanza=multigres"
 
 # 1. The shard's own repository holds no backup: its pool pods would restore the newest one.
-out=$(pgbackrest $own info 2>&1) || fail "cannot read this shard's own repository ($OWN_DESC): $(verdict "$out")"
+# One this shard's recovery wrote (annotated with its RECOVERY_ID: a Job made again after the
+# first one's success went unseen) means the work is done.
+out=$(pgbackrest $own info --output=json 2>&1) || fail "cannot read this shard's own repository ($OWN_DESC): $(verdict "$out")"
 case $out in
-  *"status: ok"*) fail "this shard's own repository ($OWN_DESC) already holds backups, which its pool pods would restore instead of the recovered data; give spec.backup.s3.keyPrefix a prefix nothing is stored under" ;;
-  *"missing stanza path"*|*"no valid backups"*) ;;
-  *) fail "cannot read this shard's own repository ($OWN_DESC): $(verdict "$out")" ;;
+  *"\"job_id\":\"$RECOVERY_ID\""*)
+    printf '%s\n' "the recovery of this shard already wrote its first backup to $OWN_DESC"
+    exit 0 ;;
+  *'"label":'*) fail "this shard's own repository ($OWN_DESC) already holds backups, which its pool pods would restore instead of the recovered data; give spec.backup.s3.keyPrefix a prefix nothing is stored under" ;;
+  *'"code":99'*|*'"code":4'*) fail "cannot read this shard's own repository ($OWN_DESC): $(verdict "$out")" ;;
 esac
 
 # 2. What the source holds, named in every message below.
@@ -172,7 +176,7 @@ SQL
 out=$(pgbackrest $own stanza-create 2>&1) || fail "stanza-create in $OWN_DESC: $(verdict "$out")"
 version=$($psql -Atc 'SHOW server_version' 2>/dev/null) || version=
 set -- --type=full "--annotation=table_group=$TABLE_GROUP" "--annotation=shard=$SHARD" \
-  "--annotation=multipooler_id=$JOB_NAME" --annotation=pooler_type=PRIMARY "--annotation=job_id=$JOB_NAME"
+  "--annotation=multipooler_id=$JOB_NAME" --annotation=pooler_type=PRIMARY "--annotation=job_id=$RECOVERY_ID"
 [ -z "$version" ] || set -- "$@" "--annotation=pg_version=$version"
 out=$(pgbackrest $own backup "$@" 2>&1) || fail "the first backup in $OWN_DESC: $(verdict "$out")"
 pg_ctl -D "$data" -m fast -w stop >/dev/null 2>&1 || fail "stopping PostgreSQL: $(verdict "$(server_log)")"

@@ -475,7 +475,7 @@ pub(super) async fn recovering(
 }
 
 fn recovering_status(shard: &Shard, verdict: Computed, now: Timestamp) -> ShardStatus {
-    let phase = if verdict.reason == "RecoveryFailed" {
+    let phase = if verdict.reason == super::recovery::FAILED {
         Phase::Degraded
     } else {
         Phase::Progressing
