@@ -248,7 +248,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             }
             Some(verdict)
         }
-        _ => recovery::done(shard),
+        _ => None,
     };
     let outcome = if multigres_api::labels::paused(&annotations) {
         apply::paused(ctx, shard, &annotations, ns, &desired.objects, &read.pods)

@@ -64,7 +64,8 @@ pub fn stored(shard: &Shard) -> Option<&Condition> {
         .find(|c| c.type_ == RECOVERY)
 }
 
-/// The `Recovery` condition of a shard whose recovery is done, kept as it was written.
+/// The `Recovery` condition of a shard whose recovery is done, kept as it was written by every
+/// status this handler writes (hibernating, refused, serving), so the recovery never runs again.
 pub fn done(shard: &Shard) -> Option<Computed> {
     shard.spec.backup.as_ref()?.recovery.as_ref()?;
     let stored = stored(shard).filter(|c| c.status == TRUE)?;
@@ -371,20 +372,23 @@ pub(super) async fn run(
     owner: &Owner,
     recovery: &RecoveryConfig,
 ) -> Result<Computed, Error> {
+    // A failed recovery is not tried again, nor read again (its Job goes after an hour): the
+    // message stays until the cluster is applied again.
+    if let Some(failed) = stored(shard).filter(|c| c.reason == FAILED) {
+        return Ok(Computed::new(
+            RECOVERY,
+            FALSE,
+            FAILED,
+            failed.message.clone(),
+        ));
+    }
     let ns = owner.namespace.as_str();
     let desired = job(owner, &shard.spec, recovery).map_err(Error::InvalidSpec)?;
     let name = desired.name_any();
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     let found = api.get_opt(&name).await.map_err(Error::Recovery)?;
-    let failed_before = stored(shard).filter(|c| c.reason == FAILED);
     let job = match found {
         Some(job) => job,
-        // A failed recovery is not tried again (its Job is gone after an hour): the message
-        // stays until the cluster is applied again.
-        None if failed_before.is_some() => {
-            let message = failed_before.map(|c| c.message.clone()).unwrap_or_default();
-            return Ok(Computed::new(RECOVERY, FALSE, FAILED, message));
-        }
         None => match api.create(&PostParams::default(), &desired).await {
             Ok(job) => job,
             Err(kube::Error::Api(e)) if e.code == 409 => desired,

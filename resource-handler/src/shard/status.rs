@@ -15,6 +15,7 @@ use multigres_common::status_pacer;
 
 use super::apply::Outcome;
 use super::build::{self, ShardObjects};
+use super::recovery;
 use super::rollout::{self, PodView, Step, Wait};
 use super::scale::{self, HeldScaleUp};
 use super::{
@@ -220,7 +221,8 @@ pub struct Report<'a> {
     pub paused: bool,
     /// The cluster hibernates, with this many of the shard's pods still there.
     pub hibernating: Option<i32>,
-    /// The `Recovery` verdict of a shard started from another cluster's backups, once done.
+    /// The `Recovery` verdict this reconcile reached (a recovery Job that just succeeded);
+    /// without one, a True `Recovery` condition already stored is kept.
     pub recovery: Option<Computed>,
 }
 
@@ -407,7 +409,7 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     desired.extend(report.scale_down.clone());
     desired.extend(report.drain.clone());
     desired.extend(report.paused.then(|| crate::conditions::paused("shard")));
-    desired.extend(report.recovery.clone());
+    desired.extend(report.recovery.clone().or_else(|| recovery::done(shard)));
     let observed = shard
         .status
         .as_ref()
@@ -453,13 +455,15 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
 
 /// Writes the status of a shard whose pool pods wait for its recovery (`verdict`, not True):
 /// not Available, with the recovery's message; Degraded once it failed. The Job is not
-/// watched, so it is looked at again every [`POLL`].
+/// watched, so a running one is looked at again every [`POLL`].
 pub(super) async fn recovering(
     ctx: &Ctx<Guard>,
     shard: &Shard,
     ns: &str,
     verdict: Computed,
 ) -> Result<Action, Error> {
+    // A failed recovery changes only when the cluster is applied again.
+    let look_again = (verdict.reason != recovery::FAILED).then_some(POLL);
     let desired = recovering_status(shard, verdict, Timestamp::now());
     let api: Api<Shard> = Api::namespaced(ctx.client.clone(), ns);
     let deferred = sync::ensure_status(
@@ -471,11 +475,11 @@ pub(super) async fn recovering(
         &ctx.pacer,
     )
     .await?;
-    Ok(status_pacer::action(Some(POLL), deferred))
+    Ok(status_pacer::action(look_again, deferred))
 }
 
 fn recovering_status(shard: &Shard, verdict: Computed, now: Timestamp) -> ShardStatus {
-    let phase = if verdict.reason == super::recovery::FAILED {
+    let phase = if verdict.reason == recovery::FAILED {
         Phase::Degraded
     } else {
         Phase::Progressing
@@ -499,6 +503,7 @@ fn hibernating(shard: &Shard, report: &Report<'_>, running: i32, now: Timestamp)
     let message = hibernated.message.clone();
     let mut desired = vec![available, hibernated];
     desired.extend(report.pgbackrest_tls.clone());
+    desired.extend(recovery::done(shard));
     let mut status = without_pods(shard, &desired, (phase, message), now);
     status.ready_replicas = Some(report.pools.iter().map(|c| c.ready).sum());
     status
@@ -684,6 +689,57 @@ mod tests {
             "{}",
             available.message
         );
+    }
+
+    #[test]
+    fn a_done_recovery_stays_in_every_status_so_it_never_runs_again() {
+        let now = Timestamp::from_second(9).unwrap();
+        let mut recovered = shard();
+        recovered.spec.backup = Some(
+            serde_yaml::from_str(
+                "{type: s3, s3: {bucket: b, region: r, keyPrefix: new}, \
+                 recovery: {source: {bucket: b, region: r, keyPrefix: old}}}",
+            )
+            .unwrap(),
+        );
+        recovered.status = Some(
+            serde_yaml::from_str(
+                "conditions: [{type: Recovery, status: 'True', reason: Restored, message: m, \
+                 lastTransitionTime: '1970-01-01T00:00:01Z'}]",
+            )
+            .unwrap(),
+        );
+        let kept = |st: &ShardStatus| {
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == recovery::RECOVERY)
+                .map(|c| (c.status.clone(), c.message.clone()))
+        };
+        let serving = Report {
+            pools: vec![counts(1, 1)],
+            orchs: vec![counts(1, 1)],
+            ..Default::default()
+        };
+        let hibernated = Report {
+            hibernating: Some(0),
+            ..Default::default()
+        };
+        let refused = Report {
+            problem: Some("spec.pools is empty"),
+            ..Default::default()
+        };
+        for report in [serving, hibernated, refused] {
+            let st = status(&recovered, &report, now);
+            assert_eq!(
+                kept(&st),
+                Some((TRUE.to_owned(), "m".to_owned())),
+                "{report:?}"
+            );
+        }
+        let failed = Computed::new(recovery::RECOVERY, FALSE, recovery::FAILED, "no backup");
+        let st = recovering_status(&shard(), failed, now);
+        assert_eq!(st.phase, Some(Phase::Degraded));
+        assert_eq!(available_of(&st).reason, recovery::FAILED);
     }
 
     #[test]

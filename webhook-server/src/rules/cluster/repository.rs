@@ -148,7 +148,7 @@ pub fn check_targets(
             continue;
         };
         let source = Some(Repository::of_s3(&recovery.source));
-        let writer = shards.iter().find(|s| {
+        let Some(writer) = shards.iter().find(|s| {
             let key = format!(
                 "{}/{}/{}",
                 s.spec.database_name.as_str(),
@@ -156,27 +156,28 @@ pub fn check_targets(
                 s.spec.shard_name.as_str()
             );
             s.spec.backup.as_ref().and_then(Repository::of) == source && key == shard.key
-        });
+        }) else {
+            continue;
+        };
         let Some(window) = writer
-            .and_then(|s| s.status.as_ref())
+            .status
+            .as_ref()
             .and_then(|s| s.recoverable_window.as_ref())
         else {
             continue;
         };
-        let owner = writer.map(|s| {
-            format!(
-                "{}/{}",
-                s.namespace().unwrap_or_default(),
-                s.labels().get(CLUSTER).cloned().unwrap_or_default()
-            )
-        });
+        let owner = format!(
+            "{}/{}",
+            writer.namespace().unwrap_or_default(),
+            writer.labels().get(CLUSTER).cloned().unwrap_or_default()
+        );
         let field = shard.backup_field(&cluster.spec, "recovery.target.time", |b| {
             b.recovery.is_some()
         });
         let described = describe(window);
-        let owner = owner.unwrap_or_default();
         match (&window.earliest, &window.latest) {
-            (Some(earliest), _) if time.0 < earliest.0 => findings.violation(
+            // pgBackRest needs a backup that ended strictly before the target.
+            (Some(earliest), _) if time.0 <= earliest.0 => findings.violation(
                 field,
                 format!(
                     "{} is before the recoverable window of MultigresCluster {owner}'s \
