@@ -24,7 +24,7 @@ pub fn join(parts: &[&str], max: usize) -> String {
     if name.len() <= max && !name.ends_with('-') {
         return name;
     }
-    let hash = format!("{:08x}", fnv1a32(parts));
+    let hash = hash(parts);
     let keep = max.saturating_sub(hash.len() + 1);
     let mut prefix: String = name.chars().take(keep).collect();
     while prefix.ends_with('-') {
@@ -35,6 +35,12 @@ pub fn join(parts: &[&str], max: usize) -> String {
     } else {
         format!("{prefix}-{hash}")
     }
+}
+
+/// 8 hex digits that tell `parts` apart, for a name that must change with a value too long or
+/// too free-form to put in it (e.g. a repository's address).
+pub fn hash(parts: &[&str]) -> String {
+    format!("{:08x}", fnv1a32(parts))
 }
 
 fn sanitize(part: &str) -> String {

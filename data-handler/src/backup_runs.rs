@@ -190,11 +190,21 @@ pub fn run(
     }
     let busy = runs.busy(&slot);
     let asked = cluster.and_then(|c| backup_request::asked(c, shard));
-    let decision = backup_request::decide(
+    let mut decision = backup_request::decide(
         asked.as_ref(),
         &outcome.requests,
         busy.as_ref().map(|(purpose, _)| purpose),
     );
+    // No backup goes into a repository this cluster has not marked as its own (the
+    // resource-handler's BackupRepository condition).
+    let unclaimed = shard.unclaimed_repository();
+    if let (Some(why), backup_request::Decision::Start { id, kind, .. }) = (unclaimed, &decision) {
+        decision = backup_request::Decision::Refuse {
+            id: id.clone(),
+            kind: *kind,
+            message: format!("not taken: {why}"),
+        };
+    }
     let requested = request(
         runs,
         reach,
@@ -219,6 +229,9 @@ pub fn run(
     };
     schedule.running = None;
     match backup_schedule::decide(config, Some(schedule), newest, now) {
+        Decision::Start if unclaimed.is_some() => {
+            tracing::warn!(shard = %slot, reason = unclaimed, "scheduled backup due, but the repository is not this cluster's; not taken");
+        }
         Decision::Start => match source(reach.key, reach.pods, reach.poolers) {
             Some((pod, address, on_primary)) => {
                 let call = Call {

@@ -1,5 +1,5 @@
-//! The one HTTP exchange the harness needs with the servers it starts (the S3 filer's listing,
-//! Prometheus's API): a `GET` for JSON on a plain TCP connection, no client library.
+//! The few HTTP exchanges the harness needs with the servers it starts (the S3 filer's listing
+//! and objects, Prometheus's API), on a plain TCP connection, no client library.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -10,11 +10,28 @@ use tokio::net::TcpStream;
 /// One HTTP/1.0 `GET` asking for JSON (1.0, so the answer is never chunked), bounded to 10 s:
 /// the status code and the body.
 pub async fn get(ip: Ipv4Addr, port: u16, target: &str) -> Result<(u16, String), String> {
+    request("GET", ip, port, target, "").await
+}
+
+/// One HTTP/1.0 exchange: `method` on `target` with `body` (none when empty), bounded to 10 s:
+/// the status code and the body.
+pub async fn request(
+    method: &str,
+    ip: Ipv4Addr,
+    port: u16,
+    target: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
     let exchange = async {
         let mut stream = TcpStream::connect((ip, port)).await?;
-        let request = format!(
-            "GET {target} HTTP/1.0\r\nHost: {ip}:{port}\r\nAccept: application/json\r\n\r\n"
+        let mut request = format!(
+            "{method} {target} HTTP/1.0\r\nHost: {ip}:{port}\r\nAccept: application/json\r\n"
         );
+        if !body.is_empty() {
+            request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        request.push_str("\r\n");
+        request.push_str(body);
         stream.write_all(request.as_bytes()).await?;
         let mut response = String::new();
         stream.read_to_string(&mut response).await?;
@@ -22,16 +39,16 @@ pub async fn get(ip: Ipv4Addr, port: u16, target: &str) -> Result<(u16, String),
     };
     let response = tokio::time::timeout(Duration::from_secs(10), exchange)
         .await
-        .map_err(|_| format!("GET {target}: no answer within 10 s"))?
-        .map_err(|e| format!("GET {target}: {e}"))?;
+        .map_err(|_| format!("{method} {target}: no answer within 10 s"))?
+        .map_err(|e| format!("{method} {target}: {e}"))?;
     let (head, body) = response
         .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("GET {target}: no header end in {response:?}"))?;
+        .ok_or_else(|| format!("{method} {target}: no header end in {response:?}"))?;
     let status = head
         .split(' ')
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .ok_or_else(|| format!("GET {target}: no status in {head:?}"))?;
+        .ok_or_else(|| format!("{method} {target}: no status in {head:?}"))?;
     Ok((status, body.to_owned()))
 }
 

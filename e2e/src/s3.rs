@@ -4,7 +4,8 @@
 //! It listens on the control plane's address, which pods reach as they reach the API server,
 //! serves S3 over TLS (pgBackRest speaks only HTTPS to S3) with SigV4 for one identity (a
 //! request without its keys is refused), and pre-creates one bucket. The tests read what landed
-//! in the bucket through the filer's JSON listing, which needs no S3 client.
+//! in the bucket, and write what another cluster would, through the filer's HTTP interface,
+//! which needs no S3 client.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Secret;
 use serde_json::{Value, json};
 
-use crate::http::get;
+use crate::http::{get, request};
 use crate::nodes::CONTROL_PLANE_IP;
 use crate::process::Supervised;
 use crate::real::real_cluster;
@@ -289,6 +290,41 @@ impl S3Server {
         }
         objects.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(objects)
+    }
+
+    /// The content of object `key` of the bucket, `None` when there is none.
+    pub async fn object(&self, key: &str) -> Result<Option<String>, String> {
+        let (status, body) = get(CONTROL_PLANE_IP, FILER_PORT, &self.object_path(key)).await?;
+        match status {
+            200 => Ok(Some(body)),
+            404 => Ok(None),
+            _ => Err(format!("{key}: HTTP {status}: {body}")),
+        }
+    }
+
+    /// Writes object `key` of the bucket with `content`, as another client of the bucket would.
+    pub async fn put_object(&self, key: &str, content: &str) -> Result<(), String> {
+        let path = self.object_path(key);
+        let (status, body) = request("PUT", CONTROL_PLANE_IP, FILER_PORT, &path, content).await?;
+        match status {
+            200 | 201 => Ok(()),
+            _ => Err(format!("PUT {key}: HTTP {status}: {body}")),
+        }
+    }
+
+    /// Deletes object `key` of the bucket.
+    pub async fn delete_object(&self, key: &str) -> Result<(), String> {
+        let path = self.object_path(key);
+        let (status, body) = request("DELETE", CONTROL_PLANE_IP, FILER_PORT, &path, "").await?;
+        match status {
+            200 | 202 | 204 | 404 => Ok(()),
+            _ => Err(format!("DELETE {key}: HTTP {status}: {body}")),
+        }
+    }
+
+    /// The filer's path of object `key` of the bucket.
+    fn object_path(&self, key: &str) -> String {
+        format!("/buckets/{BUCKET}/{}", key.trim_start_matches('/'))
     }
 
     /// One page of the filer's JSON listing of `directory` (ending in `/`), the entries after

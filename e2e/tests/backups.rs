@@ -15,13 +15,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use multigres_api::backup_request;
 use multigres_api::v1alpha1::{
-    BackupRequestPhase, BackupRequestRollup, BackupRequestState, MultigresCluster, Shard,
-    ShardStatus,
+    BACKUP_REPOSITORY, BackupRequestPhase, BackupRequestRollup, BackupRequestState,
+    MultigresCluster, Shard, ShardStatus,
 };
 use multigres_e2e::cluster::LocalCluster;
 use multigres_e2e::harness::{eventually, fresh_namespace, run_plugin};
@@ -829,6 +831,20 @@ async fn recover_to_a_time_in_a_new_namespace(
     })
     .await;
 
+    // The source's repository is marked as its cluster's, on this Kubernetes cluster.
+    let kubernetes = Api::<Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let marker = s3.object(&format!("{namespace}/multigres/owner")).await;
+    assert_eq!(
+        marker.unwrap().as_deref().map(str::trim_end),
+        Some(format!("cluster={namespace}/{NAME} kubernetes={kubernetes}").as_str()),
+        "the marker of the source's repository"
+    );
+
     let load = Load::start(gateway.clone(), 5_000_000);
     let restored = fresh_namespace(cluster, "restored").await;
     s3::create_credentials(client, &restored).await;
@@ -861,7 +877,16 @@ async fn recover_to_a_time_in_a_new_namespace(
         "{taken}"
     );
     println!("a second cluster on the source's repository: {taken}");
-    let sent = apply_sample(client, &restored, |c| {
+    // The new cluster's own repository already marked by a cluster of another Kubernetes
+    // cluster, which the webhook cannot see: no pod starts until the marker is released.
+    let own_marker = format!("{restored}/multigres/owner");
+    s3.put_object(
+        &own_marker,
+        &format!("cluster={restored}/{NAME} kubernetes=another-kubernetes-cluster\n"),
+    )
+    .await
+    .unwrap();
+    apply_sample(client, &restored, |c| {
         c["spec"]["backup"] = s3.backup_spec(&restored);
         c["spec"]["backup"]["recovery"] = json!({"source": source, "target": {"time": target}});
         c["spec"]["databases"] = json!([{"name": "postgres", "default": true,
@@ -870,6 +895,20 @@ async fn recover_to_a_time_in_a_new_namespace(
     })
     .await;
     let shards: Api<Shard> = Api::namespaced(client.clone(), &restored);
+    let refused = refused_repository(client, &restored).await;
+    assert!(
+        refused.contains("kubernetes=another-kubernetes-cluster"),
+        "{refused}"
+    );
+    println!("a repository another Kubernetes cluster's cluster marked: {refused}");
+    s3.delete_object(&own_marker).await.unwrap();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &restored);
+    let sent = Instant::now();
+    for job in jobs.list(&ListParams::default()).await.unwrap() {
+        jobs.delete(&job.name_any(), &DeleteParams::background())
+            .await
+            .unwrap();
+    }
     let recovery = eventually("the Recovery condition True", WAIT, || async {
         let listed = shards
             .list(&ListParams::default())
@@ -915,11 +954,11 @@ async fn recover_to_a_time_in_a_new_namespace(
     );
     println!("recovery to {target}: {recovery}");
     figure(
-        "recovery to a time into a new namespace: apply -> Recovery True (s)",
+        "recovery to a time into a new namespace: marker released -> Recovery True (s)",
         format!("{:.1}", recovered_in.as_secs_f64()),
     );
     figure(
-        "recovery to a time into a new namespace: apply -> first SELECT 1 answered (s)",
+        "recovery to a time into a new namespace: marker released -> first SELECT 1 answered (s)",
         format!("{:.1}", to_sql.as_secs_f64()),
     );
     let clusters: Api<MultigresCluster> = Api::namespaced(client.clone(), &restored);
@@ -927,6 +966,47 @@ async fn recover_to_a_time_in_a_new_namespace(
         .delete(NAME, &DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// Waits for the Shard of `namespace` to report its backup repository as another cluster's,
+/// checks that no pool StatefulSet was made, and returns the condition's message.
+async fn refused_repository(client: &Client, namespace: &str) -> String {
+    let shards: Api<Shard> = Api::namespaced(client.clone(), namespace);
+    let message = eventually(
+        "the BackupRepository condition OwnedByAnotherCluster",
+        WAIT,
+        || async {
+            let listed = shards
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = listed
+                .items
+                .first()
+                .and_then(|s| s.status.clone())
+                .unwrap_or_default();
+            let condition = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == BACKUP_REPOSITORY);
+            match condition {
+                Some(c) if c.reason == "OwnedByAnotherCluster" => Ok(c.message.clone()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
+    let pools: Vec<String> = statefulsets
+        .list(&ListParams::default().labels("app.kubernetes.io/component=shard-pool"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert!(pools.is_empty(), "pool StatefulSets made: {pools:?}");
+    message
 }
 
 /// Step e: deletes the cluster and every claim of `namespace`, applies the cluster again and

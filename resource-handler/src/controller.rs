@@ -149,6 +149,8 @@ pub struct Base {
     /// How long a multipooler lets its PostgreSQL fail before it quarantines itself and its
     /// pod is replaced (`--pooler-unrecoverable-timeout`; zero: never).
     pub unrecoverable_timeout: Duration,
+    /// The Kubernetes cluster's identity in backup repository markers.
+    pub kubernetes: crate::shard::repository::KubernetesId,
 }
 
 impl Base {
@@ -163,6 +165,7 @@ impl Base {
             telemetry: self.telemetry.clone(),
             operator_namespace: self.operator_namespace.clone(),
             unrecoverable_timeout: self.unrecoverable_timeout,
+            kubernetes: self.kubernetes.clone(),
             name,
             backoff: ObjectBackoff::new(BackoffPolicy::default()),
             pacer: StatusPacer::default(),
@@ -189,6 +192,8 @@ pub struct Ctx<K: Resource<DynamicType = ()>> {
     pub operator_namespace: String,
     /// See [`Base::unrecoverable_timeout`].
     pub unrecoverable_timeout: Duration,
+    /// See [`Base::kubernetes`].
+    pub kubernetes: crate::shard::repository::KubernetesId,
     /// Name of the controller in metrics and HandlerInfo.
     pub name: &'static str,
     /// Consecutive failures per object.

@@ -125,6 +125,7 @@ pub async fn run(
         telemetry,
         operator_namespace,
         unrecoverable_timeout,
+        kubernetes: Default::default(),
     };
     let topo = toposerver::run(
         base.ctx(toposerver::NAME),

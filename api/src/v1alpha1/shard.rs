@@ -484,6 +484,25 @@ pub const FAILURE_TOLERANT: &str = "FailureTolerant";
 /// readiness, roles and the cohort all look whole while every client is refused.
 pub const PRIMARY_SERVING: &str = "PrimaryServing";
 
+/// Shard condition (the resource-handler's): the shard's own S3 backup repository is marked as
+/// its cluster's (a marker object in the bucket names the cluster and the Kubernetes cluster).
+/// A new shard starts no pod before it is `True`; the data-handler starts no backup while it is
+/// `False`, so no cluster writes into a repository another one owns.
+pub const BACKUP_REPOSITORY: &str = "BackupRepository";
+
+impl Shard {
+    /// Why no backup may be written into this shard's own repository now (the message of a
+    /// `False` [`BACKUP_REPOSITORY`] condition); `None` when nothing stands in the way.
+    pub fn unclaimed_repository(&self) -> Option<&str> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == BACKUP_REPOSITORY && c.status == "False")
+            .map(|c| c.message.as_str())
+    }
+}
+
 impl CohortStatus {
     /// Whether `pod` is one of the current rule's participants: a member, or the leader (which
     /// the rule may name without listing it as a member).

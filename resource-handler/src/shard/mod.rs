@@ -13,6 +13,7 @@ pub mod drain;
 pub mod pgconfig;
 pub mod quarantine;
 pub mod recovery;
+pub mod repository;
 pub mod rollout;
 pub mod scale;
 pub mod status;
@@ -79,6 +80,10 @@ pub enum Error {
     /// Reading or creating the recovery Job failed.
     #[error("the recovery Job")]
     Recovery(#[source] kube::Error),
+    /// Reading the Kubernetes cluster's identity, or reading or creating the Job marking the
+    /// backup repository, failed.
+    #[error("marking the backup repository")]
+    Repository(#[source] kube::Error),
     /// Deleting a pod for its restart failed.
     #[error("restarting pod {pod}")]
     Restart {
@@ -236,21 +241,30 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     };
     quarantine::add_to_shard(&mut desired.objects, ctx.unrecoverable_timeout);
     let annotations = ctx.stores.holds(&owner, shard);
-    // A shard recovering another cluster's data starts no pool pod before the recovery Job
-    // has written that data as its first backup.
-    let recovered = match recovery::pending(shard) {
-        Some(recovery) if !multigres_api::labels::paused(&annotations) => {
-            // The Job runs PostgreSQL with the shard's own postgresql.conf.
-            pgconfig::apply(ctx, guard, &desired.postgres_config).await?;
-            let verdict = recovery::run(ctx, guard, shard, &owner, recovery).await?;
-            if !verdict.is_true() {
-                return status::recovering(ctx, shard, ns, verdict).await;
-            }
-            Some(verdict)
+    let paused = multigres_api::labels::paused(&annotations);
+    // Steps run once before the pool pods start: the backup repository is marked as this
+    // cluster's ([`repository`]), then another cluster's data is recovered into it.
+    let mut once = Vec::new();
+    if let Some(s3) = repository::pending(shard).filter(|_| !paused) {
+        let verdict = repository::mark(ctx, guard, shard, &owner, s3).await?;
+        // A shard whose pods run already keeps them (see `repository`).
+        if !verdict.is_true() && !has_pool_statefulsets(ctx, &desired.objects) {
+            let failed = repository::failed(&verdict);
+            return status::waiting(ctx, shard, ns, verdict, failed).await;
         }
-        _ => None,
-    };
-    let outcome = if multigres_api::labels::paused(&annotations) {
+        once.push(verdict);
+    }
+    if let Some(recovery) = recovery::pending(shard).filter(|_| !paused) {
+        // The Job runs PostgreSQL with the shard's own postgresql.conf.
+        pgconfig::apply(ctx, guard, &desired.postgres_config).await?;
+        let verdict = recovery::run(ctx, guard, shard, &owner, recovery).await?;
+        if !verdict.is_true() {
+            let failed = verdict.reason == recovery::FAILED;
+            return status::waiting(ctx, shard, ns, verdict, failed).await;
+        }
+        once.push(verdict);
+    }
+    let outcome = if paused {
         apply::paused(ctx, shard, &annotations, ns, &desired.objects, &read.pods)
     } else if multigres_api::labels::hibernated(&annotations) {
         apply::hibernate(ctx, guard, shard, &owner, &desired, &read.pods).await?
@@ -265,7 +279,17 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         )
         .await?
     };
-    status::write(ctx, shard, ns, &desired, &read.pods, (outcome, recovered)).await
+    status::write(ctx, shard, ns, &desired, &read.pods, (outcome, once)).await
+}
+
+/// Whether any of the shard's pool StatefulSets exists (from the cache).
+fn has_pool_statefulsets(ctx: &Ctx<Guard>, objects: &ShardObjects) -> bool {
+    objects.pools.iter().any(|pool| {
+        ctx.stores
+            .statefulsets
+            .get(&ObjectRef::from_obj(&pool.statefulset))
+            .is_some()
+    })
 }
 
 /// What a Shard refers to, read before anything is built.

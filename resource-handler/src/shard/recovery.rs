@@ -40,8 +40,8 @@ pub const RECOVERY: &str = "Recovery";
 /// Its reason once the recovery Job failed.
 pub const FAILED: &str = "RecoveryFailed";
 
-/// The script the Job runs (see its header).
-const SCRIPT: &str = include_str!("recovery.sh");
+/// The script the Job runs after `pgbackrest.sh` (see its header).
+const SCRIPT: &str = concat!(include_str!("pgbackrest.sh"), include_str!("recovery.sh"));
 const SCRATCH_VOLUME: &str = "scratch";
 const CONFIG_VOLUME: &str = "postgres-config";
 
@@ -133,7 +133,7 @@ fn restore_target(target: Option<&RecoveryTarget>) -> (&'static str, String) {
 }
 
 /// The environment naming one repository to the script (`prefix` `SOURCE` or `OWN`).
-fn repository_env(prefix: &str, s3: &S3BackupConfig) -> Vec<EnvVar> {
+pub(super) fn repository_env(prefix: &str, s3: &S3BackupConfig) -> Vec<EnvVar> {
     let mut vars = vec![
         env(&format!("{prefix}_BUCKET"), s3.bucket.as_str()),
         env(&format!("{prefix}_REGION"), s3.region.as_str()),
@@ -219,7 +219,7 @@ pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result
         command: Some(vec![
             "/bin/sh".to_owned(),
             "-c".to_owned(),
-            SCRIPT.to_owned(),
+            multigres_api::expansion::literal(SCRIPT),
         ]),
         env: Some(vars),
         resources: pool.postgres.as_ref().and_then(|c| c.resources.clone()),
@@ -350,7 +350,7 @@ pub fn verdict(recovery: &RecoveryConfig, job: Option<&Job>, failure: Option<Str
 }
 
 /// What the failed Job's pod wrote to its termination message.
-async fn failure_message(ctx: &Ctx<Guard>, ns: &str, job: &str) -> Option<String> {
+pub(super) async fn failure_message(ctx: &Ctx<Guard>, ns: &str, job: &str) -> Option<String> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let params = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}"));
     let listed = pods.list(&params).await.ok()?;

@@ -15,12 +15,12 @@ use multigres_common::status_pacer;
 
 use super::apply::Outcome;
 use super::build::{self, ShardObjects};
-use super::recovery;
 use super::rollout::{self, PodView, Step, Wait};
 use super::scale::{self, HeldScaleUp};
 use super::{
     Desired, Error, Guard, NAME, ROLLING_UPDATE, Rejected, labelled_for, pgconfig, switchover,
 };
+use super::{recovery, repository};
 use crate::conditions::{
     AVAILABLE, Computed, FALSE, NODES_NOT_REPORTING, TRUE, merge, phase, with_lost_pods,
 };
@@ -70,7 +70,7 @@ pub(super) async fn write(
     ns: &str,
     desired: &Desired,
     pods: &[PodView],
-    (outcome, recovery): (Outcome, Option<Computed>),
+    (outcome, once): (Outcome, Vec<Computed>),
 ) -> Result<Action, Error> {
     let objects = &desired.objects;
     let held_as_applied = outcome.paused || outcome.hibernating.is_some();
@@ -105,7 +105,7 @@ pub(super) async fn write(
         problem: None,
         paused: outcome.paused,
         hibernating: outcome.hibernating,
-        recovery,
+        once,
     };
     let now = Timestamp::now();
     let mut written = status(shard, &report, now);
@@ -128,6 +128,10 @@ pub(super) async fn write(
 
 /// When to look again though no watched object changes (`None`: only on a change).
 fn look_again(report: &Report<'_>) -> Option<Duration> {
+    // The Job marking the backup repository of a shard whose pods run already (not watched).
+    if report.once.iter().any(|c| !c.is_true()) {
+        return Some(POLL);
+    }
     if let Some(running) = report.hibernating {
         // Pods stopping are watched, but a Deployment's count is read from its status.
         return (running > 0).then_some(POLL);
@@ -221,9 +225,9 @@ pub struct Report<'a> {
     pub paused: bool,
     /// The cluster hibernates, with this many of the shard's pods still there.
     pub hibernating: Option<i32>,
-    /// The `Recovery` verdict this reconcile reached (a recovery Job that just succeeded);
-    /// without one, a True `Recovery` condition already stored is kept.
-    pub recovery: Option<Computed>,
+    /// The verdicts of the steps run once before the pool pods start ([`once`]) reached by
+    /// this reconcile.
+    pub once: Vec<Computed>,
 }
 
 /// Pods listed by name in a condition message, at most; the rest are counted.
@@ -409,7 +413,7 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     desired.extend(report.scale_down.clone());
     desired.extend(report.drain.clone());
     desired.extend(report.paused.then(|| crate::conditions::paused("shard")));
-    desired.extend(report.recovery.clone().or_else(|| recovery::done(shard)));
+    desired.extend(once(shard, &report.once));
     let observed = shard
         .status
         .as_ref()
@@ -453,18 +457,34 @@ pub fn status(shard: &Shard, report: &Report<'_>, now: Timestamp) -> ShardStatus
     }
 }
 
-/// Writes the status of a shard whose pool pods wait for its recovery (`verdict`, not True):
-/// not Available, with the recovery's message; Degraded once it failed. The Job is not
-/// watched, so a running one is looked at again every [`POLL`].
-pub(super) async fn recovering(
+/// The conditions of the steps run once before a shard's pool pods start (marking its backup
+/// repository as its cluster's, recovering another cluster's data): those `reached` by this
+/// reconcile, else the ones stored True, which every status keeps so neither step runs again.
+fn once(shard: &Shard, reached: &[Computed]) -> Vec<Computed> {
+    let mut all = reached.to_vec();
+    for kept in [repository::done(shard), recovery::done(shard)]
+        .into_iter()
+        .flatten()
+    {
+        if all.iter().all(|c| c.type_ != kept.type_) {
+            all.push(kept);
+        }
+    }
+    all
+}
+
+/// Writes the status of a shard whose pool pods wait for a step run once before they start
+/// (`verdict`, not True): not Available, with the step's message; Degraded once it `failed`.
+/// The step's Job is not watched, so it is looked at again every [`POLL`] (a failed one too:
+/// deleting it tries again).
+pub(super) async fn waiting(
     ctx: &Ctx<Guard>,
     shard: &Shard,
     ns: &str,
     verdict: Computed,
+    failed: bool,
 ) -> Result<Action, Error> {
-    // A failed recovery changes only when the cluster is applied again.
-    let look_again = (verdict.reason != recovery::FAILED).then_some(POLL);
-    let desired = recovering_status(shard, verdict, Timestamp::now());
+    let desired = waiting_status(shard, verdict, failed, Timestamp::now());
     let api: Api<Shard> = Api::namespaced(ctx.client.clone(), ns);
     let deferred = sync::ensure_status(
         NAME,
@@ -475,18 +495,20 @@ pub(super) async fn recovering(
         &ctx.pacer,
     )
     .await?;
-    Ok(status_pacer::action(look_again, deferred))
+    Ok(status_pacer::action(Some(POLL), deferred))
 }
 
-fn recovering_status(shard: &Shard, verdict: Computed, now: Timestamp) -> ShardStatus {
-    let phase = if verdict.reason == recovery::FAILED {
+fn waiting_status(shard: &Shard, verdict: Computed, failed: bool, now: Timestamp) -> ShardStatus {
+    let phase = if failed {
         Phase::Degraded
     } else {
         Phase::Progressing
     };
     let available = Computed::new(AVAILABLE, FALSE, verdict.reason, verdict.message.clone());
     let message = verdict.message.clone();
-    without_pods(shard, &[available, verdict], (phase, message), now)
+    let mut desired = vec![available];
+    desired.extend(once(shard, &[verdict]));
+    without_pods(shard, &desired, (phase, message), now)
 }
 
 /// The status of a hibernating shard with `running` of its pods still there: not Available,
@@ -503,7 +525,7 @@ fn hibernating(shard: &Shard, report: &Report<'_>, running: i32, now: Timestamp)
     let message = hibernated.message.clone();
     let mut desired = vec![available, hibernated];
     desired.extend(report.pgbackrest_tls.clone());
-    desired.extend(recovery::done(shard));
+    desired.extend(once(shard, &[]));
     let mut status = without_pods(shard, &desired, (phase, message), now);
     status.ready_replicas = Some(report.pools.iter().map(|c| c.ready).sum());
     status
@@ -542,6 +564,7 @@ mod tests {
 
     use super::*;
     use crate::shard::scale::{self, ScaleDown};
+    use multigres_api::v1alpha1::BACKUP_REPOSITORY;
     use rollout::Wait;
 
     fn shard() -> Shard {
@@ -692,7 +715,7 @@ mod tests {
     }
 
     #[test]
-    fn a_done_recovery_stays_in_every_status_so_it_never_runs_again() {
+    fn steps_run_once_stay_in_every_status_so_they_never_run_again() {
         let now = Timestamp::from_second(9).unwrap();
         let mut recovered = shard();
         recovered.spec.backup = Some(
@@ -702,17 +725,23 @@ mod tests {
             )
             .unwrap(),
         );
+        let succeeded: k8s_openapi::api::batch::v1::Job =
+            serde_yaml::from_str("metadata: {name: j}\nstatus: {succeeded: 1}").unwrap();
+        let own = repository::own(&recovered.spec).unwrap();
+        let marked = repository::verdict(own, &succeeded, None).message;
         recovered.status = Some(
-            serde_yaml::from_str(
-                "conditions: [{type: Recovery, status: 'True', reason: Restored, message: m, \
-                 lastTransitionTime: '1970-01-01T00:00:01Z'}]",
-            )
+            serde_json::from_value(serde_json::json!({"conditions": [
+                {"type": "Recovery", "status": "True", "reason": "Restored", "message": "m",
+                 "lastTransitionTime": "1970-01-01T00:00:01Z"},
+                {"type": "BackupRepository", "status": "True", "reason": "Marked",
+                 "message": marked, "lastTransitionTime": "1970-01-01T00:00:01Z"},
+            ]}))
             .unwrap(),
         );
-        let kept = |st: &ShardStatus| {
+        let kept = |st: &ShardStatus, type_: &str| {
             st.conditions
                 .iter()
-                .find(|c| c.type_ == recovery::RECOVERY)
+                .find(|c| c.type_ == type_)
                 .map(|c| (c.status.clone(), c.message.clone()))
         };
         let serving = Report {
@@ -731,15 +760,28 @@ mod tests {
         for report in [serving, hibernated, refused] {
             let st = status(&recovered, &report, now);
             assert_eq!(
-                kept(&st),
+                kept(&st, recovery::RECOVERY),
                 Some((TRUE.to_owned(), "m".to_owned())),
+                "{report:?}"
+            );
+            assert_eq!(
+                kept(&st, BACKUP_REPOSITORY),
+                Some((TRUE.to_owned(), marked.clone())),
                 "{report:?}"
             );
         }
         let failed = Computed::new(recovery::RECOVERY, FALSE, recovery::FAILED, "no backup");
-        let st = recovering_status(&shard(), failed, now);
+        let st = waiting_status(&recovered, failed, true, now);
         assert_eq!(st.phase, Some(Phase::Degraded));
         assert_eq!(available_of(&st).reason, recovery::FAILED);
+        assert_eq!(
+            kept(&st, BACKUP_REPOSITORY),
+            Some((TRUE.to_owned(), marked.clone()))
+        );
+        let marking = Computed::new(BACKUP_REPOSITORY, FALSE, "Marking", "Job j marks");
+        let st = waiting_status(&shard(), marking, false, now);
+        assert_eq!(st.phase, Some(Phase::Progressing));
+        assert_eq!(available_of(&st).reason, "Marking");
     }
 
     #[test]
@@ -844,7 +886,7 @@ mod tests {
             problem: None,
             paused: false,
             hibernating: None,
-            recovery: None,
+            once: Vec::new(),
         };
         let st = status(&s, &report, now);
         let available = st.conditions.iter().find(|c| c.type_ == AVAILABLE).unwrap();
