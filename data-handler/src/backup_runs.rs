@@ -190,21 +190,15 @@ pub fn run(
     }
     let busy = runs.busy(&slot);
     let asked = cluster.and_then(|c| backup_request::asked(c, shard));
-    let mut decision = backup_request::decide(
-        asked.as_ref(),
-        &outcome.requests,
-        busy.as_ref().map(|(purpose, _)| purpose),
-    );
-    // No backup goes into a repository this cluster has not marked as its own (the
-    // resource-handler's BackupRepository condition).
     let unclaimed = shard.unclaimed_repository();
-    if let (Some(why), backup_request::Decision::Start { id, kind, .. }) = (unclaimed, &decision) {
-        decision = backup_request::Decision::Refuse {
-            id: id.clone(),
-            kind: *kind,
-            message: format!("not taken: {why}"),
-        };
-    }
+    let decision = unless_unclaimed(
+        backup_request::decide(
+            asked.as_ref(),
+            &outcome.requests,
+            busy.as_ref().map(|(purpose, _)| purpose),
+        ),
+        unclaimed,
+    );
     let requested = request(
         runs,
         reach,
@@ -264,6 +258,25 @@ pub fn run(
         }
     }
     outcome
+}
+
+/// `decision` for a shard whose repository is not marked as its cluster's (`unclaimed`: the
+/// resource-handler's `BackupRepository` condition says why): a request is answered Failed
+/// with that reason instead of taken, so no backup goes into another cluster's repository.
+fn unless_unclaimed(
+    decision: backup_request::Decision,
+    unclaimed: Option<&str>,
+) -> backup_request::Decision {
+    match (unclaimed, decision) {
+        (Some(why), backup_request::Decision::Start { id, kind, .. }) => {
+            backup_request::Decision::Refuse {
+                id,
+                kind,
+                message: format!("not taken: {why}"),
+            }
+        }
+        (_, decision) => decision,
+    }
 }
 
 /// Follows the requests' `decision` for `slot` (`busy`: the backup running now, and its pod);

@@ -74,3 +74,28 @@ fn backups_are_taken_on_a_serving_replica_and_on_the_primary_only_when_it_is_alo
     let (pod, _, on_primary) = source(KEY, &alone, &only).unwrap();
     assert_eq!((pod.name.as_str(), on_primary), ("p-0", true));
 }
+
+#[test]
+fn a_request_into_a_repository_not_marked_as_the_clusters_is_answered_not_taken() {
+    let start = || backup_request::Decision::Start {
+        id: "before-migration".into(),
+        kind: BackupKind::Full,
+        again: false,
+    };
+    let owned = "s3://b/prod/multigres belongs to another cluster";
+    match unless_unclaimed(start(), Some(owned)) {
+        backup_request::Decision::Refuse { id, message, .. } => {
+            assert_eq!(id, "before-migration");
+            assert!(message.contains(owned), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        unless_unclaimed(start(), None),
+        backup_request::Decision::Start { .. }
+    ));
+    assert!(matches!(
+        unless_unclaimed(backup_request::Decision::Nothing, Some(owned)),
+        backup_request::Decision::Nothing
+    ));
+}

@@ -12,8 +12,9 @@
 //! What the other clusters use is read from their Shards: the spec the cluster-handler resolved
 //! and wrote, listed across namespaces (see `crate::admission`). A cluster's own Shards do not
 //! count, so the documented recovery still works: the same cluster applied again over its
-//! repository, in the same namespace or, once the old one is gone, in another. Only clusters of
-//! this Kubernetes cluster are seen: the operator writes no marker into the bucket.
+//! repository. Only clusters of this Kubernetes cluster are seen here; the marker the
+//! resource-handler writes into each repository before its pods start (its
+//! `shard::repository`) also stops a cluster of another Kubernetes cluster.
 
 use std::collections::BTreeMap;
 
