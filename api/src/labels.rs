@@ -172,6 +172,21 @@ pub struct Placement<'a> {
     pub pool: Option<&'a str>,
 }
 
+/// Whether `labels` place an object (a pool pod, or one of its volumes) in the shard `spec`
+/// describes, of cluster `cluster`: how every handler finds a shard's pods without a
+/// reference from the Shard.
+pub fn in_shard(
+    labels: &BTreeMap<String, String>,
+    cluster: &str,
+    spec: &crate::v1alpha1::ShardSpec,
+) -> bool {
+    let is = |key: &str, value: &str| labels.get(key).map(String::as_str) == Some(value);
+    is(CLUSTER, cluster)
+        && is(DATABASE, spec.database_name.as_str())
+        && is(TABLE_GROUP, spec.table_group_name.as_str())
+        && is(SHARD, spec.shard_name.as_str())
+}
+
 /// The full label set of an object: standard labels plus its topology placement.
 pub fn labels(cluster: &str, component: Component, at: &Placement) -> BTreeMap<String, String> {
     let mut out = selector(cluster, component, at);

@@ -15,6 +15,7 @@ pub mod names;
 pub mod network;
 pub mod observability;
 pub mod postgres;
+pub mod quantity;
 pub mod resolver;
 mod schema;
 pub mod v1alpha1;

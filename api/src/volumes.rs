@@ -2,6 +2,7 @@
 //! pod's claim grows, by how much, or is at its ceiling. The resource-handler acts on it; the
 //! webhook checks the same parsing.
 
+use crate::quantity::Quantity;
 use crate::v1alpha1::{VolumeAutoGrow, VolumeUsage};
 
 /// What PostgreSQL holds on a pool pod's data volume, in bytes, as one line of two
@@ -20,42 +21,9 @@ pub const DEFAULT_STEP: &str = "50%";
 pub const MAX_STEP_PERCENT: u32 = 1000;
 
 /// Bytes in a Kubernetes quantity such as `10Gi`, `1.5G` or `1e9`, rounded up; `None` if the
-/// text is not a quantity.
+/// text is not a quantity or is below zero.
 pub fn parse_bytes(text: &str) -> Option<u128> {
-    let end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(end);
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() {
-        return None;
-    }
-    let mantissa: u128 = format!("{whole}{fraction}").parse().ok()?;
-    let mut denominator = 10u128.checked_pow(u32::try_from(fraction.len()).ok()?)?;
-    let multiplier: u128 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        "Ei" => 1 << 60,
-        "k" => 10u128.pow(3),
-        "M" => 10u128.pow(6),
-        "G" => 10u128.pow(9),
-        "T" => 10u128.pow(12),
-        "P" => 10u128.pow(15),
-        "E" => 10u128.pow(18),
-        "m" => {
-            denominator = denominator.checked_mul(1000)?;
-            1
-        }
-        exponent => {
-            let power: u32 = exponent.strip_prefix(['e', 'E'])?.parse().ok()?;
-            10u128.checked_pow(power)?
-        }
-    };
-    Some(mantissa.checked_mul(multiplier)?.div_ceil(denominator))
+    Quantity::parse(text).ok()?.whole_units_up()
 }
 
 /// `bytes` as a quantity: whole MiB (rounded up) when it is at least 1 MiB, e.g. `1536Mi`.

@@ -248,12 +248,8 @@ pub fn shard_of(pod: &Pod) -> Option<ObjectRef<Guarded<Shard>>> {
 /// Whether `pod` is a pool pod of `shard` (of cluster `cluster`).
 pub fn is_pool_pod_of(pod: &Pod, shard: &Shard, cluster: &str) -> bool {
     let l = pod.labels();
-    let is = |key: &str, value: &str| l.get(key).map(String::as_str) == Some(value);
-    is(labels::CLUSTER, cluster)
-        && is(labels::COMPONENT, Component::Pool.as_str())
-        && is(labels::DATABASE, shard.spec.database_name.as_str())
-        && is(labels::TABLE_GROUP, shard.spec.table_group_name.as_str())
-        && is(labels::SHARD, shard.spec.shard_name.as_str())
+    l.get(labels::COMPONENT).map(String::as_str) == Some(Component::Pool.as_str())
+        && labels::in_shard(l, cluster, &shard.spec)
 }
 
 /// Reads the shard's cohort, runs each step over it, and writes what they found: the status,

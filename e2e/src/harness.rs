@@ -212,6 +212,7 @@ pub async fn grant_shipped_rbac(cluster: &LocalCluster, namespace: &str, handler
             .await
             .unwrap_or_else(|e| panic!("binding {role}: {e}"));
     }
+    bind_cluster_scoped_rules(&admin, &docs, namespace, handler).await;
     let kubeconfig = cluster
         .service_account_kubeconfig(namespace, handler, Duration::from_secs(24 * 3600))
         .await
@@ -233,6 +234,62 @@ pub async fn grant_shipped_rbac(cluster: &LocalCluster, namespace: &str, handler
     })
     .await;
     kubeconfig
+}
+
+/// Resources with no namespace that a shipped ClusterRole names (nodes to find cordons, the
+/// kube-system namespace for this Kubernetes cluster's identity).
+const CLUSTER_SCOPED: [&str; 2] = ["nodes", "namespaces"];
+
+/// Binds cluster-wide the rules of the shipped ClusterRoles `docs` that name only resources
+/// without a namespace, as an install whose handler runs with `--watch-namespace` does
+/// (`deploy/rbac/resource-handler.yaml` says so): a RoleBinding grants nothing on them.
+async fn bind_cluster_scoped_rules(
+    admin: &Client,
+    docs: &[DynamicObject],
+    namespace: &str,
+    handler: &str,
+) {
+    let roles = docs
+        .iter()
+        .filter(|d| d.types.as_ref().is_some_and(|t| t.kind == "ClusterRole"));
+    for role in roles {
+        let rules: Vec<&serde_json::Value> = role.data["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|rule| {
+                let resources = rule["resources"].as_array().into_iter().flatten();
+                let mut resources = resources.peekable();
+                resources.peek().is_some()
+                    && resources.all(|r| r.as_str().is_some_and(|r| CLUSTER_SCOPED.contains(&r)))
+            })
+            .collect();
+        if rules.is_empty() {
+            continue;
+        }
+        let name = format!(
+            "{namespace}-{}-cluster-scoped",
+            role.metadata.name.clone().unwrap_or_default()
+        );
+        let objects = [
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": name}, "rules": rules,
+            }),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": handler, "namespace": namespace}],
+            }),
+        ];
+        for object in objects {
+            let object: DynamicObject = serde_json::from_value(object).expect("an RBAC object");
+            manifest::apply(admin, &object, None, Mode::Apply)
+                .await
+                .unwrap_or_else(|e| panic!("binding {name} cluster-wide: {e}"));
+        }
+    }
 }
 
 /// Binds the webhook-server's shipped roles (`deploy/webhook/rbac.yaml`) to ServiceAccount
@@ -532,21 +589,10 @@ pub async fn elect_primaries(client: &Client, namespace: &str) -> Result<(), Str
 
 /// Whether `pod` is a pool pod of `shard` (by the labels the resource-handler gives it).
 fn is_pool_pod_of(pod: &Pod, shard: &Shard) -> bool {
-    let labels = pod.labels();
-    let is = |key: &str, value: &str| labels.get(key).map(String::as_str) == Some(value);
     shard
         .labels()
         .get(multigres_api::labels::CLUSTER)
-        .is_some_and(|c| is(multigres_api::labels::CLUSTER, c))
-        && is(
-            multigres_api::labels::DATABASE,
-            shard.spec.database_name.as_str(),
-        )
-        && is(
-            multigres_api::labels::TABLE_GROUP,
-            shard.spec.table_group_name.as_str(),
-        )
-        && is(multigres_api::labels::SHARD, shard.spec.shard_name.as_str())
+        .is_some_and(|cluster| multigres_api::labels::in_shard(pod.labels(), cluster, &shard.spec))
 }
 
 /// `multigres.com/v1alpha1` MultigresCluster, for dynamic clients.

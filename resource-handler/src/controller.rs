@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, PodSpec, Secret, Service,
 };
@@ -66,6 +67,8 @@ pub struct Stores {
     /// Rendered postgresql.conf ConfigMaps (labelled; referenced ones are read directly),
     /// without the file.
     pub config_maps: SlimStore<ConfigMap>,
+    /// The Jobs shards run before their pool pods start (labelled).
+    pub jobs: Store<Job>,
     /// Clusters (multiadmin, pull settings of etcd pods).
     pub clusters: Store<Guarded<MultigresCluster>>,
     /// Templates the resolver reads for multiadmin.

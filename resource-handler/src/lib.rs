@@ -32,6 +32,7 @@ pub mod toposerver;
 pub mod unready;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -87,6 +88,8 @@ pub async fn run(
     let pvcs = watches.share::<PersistentVolumeClaim>(managed());
     let secrets = watches.share::<Secret>(managed());
     let config_maps = watches.share_trimmed::<ConfigMap>(managed(), slim);
+    // The Jobs a shard runs before its pool pods start (few, and gone an hour after they end).
+    let jobs = watches.share::<Job>(managed());
     let mut running = watches.start();
     let stores = Stores {
         statefulsets: SlimStore::new(statefulsets.store()),
@@ -98,6 +101,7 @@ pub async fn run(
         pods: pods.store(),
         secrets: secrets.store(),
         config_maps: SlimStore::new(config_maps.store()),
+        jobs: jobs.store(),
         clusters: clusters.store(),
         core_templates: core_templates.store(),
         cell_templates: cell_templates.store(),
@@ -162,6 +166,7 @@ pub async fn run(
             config_maps: config_maps.changes_and_deletions(),
             secrets: secrets.changes_and_deletions(),
             pvcs: pvcs.changes_and_deletions(),
+            jobs: jobs.changes_and_deletions(),
             cordons: shards_drained,
         },
         shutdown,

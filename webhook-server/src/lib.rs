@@ -13,7 +13,6 @@ pub mod admission;
 pub mod defaults;
 pub mod lookup;
 pub mod placement;
-pub mod quantity;
 pub mod rules;
 pub mod server;
 pub mod tls;

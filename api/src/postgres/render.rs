@@ -15,6 +15,7 @@ use super::connections::{PoolCapacity, pool_capacity};
 use super::limits;
 use super::standby::{self, Held, StandbySettings};
 use super::validate::{Problem, validate};
+use crate::quantity::Quantity;
 use crate::resolver::defaults;
 use crate::v1alpha1::{PostgresConfigRef, ShardSpec};
 
@@ -224,32 +225,13 @@ fn floor(value: f64) -> u64 {
 }
 
 /// A Kubernetes quantity (`512Mi`, `1.5G`, `250m`, `1e9`) as a number; `None` when it is not
-/// one (the API server validated it already, so the sizing simply keeps its default).
+/// one or is below zero (the API server validated it already, so the sizing simply keeps its
+/// default).
 fn quantity(text: &str) -> Option<f64> {
-    const SUFFIXES: [(&str, f64); 13] = [
-        ("Ki", 1024.0),
-        ("Mi", 1048576.0),
-        ("Gi", 1073741824.0),
-        ("Ti", 1099511627776.0),
-        ("Pi", 1125899906842624.0),
-        ("Ei", 1152921504606846976.0),
-        ("n", 1e-9),
-        ("u", 1e-6),
-        ("m", 1e-3),
-        ("k", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-    ];
-    let text = text.trim();
-    let (number, factor) = SUFFIXES
-        .iter()
-        .find_map(|(suffix, factor)| text.strip_suffix(suffix).map(|n| (n, *factor)))
-        .or_else(|| text.strip_suffix('P').map(|n| (n, 1e15)))
-        .or_else(|| text.strip_suffix('E').map(|n| (n, 1e18)))
-        .unwrap_or((text, 1.0));
-    let value: f64 = number.parse().ok()?;
-    (value.is_finite() && value >= 0.0).then_some(value * factor)
+    Quantity::parse(text.trim())
+        .ok()
+        .filter(|q| !q.is_negative())
+        .map(Quantity::to_f64)
 }
 
 /// Why a shard's postgresql.conf cannot be rendered.

@@ -11,6 +11,7 @@ mod apply;
 pub mod build;
 pub mod drain;
 pub mod pgconfig;
+pub mod prestart;
 pub mod quarantine;
 pub mod recovery;
 pub mod repository;
@@ -24,13 +25,13 @@ use std::sync::Arc;
 
 use futures::Future;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::{ObjectRef, Store};
-use multigres_api::labels::{CLUSTER, DATABASE, SHARD, TABLE_GROUP};
 use multigres_api::observability::{InheritedEnv, PROJECT_REF_ANNOTATION};
 use multigres_api::postgres::Rendered;
 use multigres_api::postgres::standby::StandbySettings;
@@ -80,9 +81,8 @@ pub enum Error {
     /// Reading or creating the recovery Job failed.
     #[error("the recovery Job")]
     Recovery(#[source] kube::Error),
-    /// Reading the Kubernetes cluster's identity, or reading or creating the Job marking the
-    /// backup repository, failed.
-    #[error("marking the backup repository")]
+    /// Reading or creating the Job marking the backup repository failed.
+    #[error("the Job marking the backup repository")]
     Repository(#[source] kube::Error),
     /// Deleting a pod for its restart failed.
     #[error("restarting pod {pod}")]
@@ -129,19 +129,18 @@ pub struct Triggers {
     pub secrets: Changes<Secret>,
     /// Pool volumes (a held scale-up continues once a scaled-away replica's claim is gone).
     pub pvcs: Changes<PersistentVolumeClaim>,
+    /// Owned Jobs (marking the backup repository, recovery): their end lets the pods start.
+    pub jobs: Changes<Job>,
     /// A change of the cordoned nodes (a drain may have begun).
     pub cordons: futures::channel::mpsc::UnboundedReceiver<()>,
 }
 
 /// Whether `object` (a pool pod or volume, by its labels) belongs to `shard`.
 fn labelled_for<K: ResourceExt>(object: &K, shard: &Shard) -> bool {
-    let labels = object.labels();
-    let is = |key: &str, value: &str| labels.get(key).map(String::as_str) == Some(value);
     object.namespace() == shard.namespace()
-        && Owner::of(shard).is_ok_and(|o| is(CLUSTER, &o.cluster))
-        && is(DATABASE, shard.spec.database_name.as_str())
-        && is(TABLE_GROUP, shard.spec.table_group_name.as_str())
-        && is(SHARD, shard.spec.shard_name.as_str())
+        && Owner::of(shard).is_ok_and(|o| {
+            multigres_api::labels::in_shard(object.labels(), &o.cluster, &shard.spec)
+        })
 }
 
 /// The shards `object` belongs to (by its labels).
@@ -200,6 +199,7 @@ pub fn run(
         .owns_shared_stream(triggers.pdbs)
         .owns_shared_stream(triggers.secrets)
         .owns_shared_stream(triggers.config_maps)
+        .owns_shared_stream(triggers.jobs)
         .watches_stream(referenced, referencing)
         .watches_shared_stream(triggers.pods, pods_of)
         .watches_shared_stream(triggers.pvcs, volumes_of)

@@ -11,29 +11,23 @@
 //! The `Recovery` condition says where the Job is; once True it stays, and the recovery is
 //! never run again.
 
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, EnvVar, EphemeralVolumeSource, PersistentVolumeClaimTemplate,
-    Pod, PodSpec, PodTemplateSpec, Volume,
+    ConfigMapVolumeSource, EphemeralVolumeSource, PersistentVolumeClaimTemplate, Volume,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
 use kube::runtime::events::EventType;
-use kube::{Api, ResourceExt};
-use multigres_api::labels::{self, Component};
 use multigres_api::resolver::defaults;
-use multigres_api::v1alpha1::{
-    BackupType, RecoveryConfig, RecoveryTarget, S3BackupConfig, Shard, ShardSpec,
-};
+use multigres_api::v1alpha1::{RecoveryConfig, RecoveryTarget, Shard, ShardSpec};
 
-use super::build;
 use super::pgconfig::{CONFIG_DIR, CONFIG_KEY};
-use super::{Error, Guard};
+use super::{Error, Guard, build, prestart, repository};
 use crate::conditions::{Computed, FALSE, TRUE};
 use crate::contract::{PASSWORD_DIR, PASSWORD_FILE, POOLER_DIR};
 use crate::controller::Ctx;
 use crate::owner::Owner;
-use crate::podspec::{container_security, env, env_from_secret, mount, pod_security};
+use crate::podspec::{env, mount};
 
 /// Condition type: where the recovery of a shard's data from its `backup.recovery` source is.
 pub const RECOVERY: &str = "Recovery";
@@ -83,9 +77,6 @@ fn recovery_id(owner: &Owner) -> String {
     format!("recovery-{}", owner.reference.uid)
 }
 
-/// How long a finished recovery Job (and its pod's scratch volume) is kept.
-const FINISHED_JOB_TTL_SECONDS: i32 = 3600;
-
 /// The Job of `shard`'s recovery.
 pub fn job_name(shard: &str) -> String {
     multigres_api::names::join(&[shard, "recovery"], multigres_api::names::MAX_DNS_LABEL)
@@ -104,18 +95,6 @@ pub fn describe_target(target: Option<&RecoveryTarget>) -> String {
     }
 }
 
-/// An S3 repository as messages name it: `s3://<bucket>/<prefix>/multigres` (where Multigres
-/// keeps it, `go/common/backup/config.go:224-229`).
-pub fn describe_repository(s3: &S3BackupConfig) -> String {
-    let prefix = s3.key_prefix.as_deref().unwrap_or_default();
-    let path = if prefix.is_empty() {
-        "/multigres".to_owned()
-    } else {
-        format!("/{}/multigres", prefix.strip_suffix('/').unwrap_or(prefix))
-    };
-    format!("s3://{}{path}", s3.bucket)
-}
-
 /// pgBackRest's `--type` and `--target` for `target` (a time as `YYYY-MM-DD HH:MM:SS+00`, the
 /// form pgBackRest reads to pick the backup before it).
 fn restore_target(target: Option<&RecoveryTarget>) -> (&'static str, String) {
@@ -132,60 +111,16 @@ fn restore_target(target: Option<&RecoveryTarget>) -> (&'static str, String) {
     }
 }
 
-/// The environment naming one repository to the script (`prefix` `SOURCE` or `OWN`).
-pub(super) fn repository_env(prefix: &str, s3: &S3BackupConfig) -> Vec<EnvVar> {
-    let mut vars = vec![
-        env(&format!("{prefix}_BUCKET"), s3.bucket.as_str()),
-        env(&format!("{prefix}_REGION"), s3.region.as_str()),
-        env(
-            &format!("{prefix}_ENDPOINT"),
-            s3.endpoint.clone().unwrap_or_default(),
-        ),
-        env(
-            &format!("{prefix}_KEY_PREFIX"),
-            s3.key_prefix.clone().unwrap_or_default(),
-        ),
-        env(
-            &format!("{prefix}_ENV_CREDENTIALS"),
-            if s3.use_env_credentials { "true" } else { "" },
-        ),
-        env(&format!("{prefix}_DESC"), describe_repository(s3)),
-    ];
-    if let Some(secret) = &s3.credentials_secret {
-        vars.push(env_from_secret(
-            &format!("{prefix}_KEY"),
-            secret,
-            "AWS_ACCESS_KEY_ID",
-        ));
-        vars.push(env_from_secret(
-            &format!("{prefix}_SECRET"),
-            secret,
-            "AWS_SECRET_ACCESS_KEY",
-        ));
-    }
-    vars
-}
-
 /// The Job that seeds the shard's own repository with `recovery`'s source restored to its
 /// target (see the module docs). It runs once (no retry: a second attempt would find WAL of
 /// the first in the repository), as the pool pods' PostgreSQL user, with a scratch volume like
 /// the first pool's data volume, and is deleted with the Shard.
 pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result<Job, String> {
-    let own = spec
-        .backup
-        .as_ref()
-        .filter(|b| b.type_ == BackupType::S3)
-        .and_then(|b| b.s3.as_ref())
-        .ok_or(
-            "spec.backup.recovery: the recovered data becomes the first backup of this \
-             shard's own repository, which must be S3 (spec.backup.type: s3)",
-        )?;
-    let (_, pool) = spec
-        .pools
-        .iter()
-        .next()
-        .ok_or("spec.pools is empty: a recovery restores into a pool's volume size")?;
-    let (pg, _) = build::pool_identities(pool);
+    let own = repository::own(spec).ok_or(
+        "spec.backup.recovery: the recovered data becomes the first backup of this shard's own \
+         repository, which must be S3 (spec.backup.type: s3)",
+    )?;
+    let pool = prestart::first_pool(spec)?;
     let (_, claim) = build::storage_request(
         &pool.storage.clone().unwrap_or_default(),
         defaults::POOL_STORAGE,
@@ -200,117 +135,58 @@ pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result
         env("SHARD", spec.shard_name.as_str()),
         env("JOB_NAME", name.as_str()),
         env("RECOVERY_ID", recovery_id(owner)),
-        env(
-            "POSTGRES_USER",
-            spec.postgres_superuser
-                .clone()
-                .unwrap_or_else(|| defaults::POSTGRES_SUPERUSER.to_owned()),
-        ),
         env("PASSWORD_FILE", PASSWORD_FILE),
         env("EXTRA_CONF", format!("{CONFIG_DIR}/{CONFIG_KEY}")),
     ];
-    vars.extend(repository_env("SOURCE", &recovery.source));
-    vars.extend(repository_env("OWN", own));
-    let pull = build::pull(spec);
-    let container = Container {
-        name: "recovery".to_owned(),
-        image: Some(spec.images.postgres.as_str().to_owned()),
-        image_pull_policy: Some(pull.policy()),
-        command: Some(vec![
-            "/bin/sh".to_owned(),
-            "-c".to_owned(),
-            multigres_api::expansion::literal(SCRIPT),
-        ]),
-        env: Some(vars),
-        resources: pool.postgres.as_ref().and_then(|c| c.resources.clone()),
-        // PostgreSQL and pgBackRest write lock and log files outside the volume.
-        security_context: Some(container_security(pg, false)),
-        volume_mounts: Some(vec![
-            mount(SCRATCH_VOLUME, POOLER_DIR, false),
-            mount(build::PASSWORD_VOLUME, PASSWORD_DIR, true),
-            mount(CONFIG_VOLUME, CONFIG_DIR, true),
-        ]),
-        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+    vars.extend(prestart::repository_env("SOURCE", &recovery.source));
+    let scratch = Volume {
+        name: SCRATCH_VOLUME.to_owned(),
+        ephemeral: Some(EphemeralVolumeSource {
+            volume_claim_template: Some(PersistentVolumeClaimTemplate {
+                metadata: None,
+                spec: claim,
+            }),
+        }),
         ..Default::default()
     };
-    let labels = labels::labels(
-        &owner.cluster,
-        Component::Shard,
-        &labels::Placement {
-            database: Some(spec.database_name.as_str()),
-            table_group: Some(spec.table_group_name.as_str()),
-            shard: Some(spec.shard_name.as_str()),
-            ..Default::default()
-        },
-    );
-    let pod = PodSpec {
-        containers: vec![container],
-        restart_policy: Some("Never".to_owned()),
-        volumes: Some(vec![
-            Volume {
-                name: SCRATCH_VOLUME.to_owned(),
-                ephemeral: Some(EphemeralVolumeSource {
-                    volume_claim_template: Some(PersistentVolumeClaimTemplate {
-                        metadata: Some(ObjectMeta {
-                            labels: Some(labels.clone()),
-                            ..Default::default()
-                        }),
-                        spec: claim,
-                    }),
-                }),
-                ..Default::default()
-            },
-            build::password_volume(spec),
-            // The shard's own postgresql.conf: PostgreSQL promotes here with the settings the
-            // pool pods run, so none of them is below what the restored data was written with
-            // (a standby refuses a max_connections lower than its primary's).
-            Volume {
-                name: CONFIG_VOLUME.to_owned(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: crate::names::postgres_config(&owner.name),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        ]),
-        security_context: Some(pod_security(pg, pool.fs_group.unwrap_or(pg.group))),
-        service_account_name: own.service_account_name.clone(),
-        automount_service_account_token: Some(false),
-        enable_service_links: Some(false),
-        image_pull_secrets: pull.secrets(),
-        tolerations: (!pool.tolerations.is_empty()).then(|| pool.tolerations.clone()),
-        ..Default::default()
-    };
-    Ok(Job {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(owner.namespace.clone()),
-            labels: Some(labels.clone()),
-            owner_references: Some(vec![owner.reference.clone()]),
-            ..Default::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(0),
-            // Gone an hour after it ends, with its pod and scratch volume (a failure's message
-            // stays in the Recovery condition).
-            ttl_seconds_after_finished: Some(FINISHED_JOB_TTL_SECONDS),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(pod),
-            },
+    // The shard's own postgresql.conf: PostgreSQL promotes here with the settings the pool pods
+    // run, so none of them is below what the restored data was written with (a standby refuses
+    // a max_connections lower than its primary's).
+    let config = Volume {
+        name: CONFIG_VOLUME.to_owned(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: crate::names::postgres_config(&owner.name),
             ..Default::default()
         }),
-        status: None,
-    })
+        ..Default::default()
+    };
+    let script = prestart::Script {
+        name,
+        container: "recovery",
+        text: SCRIPT,
+        env: vars,
+        volumes: vec![
+            (scratch, mount(SCRATCH_VOLUME, POOLER_DIR, false)),
+            (
+                build::password_volume(spec),
+                mount(build::PASSWORD_VOLUME, PASSWORD_DIR, true),
+            ),
+            (config, mount(CONFIG_VOLUME, CONFIG_DIR, true)),
+        ],
+        // PostgreSQL and pgBackRest write lock and log files outside the volume.
+        read_only_root: false,
+        resources: pool.postgres.as_ref().and_then(|c| c.resources.clone()),
+        // A second attempt would find WAL of the first in the repository.
+        retries: 0,
+        final_status: None,
+    };
+    Ok(prestart::job(owner, spec, pool, own, script))
 }
 
 /// The `Recovery` verdict from the Job as stored (`None`: not created yet) and, once it
 /// failed, what its pod said.
 pub fn verdict(recovery: &RecoveryConfig, job: Option<&Job>, failure: Option<String>) -> Computed {
-    let source = describe_repository(&recovery.source);
+    let source = prestart::describe_repository(&recovery.source);
     let target = describe_target(recovery.target.as_ref());
     let status = job.and_then(|j| j.status.as_ref());
     if status.and_then(|s| s.succeeded).unwrap_or(0) > 0 {
@@ -349,20 +225,6 @@ pub fn verdict(recovery: &RecoveryConfig, job: Option<&Job>, failure: Option<Str
     )
 }
 
-/// What the failed Job's pod wrote to its termination message.
-pub(super) async fn failure_message(ctx: &Ctx<Guard>, ns: &str, job: &str) -> Option<String> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let params = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}"));
-    let listed = pods.list(&params).await.ok()?;
-    listed.items.iter().find_map(|pod| {
-        let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
-        statuses.iter().find_map(|s| {
-            let message = s.state.as_ref()?.terminated.as_ref()?.message.clone()?;
-            Some(message.trim().to_owned())
-        })
-    })
-}
-
 /// Creates the recovery Job of `shard` unless it exists, and says where it is. Events mark the
 /// start, the failure and the success once each (on a change of the condition's reason).
 pub(super) async fn run(
@@ -382,22 +244,14 @@ pub(super) async fn run(
             failed.message.clone(),
         ));
     }
-    let ns = owner.namespace.as_str();
     let desired = job(owner, &shard.spec, recovery).map_err(Error::InvalidSpec)?;
     let name = desired.name_any();
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let found = api.get_opt(&name).await.map_err(Error::Recovery)?;
-    let job = match found {
-        Some(job) => job,
-        None => match api.create(&PostParams::default(), &desired).await {
-            Ok(job) => job,
-            Err(kube::Error::Api(e)) if e.code == 409 => desired,
-            Err(e) => return Err(Error::Recovery(e)),
-        },
-    };
+    let job = prestart::ensure(ctx, desired)
+        .await
+        .map_err(Error::Recovery)?;
     let failed = job.status.as_ref().and_then(|s| s.failed).unwrap_or(0) > 0;
     let failure = match failed {
-        true => failure_message(ctx, ns, &name).await,
+        true => prestart::failure_message(ctx, &owner.namespace, &name).await,
         false => None,
     };
     let computed = verdict(recovery, Some(&job), failure);
@@ -418,6 +272,8 @@ pub(super) async fn run(
 mod tests {
     use std::collections::BTreeMap;
 
+    use k8s_openapi::api::core::v1::EnvVar;
+
     use super::*;
 
     fn shard(backup: &str) -> Shard {
@@ -435,16 +291,6 @@ recovery:
   target: {time: '2026-12-05T14:02:59Z'}
 ";
 
-    fn vars(job: &Job) -> BTreeMap<String, EnvVar> {
-        let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-        pod.containers[0]
-            .env
-            .iter()
-            .flatten()
-            .map(|v| (v.name.clone(), v.clone()))
-            .collect()
-    }
-
     fn value(vars: &BTreeMap<String, EnvVar>, name: &str) -> String {
         vars[name].value.clone().unwrap_or_default()
     }
@@ -461,7 +307,7 @@ recovery:
         let owner = Owner::of(&s).unwrap();
         let recovery = pending(&s).unwrap();
         let job = job(&owner, &s.spec, recovery).unwrap();
-        let vars = vars(&job);
+        let vars = prestart::env_of(&job);
         assert_eq!(value(&vars, "SOURCE_DESC"), "s3://backups/prod/multigres");
         assert_eq!(value(&vars, "OWN_DESC"), "s3://backups/staging/multigres");
         assert_eq!(secret_of(&vars, "SOURCE_KEY").0, "prod-keys");
@@ -483,7 +329,7 @@ recovery:
         assert_eq!(spec.backoff_limit, Some(0));
         assert_eq!(
             spec.ttl_seconds_after_finished,
-            Some(FINISHED_JOB_TTL_SECONDS)
+            Some(prestart::FINISHED_JOB_TTL_SECONDS)
         );
         let pod = spec.template.spec.as_ref().unwrap();
         assert_eq!(pod.restart_policy.as_deref(), Some("Never"));

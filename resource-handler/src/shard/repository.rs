@@ -15,28 +15,20 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::batch::v1::{
-    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
-};
-use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, Namespace, PodSpec, PodTemplateSpec, Volume,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
-use kube::api::PostParams;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Namespace, Volume};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
-use multigres_api::labels::{self, Component};
 use multigres_api::names;
 use multigres_api::v1alpha1::{BACKUP_REPOSITORY, BackupType, S3BackupConfig, Shard, ShardSpec};
 
-use super::build;
-use super::recovery::{self, describe_repository, repository_env};
-use super::{Error, Guard};
+use super::{Error, Guard, prestart};
 use crate::conditions::{Computed, FALSE, TRUE};
 use crate::contract::POOLER_DIR;
 use crate::controller::Ctx;
 use crate::owner::Owner;
-use crate::podspec::{container_security, env, mount, pod_security};
+use crate::podspec::{env, mount};
 
 /// Its reason once another cluster's marker was found.
 pub const OWNED_ELSEWHERE: &str = "OwnedByAnotherCluster";
@@ -51,8 +43,6 @@ const OWNED_ELSEWHERE_STATUS: i32 = 3;
 /// Tries of the Job for failures other than [`OWNED_ELSEWHERE_STATUS`] (the Job controller
 /// waits 10 s, 20 s, 40 s between them).
 const RETRIES: i32 = 3;
-/// How long a finished Job is kept (its pod's message is in the condition by then).
-const FINISHED_JOB_TTL_SECONDS: i32 = 3600;
 const WORK_VOLUME: &str = "work";
 
 /// The Kubernetes cluster's identity in markers: the UID of its kube-system namespace, read
@@ -94,8 +84,8 @@ pub fn marker(owner: &Owner, kubernetes: &str) -> String {
 /// The repository as messages name it, with its endpoint (two endpoints are two repositories).
 fn describe(s3: &S3BackupConfig) -> String {
     match s3.endpoint.as_deref().filter(|e| !e.is_empty()) {
-        Some(endpoint) => format!("{} at {endpoint}", describe_repository(s3)),
-        None => describe_repository(s3),
+        Some(endpoint) => format!("{} at {endpoint}", prestart::describe_repository(s3)),
+        None => prestart::describe_repository(s3),
     }
 }
 
@@ -143,107 +133,37 @@ pub fn done(shard: &Shard) -> Option<Computed> {
         .then(|| Computed::new(BACKUP_REPOSITORY, TRUE, "Marked", marked_message(s3)))
 }
 
-/// The Job that marks `s3` as `owner`'s (see the module docs): no volume but a scratch
-/// directory, only the repository's settings and keys, no service account token.
-pub fn job(owner: &Owner, spec: &ShardSpec, s3: &S3BackupConfig, marker: &str) -> Job {
-    let first_pool = spec.pools.values().next();
-    let (pg, fs_group) = match first_pool {
-        Some(pool) => {
-            let (pg, _) = build::pool_identities(pool);
-            (pg, pool.fs_group.unwrap_or(pg.group))
-        }
-        None => {
-            let pg = build::pool_identities(&Default::default()).0;
-            (pg, pg.group)
-        }
-    };
-    let mut vars = vec![
-        env("OWNER", marker),
-        env(
-            "POSTGRES_USER",
-            spec.postgres_superuser.clone().unwrap_or_else(|| {
-                multigres_api::resolver::defaults::POSTGRES_SUPERUSER.to_owned()
-            }),
-        ),
-    ];
-    vars.extend(repository_env("OWN", s3));
-    let pull = build::pull(spec);
-    let container = Container {
-        name: "repository".to_owned(),
-        image: Some(spec.images.postgres.as_str().to_owned()),
-        image_pull_policy: Some(pull.policy()),
-        command: Some(vec![
-            "/bin/sh".to_owned(),
-            "-c".to_owned(),
-            multigres_api::expansion::literal(SCRIPT),
-        ]),
-        env: Some(vars),
-        security_context: Some(container_security(pg, true)),
-        volume_mounts: Some(vec![mount(WORK_VOLUME, POOLER_DIR, false)]),
-        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+/// The Job that marks `s3` as `owner`'s (see the module docs): only the repository's settings
+/// and keys, and a scratch directory.
+pub fn job(
+    owner: &Owner,
+    spec: &ShardSpec,
+    s3: &S3BackupConfig,
+    marker: &str,
+) -> Result<Job, String> {
+    let work = Volume {
+        name: WORK_VOLUME.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     };
-    let labels = labels::labels(
-        &owner.cluster,
-        Component::Shard,
-        &labels::Placement {
-            database: Some(spec.database_name.as_str()),
-            table_group: Some(spec.table_group_name.as_str()),
-            shard: Some(spec.shard_name.as_str()),
-            ..Default::default()
-        },
-    );
-    let pod = PodSpec {
-        containers: vec![container],
-        restart_policy: Some("Never".to_owned()),
-        volumes: Some(vec![Volume {
-            name: WORK_VOLUME.to_owned(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        }]),
-        security_context: Some(pod_security(pg, fs_group)),
-        service_account_name: s3.service_account_name.clone(),
-        automount_service_account_token: Some(false),
-        enable_service_links: Some(false),
-        image_pull_secrets: pull.secrets(),
-        tolerations: first_pool
-            .filter(|p| !p.tolerations.is_empty())
-            .map(|p| p.tolerations.clone()),
-        ..Default::default()
+    let script = prestart::Script {
+        name: job_name(&owner.name, s3),
+        container: "repository",
+        text: SCRIPT,
+        env: vec![env("OWNER", marker)],
+        volumes: vec![(work, mount(WORK_VOLUME, POOLER_DIR, false))],
+        read_only_root: true,
+        resources: None,
+        retries: RETRIES,
+        final_status: Some(OWNED_ELSEWHERE_STATUS),
     };
-    Job {
-        metadata: ObjectMeta {
-            name: Some(job_name(&owner.name, s3)),
-            namespace: Some(owner.namespace.clone()),
-            labels: Some(labels.clone()),
-            owner_references: Some(vec![owner.reference.clone()]),
-            ..Default::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(RETRIES),
-            pod_failure_policy: Some(PodFailurePolicy {
-                rules: vec![PodFailurePolicyRule {
-                    action: "FailJob".to_owned(),
-                    on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                        container_name: None,
-                        operator: "In".to_owned(),
-                        values: vec![OWNED_ELSEWHERE_STATUS],
-                    }),
-                    on_pod_conditions: None,
-                }],
-            }),
-            ttl_seconds_after_finished: Some(FINISHED_JOB_TTL_SECONDS),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(pod),
-            },
-            ..Default::default()
-        }),
-        status: None,
-    }
+    Ok(prestart::job(
+        owner,
+        spec,
+        prestart::first_pool(spec)?,
+        s3,
+        script,
+    ))
 }
 
 /// The `BackupRepository` verdict from the Job as stored and, once it failed, what its pod
@@ -308,22 +228,20 @@ pub(super) async fn mark(
     owner: &Owner,
     s3: &S3BackupConfig,
 ) -> Result<Computed, Error> {
-    let kubernetes = ctx
-        .kubernetes
-        .get(&ctx.client)
+    let kubernetes = match ctx.kubernetes.get(&ctx.client).await {
+        Ok(kubernetes) => kubernetes,
+        Err(error) => {
+            let computed = unidentified(s3, &error);
+            announce(ctx, guard, shard, &computed).await;
+            return Ok(computed);
+        }
+    };
+    let desired =
+        job(owner, &shard.spec, s3, &marker(owner, kubernetes)).map_err(Error::InvalidSpec)?;
+    let name = desired.name_any();
+    let job = prestart::ensure(ctx, desired)
         .await
         .map_err(Error::Repository)?;
-    let desired = job(owner, &shard.spec, s3, &marker(owner, kubernetes));
-    let name = desired.name_any();
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let job = match api.get_opt(&name).await.map_err(Error::Repository)? {
-        Some(job) => job,
-        None => match api.create(&PostParams::default(), &desired).await {
-            Ok(job) => job,
-            Err(kube::Error::Api(e)) if e.code == 409 => desired,
-            Err(e) => return Err(Error::Repository(e)),
-        },
-    };
     // A failure already reported for this Job is not read again: it stays until the Job is
     // deleted (then a new one tries again) or the repository changes (a new Job).
     let reported = stored(shard).filter(|c| {
@@ -340,22 +258,45 @@ pub(super) async fn mark(
         }
         _ => {
             let failure = match job.status.as_ref().and_then(|s| s.failed).unwrap_or(0) > 0 {
-                true => recovery::failure_message(ctx, &owner.namespace, &name).await,
+                true => prestart::failure_message(ctx, &owner.namespace, &name).await,
                 false => None,
             };
             verdict(s3, &job, failure)
         }
     };
-    if stored(shard).map(|c| c.reason.as_str()) != Some(computed.reason) {
-        let type_ = if failed(&computed) {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        ctx.event(guard, type_, computed.reason, computed.message.clone())
-            .await;
-    }
+    announce(ctx, guard, shard, &computed).await;
     Ok(computed)
+}
+
+/// The verdict when this Kubernetes cluster's identity cannot be read (looked at again on the
+/// next reconcile).
+fn unidentified(s3: &S3BackupConfig, error: &kube::Error) -> Computed {
+    Computed::new(
+        BACKUP_REPOSITORY,
+        FALSE,
+        FAILED,
+        format!(
+            "cannot mark {} as this cluster's: the UID of namespace kube-system, which tells \
+             this Kubernetes cluster apart in the marker, cannot be read ({error}); the \
+             resource-handler needs get on namespaces/kube-system cluster-wide \
+             (deploy/rbac/resource-handler.yaml)",
+            describe(s3)
+        ),
+    )
+}
+
+/// An event for `computed` when its reason is not the stored one: a Warning for a failure.
+async fn announce(ctx: &Ctx<Guard>, guard: &Guard, shard: &Shard, computed: &Computed) {
+    if stored(shard).map(|c| c.reason.as_str()) == Some(computed.reason) {
+        return;
+    }
+    let type_ = if failed(computed) {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    ctx.event(guard, type_, computed.reason, computed.message.clone())
+        .await;
 }
 
 #[cfg(test)]

@@ -26,9 +26,9 @@ use multigres_api::v1alpha1::{
     GatewayBufferConfig, GoDuration, PvcDeletionPolicy, PvcRetentionPolicyType,
 };
 
-use crate::quantity::Quantity;
 use crate::violation::Findings;
 use multigres_api::duration;
+use multigres_api::quantity::Quantity;
 
 pub use multigres_api::resolver::{TemplateKind, Templates};
 

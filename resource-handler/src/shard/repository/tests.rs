@@ -1,7 +1,3 @@
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::EnvVar;
-
 use super::*;
 
 const S3: &str = "
@@ -14,16 +10,6 @@ fn shard(backup: &str) -> Shard {
         serde_yaml::from_str(include_str!("../../../fixtures/shard.yaml")).unwrap();
     shard.spec.backup = Some(serde_yaml::from_str(backup).unwrap());
     shard
-}
-
-fn vars(job: &Job) -> BTreeMap<String, EnvVar> {
-    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    pod.containers[0]
-        .env
-        .iter()
-        .flatten()
-        .map(|v| (v.name.clone(), v.clone()))
-        .collect()
 }
 
 fn job_with(status: &str) -> Job {
@@ -55,8 +41,8 @@ fn the_job_gets_the_repository_and_the_marker_only_through_its_environment() {
     let s = shard(S3);
     let owner = Owner::of(&s).unwrap();
     let s3 = pending(&s).unwrap();
-    let job = job(&owner, &s.spec, s3, "cluster=db/prod kubernetes=k");
-    let vars = vars(&job);
+    let job = job(&owner, &s.spec, s3, "cluster=db/prod kubernetes=k").unwrap();
+    let vars = prestart::env_of(&job);
     let value = |name: &str| vars[name].value.clone().unwrap_or_default();
     assert_eq!(value("OWNER"), "cluster=db/prod kubernetes=k");
     assert_eq!(value("OWN_DESC"), "s3://backups/prod/multigres");

@@ -13,9 +13,9 @@ use multigres_api::volumes::{self, AutoGrow};
 
 use super::repository::Repository;
 use super::view::{ShardSite, View};
-use crate::quantity::Quantity;
 use crate::rules;
 use crate::violation::Findings;
+use multigres_api::quantity::Quantity;
 
 /// The checks of one resolved cluster.
 pub(super) fn resolved_checks(findings: &mut Findings, view: &View<'_>) {

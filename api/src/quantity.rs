@@ -1,6 +1,8 @@
 //! Kubernetes resource quantities (`500m`, `10Gi`, `1.5G`, `1e3`) parsed to exact values, so
 //! limits, requests and volume sizes compare by amount rather than by spelling (`1Gi` equals
-//! `1024Mi`).
+//! `1024Mi`). The one parser of the operator: the webhook judges quantities with it, the
+//! handlers size volumes and PostgreSQL memory from it. No maintained crate parses
+//! k8s-openapi 0.29's `Quantity`.
 
 use std::fmt;
 
@@ -115,6 +117,12 @@ impl Quantity {
     pub fn is_zero(self) -> bool {
         self.nanos == 0
     }
+
+    /// The amount in whole units (bytes, for a size), rounded up; `None` below zero.
+    pub fn whole_units_up(self) -> Option<u128> {
+        let nanos = u128::try_from(self.nanos).ok()?;
+        Some(nanos.div_ceil(1_000_000_000))
+    }
 }
 
 impl fmt::Display for Quantity {
@@ -156,6 +164,14 @@ mod tests {
         assert!(q("1n") < q("1u"));
         assert!(q("10Gi") > q("9999Mi"));
         assert_eq!(q("512Mi").cmp(&q("0.5Gi")), Ordering::Equal);
+    }
+
+    #[test]
+    fn whole_units_round_up_and_refuse_negatives() {
+        assert_eq!(q("1500m").whole_units_up(), Some(2));
+        assert_eq!(q("1.5Gi").whole_units_up(), Some(3 << 29));
+        assert_eq!(q("0").whole_units_up(), Some(0));
+        assert_eq!(q("-1").whole_units_up(), None);
     }
 
     #[test]
