@@ -30,7 +30,7 @@ use serde_json::json;
 const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
-/// Each pod of `namespace` with the node it runs on.
+/// Each pod of `namespace` that has not finished, with the node it runs on.
 async fn placement(client: &Client, namespace: &str) -> BTreeMap<String, String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     pods.list(&ListParams::default())
@@ -38,6 +38,11 @@ async fn placement(client: &Client, namespace: &str) -> BTreeMap<String, String>
         .unwrap()
         .items
         .into_iter()
+        // A finished Job's pod (the backup repository's marking) is never Ready again.
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
         .map(|p| {
             let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
             (p.name_any(), node.unwrap_or_default())
