@@ -128,7 +128,8 @@ pub(super) async fn write(
 
 /// When to look again though no watched object changes (`None`: only on a change).
 fn look_again(report: &Report<'_>) -> Option<Duration> {
-    // The Job marking the backup repository of a shard whose pods run already (not watched).
+    // A shard whose pods run already while its backup repository is not marked yet: as in
+    // `waiting`, the kube-system UID the marker needs may have been unreadable.
     if report.once.iter().any(|c| !c.is_true()) {
         return Some(POLL);
     }
@@ -475,8 +476,8 @@ fn once(shard: &Shard, reached: &[Computed]) -> Vec<Computed> {
 
 /// Writes the status of a shard whose pool pods wait for a step run once before they start
 /// (`verdict`, not True): not Available, with the step's message; Degraded once it `failed`.
-/// The step's Job is not watched, so it is looked at again every [`POLL`] (a failed one too:
-/// deleting it tries again).
+/// A Job's changes wake the shard; it is also looked at again every [`POLL`], for what no watch
+/// reports (the kube-system UID the marker needs, when it could not be read).
 pub(super) async fn waiting(
     ctx: &Ctx<Guard>,
     shard: &Shard,

@@ -153,7 +153,7 @@ fn the_verdict_follows_the_job_and_names_the_owner_found() {
 }
 
 #[test]
-fn a_false_condition_stops_backups_a_true_one_does_not() {
+fn only_a_false_condition_reads_as_a_repository_not_this_clusters() {
     let mut s = shard(S3);
     assert_eq!(s.unclaimed_repository(), None);
     with_condition(&mut s, "False", OWNED_ELSEWHERE, "owned by db/other");
