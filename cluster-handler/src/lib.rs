@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Resource;
-use kube::runtime::controller::{self, Controller};
+use kube::runtime::controller::{Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use multigres_api::labels::MANAGED_SELECTOR;
@@ -30,8 +30,7 @@ use multigres_api::v1alpha1::{
     TopoServer,
 };
 use multigres_common::HandlerContext;
-use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
-use multigres_common::controller::{drive, error_policy};
+use multigres_common::controller::{self, Ctx, Kit};
 use multigres_common::events::Recorder;
 use multigres_common::shared_watch::Watches;
 use multigres_common::status_pacer::{self, Budget, StatusPacer};
@@ -94,34 +93,34 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
         status_pacer::MIN_INTERVAL,
         PROGRESS_BUDGET,
     ));
-    let cluster_ctx = Arc::new(cluster::Context {
-        stores: cluster::Stores {
-            clusters: clusters.store(),
-            core_templates: core_templates.store(),
-            cell_templates: cell_templates.store(),
-            shard_templates: shard_templates.store(),
-            topo_servers: topo_servers.store(),
-            cells: cells.store(),
-            table_groups: table_groups.store(),
+    let cluster_ctx = Ctx::new(
+        Kit::new(cluster::CONTROLLER, &ctx.state, &recorder),
+        cluster::Inputs {
+            stores: cluster::Stores {
+                clusters: clusters.store(),
+                core_templates: core_templates.store(),
+                cell_templates: cell_templates.store(),
+                shard_templates: shard_templates.store(),
+                topo_servers: topo_servers.store(),
+                cells: cells.store(),
+                table_groups: table_groups.store(),
+            },
+            writer: Writer::new(client.clone(), cluster::CONTROLLER, field_manager.clone()),
+            pacer: pacer.clone(),
+            images,
         },
-        writer: Writer::new(client.clone(), cluster::CONTROLLER, field_manager.clone()),
-        recorder: recorder.clone(),
-        state: ctx.state.clone(),
-        backoff: ObjectBackoff::new(BackoffPolicy::default()),
-        pacer: pacer.clone(),
-        images,
-    });
-    let table_group_ctx = Arc::new(tablegroup::Context {
-        table_groups: table_groups.store(),
-        shards: shards.store(),
-        writer: Writer::new(client.clone(), tablegroup::CONTROLLER, field_manager),
-        recorder,
-        state: ctx.state.clone(),
-        backoff: ObjectBackoff::new(BackoffPolicy::default()),
-        pacer,
-    });
+    );
+    let table_group_ctx = Ctx::new(
+        Kit::new(tablegroup::CONTROLLER, &ctx.state, &recorder),
+        tablegroup::Inputs {
+            table_groups: table_groups.store(),
+            shards: shards.store(),
+            writer: Writer::new(client.clone(), tablegroup::CONTROLLER, field_manager),
+            pacer,
+        },
+    );
 
-    let config = controller::Config::default()
+    let config = Config::default()
         .concurrency(CONCURRENCY)
         .debounce(DEBOUNCE);
     let cluster_controller = Controller::for_shared_stream(clusters.changes(), clusters.store())
@@ -139,22 +138,27 @@ pub async fn run(ctx: HandlerContext, scope: Scope, images: cluster::images::Ima
         .watches_shared_stream(
             shard_templates.changes_and_deletions(),
             users::<ShardTemplate>(&clusters.store(), TemplateKind::Shard),
-        )
-        .with_config(config.clone())
-        .graceful_shutdown_on(ctx.shutdown.wait())
-        .run(cluster::reconcile, error_policy, cluster_ctx);
+        );
     let table_group_controller =
         Controller::for_shared_stream(table_groups.changes(), table_groups.store())
-            .owns_shared_stream(shards.changes_and_deletions())
-            .with_config(config)
-            .graceful_shutdown_on(ctx.shutdown.wait())
-            .run(tablegroup::reconcile, error_policy, table_group_ctx);
-
-    let readiness = running.ready_when_listed(&ctx.shutdown);
+            .owns_shared_stream(shards.changes_and_deletions());
+    let shutdown = &ctx.shutdown;
     futures::join!(
-        drive(cluster::CONTROLLER, cluster_controller),
-        drive(tablegroup::CONTROLLER, table_group_controller),
-        readiness
+        controller::run(
+            cluster_controller,
+            config.clone(),
+            shutdown,
+            cluster::reconcile,
+            cluster_ctx
+        ),
+        controller::run(
+            table_group_controller,
+            config,
+            shutdown,
+            tablegroup::reconcile,
+            table_group_ctx
+        ),
+        running.ready_when_listed(shutdown)
     );
 }
 

@@ -5,15 +5,12 @@
 use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::events::Event;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::events::Recorder;
 use crate::metrics::record_api_write;
 
 /// Prefix of every field manager the operator uses.
@@ -208,14 +205,6 @@ impl Writer {
     {
         let api = self.api::<K>(&obj.namespace().unwrap_or_default(), "apply-status");
         apply_status(&api, &self.field_manager, &obj.name_any(), status).await
-    }
-
-    /// Publishes `event` about `reference`, counted under this controller; a failure is
-    /// logged, never fatal.
-    pub async fn publish(&self, recorder: &Recorder, event: &Event, reference: &ObjectReference) {
-        recorder
-            .publish_counted(self.controller, event, reference)
-            .await;
     }
 }
 

@@ -241,19 +241,6 @@ impl Notice {
         }
     }
 
-    /// The Warning for a failed reconcile, if it is worth one: the first transient failure of
-    /// a streak (`failures` earlier ones). Retries of the same streak are not news, and a spec
-    /// problem is reported by the object's status and conditions instead.
-    pub fn first_failure(
-        reason: &str,
-        error: &(dyn std::error::Error + 'static),
-        invalid_spec: bool,
-        failures: u32,
-    ) -> Option<Self> {
-        (!invalid_spec && failures == 0)
-            .then(|| Self::warning(reason, crate::telemetry::ErrorChain(error).to_string()))
-    }
-
     /// The event, with `action` saying what the controller was doing; its note fitted (see
     /// [`fitted_note`]) so that a long message never gets the Event refused.
     pub fn event(&self, action: &str) -> Event {
@@ -397,13 +384,6 @@ mod tests {
                 .as_deref(),
             Some("fine")
         );
-        let error = std::io::Error::other("connection refused");
-        assert_eq!(
-            Notice::first_failure("ApplyFailed", &error, false, 0),
-            Some(Notice::warning("ApplyFailed", "connection refused"))
-        );
-        assert_eq!(Notice::first_failure("ApplyFailed", &error, false, 1), None);
-        assert_eq!(Notice::first_failure("ApplyFailed", &error, true, 0), None);
     }
 
     #[test]

@@ -2,17 +2,13 @@
 //! server (which reports it through grpc.health.v1 and `HandlerInfo`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kube::runtime::controller::Action;
 use multigres_proto::operator::v1::{ControllerCounts, GetInfoResponse};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
-
-use crate::backoff::ObjectBackoff;
 
 /// How soon a reconcile that found the caches still filling runs again.
 pub const UNSYNCED_RETRY: Duration = Duration::from_millis(250);
@@ -221,41 +217,14 @@ impl HandlerState {
         crate::metrics::record_reconcile(controller, outcome, elapsed);
     }
 
-    /// Runs one reconcile of the object `key` for `controller`: records its outcome (`category`
-    /// names a failure's kind) and duration, and ends `key`'s failure streak when it succeeds,
-    /// so the next failure is retried after the shortest delay again. Every controller counts
-    /// and backs off the same way through this.
-    ///
-    /// Until the handler acts with its work ready (every cache has had its first complete list)
-    /// nothing is reconciled: the reconcile runs again after [`UNSYNCED_RETRY`]. A controller starts as
-    /// soon as its own cache is filled, and an object judged before the others are listed
-    /// would read what it refers to (a template, a topology server) as missing and be reported
-    /// blocked for a moment after every restart, or while a watch is refused.
-    pub async fn run_reconcile<Key, E>(
-        &self,
-        controller: &str,
-        backoff: &ObjectBackoff<Key>,
-        key: &Key,
-        category: fn(&E) -> &'static str,
-        reconcile: impl Future<Output = Result<Action, E>>,
-    ) -> Result<Action, E>
-    where
-        Key: Hash + Eq + Clone,
-    {
-        if !self.lock().acting_ready() {
-            return Ok(Action::requeue(UNSYNCED_RETRY));
-        }
-        let started = Instant::now();
-        let result = reconcile.await;
-        if result.is_ok() {
-            backoff.reset(key);
-        }
-        self.record_reconcile(
-            controller,
-            result.as_ref().map(|_| ()).map_err(category),
-            started.elapsed(),
-        );
-        result
+    /// Whether this replica may reconcile now: it acts (leads, or runs without leader
+    /// election) and its work is ready (every cache has had its first complete list). A
+    /// controller starts as soon as its own cache is filled, and an object judged before the
+    /// others are listed would read what it refers to (a template, a topology server) as
+    /// missing and be reported blocked for a moment after every restart, or while a watch is
+    /// refused.
+    pub fn may_reconcile(&self) -> bool {
+        self.lock().acting_ready()
     }
 
     /// The `HandlerInfo` answer for the current state.
@@ -291,7 +260,6 @@ impl HandlerState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backoff::BackoffPolicy;
     use tonic_health::pb::health_check_response::ServingStatus as Probe;
 
     #[tokio::test]
@@ -405,69 +373,5 @@ mod tests {
         state.set_leader_state(LeaderState::Standby).await;
         state.set_lease_reachable(true).await;
         assert_eq!(health(&state).await, Probe::NotServing);
-    }
-
-    #[tokio::test]
-    async fn a_standby_reconciles_nothing_even_with_its_caches_synced() {
-        let state = HandlerState::new("cluster-handler", "1").await;
-        state.set_ready(true).await;
-        state.set_leader_state(LeaderState::Standby).await;
-        state.set_lease_reachable(true).await;
-        let backoff = ObjectBackoff::new(BackoffPolicy::default());
-        let ran = std::sync::atomic::AtomicBool::new(false);
-        let result = state
-            .run_reconcile("cluster", &backoff, &"a", |_: &&str| "kube_api", async {
-                ran.store(true, std::sync::atomic::Ordering::Relaxed);
-                Ok(Action::await_change())
-            })
-            .await;
-        assert_eq!(result, Ok(Action::requeue(UNSYNCED_RETRY)));
-        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed));
-    }
-
-    #[tokio::test]
-    async fn a_success_ends_the_failure_streak_and_every_run_is_counted() {
-        let state = HandlerState::new("data-handler", "1").await;
-        state.set_ready(true).await;
-        let backoff = ObjectBackoff::new(BackoffPolicy::default());
-        let category = |_: &&str| "kube_api";
-        backoff.next_delay(&"a");
-        let failed = state
-            .run_reconcile("cell", &backoff, &"a", category, async { Err("down") })
-            .await;
-        assert_eq!(failed, Err("down"));
-        assert_eq!(backoff.failures(&"a"), 1, "a failure keeps the streak");
-        let done = state
-            .run_reconcile("cell", &backoff, &"a", category, async {
-                Ok::<_, &str>(Action::await_change())
-            })
-            .await;
-        assert_eq!(done, Ok(Action::await_change()));
-        assert_eq!(backoff.failures(&"a"), 0, "a success ends it");
-        assert_eq!(
-            state.info().controllers,
-            [ControllerCounts {
-                controller: "cell".to_owned(),
-                reconciles: 2,
-                errors: 1
-            }]
-        );
-    }
-
-    #[tokio::test]
-    async fn nothing_is_reconciled_before_serving() {
-        let state = HandlerState::new("cluster-handler", "1").await;
-        let backoff = ObjectBackoff::new(BackoffPolicy::default());
-        let category = |_: &&str| "kube_api";
-        let ran = std::sync::atomic::AtomicBool::new(false);
-        let early = state
-            .run_reconcile("cluster", &backoff, &"a", category, async {
-                ran.store(true, std::sync::atomic::Ordering::Relaxed);
-                Ok(Action::await_change())
-            })
-            .await;
-        assert_eq!(early, Ok(Action::requeue(UNSYNCED_RETRY)));
-        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed));
-        assert!(state.info().controllers.is_empty(), "not counted");
     }
 }

@@ -11,18 +11,15 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use multigres_api::labels;
 use multigres_api::names;
 use multigres_api::v1alpha1::{Cell, MultigresCluster, TopoServer};
 use multigres_common::apply::ApplyError;
-use multigres_common::backoff::ObjectBackoff;
 use multigres_common::conditions::Computed;
-use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::controller::{self, Category, Classify, Ctx};
 use multigres_common::events::Notice;
-use multigres_common::events::Recorder;
-use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, StatusPacer};
 use multigres_common::telemetry::ErrorChain;
 
@@ -73,68 +70,54 @@ pub enum Error {
 }
 
 impl Classify for Error {
-    /// Whether only a change (of the Cell or its cluster, which re-triggers the Cell) can fix
-    /// this; everything else is retried with backoff.
-    fn is_invalid_spec(&self) -> bool {
-        matches!(self, Error::Malformed { .. } | Error::Target(_))
+    /// Only a change (of the Cell or its cluster, which re-triggers the Cell) can fix an
+    /// invalid spec; everything else is retried with backoff.
+    fn category(&self) -> Category {
+        match self {
+            Error::Malformed { .. } => Category::Malformed,
+            Error::ClusterNotFound { .. } | Error::ServerNotReady { .. } => Category::Waiting,
+            Error::Target(_) => Category::InvalidSpec,
+            Error::Connect(e) => e.category(),
+            Error::Topo(_) | Error::Cleanup(_) => Category::DataPlane,
+            Error::Finalizer(_) | Error::Status(_) => Category::KubeApi,
+        }
     }
 
-    /// Short category, for metrics.
-    fn category(&self) -> &'static str {
-        match self {
-            Error::Malformed { .. } => "malformed",
-            Error::ClusterNotFound { .. } => "cluster_not_found",
-            Error::Target(_) => "invalid_spec",
-            Error::ServerNotReady { .. } => "server_not_ready",
-            Error::Connect(_) => "connect",
-            Error::Topo(e) if e.is_transient() => "topo_unavailable",
-            Error::Topo(_) => "topo",
-            Error::Finalizer(_) | Error::Status(_) => "kube_api",
-            Error::Cleanup(_) => "cleanup",
-        }
+    /// A check's failures are the Cell's conditions ([`conditions_of`]).
+    fn on_conditions(&self) -> bool {
+        matches!(
+            self,
+            Error::ClusterNotFound { .. }
+                | Error::Target(_)
+                | Error::ServerNotReady { .. }
+                | Error::Connect(_)
+                | Error::Topo(_)
+        )
     }
 }
 
-/// What every reconcile of this controller shares.
-pub struct Context {
+/// What this controller reads and writes with, besides the kit.
+pub struct Inputs {
     /// MultigresClusters, for the owner of each Cell.
     pub clusters: Store<Guarded<MultigresCluster>>,
     /// Managed TopoServers, to tell when a cluster's server is going away.
     pub topo_servers: Store<Guarded<TopoServer>>,
     /// Open topology connections.
     pub connections: Arc<Connections>,
-    /// The write path.
+    /// Where its writes go.
     pub writer: Writer,
-    /// Events about Cells.
-    pub recorder: Recorder,
-    /// Reconcile counts for `HandlerInfo` and metrics.
-    pub state: HandlerState,
-    /// Retry delays of failing Cells.
-    pub backoff: ObjectBackoff<ObjectRef<Guarded<Cell>>>,
     /// When each Cell's conditions were last written, to pace progress-only writes.
     pub pacer: StatusPacer<String>,
     /// Periods and timeouts.
     pub settings: Settings,
 }
 
-/// Reconciles one Cell and records the outcome.
-pub async fn reconcile(obj: Arc<Guarded<Cell>>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let key = ObjectRef::from_obj(&*obj);
-    ctx.state
-        .run_reconcile(
-            CONTROLLER,
-            &ctx.backoff,
-            &key,
-            Error::category,
-            reconcile_cell(&obj, &ctx),
-        )
-        .await
-}
+/// This controller's context.
+pub type Context = Ctx<Guarded<Cell>, Inputs>;
 
-impl WithBackoff<Guarded<Cell>> for Context {
-    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<Cell>>> {
-        &self.backoff
-    }
+/// Reconciles one Cell.
+pub async fn reconcile(obj: Arc<Guarded<Cell>>, ctx: Arc<Context>) -> Result<Action, Error> {
+    controller::reconcile(&ctx, &obj, reconcile_cell(&obj, &ctx)).await
 }
 
 /// The MultigresCluster a Cell belongs to: the one its `multigres.com/cluster` label names, in
@@ -215,8 +198,8 @@ async fn reconcile_cell(obj: &Guarded<Cell>, ctx: &Context) -> Result<Action, Er
     if deferred.is_none() {
         let reference = cell.object_ref(&());
         for notice in conditions::transitions(existing, &ours) {
-            ctx.writer
-                .publish(&ctx.recorder, &notice.event("Check"), &reference)
+            ctx.kit
+                .publish_event(&notice.event("Check"), &reference)
                 .await;
         }
     }
@@ -480,8 +463,8 @@ async fn finalize(
                     }
                 }
             };
-            ctx.writer
-                .publish(&ctx.recorder, &notice.event("Deregister"), &reference)
+            ctx.kit
+                .publish_event(&notice.event("Deregister"), &reference)
                 .await;
         }
     }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use multigres_api::labels;
 use multigres_api::names;
@@ -26,11 +26,8 @@ use multigres_api::v1alpha1::{
     TopoServer,
 };
 use multigres_common::apply::ApplyError;
-use multigres_common::backoff::ObjectBackoff;
-use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::controller::{self, Category, Classify, Ctx};
 use multigres_common::events::Notice;
-use multigres_common::events::Recorder;
-use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, Pace, StatusPacer};
 
 use crate::Settings;
@@ -83,28 +80,24 @@ pub enum Error {
 }
 
 impl Classify for Error {
-    /// Whether only a change of the cluster can fix this: no retry until it changes.
+    /// Only a change of the cluster can fix an invalid spec: no retry until it changes.
     /// Everything else (server down, Secret missing, record held by another cluster) is retried
     /// with backoff, since the fix happens outside the cluster object.
-    fn is_invalid_spec(&self) -> bool {
-        matches!(
-            self,
-            Error::Malformed { .. } | Error::Resolve(_) | Error::Target(_) | Error::Records(_)
-        )
+    fn category(&self) -> Category {
+        match self {
+            Error::Malformed { .. } => Category::Malformed,
+            Error::Resolve(_) | Error::Target(_) | Error::Records(_) => Category::InvalidSpec,
+            Error::ServerNotReady { .. } => Category::Waiting,
+            Error::Connect(e) => e.category(),
+            Error::Topo(_) | Error::Cleanup(_) => Category::DataPlane,
+            Error::Finalizer(_) | Error::Status(_) => Category::KubeApi,
+        }
     }
 
-    /// Short category, for metrics.
-    fn category(&self) -> &'static str {
-        match self {
-            Error::Malformed { .. } => "malformed",
-            Error::Resolve(_) | Error::Target(_) | Error::Records(_) => "invalid_spec",
-            Error::ServerNotReady { .. } => "server_not_ready",
-            Error::Connect(_) => "connect",
-            Error::Topo(e) if e.is_transient() => "topo_unavailable",
-            Error::Topo(_) => "topo",
-            Error::Finalizer(_) | Error::Status(_) => "kube_api",
-            Error::Cleanup(_) => "cleanup",
-        }
+    /// `TopoServerReachable` and `TopologyRegistered` say every failure of a pass
+    /// ([`status::conditions`]).
+    fn on_conditions(&self) -> bool {
+        !matches!(self, Error::Status(_) | Error::Cleanup(_))
     }
 }
 
@@ -119,8 +112,8 @@ pub struct TemplateStores {
     pub shard: Store<Guarded<ShardTemplate>>,
 }
 
-/// What every reconcile of this controller shares.
-pub struct Context {
+/// What this controller reads and writes with, besides the kit.
+pub struct Inputs {
     /// Templates, for resolving clusters.
     pub templates: TemplateStores,
     /// Managed TopoServers, to tell when a cluster's server is going away.
@@ -129,41 +122,23 @@ pub struct Context {
     pub shards: Store<Guarded<Shard>>,
     /// Open topology connections.
     pub connections: Arc<Connections>,
-    /// The write path.
+    /// Where its writes go.
     pub writer: Writer,
-    /// Events about clusters.
-    pub recorder: Recorder,
-    /// Reconcile counts for `HandlerInfo` and metrics.
-    pub state: HandlerState,
-    /// Retry delays of failing clusters.
-    pub backoff: ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>>,
     /// When each cluster's conditions were last written, to pace progress-only writes.
     pub pacer: StatusPacer<String>,
     /// Periods and timeouts.
     pub settings: Settings,
 }
 
-/// Reconciles one cluster and records the outcome.
+/// This controller's context.
+pub type Context = Ctx<Guarded<MultigresCluster>, Inputs>;
+
+/// Reconciles one cluster.
 pub async fn reconcile(
     obj: Arc<Guarded<MultigresCluster>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let key = ObjectRef::from_obj(&*obj);
-    ctx.state
-        .run_reconcile(
-            CONTROLLER,
-            &ctx.backoff,
-            &key,
-            Error::category,
-            reconcile_cluster(&obj, &ctx),
-        )
-        .await
-}
-
-impl WithBackoff<Guarded<MultigresCluster>> for Context {
-    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>> {
-        &self.backoff
-    }
+    controller::reconcile(&ctx, &obj, reconcile_cluster(&obj, &ctx)).await
 }
 
 async fn reconcile_cluster(
@@ -224,13 +199,13 @@ async fn reconcile_cluster(
     }
     let reference = cluster.object_ref(&());
     for notice in &notices {
-        ctx.writer
-            .publish(&ctx.recorder, &notice.event("Register"), &reference)
+        ctx.kit
+            .publish_event(&notice.event("Register"), &reference)
             .await;
     }
     if let Some(notice) = status::backup_request_notice(stored_request, request.as_ref()) {
-        ctx.writer
-            .publish(&ctx.recorder, &notice.event("Backup"), &reference)
+        ctx.kit
+            .publish_event(&notice.event("Backup"), &reference)
             .await;
     }
     pass.result
@@ -312,8 +287,8 @@ async fn malformed(
                     finalizer::FINALIZER
                 ),
             );
-            ctx.writer
-                .publish(&ctx.recorder, &notice.event("Deregister"), &reference)
+            ctx.kit
+                .publish_event(&notice.event("Deregister"), &reference)
                 .await;
             writes::patch_json(&ctx.writer, obj, patch)
                 .await
@@ -322,8 +297,8 @@ async fn malformed(
         return Ok(Action::await_change());
     }
     let notice = Notice::warning("InvalidObject", error.to_string());
-    ctx.writer
-        .publish(&ctx.recorder, &notice.event("Register"), &reference)
+    ctx.kit
+        .publish_event(&notice.event("Register"), &reference)
         .await;
     Err(error)
 }
@@ -450,8 +425,8 @@ async fn finalize(cluster: &MultigresCluster, ctx: &Context) -> Result<Action, E
         }
     };
     let reference = cluster.object_ref(&());
-    ctx.writer
-        .publish(&ctx.recorder, &notice.event("Deregister"), &reference)
+    ctx.kit
+        .publish_event(&notice.event("Deregister"), &reference)
         .await;
     writes::patch_json(&ctx.writer, cluster, release)
         .await

@@ -38,12 +38,12 @@ pub mod watch;
 pub mod writes;
 
 use std::fmt::Debug;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::Stream;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
-use kube::runtime::controller::{self, Controller};
+use kube::runtime::controller::{Config, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -52,8 +52,8 @@ use multigres_api::v1alpha1::{
     Cell, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate, TopoServer,
 };
 use multigres_common::HandlerContext;
-use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
-use multigres_common::controller::{Outcome, drive, error_policy};
+use multigres_common::backoff::BackoffPolicy;
+use multigres_common::controller::{self, Ctx, Kit};
 use multigres_common::events::Recorder;
 use multigres_common::shared_watch::{SharedWatch, Watches};
 use multigres_common::shutdown::Shutdown;
@@ -94,12 +94,12 @@ pub struct Settings {
 
 impl Settings {
     /// Exponential backoff from one second up to `retry_max`, ±20 % jitter.
-    fn backoff<K: std::hash::Hash + Eq + Clone>(&self) -> ObjectBackoff<K> {
-        ObjectBackoff::new(BackoffPolicy {
+    fn backoff(&self) -> BackoffPolicy {
+        BackoffPolicy {
             base: Duration::from_secs(1),
             max: self.retry_max,
             jitter: 0.2,
-        })
+        }
     }
 }
 
@@ -113,12 +113,11 @@ pub async fn run(ctx: HandlerContext, scope: Scope, settings: Settings) {
     let clusters = cluster_controller(&shared, &base);
     let cells = cell_controller(&shared, &base);
     let shards = shard_controller(&shared, &base);
-    let readiness = running.ready_when_listed(&ctx.shutdown);
     futures::join!(
-        drive(cluster::CONTROLLER, clusters),
-        drive(cell::CONTROLLER, cells),
-        drive(shard::CONTROLLER, shards),
-        readiness
+        clusters,
+        cells,
+        shards,
+        running.ready_when_listed(&ctx.shutdown)
     );
 }
 
@@ -201,14 +200,19 @@ impl Base {
         }
     }
 
+    /// The kit of `controller`.
+    fn kit<K: Resource<DynamicType = ()>>(&self, controller: &'static str) -> Kit<K> {
+        Kit::new(controller, &self.state, &self.recorder).with_backoff(self.settings.backoff())
+    }
+
     /// The write path of `controller`.
     fn writer(&self, controller: &'static str) -> Writer {
         Writer::new(self.client.clone(), controller, self.field_manager.clone())
     }
 
     /// Every controller's concurrency and debounce.
-    fn config(&self) -> controller::Config {
-        controller::Config::default()
+    fn config(&self) -> Config {
+        Config::default()
             .concurrency(CONCURRENCY)
             .debounce(DEBOUNCE)
     }
@@ -217,28 +221,25 @@ impl Base {
 /// The MultigresCluster controller ([`cluster`]), woken by its clusters, their TopoServers,
 /// the templates of their namespace, and their Shards when the roll-up of the backup request
 /// moves.
-fn cluster_controller(
-    watches: &Shared,
-    base: &Base,
-) -> impl Stream<Item = Outcome<Guarded<MultigresCluster>, cluster::Error>> {
-    let context = Arc::new(cluster::Context {
-        templates: cluster::TemplateStores {
-            core: watches.core_templates.store(),
-            cell: watches.cell_templates.store(),
-            shard: watches.shard_templates.store(),
+fn cluster_controller(watches: &Shared, base: &Base) -> impl Future<Output = ()> {
+    let context = Ctx::new(
+        base.kit(cluster::CONTROLLER),
+        cluster::Inputs {
+            templates: cluster::TemplateStores {
+                core: watches.core_templates.store(),
+                cell: watches.cell_templates.store(),
+                shard: watches.shard_templates.store(),
+            },
+            topo_servers: watches.topo_servers.store(),
+            shards: watches.shards.store(),
+            connections: base.connections.clone(),
+            writer: base.writer(cluster::CONTROLLER),
+            pacer: Default::default(),
+            settings: base.settings.clone(),
         },
-        topo_servers: watches.topo_servers.store(),
-        shards: watches.shards.store(),
-        connections: base.connections.clone(),
-        writer: base.writer(cluster::CONTROLLER),
-        recorder: base.recorder.clone(),
-        state: base.state.clone(),
-        backoff: base.settings.backoff(),
-        pacer: Default::default(),
-        settings: base.settings.clone(),
-    });
+    );
     let clusters = &watches.clusters;
-    Controller::for_shared_stream(clusters.changes(), clusters.store())
+    let controller = Controller::for_shared_stream(clusters.changes(), clusters.store())
         .owns_shared_stream(watches.topo_servers.changes_and_deletions())
         .watches_shared_stream(
             watches.core_templates.changes_and_deletions(),
@@ -255,64 +256,66 @@ fn cluster_controller(
         .watches_shared_stream(
             watches.shards.changes_and_deletions(),
             backup_request_moved(&clusters.store(), &watches.shards.store()),
-        )
-        .with_config(base.config())
-        .graceful_shutdown_on(base.shutdown.wait())
-        .run(cluster::reconcile, error_policy, context)
+        );
+    controller::run(
+        controller,
+        base.config(),
+        &base.shutdown,
+        cluster::reconcile,
+        context,
+    )
 }
 
 /// The Cell controller ([`cell`]), woken by its cells and their clusters.
-fn cell_controller(
-    watches: &Shared,
-    base: &Base,
-) -> impl Stream<Item = Outcome<Guarded<Cell>, cell::Error>> {
-    let context = Arc::new(cell::Context {
-        clusters: watches.clusters.store(),
-        topo_servers: watches.topo_servers.store(),
-        connections: base.connections.clone(),
-        writer: base.writer(cell::CONTROLLER),
-        recorder: base.recorder.clone(),
-        state: base.state.clone(),
-        backoff: base.settings.backoff(),
-        pacer: Default::default(),
-        settings: base.settings.clone(),
-    });
+fn cell_controller(watches: &Shared, base: &Base) -> impl Future<Output = ()> {
+    let context = Ctx::new(
+        base.kit(cell::CONTROLLER),
+        cell::Inputs {
+            clusters: watches.clusters.store(),
+            topo_servers: watches.topo_servers.store(),
+            connections: base.connections.clone(),
+            writer: base.writer(cell::CONTROLLER),
+            pacer: Default::default(),
+            settings: base.settings.clone(),
+        },
+    );
     let cells = &watches.cells;
-    Controller::for_shared_stream(cells.changes(), cells.store())
-        .watches_shared_stream(watches.clusters.changes(), children_of(&cells.store()))
-        .with_config(base.config())
-        .graceful_shutdown_on(base.shutdown.wait())
-        .run(cell::reconcile, error_policy, context)
+    let controller = Controller::for_shared_stream(cells.changes(), cells.store())
+        .watches_shared_stream(watches.clusters.changes(), children_of(&cells.store()));
+    controller::run(
+        controller,
+        base.config(),
+        &base.shutdown,
+        cell::reconcile,
+        context,
+    )
 }
 
 /// The Shard roles controller ([`shard`]), woken by its shards, their clusters, their pool
 /// pods and their rendered postgresql.conf.
-fn shard_controller(
-    watches: &Shared,
-    base: &Base,
-) -> impl Stream<Item = Outcome<Guarded<Shard>, shard::Error>> {
-    let context = Arc::new(shard::Context {
-        clusters: watches.clusters.store(),
-        cells: watches.cells.store(),
-        pods: watches.pods.store(),
-        config_maps: watches.config_maps.store(),
-        claims: watches.claims.store(),
-        volume_pacer: Default::default(),
-        topo_servers: watches.topo_servers.store(),
-        connections: base.connections.clone(),
-        credentials: dial::Credentials::new(base.client.clone()),
-        writer: base.writer(shard::CONTROLLER),
-        recorder: base.recorder.clone(),
-        reload_waits: Default::default(),
-        switchovers: Default::default(),
-        backup_checks: Default::default(),
-        backup_runs: Default::default(),
-        role_checks: Default::default(),
-        passwords: postgres_roles::Passwords::new(base.client.clone()),
-        state: base.state.clone(),
-        backoff: base.settings.backoff(),
-        settings: base.settings.clone(),
-    });
+fn shard_controller(watches: &Shared, base: &Base) -> impl Future<Output = ()> {
+    let context = Ctx::new(
+        base.kit(shard::CONTROLLER),
+        shard::Inputs {
+            clusters: watches.clusters.store(),
+            cells: watches.cells.store(),
+            pods: watches.pods.store(),
+            config_maps: watches.config_maps.store(),
+            claims: watches.claims.store(),
+            volume_pacer: Default::default(),
+            topo_servers: watches.topo_servers.store(),
+            connections: base.connections.clone(),
+            credentials: dial::Credentials::new(base.client.clone()),
+            writer: base.writer(shard::CONTROLLER),
+            reload_waits: Default::default(),
+            switchovers: Default::default(),
+            backup_checks: Default::default(),
+            backup_runs: Default::default(),
+            role_checks: Default::default(),
+            passwords: postgres_roles::Passwords::new(base.client.clone()),
+            settings: base.settings.clone(),
+        },
+    );
     let shards = &watches.shards;
     let published = shards.store();
     multigres_common::status_metrics::register(move |g| {
@@ -320,16 +323,20 @@ fn shard_controller(
         backup_health::collect(g, &published);
         shard::collect(g, &published);
     });
-    Controller::for_shared_stream(shards.changes(), shards.store())
+    let controller = Controller::for_shared_stream(shards.changes(), shards.store())
         .watches_shared_stream(watches.clusters.changes(), children_of(&shards.store()))
         .watches_shared_stream(
             watches.pods.changes_and_deletions(),
             |pod: Arc<Guarded<Pod>>| pod.0.as_ref().ok().and_then(shard::shard_of),
         )
-        .owns_shared_stream(watches.config_maps.changes_and_deletions())
-        .with_config(base.config())
-        .graceful_shutdown_on(base.shutdown.wait())
-        .run(shard::reconcile, error_policy, context)
+        .owns_shared_stream(watches.config_maps.changes_and_deletions());
+    controller::run(
+        controller,
+        base.config(),
+        &base.shutdown,
+        shard::reconcile,
+        context,
+    )
 }
 
 /// Maps a change of a template to every cluster of its namespace (templates are few, and a

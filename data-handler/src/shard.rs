@@ -58,11 +58,8 @@ use multigres_api::labels::{self, Component, SWITCHOVER_RESIGNED};
 use multigres_api::v1alpha1::{Cell, MultigresCluster, RoleStatus, Shard, TopoServer, VolumeUsage};
 use multigres_api::{managed_roles, names};
 use multigres_common::apply::ApplyError;
-use multigres_common::backoff::ObjectBackoff;
-use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::controller::{self, Category, Classify, Ctx};
 use multigres_common::events::Notice;
-use multigres_common::events::Recorder;
-use multigres_common::state::HandlerState;
 use multigres_common::status_metrics::StatusGauges;
 use serde_json::json;
 
@@ -136,7 +133,19 @@ pub enum Error {
 }
 
 impl Classify for Error {
-    /// Whether only a change can fix this (no periodic retry).
+    fn category(&self) -> Category {
+        match self {
+            Error::Malformed { .. } => Category::Malformed,
+            Error::ClusterNotFound { .. } => Category::Waiting,
+            Error::Target(_) | Error::CellTarget { .. } | Error::Config(_) => Category::InvalidSpec,
+            Error::Connect(e) | Error::CellConnect { source: e, .. } => e.category(),
+            Error::Poolers { .. } => Category::DataPlane,
+            Error::Status(_) | Error::Label { .. } => Category::KubeApi,
+        }
+    }
+
+    /// Whether only a change can fix this (no periodic retry). A cell's settings are not: the
+    /// other cells' roles are published, and the Shard is read again periodically.
     fn is_invalid_spec(&self) -> bool {
         matches!(
             self,
@@ -144,17 +153,16 @@ impl Classify for Error {
         )
     }
 
-    /// Short category, for metrics.
-    fn category(&self) -> &'static str {
-        match self {
-            Error::Malformed { .. } => "malformed",
-            Error::ClusterNotFound { .. } => "cluster_not_found",
-            Error::Target(_) | Error::CellTarget { .. } => "invalid_spec",
-            Error::Config(_) => "config",
-            Error::Connect(_) | Error::CellConnect { .. } => "connect",
-            Error::Poolers { .. } => "topo",
-            Error::Status(_) | Error::Label { .. } => "kube_api",
-        }
+    /// The topology settings and connections are the conditions of the cluster
+    /// (`TopoServerReachable`) and of each Cell.
+    fn on_conditions(&self) -> bool {
+        matches!(
+            self,
+            Error::Target(_)
+                | Error::Connect(_)
+                | Error::CellTarget { .. }
+                | Error::CellConnect { .. }
+        )
     }
 }
 
@@ -168,8 +176,8 @@ impl From<cohort::CellError> for Error {
     }
 }
 
-/// What every reconcile of this controller shares.
-pub struct Context {
+/// What this controller reads and writes with, besides the kit.
+pub struct Inputs {
     /// MultigresClusters, for each Shard's connection settings.
     pub clusters: Store<Guarded<MultigresCluster>>,
     /// Cells, for the settings of a cell's own topology server.
@@ -188,10 +196,8 @@ pub struct Context {
     pub connections: Arc<Connections>,
     /// The client certificates for multipoolers that require them (internal TLS).
     pub credentials: Credentials,
-    /// The write path.
+    /// Where its writes go.
     pub writer: Writer,
-    /// Events on Shards and their pods: roles, reloads, backups and switchovers.
-    pub recorder: Recorder,
     /// Why each pod's reload is waiting, as last reported, so a waiting reload is announced
     /// once, not on every retry.
     pub reload_waits: reloads::Waits,
@@ -205,32 +211,16 @@ pub struct Context {
     pub role_checks: backup_health::Checks,
     /// The roles' password Secrets, as last read.
     pub passwords: postgres_roles::Passwords,
-    /// Reconcile counts for `HandlerInfo` and metrics.
-    pub state: HandlerState,
-    /// Retry delays of failing Shards.
-    pub backoff: ObjectBackoff<ObjectRef<Guarded<Shard>>>,
     /// Periods and timeouts.
     pub settings: Settings,
 }
 
-/// Reconciles one Shard and records the outcome.
-pub async fn reconcile(obj: Arc<Guarded<Shard>>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let key = ObjectRef::from_obj(&*obj);
-    ctx.state
-        .run_reconcile(
-            CONTROLLER,
-            &ctx.backoff,
-            &key,
-            Error::category,
-            reconcile_shard(&obj, &ctx),
-        )
-        .await
-}
+/// This controller's context.
+pub type Context = Ctx<Guarded<Shard>, Inputs>;
 
-impl WithBackoff<Guarded<Shard>> for Context {
-    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<Shard>>> {
-        &self.backoff
-    }
+/// Reconciles one Shard.
+pub async fn reconcile(obj: Arc<Guarded<Shard>>, ctx: Arc<Context>) -> Result<Action, Error> {
+    controller::reconcile(&ctx, &obj, reconcile_shard(&obj, &ctx)).await
 }
 
 /// The Shard a pool pod belongs to, from its labels, for mapping pod changes.
@@ -683,7 +673,7 @@ async fn publish(
 ) {
     let mut event = notice.event(action);
     event.secondary = about;
-    ctx.writer.publish(&ctx.recorder, &event, reference).await;
+    ctx.kit.publish_event(&event, reference).await;
 }
 
 /// What is still under way after a pass.

@@ -17,6 +17,7 @@ use multigres_api::v1alpha1::{
     CellSpec, ExternalTopoServerSpec, GlobalTopoServerRef, InternalTlsConfig, MultigresCluster,
     TopoServer,
 };
+use multigres_common::controller::Category;
 
 use crate::topo::{CellTls, EtcdConnection, TlsPem, TopoConfig, TopoError, TopoStore, qualified};
 
@@ -366,6 +367,19 @@ pub enum ConnectError {
     /// The etcd client could not be built from the material (bad PEM).
     #[error(transparent)]
     Topo(#[from] TopoError),
+}
+
+impl ConnectError {
+    /// What kind of failure this is, for every controller that connects.
+    pub fn category(&self) -> Category {
+        match self {
+            ConnectError::SecretMissing { .. } | ConnectError::SecretKeyMissing { .. } => {
+                Category::Waiting
+            }
+            ConnectError::SecretRead { .. } => Category::KubeApi,
+            ConnectError::Topo(_) => Category::DataPlane,
+        }
+    }
 }
 
 /// The cache key of a connection: the endpoints, root and TLS material it was made with.

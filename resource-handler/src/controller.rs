@@ -1,34 +1,27 @@
 //! What the four controllers share: the caches of the shared watches
-//! ([`multigres_common::shared_watch`]), the context handed to reconcilers, error classification, per-object backoff,
-//! reconcile metrics and Warning events for specs that cannot be realised.
+//! ([`multigres_common::shared_watch`]) and the context handed to reconcilers, made with the
+//! kit of [`multigres_common::controller`].
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, PodSpec, Secret, Service,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, PodSpec, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use multigres_api::labels::{COMPONENT, Component, MANAGED_SELECTOR};
 use multigres_api::observability::InheritedEnv;
 use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
-use multigres_common::backoff::{BackoffPolicy, ObjectBackoff};
-use multigres_common::controller::WithBackoff;
-use multigres_common::events::{Notice, Recorder};
+use multigres_common::controller::Kit;
+use multigres_common::events::Recorder;
 use multigres_common::guard::Guarded;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::StatusPacer;
-use multigres_common::telemetry::ErrorChain;
 use multigres_common::watch::Scope;
 
 use crate::owner::Owner;
@@ -37,7 +30,7 @@ use crate::slim_cache::SlimStore;
 /// Name under which events are reported: the field manager, as every handler reports.
 pub const REPORTER: &str = crate::sync::FIELD_MANAGER;
 
-pub use multigres_common::controller::{Classify, error_policy};
+pub use multigres_common::controller::{Category, Classify};
 
 /// Objects this operator manages (every child carries the label).
 pub fn managed() -> watcher::Config {
@@ -159,34 +152,29 @@ pub struct Base {
 impl Base {
     /// The context of controller `name`.
     pub fn ctx<K: Resource<DynamicType = ()>>(&self, name: &'static str) -> Arc<Ctx<K>> {
-        Arc::new(Ctx {
-            client: self.client.clone(),
-            scope: self.scope.clone(),
-            state: self.state.clone(),
-            recorder: self.recorder.clone(),
-            stores: self.stores.clone(),
-            telemetry: self.telemetry.clone(),
-            operator_namespace: self.operator_namespace.clone(),
-            unrecoverable_timeout: self.unrecoverable_timeout,
-            kubernetes: self.kubernetes.clone(),
-            name,
-            backoff: ObjectBackoff::new(BackoffPolicy::default()),
-            pacer: StatusPacer::default(),
-            revisions: Default::default(),
-        })
+        Ctx::new(
+            Kit::new(name, &self.state, &self.recorder),
+            Inputs {
+                client: self.client.clone(),
+                scope: self.scope.clone(),
+                stores: self.stores.clone(),
+                telemetry: self.telemetry.clone(),
+                operator_namespace: self.operator_namespace.clone(),
+                unrecoverable_timeout: self.unrecoverable_timeout,
+                kubernetes: self.kubernetes.clone(),
+                pacer: StatusPacer::default(),
+                revisions: Default::default(),
+            },
+        )
     }
 }
 
-/// Everything a reconciler needs.
-pub struct Ctx<K: Resource<DynamicType = ()>> {
+/// What the resource-handler's controllers read and write with, besides the kit.
+pub struct Inputs {
     /// Client of the handler's identity.
     pub client: Client,
     /// Namespaces served.
     pub scope: Scope,
-    /// Where reconcile counts are reported.
-    pub state: HandlerState,
-    /// Shared event recorder.
-    pub recorder: Recorder,
     /// Caches children are read from.
     pub stores: Stores,
     /// The handler's own `OTEL_*` environment, the fallback of every cluster's telemetry.
@@ -197,86 +185,18 @@ pub struct Ctx<K: Resource<DynamicType = ()>> {
     pub unrecoverable_timeout: Duration,
     /// See [`Base::kubernetes`].
     pub kubernetes: crate::shard::repository::KubernetesId,
-    /// Name of the controller in metrics and HandlerInfo.
-    pub name: &'static str,
-    /// Consecutive failures per object.
-    pub backoff: ObjectBackoff<ObjectRef<K>>,
     /// When each object's status was last written, to pace progress-only status writes.
     pub pacer: StatusPacer<String>,
     /// Pod templates of StatefulSet revisions already read (what a pending restart changes).
     pub revisions: crate::shard::template_changes::RevisionTemplates,
 }
 
-impl<K: Resource<DynamicType = ()>> Ctx<K> {
-    /// Publishes an event about `obj`; a failure to publish is logged, never fatal.
-    pub async fn event(&self, obj: &K, type_: EventType, reason: &str, note: String) {
-        self.event_about(obj, None, type_, reason, note).await;
-    }
-
-    /// Publishes an event about `obj` that concerns `related` too (e.g. the pod restarted);
-    /// events with different related objects are kept apart rather than folded into one
-    /// series.
-    pub async fn event_about(
-        &self,
-        obj: &K,
-        related: Option<ObjectReference>,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let notice = Notice {
-            type_,
-            reason: reason.to_owned(),
-            message: note,
-        };
-        let event = Event {
-            secondary: related,
-            ..notice.event("Reconcile")
-        };
-        self.recorder
-            .publish_counted(self.name, &event, &obj.object_ref(&()))
-            .await;
-    }
-}
+/// The context of a resource-handler controller of `K`.
+pub type Ctx<K> = multigres_common::controller::Ctx<K, Inputs>;
 
 /// The shared event recorder of this handler.
 pub fn recorder(client: &Client) -> Recorder {
     Recorder::for_pod(client.clone(), REPORTER.to_owned())
-}
-
-/// Runs one reconcile of `obj`: records its outcome, resets the backoff on success, and
-/// publishes a Warning event when the spec cannot be realised.
-pub async fn observe<K, E, F>(ctx: &Ctx<K>, obj: &K, reconcile: F) -> Result<Action, E>
-where
-    K: Resource<DynamicType = ()> + Clone,
-    E: Classify,
-    F: Future<Output = Result<Action, E>>,
-{
-    let started = Instant::now();
-    let result = reconcile.await;
-    let elapsed = started.elapsed();
-    match &result {
-        Ok(_) => {
-            ctx.backoff.reset(&ObjectRef::from_obj(obj));
-            ctx.state.record_reconcile(ctx.name, Ok(()), elapsed);
-        }
-        Err(error) => {
-            ctx.state
-                .record_reconcile(ctx.name, Err(error.category()), elapsed);
-            if error.is_invalid_spec() {
-                let note = ErrorChain(error).to_string();
-                ctx.event(obj, EventType::Warning, "InvalidSpec", note)
-                    .await;
-            }
-        }
-    }
-    result
-}
-
-impl<K: Resource<DynamicType = ()>> WithBackoff<K> for Ctx<K> {
-    fn backoff(&self) -> &ObjectBackoff<ObjectRef<K>> {
-        &self.backoff
-    }
 }
 
 /// How long to wait before looking again at something only polling can see progress of

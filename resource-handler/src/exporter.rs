@@ -313,7 +313,7 @@ where
             .into_iter()
             .filter(|c| c.name_any() == published_name)
             .collect();
-        sync::prune(ctx.name, &config_maps, &ours, &BTreeSet::new()).await?;
+        sync::prune(ctx.kit.name, &config_maps, &ours, &BTreeSet::new()).await?;
         return Ok(());
     }
     let labels = labels::labels(&owner.cluster, component, &Placement::default());
@@ -339,7 +339,7 @@ where
         .unwrap_or_default();
     crate::tls::store(ctx, obj, owner, component, issued).await?;
     let map = published(owner, &labels, &ca_cert);
-    sync::ensure(ctx.name, &config_maps, &ctx.stores.config_maps, map).await?;
+    sync::ensure(ctx.kit.name, &config_maps, &ctx.stores.config_maps, map).await?;
     Ok(())
 }
 

@@ -54,9 +54,8 @@ use slim_cache::{SlimStore, slim, slim_budget, slim_deployment};
 /// NetworkPolicies admit to the internal ports; `unrecoverable_timeout` is how long a pool pod's
 /// PostgreSQL may keep failing before its multipooler quarantines it and the pod is replaced.
 ///
-/// Controllers start only once the caches are filled, so no reconcile reads a cache that is
-/// still filling; each subscription starts with every cached object, so nothing listed before
-/// is missed.
+/// As in every handler, no reconcile runs before every cache is filled
+/// ([`multigres_common::controller::reconcile`]), so none reads a cache that is still filling.
 pub async fn run(
     handler: HandlerContext,
     scope: Scope,
@@ -109,9 +108,6 @@ pub async fn run(
         cordoned: cordon::Cordoned::default(),
     };
     let shutdown = &handler.shutdown;
-    if !running.ready_when_listed(shutdown).await {
-        return;
-    }
     let (shard_drains, shards_drained) = futures::channel::mpsc::unbounded();
     let (cell_drains, cells_drained) = futures::channel::mpsc::unbounded();
     let cordons = cordon::watch(
@@ -194,10 +190,13 @@ pub async fn run(
         tokio::spawn(shards),
         tokio::spawn(admin),
     ];
-    for controller in controllers {
-        if let Err(error) = controller.await {
-            tracing::error!(%error, "a controller task failed");
+    let supervised = async {
+        for controller in controllers {
+            if let Err(error) = controller.await {
+                tracing::error!(%error, "a controller task failed");
+            }
         }
-    }
+    };
+    futures::join!(supervised, running.ready_when_listed(shutdown));
     drop(running);
 }

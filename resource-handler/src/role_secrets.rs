@@ -318,7 +318,7 @@ where
                 }
             })?;
         let generated = planned.generated;
-        sync::ensure(ctx.name, &api, &ctx.stores.secrets, planned.secret)
+        sync::ensure(ctx.kit.name, &api, &ctx.stores.secrets, planned.secret)
             .await
             .map_err(|source| RoleSecretError::Write {
                 name: name.clone(),
@@ -330,7 +330,8 @@ where
                 wanted.username
             );
             tracing::info!(cluster = %owner.cluster, namespace = ns, secret = %name, "{note}");
-            ctx.event(obj, EventType::Normal, "PasswordGenerated", note)
+            ctx.kit
+                .event(obj, EventType::Normal, "PasswordGenerated", note)
                 .await;
         }
     }

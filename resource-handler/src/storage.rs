@@ -405,7 +405,8 @@ pub async fn report<K>(
     if !by_spec.is_empty() {
         let names: Vec<&str> = by_spec.iter().map(|n| n.as_str()).collect();
         let note = format!("requested a larger size for {}", names.join(", "));
-        ctx.event(obj, EventType::Normal, "VolumesExpanded", note)
+        ctx.kit
+            .event(obj, EventType::Normal, "VolumesExpanded", note)
             .await;
     }
     for (name, size, why) in &outcome.auto_grown {
@@ -419,12 +420,14 @@ pub async fn report<K>(
             namespace: obj.meta().namespace.clone(),
             ..Default::default()
         };
-        ctx.event_about(obj, Some(claim), EventType::Normal, "VolumeAutoGrown", note)
+        ctx.kit
+            .event_about(obj, Some(claim), EventType::Normal, "VolumeAutoGrown", note)
             .await;
     }
     let cond = outcome.condition();
     if !cond.is_true() {
-        ctx.event(obj, EventType::Warning, cond.reason, cond.message)
+        ctx.kit
+            .event(obj, EventType::Warning, cond.reason, cond.message)
             .await;
     }
     if let Some(auto) = outcome.auto_grow_condition().filter(|c| !c.is_true()) {
@@ -432,7 +435,8 @@ pub async fn report<K>(
             c.type_ == VOLUME_AUTO_GROW && c.reason == auto.reason && c.message == auto.message
         });
         if !unchanged {
-            ctx.event(obj, EventType::Warning, auto.reason, auto.message)
+            ctx.kit
+                .event(obj, EventType::Warning, auto.reason, auto.message)
                 .await;
         }
     }

@@ -673,12 +673,13 @@ where
     let api = Api::<Secret>::namespaced(ctx.client.clone(), &owner.namespace);
     let keep: BTreeSet<String> = issued.secrets.iter().map(|s| s.name_any()).collect();
     for secret in issued.secrets {
-        sync::ensure(ctx.name, &api, &ctx.stores.secrets, secret).await?;
+        sync::ensure(ctx.kit.name, &api, &ctx.stores.secrets, secret).await?;
     }
     prune(ctx, owner, component, &keep).await?;
     for change in issued.changes {
         tracing::info!(name = %owner.name, namespace = %owner.namespace, "{change}");
-        ctx.event(obj, EventType::Normal, "CertificateIssued", change)
+        ctx.kit
+            .event(obj, EventType::Normal, "CertificateIssued", change)
             .await;
     }
     Ok(())
@@ -699,7 +700,7 @@ where
         .into_iter()
         .filter(|s| s.labels().get(COMPONENT).map(String::as_str) == Some(component.as_str()))
         .collect();
-    sync::prune(ctx.name, &api, &ours, keep).await?;
+    sync::prune(ctx.kit.name, &api, &ours, keep).await?;
     Ok(())
 }
 
@@ -844,7 +845,7 @@ where
             .into_iter()
             .filter(|c| c.name_any() == published_name)
             .collect();
-        sync::prune(ctx.name, &config_maps, &published, &BTreeSet::new()).await
+        sync::prune(ctx.kit.name, &config_maps, &published, &BTreeSet::new()).await
     };
     let labels = labels::labels(&owner.cluster, component, &Placement::default());
     let leaf_spec = gateway_leaf_spec(
@@ -893,7 +894,13 @@ where
     match ca_cert {
         Some(ca_cert) => {
             let published = gateway_ca_config_map(owner, &labels, &ca_cert);
-            sync::ensure(ctx.name, &config_maps, &ctx.stores.config_maps, published).await?;
+            sync::ensure(
+                ctx.kit.name,
+                &config_maps,
+                &ctx.stores.config_maps,
+                published,
+            )
+            .await?;
         }
         // An issuer without a CA in its Secrets (a public ACME one, say): clients trust it
         // through their system roots.
@@ -1089,7 +1096,8 @@ pub async fn warn_if_new<K>(
     K: Resource<DynamicType = ()>,
 {
     if let Some(cond) = cond.filter(|c| !c.is_true() && is_new(observed, c)) {
-        ctx.event(obj, EventType::Warning, cond.reason, cond.message.clone())
+        ctx.kit
+            .event(obj, EventType::Warning, cond.reason, cond.message.clone())
             .await;
     }
 }

@@ -22,11 +22,8 @@ use multigres_api::v1alpha1::{
     TemplateRef, TopoServer,
 };
 use multigres_common::apply::ApplyError;
-use multigres_common::backoff::ObjectBackoff;
-use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::controller::{self, Category, Classify, Ctx};
 use multigres_common::events::Notice;
-use multigres_common::events::Recorder;
-use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
 use crate::children::{Child, Slot, is_orphan, owned_by, slot};
@@ -119,29 +116,21 @@ pub enum Error {
 }
 
 impl Classify for Error {
-    /// Whether only a change by the user can fix this: no retry, a condition and an event say
-    /// why. Everything else is retried with backoff.
-    fn is_invalid_spec(&self) -> bool {
-        matches!(
-            self,
-            Error::Malformed { .. }
-                | Error::Incomplete(_)
-                | Error::MalformedTemplate { .. }
-                | Error::Resolve(_)
-                | Error::Rejected { .. }
-                | Error::Images(_)
-                | Error::Held(_)
-        )
+    fn category(&self) -> Category {
+        match self {
+            Error::Malformed { .. } | Error::Incomplete(_) => Category::Malformed,
+            Error::MalformedTemplate { .. }
+            | Error::Resolve(_)
+            | Error::Rejected { .. }
+            | Error::Images(_)
+            | Error::Held(_) => Category::InvalidSpec,
+            Error::Foreign { .. } => Category::Conflict,
+            Error::Apply(_) | Error::Delete { .. } | Error::Status(_) => Category::KubeApi,
+        }
     }
 
-    fn category(&self) -> &'static str {
-        self.reason()
-    }
-}
-
-impl Error {
-    /// Condition reason (and metric category) of the error.
-    pub fn reason(&self) -> &'static str {
+    /// The reason of the cluster's `Progressing` condition too.
+    fn reason(&self) -> &'static str {
         match self {
             Error::Malformed { .. } | Error::Incomplete(_) => "InvalidObject",
             Error::MalformedTemplate { .. } => "InvalidTemplate",
@@ -156,6 +145,13 @@ impl Error {
         }
     }
 
+    /// A spec the cluster cannot be realised by is its `Progressing` condition's news.
+    fn on_conditions(&self) -> bool {
+        self.category() == Category::InvalidSpec
+    }
+}
+
+impl Error {
     fn from_apply(error: ApplyError) -> Self {
         match writes::rejection(&error) {
             Some((kind, name, message)) => Error::Rejected {
@@ -187,64 +183,27 @@ pub struct Stores {
     pub table_groups: Store<Guarded<TableGroup>>,
 }
 
-/// What every reconcile of this controller shares.
-pub struct Context {
-    /// Caches.
+/// What this controller reads and writes with, besides the kit.
+pub struct Inputs {
+    /// The caches it reads.
     pub stores: Stores,
-    /// The write path.
+    /// Where its writes go.
     pub writer: Writer,
-    /// Events about clusters.
-    pub recorder: Recorder,
-    /// Reconcile counts for `HandlerInfo` and metrics.
-    pub state: HandlerState,
     /// When each object's status was last written, to pace progress-only status writes.
     pub pacer: Arc<StatusPacer<String>>,
-    /// Retry delays of clusters failing transiently.
-    pub backoff: ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>>,
     /// The operator's default images and update strategy.
     pub images: images::ImageDefaults,
 }
 
-/// Reconciles one cluster and records the outcome.
-#[tracing::instrument(skip_all, fields(controller = CONTROLLER, object = %ObjectRef::from_obj(&*obj)))]
+/// This controller's context.
+pub type Context = Ctx<Guarded<MultigresCluster>, Inputs>;
+
+/// Reconciles one cluster.
 pub async fn reconcile(
     obj: Arc<Guarded<MultigresCluster>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let key = ObjectRef::from_obj(&*obj);
-    let result = ctx
-        .state
-        .run_reconcile(
-            CONTROLLER,
-            &ctx.backoff,
-            &key,
-            Error::reason,
-            reconcile_cluster(&obj, &ctx),
-        )
-        .await;
-    if let Err(error) = &result
-        && let Some(notice) = Notice::first_failure(
-            error.reason(),
-            error,
-            error.is_invalid_spec(),
-            ctx.backoff.failures(&key),
-        )
-    {
-        ctx.writer
-            .publish(
-                &ctx.recorder,
-                &notice.event("Reconcile"),
-                &obj.object_ref(&()),
-            )
-            .await;
-    }
-    result
-}
-
-impl WithBackoff<Guarded<MultigresCluster>> for Context {
-    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<MultigresCluster>>> {
-        &self.backoff
-    }
+    controller::reconcile(&ctx, &obj, reconcile_cluster(&obj, &ctx)).await
 }
 
 async fn reconcile_cluster(
@@ -254,19 +213,10 @@ async fn reconcile_cluster(
     let cluster = match &obj.0 {
         Ok(cluster) => cluster,
         Err(invalid) => {
-            let error = Error::Malformed {
+            return Err(Error::Malformed {
                 name: format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()),
                 message: invalid.error.clone(),
-            };
-            let notice = Notice::warning(error.reason(), error.to_string());
-            ctx.writer
-                .publish(
-                    &ctx.recorder,
-                    &notice.event("Reconcile"),
-                    &obj.object_ref(&()),
-                )
-                .await;
-            return Err(error);
+            });
         }
     };
     if cluster.meta().deletion_timestamp.is_some() {
@@ -337,8 +287,8 @@ async fn reconcile_cluster(
         &[]
     };
     for notice in deletions.iter().chain(transitions).chain(image_notices) {
-        ctx.writer
-            .publish(&ctx.recorder, &notice.event("Reconcile"), &reference)
+        ctx.kit
+            .publish_event(&notice.event("Reconcile"), &reference)
             .await;
     }
     match result {

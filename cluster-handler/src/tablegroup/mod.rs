@@ -14,11 +14,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::v1alpha1::{Shard, TableGroup};
 use multigres_common::apply::ApplyError;
-use multigres_common::backoff::ObjectBackoff;
-use multigres_common::controller::{Classify, WithBackoff};
+use multigres_common::controller::{self, Category, Classify, Ctx};
 use multigres_common::events::Notice;
-use multigres_common::events::Recorder;
-use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 
 use crate::children::{Slot, owned_by, slot};
@@ -85,22 +82,17 @@ pub enum Error {
 }
 
 impl Classify for Error {
-    /// Whether only a change can fix this (no retry; a condition and an event say why).
-    fn is_invalid_spec(&self) -> bool {
-        matches!(
-            self,
-            Error::Malformed { .. } | Error::Incomplete(_) | Error::Rejected { .. }
-        )
+    fn category(&self) -> Category {
+        match self {
+            Error::Malformed { .. } | Error::Incomplete(_) => Category::Malformed,
+            Error::Rejected { .. } => Category::InvalidSpec,
+            Error::Foreign { .. } => Category::Conflict,
+            Error::Apply(_) | Error::Delete { .. } | Error::Status(_) => Category::KubeApi,
+        }
     }
 
-    fn category(&self) -> &'static str {
-        self.reason()
-    }
-}
-
-impl Error {
-    /// Condition reason (and metric category) of the error.
-    pub fn reason(&self) -> &'static str {
+    /// The reason of the TableGroup's `Progressing` condition too.
+    fn reason(&self) -> &'static str {
         match self {
             Error::Malformed { .. } | Error::Incomplete(_) => "InvalidObject",
             Error::Rejected { .. } => "InvalidSpec",
@@ -111,6 +103,13 @@ impl Error {
         }
     }
 
+    /// A Shard the API server refuses is the TableGroup's `Progressing` condition's news.
+    fn on_conditions(&self) -> bool {
+        self.category() == Category::InvalidSpec
+    }
+}
+
+impl Error {
     fn from_apply(error: ApplyError) -> Self {
         match writes::rejection(&error) {
             Some((_, name, message)) => Error::Rejected { name, message },
@@ -119,80 +118,34 @@ impl Error {
     }
 }
 
-/// What every reconcile of this controller shares.
-pub struct Context {
+/// What this controller reads and writes with, besides the kit.
+pub struct Inputs {
     /// TableGroups managed by the operator.
     pub table_groups: Store<Guarded<TableGroup>>,
     /// Shards managed by the operator.
     pub shards: Store<Guarded<Shard>>,
-    /// The write path.
+    /// Where its writes go.
     pub writer: Writer,
-    /// Events about TableGroups.
-    pub recorder: Recorder,
-    /// Reconcile counts for `HandlerInfo` and metrics.
-    pub state: HandlerState,
     /// When each object's status was last written, to pace progress-only status writes.
     pub pacer: Arc<StatusPacer<String>>,
-    /// Retry delays of TableGroups failing transiently.
-    pub backoff: ObjectBackoff<ObjectRef<Guarded<TableGroup>>>,
 }
 
-/// Reconciles one TableGroup and records the outcome.
-#[tracing::instrument(skip_all, fields(controller = CONTROLLER, object = %ObjectRef::from_obj(&*obj)))]
+/// This controller's context.
+pub type Context = Ctx<Guarded<TableGroup>, Inputs>;
+
+/// Reconciles one TableGroup.
 pub async fn reconcile(obj: Arc<Guarded<TableGroup>>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let key = ObjectRef::from_obj(&*obj);
-    let result = ctx
-        .state
-        .run_reconcile(
-            CONTROLLER,
-            &ctx.backoff,
-            &key,
-            Error::reason,
-            reconcile_table_group(&obj, &ctx),
-        )
-        .await;
-    if let Err(error) = &result
-        && let Some(notice) = Notice::first_failure(
-            error.reason(),
-            error,
-            error.is_invalid_spec(),
-            ctx.backoff.failures(&key),
-        )
-    {
-        ctx.writer
-            .publish(
-                &ctx.recorder,
-                &notice.event("Reconcile"),
-                &obj.object_ref(&()),
-            )
-            .await;
-    }
-    result
-}
-
-impl WithBackoff<Guarded<TableGroup>> for Context {
-    fn backoff(&self) -> &ObjectBackoff<ObjectRef<Guarded<TableGroup>>> {
-        &self.backoff
-    }
+    controller::reconcile(&ctx, &obj, reconcile_table_group(&obj, &ctx)).await
 }
 
 async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Result<Action, Error> {
     let tg = match &obj.0 {
         Ok(tg) => tg,
         Err(invalid) => {
-            let error = Error::Malformed {
+            return Err(Error::Malformed {
                 name: format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()),
                 message: invalid.error.clone(),
-            };
-            let notice = Notice::warning(error.reason(), error.to_string());
-            ctx.writer
-                .publish(
-                    &ctx.recorder,
-                    &notice.event("Reconcile"),
-                    &obj.object_ref(&()),
-                )
-                .await;
-            return Err(error);
+            });
         }
     };
     if tg.meta().deletion_timestamp.is_some() {
@@ -247,8 +200,8 @@ async fn reconcile_table_group(obj: &Guarded<TableGroup>, ctx: &Context) -> Resu
         &[]
     };
     for notice in deletions.iter().chain(transitions) {
-        ctx.writer
-            .publish(&ctx.recorder, &notice.event("Reconcile"), &reference)
+        ctx.kit
+            .publish_event(&notice.event("Reconcile"), &reference)
             .await;
     }
     match result {

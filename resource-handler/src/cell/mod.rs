@@ -21,6 +21,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use multigres_api::labels::{CLUSTER, COMPONENT, Component};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
 use multigres_api::v1alpha1::{Cell, CellStatus, GatewayTlsConfig};
+use multigres_common::controller as kit;
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
@@ -31,7 +32,7 @@ use crate::conditions::{
 };
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
-use crate::controller::{Classify, Ctx, error_policy, observe, owned};
+use crate::controller::{Category, Classify, Ctx, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::sync::{self, SyncError};
@@ -93,14 +94,10 @@ pub enum Error {
 }
 
 impl Classify for Error {
-    fn is_invalid_spec(&self) -> bool {
-        matches!(self, Error::Malformed(_) | Error::Owner(_))
-    }
-
-    fn category(&self) -> &'static str {
+    fn category(&self) -> Category {
         match self {
-            Error::Malformed(_) | Error::Owner(_) => "invalid_spec",
-            Error::Sync(_) => "kube_api",
+            Error::Malformed(_) | Error::Owner(_) => Category::Malformed,
+            Error::Sync(_) => Category::KubeApi,
         }
     }
 }
@@ -153,21 +150,23 @@ pub fn run(
         let cells = cells.store();
         move |secret: Arc<Secret>| cells_served_by(&cells, &secret)
     };
-    let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
-    let results = controller
+    let controller = controller
         .owns_shared_stream(triggers.deployments)
         .owns_shared_stream(triggers.services)
         .owns_shared_stream(triggers.pdbs)
         .watches_shared_stream(triggers.secrets, served_by)
-        .reconcile_all_on(triggers.cordons)
-        .with_config(Config::default().concurrency(CONCURRENCY))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx);
-    multigres_common::controller::drive(NAME, results)
+        .reconcile_all_on(triggers.cordons);
+    kit::run(
+        controller,
+        Config::default().concurrency(CONCURRENCY),
+        shutdown,
+        reconcile,
+        ctx,
+    )
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
-    observe(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
+    kit::reconcile(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
 }
 
 async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
@@ -330,7 +329,8 @@ async fn apply(
             "moving the only multigateway pod off its cordoned node ({moved}): a new pod \
              starts on another node before the old one stops, and a drain may then go on"
         );
-        ctx.event(guard, EventType::Normal, "MovingOffCordonedNode", note)
+        ctx.kit
+            .event(guard, EventType::Normal, "MovingOffCordonedNode", note)
             .await;
     }
 

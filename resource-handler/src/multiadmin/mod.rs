@@ -30,13 +30,14 @@ use multigres_api::v1alpha1::{
     CellTemplate, CoreTemplate, GatewayTlsConfig, MultigresCluster, ShardTemplate,
 };
 use multigres_common::apply::apply_status;
+use multigres_common::controller as kit;
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
 use multigres_common::shared_watch::Changes;
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::Computed;
-use crate::controller::{Classify, Ctx, Stores, error_policy, observe, owned};
+use crate::controller::{Category, Classify, Ctx, Stores, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::sync::{self, FIELD_MANAGER, SyncError};
 use external::{Exposed, InvalidExposure};
@@ -79,19 +80,12 @@ pub enum Error {
 }
 
 impl Classify for Error {
-    fn is_invalid_spec(&self) -> bool {
+    fn category(&self) -> Category {
         match self {
-            Error::Sync(_) | Error::RoleSecret(_) => false,
-            Error::Tls(e) => e.is_invalid_spec(),
-            _ => true,
-        }
-    }
-
-    fn category(&self) -> &'static str {
-        if self.is_invalid_spec() {
-            "invalid_spec"
-        } else {
-            "kube_api"
+            Error::Malformed(_) | Error::Owner(_) => Category::Malformed,
+            Error::Resolve(_) | Error::Exposure(_) | Error::Network(_) => Category::InvalidSpec,
+            Error::Tls(e) if e.is_invalid_spec() => Category::InvalidSpec,
+            Error::Tls(_) | Error::RoleSecret(_) | Error::Sync(_) => Category::KubeApi,
         }
     }
 }
@@ -162,8 +156,7 @@ pub fn run(
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
     let clusters = ctx.stores.clusters.clone();
-    let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
-    let results = Controller::for_shared_stream(triggers.clusters, clusters.clone())
+    let controller = Controller::for_shared_stream(triggers.clusters, clusters.clone())
         .watches_shared_stream(
             triggers.deployments,
             cluster_of::<Deployment>(Component::Multigateway),
@@ -179,15 +172,18 @@ pub fn run(
         .watches_shared_stream(
             triggers.shard_templates,
             clusters_in_namespace_of(&clusters),
-        )
-        .with_config(Config::default().concurrency(2))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx);
-    multigres_common::controller::drive(NAME, results)
+        );
+    kit::run(
+        controller,
+        Config::default().concurrency(2),
+        shutdown,
+        reconcile,
+        ctx,
+    )
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
-    observe(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
+    kit::reconcile(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
 }
 
 /// The valid templates of `namespace`, by kind and name.
@@ -488,13 +484,14 @@ async fn report(ctx: &Ctx<Guard>, guard: &Guard, cond: &Computed) {
         } else {
             EventType::Warning
         };
-    ctx.event(
-        guard,
-        type_,
-        cond.reason,
-        format!("{}: {}", cond.type_, cond.message),
-    )
-    .await;
+    ctx.kit
+        .event(
+            guard,
+            type_,
+            cond.reason,
+            format!("{}: {}", cond.type_, cond.message),
+        )
+        .await;
 }
 
 #[cfg(test)]

@@ -121,7 +121,8 @@ pub(super) async fn run(
             "moving multiorch {deployment} off its cordoned node ({moved}) now that no primary \
              is left there: its pod starts again on another node, and a drain may then go on"
         );
-        ctx.event(guard, EventType::Normal, "MovingOffCordonedNode", note)
+        ctx.kit
+            .event(guard, EventType::Normal, "MovingOffCordonedNode", note)
             .await;
     }
     let observed = Observed::read(ctx, ns, objects);
@@ -669,7 +670,7 @@ async fn delete_scaled_away_claims(
                     )
                 }
             };
-            ctx.event(guard, type_, reason, note).await;
+            ctx.kit.event(guard, type_, reason, note).await;
         }
     }
     waiting
@@ -806,7 +807,8 @@ async fn announce_pending(
             |c| format!("what changes: {c}")
         )
     );
-    ctx.event(guard, EventType::Normal, "RestartPending", note)
+    ctx.kit
+        .event(guard, EventType::Normal, "RestartPending", note)
         .await;
 }
 
@@ -868,13 +870,14 @@ async fn restart(
         uid: Some(uid.clone()),
         ..Default::default()
     };
-    ctx.event_about(
-        guard,
-        Some(related),
-        EventType::Normal,
-        "RestartingPod",
-        note,
-    )
-    .await;
+    ctx.kit
+        .event_about(
+            guard,
+            Some(related),
+            EventType::Normal,
+            "RestartingPod",
+            note,
+        )
+        .await;
     Ok(())
 }

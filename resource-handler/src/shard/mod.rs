@@ -36,11 +36,12 @@ use multigres_api::observability::{InheritedEnv, PROJECT_REF_ANNOTATION};
 use multigres_api::postgres::Rendered;
 use multigres_api::postgres::standby::StandbySettings;
 use multigres_api::v1alpha1::Shard;
+use multigres_common::controller as kit;
 use multigres_common::guard::{Guarded, InvalidObject};
 use multigres_common::shared_watch::{Changes, SharedWatch};
 use multigres_common::shutdown::Shutdown;
 
-use crate::controller::{Classify, Ctx, error_policy, observe};
+use crate::controller::{Category, Classify, Ctx};
 use crate::owner::{Owner, OwnerError};
 use crate::sync::SyncError;
 use build::ShardObjects;
@@ -94,19 +95,18 @@ pub enum Error {
 }
 
 impl Classify for Error {
-    fn is_invalid_spec(&self) -> bool {
+    fn category(&self) -> Category {
         match self {
-            Error::Malformed(_) | Error::Owner(_) | Error::InvalidSpec(_) => true,
-            Error::PostgresConfig(e) => e.is_invalid_spec(),
-            _ => false,
-        }
-    }
-
-    fn category(&self) -> &'static str {
-        if self.is_invalid_spec() {
-            "invalid_spec"
-        } else {
-            "kube_api"
+            Error::Malformed(_) | Error::Owner(_) => Category::Malformed,
+            Error::InvalidSpec(_) => Category::InvalidSpec,
+            Error::PostgresConfig(e) if e.is_invalid_spec() => Category::InvalidSpec,
+            Error::Sync(_)
+            | Error::Resize(_)
+            | Error::Tls(_)
+            | Error::PostgresConfig(_)
+            | Error::Recovery(_)
+            | Error::Repository(_)
+            | Error::Restart { .. } => Category::KubeApi,
         }
     }
 }
@@ -191,8 +191,7 @@ pub fn run(
             Vec::new()
         }
     };
-    let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
-    let results = controller
+    let controller = controller
         .owns_shared_stream(triggers.statefulsets)
         .owns_shared_stream(triggers.deployments)
         .owns_shared_stream(triggers.services)
@@ -203,15 +202,18 @@ pub fn run(
         .watches_stream(referenced, referencing)
         .watches_shared_stream(triggers.pods, pods_of)
         .watches_shared_stream(triggers.pvcs, volumes_of)
-        .reconcile_all_on(triggers.cordons)
-        .with_config(Config::default().concurrency(4))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx);
-    multigres_common::controller::drive(NAME, results)
+        .reconcile_all_on(triggers.cordons);
+    kit::run(
+        controller,
+        Config::default().concurrency(4),
+        shutdown,
+        reconcile,
+        ctx,
+    )
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
-    observe(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
+    kit::reconcile(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
 }
 
 /// Reads what the Shard refers to, builds what it asks for, applies it and reports.

@@ -368,11 +368,13 @@ pub async fn apply(
     let previous = store.get(&ObjectRef::from_obj(config_map));
     if sync::ensure(super::NAME, &api, store, config_map.clone()).await? {
         if let Some(note) = held_note(rendered) {
-            ctx.event(guard, EventType::Warning, "PostgresConfigHeld", note)
+            ctx.kit
+                .event(guard, EventType::Warning, "PostgresConfigHeld", note)
                 .await;
         }
         if let Some(note) = change_note(previous.as_deref(), rendered) {
-            ctx.event(guard, EventType::Normal, "PostgresConfigChanged", note)
+            ctx.kit
+                .event(guard, EventType::Normal, "PostgresConfigChanged", note)
                 .await;
         }
     }

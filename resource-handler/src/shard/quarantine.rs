@@ -159,14 +159,15 @@ pub async fn replace(
                 "pod {pod} is quarantined (its PostgreSQL cannot recover); its volume is \
                  replaced once nothing holds it back: {why}"
             );
-            ctx.event_about(
-                guard,
-                Some(pod_reference(ns, pod, None)),
-                EventType::Warning,
-                "QuarantinedPodWaiting",
-                note,
-            )
-            .await;
+            ctx.kit
+                .event_about(
+                    guard,
+                    Some(pod_reference(ns, pod, None)),
+                    EventType::Warning,
+                    "QuarantinedPodWaiting",
+                    note,
+                )
+                .await;
             return;
         }
         Plan::Replace { pod, uid } => (pod, uid),
@@ -189,7 +190,8 @@ pub async fn replace(
                     "cannot delete PersistentVolumeClaim {claim} of quarantined pod {pod}: \
                      {error}; retried at the next reconcile"
                 );
-                ctx.event(guard, EventType::Warning, "QuarantinedPodNotReplaced", note)
+                ctx.kit
+                    .event(guard, EventType::Warning, "QuarantinedPodNotReplaced", note)
                     .await;
                 return;
             }
@@ -204,7 +206,8 @@ pub async fn replace(
             let note = format!(
                 "cannot delete quarantined pod {pod}: {error}; retried at the next reconcile"
             );
-            ctx.event(guard, EventType::Warning, "QuarantinedPodNotReplaced", note)
+            ctx.kit
+                .event(guard, EventType::Warning, "QuarantinedPodNotReplaced", note)
                 .await;
             return;
         }
@@ -216,14 +219,15 @@ pub async fn replace(
          from the primary"
     );
     tracing::warn!(%pod, claims = ?names, "replacing a quarantined pool pod");
-    ctx.event_about(
-        guard,
-        Some(pod_reference(ns, pod, Some(uid))),
-        EventType::Warning,
-        "ReplacingQuarantinedPod",
-        note,
-    )
-    .await;
+    ctx.kit
+        .event_about(
+            guard,
+            Some(pod_reference(ns, pod, Some(uid))),
+            EventType::Warning,
+            "ReplacingQuarantinedPod",
+            note,
+        )
+        .await;
 }
 
 fn pod_reference(ns: &str, pod: &str, uid: Option<&str>) -> ObjectReference {

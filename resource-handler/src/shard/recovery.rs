@@ -262,7 +262,8 @@ pub(super) async fn run(
         } else {
             EventType::Normal
         };
-        ctx.event(guard, type_, computed.reason, computed.message.clone())
+        ctx.kit
+            .event(guard, type_, computed.reason, computed.message.clone())
             .await;
     }
     Ok(computed)

@@ -295,7 +295,8 @@ async fn announce(ctx: &Ctx<Guard>, guard: &Guard, shard: &Shard, computed: &Com
     } else {
         EventType::Normal
     };
-    ctx.event(guard, type_, computed.reason, computed.message.clone())
+    ctx.kit
+        .event(guard, type_, computed.reason, computed.message.clone())
         .await;
 }
 

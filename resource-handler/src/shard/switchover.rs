@@ -294,14 +294,15 @@ pub async fn answer_users(
             pod.name
         );
         let related = pod_reference(ns, &pod.name, &pod.uid);
-        ctx.event_about(
-            guard,
-            Some(related),
-            EventType::Normal,
-            "SwitchoverDone",
-            note,
-        )
-        .await;
+        ctx.kit
+            .event_about(
+                guard,
+                Some(related),
+                EventType::Normal,
+                "SwitchoverDone",
+                note,
+            )
+            .await;
     }
 }
 
@@ -373,7 +374,8 @@ pub async fn request(ctx: &Ctx<Guard>, guard: &Guard, ns: &str, changes: &[Chang
             )
         };
         let related = pod_reference(ns, &change.pod, &change.uid);
-        ctx.event_about(guard, Some(related), EventType::Normal, reason, note)
+        ctx.kit
+            .event_about(guard, Some(related), EventType::Normal, reason, note)
             .await;
     }
 }

@@ -155,7 +155,7 @@ where
     if stored.is_some_and(|stored| sync::up_to_date(&desired, &stored)) {
         return Ok(());
     }
-    sync::count(ctx.name, "Certificate", "apply");
+    sync::count(ctx.kit.name, "Certificate", "apply");
     match multigres_common::apply::apply(&api, sync::FIELD_MANAGER, &desired).await {
         Ok(_) => Ok(()),
         Err(multigres_common::apply::ApplyError::Kube {
@@ -190,7 +190,7 @@ where
     let Some(stored) = stored.filter(|c| sync::controlled_by(c, owner.uid())) else {
         return Ok(());
     };
-    sync::count(ctx.name, "Certificate", "delete");
+    sync::count(ctx.kit.name, "Certificate", "delete");
     match api
         .delete(&stored.name_any(), &DeleteParams::default())
         .await

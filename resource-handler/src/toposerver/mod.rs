@@ -19,6 +19,7 @@ use kube::{Api, ResourceExt};
 use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
 use multigres_api::v1alpha1::{InternalTlsConfig, MultigresCluster, TopoServer, TopoServerStatus};
+use multigres_common::controller as kit;
 use multigres_common::guard::Guarded;
 use multigres_common::guard::InvalidObject;
 use multigres_common::shutdown::Shutdown;
@@ -27,7 +28,7 @@ use multigres_common::status_pacer;
 use crate::conditions::{AVAILABLE, Computed, FALSE, TRUE, merge, paused, phase, with_lost_pods};
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
-use crate::controller::{Classify, Ctx, error_policy, observe, owned};
+use crate::controller::{Category, Classify, Ctx, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
@@ -61,17 +62,11 @@ pub enum Error {
 }
 
 impl Classify for Error {
-    fn is_invalid_spec(&self) -> bool {
-        matches!(
-            self,
-            Error::Malformed(_) | Error::Owner(_) | Error::InvalidSpec(_)
-        )
-    }
-
-    fn category(&self) -> &'static str {
+    fn category(&self) -> Category {
         match self {
-            Error::Malformed(_) | Error::Owner(_) | Error::InvalidSpec(_) => "invalid_spec",
-            Error::Sync(_) | Error::Resize(_) => "kube_api",
+            Error::Malformed(_) | Error::Owner(_) => Category::Malformed,
+            Error::InvalidSpec(_) => Category::InvalidSpec,
+            Error::Sync(_) | Error::Resize(_) => Category::KubeApi,
         }
     }
 }
@@ -111,20 +106,22 @@ pub fn run(
             .map(|t| ObjectRef::from_obj(&*t))
             .collect::<Vec<_>>()
     };
-    let shutdown = futures::FutureExt::shared(futures::FutureExt::boxed(shutdown.wait()));
-    let results = controller
+    let controller = controller
         .owns_shared_stream(triggers.statefulsets)
         .owns_shared_stream(triggers.services)
         .owns_shared_stream(triggers.pdbs)
-        .watches_shared_stream(triggers.clusters, by_cluster)
-        .with_config(Config::default().concurrency(4))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx);
-    multigres_common::controller::drive(NAME, results)
+        .watches_shared_stream(triggers.clusters, by_cluster);
+    kit::run(
+        controller,
+        Config::default().concurrency(4),
+        shutdown,
+        reconcile,
+        ctx,
+    )
 }
 
 async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Error> {
-    observe(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
+    kit::reconcile(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
 }
 
 /// Local to the cell named by the `multigres.com/cell` label, else global.
