@@ -54,6 +54,8 @@ pub struct Stores {
     pub pvcs: Store<PersistentVolumeClaim>,
     /// Pool pods only (what the ordered restarts need).
     pub pods: Store<Pod>,
+    /// multigateway and multiorch pods, their labels and node only (which one a drain strands).
+    pub stateless_pods: Store<Pod>,
     /// TLS and role Secrets this operator generated (labelled; users' Secrets are read
     /// directly).
     pub secrets: Store<Secret>,
@@ -99,6 +101,28 @@ pub fn pool_pods() -> watcher::Config {
         "{MANAGED_SELECTOR},{COMPONENT}={}",
         Component::Pool.as_str()
     ))
+}
+
+/// multigateway and multiorch pods: a Deployment of one pod is moved off a cordoned node
+/// ([`crate::cordon::move_single_pod`]).
+pub fn stateless_pods() -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{MANAGED_SELECTOR},{COMPONENT} in ({},{})",
+        Component::Multigateway.as_str(),
+        Component::Multiorch.as_str()
+    ))
+}
+
+/// Keeps of a multigateway or multiorch pod what [`crate::cordon::stranded_on`] reads: its
+/// name, labels, deletion and node.
+pub fn slim_stateless_pod(pod: &mut Pod) {
+    pod.metadata.annotations = None;
+    pod.metadata.owner_references = None;
+    pod.spec = pod.spec.take().map(|spec| PodSpec {
+        node_name: spec.node_name,
+        ..Default::default()
+    });
+    pod.status = None;
 }
 
 /// Keeps of a pool pod what the reconcilers read (its metadata, its node, status conditions

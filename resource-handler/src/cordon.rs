@@ -9,31 +9,33 @@
 //! Cell or Shard reconcile moves it (see [`crate::stateless::moved_off`]), a multiorch only once
 //! the shard's primary has handed over, since multiorch appoints the new primary.
 //!
-//! No event tells a Shard about the node of its pods, so the cordoned nodes are listed every
-//! [`PERIOD`], by name only and through a field selector (on a cluster with no drain under way
-//! the answer is empty), and every Shard is reconciled when the set changes. Without the right
-//! to list nodes (a namespaced installation) this logs once and tries again rarely: primaries
-//! are then not moved before a drain, and their PodDisruptionBudget makes the drain wait.
+//! No event tells a Shard about the node of its pods, so the cordoned nodes are watched, through
+//! a field selector on `spec.unschedulable` (on a cluster with no drain under way the watch
+//! holds nothing), and every Shard and Cell is reconciled when the set changes. Without the
+//! right to watch nodes (a namespaced installation) this logs once and tries again rarely:
+//! primaries are then not moved before a drain, and their PodDisruptionBudget makes the drain
+//! wait.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
 use multigres_common::shutdown::Shutdown;
 use multigres_common::telemetry::ErrorChain;
 
 use crate::stateless;
-use crate::sync::SyncError;
 
-/// How often the cordoned nodes are listed.
-pub const PERIOD: Duration = Duration::from_secs(10);
-/// How often they are listed while the handler may not list nodes.
-const FORBIDDEN_PERIOD: Duration = Duration::from_secs(300);
+/// How soon a failed watch of the nodes is started again.
+const RETRY: Duration = Duration::from_secs(10);
+/// How soon it is started again while the handler may not watch nodes.
+const FORBIDDEN_RETRY: Duration = Duration::from_secs(300);
 
 /// The names of the cordoned nodes, as last listed.
 #[derive(Clone, Debug, Default)]
@@ -65,44 +67,44 @@ impl Cordoned {
     }
 }
 
-/// The first pod `selector` picks in `namespace` that runs on a cordoned node (and is not
-/// leaving), as `<node>/<pod>`. Pods are listed only while some node is cordoned.
-pub async fn stranded_on(
-    client: &Client,
+/// The first pod of `pods` that `selector` picks in `namespace` and runs on a cordoned node
+/// (and is not leaving), as `<node>/<pod>`.
+pub fn stranded_on(
+    pods: &Store<Pod>,
     namespace: &str,
     selector: &BTreeMap<String, String>,
     cordoned: &Cordoned,
-) -> Result<Option<String>, kube::Error> {
+) -> Option<String> {
     if cordoned.is_empty() {
-        return Ok(None);
+        return None;
     }
-    let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(&labels.join(",")))
-        .await?;
-    Ok(pods
-        .items
-        .into_iter()
+    pods.state()
+        .iter()
+        .filter(|pod| pod.metadata.namespace.as_deref() == Some(namespace))
         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| {
+            let labels = pod.labels();
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        })
         .find_map(|pod| {
-            let node = pod.spec?.node_name?;
+            let node = pod.spec.as_ref()?.node_name.as_ref()?;
             cordoned
-                .contains(&node)
-                .then(|| format!("{node}/{}", pod.metadata.name.unwrap_or_default()))
-        }))
+                .contains(node)
+                .then(|| format!("{node}/{}", pod.name_any()))
+        })
 }
 
-/// Moves `deployment`'s only pod off a cordoned node (when `may_move`), and keeps the mark of
-/// an earlier move (see [`stateless::moved_off`]). The mark names the pod as well as the node,
-/// so a later pod on the same node, cordoned again, is moved too. Returns the `<node>/<pod>`
-/// that starts moving now, for an event.
-pub async fn move_single_pod(
-    client: &Client,
+/// Moves `deployment`'s only pod (one of `pods`) off a cordoned node (when `may_move`), and
+/// keeps the mark of an earlier move (see [`stateless::moved_off`]). The mark names the pod as
+/// well as the node, so a later pod on the same node, cordoned again, is moved too. Returns the
+/// `<node>/<pod>` that starts moving now, for an event.
+pub fn move_single_pod(
+    pods: &Store<Pod>,
     cordoned: &Cordoned,
     deployment: &mut Deployment,
     observed: Option<&Deployment>,
     may_move: bool,
-) -> Result<Option<String>, SyncError> {
+) -> Option<String> {
     let last = stateless::last_moved_off(observed).map(str::to_owned);
     let spec = deployment.spec.as_ref();
     let single = spec.and_then(|s| s.replicas) == Some(1);
@@ -111,27 +113,18 @@ pub async fn move_single_pod(
         .unwrap_or_default();
     let namespace = deployment.metadata.namespace.clone().unwrap_or_default();
     let stranded = if single && may_move {
-        stranded_on(client, &namespace, &selector, cordoned)
-            .await
-            .map_err(|source| SyncError::Get {
-                kind: "Pod".to_owned(),
-                name: format!(
-                    "pods of {}",
-                    deployment.metadata.name.as_deref().unwrap_or("")
-                ),
-                source,
-            })?
+        stranded_on(pods, &namespace, &selector, cordoned)
     } else {
         None
     };
     if let Some(mark) = stranded.as_deref().or(last.as_deref()) {
         stateless::moved_off(deployment, mark);
     }
-    Ok(stranded.filter(|mark| Some(mark) != last.as_ref()))
+    stranded.filter(|mark| Some(mark) != last.as_ref())
 }
 
-/// Lists the cordoned nodes into `cordoned` every [`PERIOD`] until `shutdown`, sending on
-/// each of `changed` whenever the set changes.
+/// Watches the cordoned nodes into `cordoned` until `shutdown`, sending on each of `changed`
+/// whenever the set changes.
 pub async fn watch(
     client: Client,
     cordoned: Cordoned,
@@ -139,41 +132,84 @@ pub async fn watch(
     shutdown: Shutdown,
 ) {
     let nodes: Api<Node> = Api::all(client);
-    let params = ListParams::default().fields("spec.unschedulable=true");
+    let config = watcher::Config::default().fields("spec.unschedulable=true");
+    let mut events = std::pin::pin!(multigres_common::watch::watcher(nodes, config));
+    let mut nodes = Nodes::default();
     let mut told_forbidden = false;
-    while !shutdown.is_triggered() {
-        let pause = match nodes.list_metadata(&params).await {
-            Ok(list) => {
-                let names = list
-                    .items
-                    .into_iter()
-                    .filter_map(|n| n.metadata.name)
-                    .collect();
-                if cordoned.replace(names) {
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            () = shutdown.wait() => return,
+        };
+        let pause = match event {
+            None => return,
+            Some(Ok(event)) => {
+                told_forbidden = false;
+                if let Some(names) = nodes.apply(event)
+                    && cordoned.replace(names)
+                {
                     tracing::info!(nodes = ?cordoned.0.read().unwrap_or_else(PoisonError::into_inner), "cordoned nodes changed");
                     for subscriber in &changed {
                         let _ = subscriber.unbounded_send(());
                     }
                 }
-                told_forbidden = false;
-                PERIOD
+                continue;
             }
-            Err(kube::Error::Api(status)) if status.code == 403 => {
+            Some(Err(
+                watcher::Error::InitialListFailed(kube::Error::Api(status))
+                | watcher::Error::WatchStartFailed(kube::Error::Api(status)),
+            )) if status.code == 403 => {
                 if !told_forbidden {
-                    tracing::warn!(message = %status.message, "cannot list nodes: primaries are not moved off nodes being drained (grant `list` on nodes to move them)");
+                    tracing::warn!(message = %status.message, "cannot watch nodes: primaries are not moved off nodes being drained (grant `list` and `watch` on nodes to move them)");
                     told_forbidden = true;
                 }
-                FORBIDDEN_PERIOD
+                FORBIDDEN_RETRY
             }
-            Err(error) => {
-                tracing::info!(error = %ErrorChain(&error), "cannot list the cordoned nodes now");
-                PERIOD
+            Some(Err(error)) => {
+                tracing::info!(error = %ErrorChain(&error), "cannot watch the cordoned nodes now");
+                RETRY
             }
         };
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
-            () = shutdown.wait() => {}
+            () = shutdown.wait() => return,
         }
+    }
+}
+
+/// The cordoned nodes as a watch reports them: a list (`Init` .. `InitDone`) replaces the set
+/// whole; a node that is no longer cordoned leaves the field selector, which the API server
+/// reports as its deletion.
+#[derive(Debug, Default)]
+struct Nodes {
+    current: BTreeSet<String>,
+    listing: BTreeSet<String>,
+}
+
+impl Nodes {
+    /// The set after `event`, when it may have changed.
+    fn apply(&mut self, event: Event<Node>) -> Option<BTreeSet<String>> {
+        let cordoned = |node: &Node| node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        match event {
+            Event::Init => {
+                self.listing.clear();
+                return None;
+            }
+            Event::InitApply(node) => {
+                if cordoned(&node) {
+                    self.listing.insert(node.name_any());
+                }
+                return None;
+            }
+            Event::InitDone => self.current = std::mem::take(&mut self.listing),
+            Event::Apply(node) if cordoned(&node) => {
+                self.current.insert(node.name_any());
+            }
+            Event::Apply(node) | Event::Delete(node) => {
+                self.current.remove(&node.name_any());
+            }
+        }
+        Some(self.current.clone())
     }
 }
 
@@ -190,5 +226,48 @@ mod tests {
         assert!(!cordoned.replace(BTreeSet::from(["a".to_owned()])));
         assert!(cordoned.replace(BTreeSet::new()));
         assert!(!cordoned.contains("a"));
+    }
+
+    fn node(name: &str, unschedulable: Option<bool>) -> Node {
+        Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_owned()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                unschedulable,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_list_replaces_the_set_and_an_uncordoned_node_leaves_it() {
+        let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        let mut nodes = Nodes::default();
+        assert_eq!(
+            nodes.apply(Event::Apply(node("a", Some(true)))),
+            Some(set(&["a"]))
+        );
+        assert_eq!(nodes.apply(Event::Init), None);
+        assert_eq!(nodes.apply(Event::InitApply(node("b", Some(true)))), None);
+        assert_eq!(
+            nodes.apply(Event::InitDone),
+            Some(set(&["b"])),
+            "the list replaces a"
+        );
+        assert_eq!(
+            nodes.apply(Event::Apply(node("c", Some(true)))),
+            Some(set(&["b", "c"]))
+        );
+        assert_eq!(
+            nodes.apply(Event::Apply(node("b", None))),
+            Some(set(&["c"]))
+        );
+        assert_eq!(
+            nodes.apply(Event::Delete(node("c", Some(true)))),
+            Some(set(&[]))
+        );
     }
 }

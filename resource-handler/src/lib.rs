@@ -44,7 +44,9 @@ use multigres_api::v1alpha1::{
 use multigres_common::HandlerContext;
 use multigres_common::guard::Guarded;
 
-use controller::{Base, Stores, managed, pool_pods, recorder, slim_pod};
+use controller::{
+    Base, Stores, managed, pool_pods, recorder, slim_pod, slim_stateless_pod, stateless_pods,
+};
 use multigres_common::shared_watch::Watches;
 use multigres_common::watch::Scope;
 use slim_cache::{SlimStore, slim, slim_budget, slim_deployment};
@@ -84,6 +86,7 @@ pub async fn run(
     let pdbs = watches.share_trimmed::<PodDisruptionBudget>(managed(), slim_budget);
     let network_policies = watches.share::<NetworkPolicy>(managed());
     let pods = watches.share_trimmed::<Pod>(pool_pods(), slim_pod);
+    let stateless = watches.share_trimmed::<Pod>(stateless_pods(), slim_stateless_pod);
     let pvcs = watches.share::<PersistentVolumeClaim>(managed());
     let secrets = watches.share::<Secret>(managed());
     let config_maps = watches.share_trimmed::<ConfigMap>(managed(), slim);
@@ -98,6 +101,7 @@ pub async fn run(
         network_policies: network_policies.store(),
         pvcs: pvcs.store(),
         pods: pods.store(),
+        stateless_pods: stateless.store(),
         secrets: secrets.store(),
         config_maps: SlimStore::new(config_maps.store()),
         jobs: jobs.store(),

@@ -303,13 +303,12 @@ async fn apply(
     let observed_deployment = ctx.stores.deployments.get(&ObjectRef::new(name).within(ns));
     let budget_wanted = objects.pdb.is_some();
     let moving = crate::cordon::move_single_pod(
-        &ctx.client,
+        &ctx.stores.stateless_pods,
         &ctx.stores.cordoned,
         &mut objects.deployment,
         observed_deployment.as_deref(),
         true,
-    )
-    .await?;
+    );
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns);
     let pdbs = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns);

@@ -384,13 +384,12 @@ async fn apply_workloads(
             None
         } else {
             crate::cordon::move_single_pod(
-                client,
+                &stores.stateless_pods,
                 &stores.cordoned,
                 &mut deployment,
                 observed.as_deref(),
                 !primary_stranded,
             )
-            .await?
         };
         let budget = sync::ensure_wanted(NAME, &pdbs, &stores.pdbs, m.pdb.clone());
         futures::try_join!(
