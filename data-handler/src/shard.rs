@@ -43,7 +43,6 @@ pub mod reloads;
 pub mod serving;
 pub mod volumes;
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,13 +66,13 @@ use crate::Settings;
 use crate::backup_health::{self, Published};
 use crate::backup_runs;
 use crate::conditions;
-use crate::dial::Credentials;
+use crate::dial::{Credentials, Dial};
 use crate::postgres_roles;
 use crate::reload::{self, DesiredError};
 use crate::roles::{self, PoolPod, ShardKey};
 use crate::switchover;
 use crate::target::{ConnectError, Connections, Target, TargetError};
-use crate::topo::{TopoError, TopoStore};
+use crate::topo::{PoolerRecord, TopoError, TopoStore};
 use crate::watch::{Guarded, full_name, valid, valid_in};
 use crate::writes::{self, Writer};
 
@@ -242,8 +241,9 @@ pub fn is_pool_pod_of(pod: &Pod, shard: &Shard, cluster: &str) -> bool {
         && labels::in_shard(l, cluster, &shard.spec)
 }
 
-/// Reads the shard's cohort, runs each step over it, and writes what they found: the status,
-/// the pods' marks and switchover records, and the events.
+/// Reads the shard's cohort ([`look`]), runs each step over it ([`steps`]), and writes what
+/// they found: the status, the events ([`announce`]), the pods' marks and switchover records
+/// ([`hand_over`]).
 async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, Error> {
     let shard = obj.0.as_ref().map_err(|invalid| Error::Malformed {
         name: full_name(obj),
@@ -264,6 +264,41 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
         // No pooler can have registered before the topology server serves.
         return Ok(Action::requeue(ctx.settings.roles_period));
     };
+    let seen = look(ctx, shard, namespace, cluster, &store).await;
+    let stored = Stored::of(shard);
+    let found = steps(ctx, shard, &seen, &stored).await;
+    write_status(ctx, shard, &statuses(&stored, &found)).await?;
+    announce(ctx, shard, &seen, &stored, &found).await;
+    hand_over(ctx, shard, seen, &found).await
+}
+
+/// What a pass reads before any step: the shard's pool pods, the pooler records of its cells
+/// and what the poolers answer.
+struct Seen {
+    namespace: String,
+    cluster: String,
+    pods: Vec<Pod>,
+    pool_pods: Vec<PoolPod>,
+    dial: Dial,
+    answers: Option<Vec<consensus::Answer>>,
+    /// The records as the poolers answer now: a stale PRIMARY record is neither published as
+    /// the primary nor asked for backups, reloads or switchovers.
+    poolers: BTreeMap<String, Option<Vec<PoolerRecord>>>,
+    /// The pods whose stale record this pass marked shut down.
+    retired: Vec<String>,
+    /// The first cell whose records could not be read.
+    failure: Option<cohort::CellError>,
+}
+
+/// Reads the pool pods of `shard` (of `cluster` in `namespace`) from the cache, the pooler
+/// records of its cells from `store`, and asks every pooler for its status.
+async fn look(
+    ctx: &Context,
+    shard: &Shard,
+    namespace: String,
+    cluster: String,
+    store: &TopoStore,
+) -> Seen {
     let sources = cohort::Sources {
         cells: &ctx.cells,
         connections: &ctx.connections,
@@ -283,7 +318,7 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let key = shard_key(shard);
     let cohort = cohort::read(
         &sources,
-        &store,
+        store,
         (shard, key),
         (&namespace, &cluster),
         &created,
@@ -292,45 +327,91 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let pool_pods: Vec<PoolPod> = pods.iter().map(pool_pod).collect();
     let dial = ctx.credentials.dial(shard, &namespace, &cluster).await;
     let answers = consensus::read(&dial, key, &pool_pods, &cohort.poolers).await;
-    // Every later step reads the records as the poolers answer now: a stale PRIMARY record is
-    // neither published as the primary nor asked for backups, reloads or switchovers.
-    let poolers = &match &answers {
-        Some(answers) => Cow::Owned(roles::as_answered(
-            key,
-            &cohort.poolers,
-            &consensus::not_primary(answers),
-        )),
-        None => Cow::Borrowed(&cohort.poolers),
+    let poolers = match &answers {
+        Some(answers) => roles::as_answered(key, &cohort.poolers, &consensus::not_primary(answers)),
+        None => cohort.poolers,
     };
-    let previous = shard
-        .status
-        .as_ref()
-        .map(|s| s.pod_roles.clone())
-        .unwrap_or_default();
-    let published = roles::roles(key, &pool_pods, poolers, &previous);
-    let stored_cohort = consensus::Published::of(shard.status.as_ref());
-    let cohort_next = match &answers {
-        Some(answers) => consensus::next(
-            &stored_cohort,
-            answers,
-            Timestamp::now(),
-            shard.metadata.generation,
-        ),
-        None => stored_cohort.clone(),
+    Seen {
+        namespace,
+        cluster,
+        pods,
+        pool_pods,
+        dial,
+        answers,
+        poolers,
+        retired: cohort.retired,
+        failure: cohort.failure,
+    }
+}
+
+/// What this handler's status fields of a Shard hold now.
+struct Stored {
+    roles: BTreeMap<String, String>,
+    cohort: consensus::Published,
+    backups: Published,
+    serving: Vec<Condition>,
+    postgres_roles: Vec<RoleStatus>,
+    volumes: Vec<VolumeUsage>,
+}
+
+impl Stored {
+    fn of(shard: &Shard) -> Self {
+        let status = shard.status.as_ref();
+        Self {
+            roles: status.map(|s| s.pod_roles.clone()).unwrap_or_default(),
+            cohort: consensus::Published::of(status),
+            backups: Published::of(status),
+            serving: serving::stored(status),
+            postgres_roles: status.map(|s| s.roles.clone()).unwrap_or_default(),
+            volumes: status.map(|s| s.volumes.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+/// What the steps found: the values to publish, and what each step did.
+struct Found {
+    /// Pod roles.
+    roles: BTreeMap<String, String>,
+    /// The cohort and its conditions.
+    cohort: consensus::Published,
+    /// The scheduled and requested backups started or ended.
+    backups: backup_runs::Outcome,
+    /// The backup values with the schedule step's news.
+    scheduled_backups: Published,
+    /// A backup check made now.
+    checked: Option<backup_health::Outcome>,
+    /// The PostgreSQL roles' check.
+    postgres_roles: postgres_roles::Outcome,
+    /// `PrimaryServing`.
+    serving: Vec<Condition>,
+    /// Volume usage.
+    volumes: Vec<VolumeUsage>,
+}
+
+/// Runs each step over what the pass saw: roles, consensus, scheduled and requested backups,
+/// backup health, PostgreSQL roles, the primary's probe and volume usage.
+async fn steps(ctx: &Context, shard: &Shard, seen: &Seen, stored: &Stored) -> Found {
+    let key = shard_key(shard);
+    let roles = roles::roles(key, &seen.pool_pods, &seen.poolers, &stored.roles);
+    let now = Timestamp::now();
+    let generation = shard.metadata.generation;
+    let cohort = match &seen.answers {
+        Some(answers) => consensus::next(&stored.cohort, answers, now, generation),
+        None => stored.cohort.clone(),
     };
-    // Roles, cohort, scheduled and requested backups and backup health go out in one apply: a new primary
-    // or a finished backup also triggers a backup check.
-    let stored_backups = Published::of(shard.status.as_ref());
-    let newest = stored_backups.time.as_ref().map(|t| t.0);
+    // Roles, cohort, scheduled and requested backups and backup health go out in one apply: a
+    // new primary or a finished backup also triggers a backup check.
+    let newest = stored.backups.time.as_ref().map(|t| t.0);
     let owner = ctx
         .clusters
-        .get(&ObjectRef::new(&cluster).within(&namespace));
+        .get(&ObjectRef::new(&seen.cluster).within(&seen.namespace));
     let owner = owner.as_deref().and_then(|c| c.0.as_ref().ok());
+    let superuser = owner.map(|cluster| managed_roles::superuser(&cluster.spec));
     let reach = backup_runs::Reach {
-        dial: &dial,
+        dial: &seen.dial,
         key,
-        pods: &pool_pods,
-        poolers,
+        pods: &seen.pool_pods,
+        poolers: &seen.poolers,
     };
     let backups = backup_runs::run(&ctx.backup_runs, &reach, shard, owner, newest);
     if backups.finished {
@@ -339,9 +420,8 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let scheduled_backups = Published {
         schedule: backups.schedule.clone(),
         requests: backups.requests.clone(),
-        ..stored_backups.clone()
+        ..stored.backups.clone()
     };
-    let superuser = owner.map(|cluster| managed_roles::superuser(&cluster.spec));
     let checked = backup_health::run(
         &ctx.backup_checks,
         &reach,
@@ -353,72 +433,85 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
     let lent = postgres_roles::Context {
         checks: &ctx.role_checks,
         passwords: &ctx.passwords,
-        dial: &dial,
+        dial: &seen.dial,
     };
-    let postgres_roles = postgres_roles::run(&lent, shard, owner, key, &pool_pods, poolers).await;
-    let stored_serving = serving::stored(shard.status.as_ref());
-    let serving_next = match owner {
-        Some(cluster) => {
-            let superuser = managed_roles::superuser(&cluster.spec);
-            let probe = serving::probe(&dial, key, superuser, &pool_pods, poolers).await;
-            serving::next(
-                &stored_serving,
-                &probe,
+    let postgres_roles =
+        postgres_roles::run(&lent, shard, owner, key, &seen.pool_pods, &seen.poolers).await;
+    let serving = match superuser {
+        Some(superuser) => {
+            let probe =
+                serving::probe(&seen.dial, key, superuser, &seen.pool_pods, &seen.poolers).await;
+            serving::next(&stored.serving, &probe, now, generation)
+        }
+        None => stored.serving.clone(),
+    };
+    let volumes = match superuser {
+        Some(superuser) if ctx.volume_pacer.due(&full_name(shard), Instant::now()) => {
+            let claims: Vec<PersistentVolumeClaim> = valid_in(&ctx.claims, &seen.namespace, |c| {
+                c.labels().get(labels::CLUSTER) == Some(&seen.cluster)
+            });
+            let (pods, poolers) = (&seen.pool_pods, &seen.poolers);
+            let measured =
+                volumes::measure(&seen.dial, key, superuser, pods, poolers, &claims).await;
+            volumes::next(
+                &stored.volumes,
+                &seen.pool_pods,
+                &measured,
                 Timestamp::now(),
-                shard.metadata.generation,
             )
         }
-        None => stored_serving.clone(),
+        _ => stored.volumes.clone(),
     };
-    let stored_volumes = shard
-        .status
-        .as_ref()
-        .map(|s| s.volumes.clone())
-        .unwrap_or_default();
-    let volumes_next = match owner {
-        Some(owner) if ctx.volume_pacer.due(&full_name(shard), Instant::now()) => {
-            let claims: Vec<PersistentVolumeClaim> = valid_in(&ctx.claims, &namespace, |c| {
-                c.labels().get(labels::CLUSTER) == Some(&cluster)
-            });
-            let superuser = managed_roles::superuser(&owner.spec);
-            let measured =
-                volumes::measure(&dial, key, superuser, &pool_pods, poolers, &claims).await;
-            volumes::next(&stored_volumes, &pool_pods, &measured, Timestamp::now())
-        }
-        _ => stored_volumes.clone(),
-    };
-    let stored_postgres_roles = shard
-        .status
-        .as_ref()
-        .map(|s| s.roles.clone())
-        .unwrap_or_default();
-    let statuses = Statuses {
-        roles: (&previous, &published),
+    Found {
+        roles,
+        cohort,
+        backups,
+        scheduled_backups,
+        checked,
+        postgres_roles,
+        serving,
+        volumes,
+    }
+}
+
+/// The status fields as stored and as found.
+fn statuses<'a>(stored: &'a Stored, found: &'a Found) -> Statuses<'a> {
+    Statuses {
+        roles: (&stored.roles, &found.roles),
         postgres_roles: (
-            &stored_postgres_roles,
-            postgres_roles
+            &stored.postgres_roles,
+            found
+                .postgres_roles
                 .statuses
                 .as_ref()
-                .unwrap_or(&stored_postgres_roles),
+                .unwrap_or(&stored.postgres_roles),
         ),
-        cohort: (&stored_cohort, &cohort_next),
-        serving: (&stored_serving, &serving_next),
-        volumes: (&stored_volumes, &volumes_next),
+        cohort: (&stored.cohort, &found.cohort),
+        serving: (&stored.serving, &found.serving),
+        volumes: (&stored.volumes, &found.volumes),
         backups: (
-            &stored_backups,
-            checked.as_ref().map_or(&scheduled_backups, |c| &c.next),
-            checked.is_some(),
+            &stored.backups,
+            found
+                .checked
+                .as_ref()
+                .map_or(&found.scheduled_backups, |c| &c.next),
+            found.checked.is_some(),
         ),
-    };
-    write_status(ctx, shard, &statuses).await?;
+    }
+}
+
+/// Publishes the events of what the pass found: the cohort's and the primary's probe's
+/// transitions, stale records retired, pods quarantined, a new primary, backups and roles.
+async fn announce(ctx: &Context, shard: &Shard, seen: &Seen, stored: &Stored, found: &Found) {
     let reference = shard.object_ref(&());
-    for notice in conditions::transitions(&stored_cohort.conditions, &cohort_next.conditions) {
+    let namespace = &seen.namespace;
+    for notice in conditions::transitions(&stored.cohort.conditions, &found.cohort.conditions) {
         publish(ctx, &reference, &notice, "Cohort", None).await;
     }
-    for notice in conditions::transitions(&stored_serving, &serving_next) {
+    for notice in conditions::transitions(&stored.serving, &found.serving) {
         publish(ctx, &reference, &notice, "ProbePrimary", None).await;
     }
-    for pod in &cohort.retired {
+    for pod in &seen.retired {
         let notice = Notice::normal(
             "StalePoolerRecord",
             format!(
@@ -427,54 +520,69 @@ async fn reconcile_shard(obj: &Guarded<Shard>, ctx: &Context) -> Result<Action, 
                  the pod's own multipooler registers, which rewrites it"
             ),
         );
-        let about = pod_reference(&namespace, pod.clone());
+        let about = pod_reference(namespace, pod.clone());
         publish(ctx, &reference, &notice, "Roles", Some(about)).await;
     }
-    for (pod, notice) in roles::quarantined(key, &pool_pods, poolers, &previous, &published) {
-        let about = pod_reference(&namespace, pod);
+    let key = shard_key(shard);
+    let (pods, poolers) = (&seen.pool_pods, &seen.poolers);
+    for (pod, notice) in roles::quarantined(key, pods, poolers, &stored.roles, &found.roles) {
+        let about = pod_reference(namespace, pod);
         publish(ctx, &reference, &notice, "Roles", Some(about)).await;
     }
-    if let Some((pod, notice)) = roles::primary_change(&previous, &published) {
+    if let Some((pod, notice)) = roles::primary_change(&stored.roles, &found.roles) {
         // The pod as the related object: events about different pods form their own series,
         // so a repeated reason never shows an earlier pod's message.
-        let about = pod_reference(&namespace, pod);
+        let about = pod_reference(namespace, pod);
         publish(ctx, &reference, &notice, "Roles", Some(about)).await;
     }
-    for notice in &backups.notices {
+    for notice in &found.backups.notices {
         publish(ctx, &reference, notice, "Backup", None).await;
     }
-    if let Some(notice) = checked.and_then(|c| c.notice) {
-        publish(ctx, &reference, &notice, "BackupHealth", None).await;
+    if let Some(notice) = found.checked.as_ref().and_then(|c| c.notice.as_ref()) {
+        publish(ctx, &reference, notice, "BackupHealth", None).await;
     }
-    for notice in &postgres_roles.notices {
+    for notice in &found.postgres_roles.notices {
         publish(ctx, &reference, notice, "PostgresRoles", None).await;
     }
+}
+
+/// Delivers reloads, marks the pods (role, cohort, reload stamps), answers switchover
+/// requests, and says when to look again.
+async fn hand_over(
+    ctx: &Context,
+    shard: &Shard,
+    seen: Seen,
+    found: &Found,
+) -> Result<Action, Error> {
+    let key = shard_key(shard);
+    let reference = shard.object_ref(&());
+    let (namespace, pods, poolers) = (&seen.namespace, &seen.pods, &seen.poolers);
     let lent = reloads::Context {
         config_maps: &ctx.config_maps,
         pods: &ctx.pods,
         waits: &ctx.reload_waits,
-        dial: &dial,
+        dial: &seen.dial,
     };
-    let delivery = reloads::deliver(&lent, shard, key, &pods, poolers).await;
-    let stamped = write_marks(ctx, &pods, &published, &cohort_next, &delivery.stamps).await?;
+    let delivery = reloads::deliver(&lent, shard, key, pods, poolers).await;
+    let stamped = write_marks(ctx, pods, &found.roles, &found.cohort, &delivery.stamps).await?;
     let lent = switchover::Context {
         switchovers: &ctx.switchovers,
         pods: &ctx.pods,
-        dial: &dial,
+        dial: &seen.dial,
     };
-    let handover = switchover::run(&lent, shard, key, &pods, poolers).await;
-    let unrecorded = write_answers(ctx, &namespace, &reference, handover.answers).await;
-    publish_reloads(ctx, &namespace, &reference, stamped, delivery.notices).await;
+    let handover = switchover::run(&lent, shard, key, pods, poolers).await;
+    let unrecorded = write_answers(ctx, namespace, &reference, handover.answers).await;
+    publish_reloads(ctx, namespace, &reference, stamped, delivery.notices).await;
     let pending = Pending {
         reload: delivery.retry,
         switchover: handover.pending,
-        cohort: !cohort_next.healthy(),
-        serving: serving::refusing(&serving_next),
-        backup: backups.running,
-        postgres_roles: postgres_roles.again_soon,
+        cohort: !found.cohort.healthy(),
+        serving: serving::refusing(&found.serving),
+        backup: found.backups.running,
+        postgres_roles: found.postgres_roles.again_soon,
     };
     let period = period(&ctx.settings, shard, pending);
-    match (cohort.failure.map(Error::from))
+    match (seen.failure.map(Error::from))
         .or(delivery.error.map(Error::from))
         .or(unrecorded)
     {
