@@ -371,11 +371,15 @@ async fn apply_workloads(
     // Independent objects are applied together: under load each write (a Service's above
     // all, which allocates a cluster IP) takes a round trip and a watch event to settle, and
     // one after another they would add up for every shard.
-    // multiorch appoints the primary a drain's hand-over asks for: it moves only once no
-    // primary is left on a cordoned node.
-    let primary_stranded = pods
+    // multiorch appoints the primary a drain's hand-over asks for: it moves only once the
+    // primary is known and on a node not cordoned. A primary not known yet (roles published a
+    // moment after the cordon reached this handler) may be the one the drain strands.
+    let primary_settled = pods
         .iter()
-        .any(|p| p.role == rollout::Role::Primary && p.cordoned && !p.terminating);
+        .any(|p| p.role == rollout::Role::Primary && !p.terminating)
+        && !pods
+            .iter()
+            .any(|p| p.role == rollout::Role::Primary && p.cordoned && !p.terminating);
     let multiorch = objects.multiorch.iter().map(|m| async {
         let mut deployment = m.deployment.clone();
         let name = deployment.name_any();
@@ -388,7 +392,7 @@ async fn apply_workloads(
                 &stores.cordoned,
                 &mut deployment,
                 observed.as_deref(),
-                !primary_stranded,
+                primary_settled,
             )
         };
         let budget = sync::ensure_wanted(NAME, &pdbs, &stores.pdbs, m.pdb.clone());
