@@ -179,21 +179,7 @@ async fn check(
             return finish(&stored, statuses, Vec::new(), false);
         }
     };
-    let mut passwords = BTreeMap::new();
-    let mut waiting = BTreeMap::new();
-    for role in desired.iter().filter(|r| r.present) {
-        let Some(source) = &role.password else {
-            continue;
-        };
-        match password(lent.passwords, &namespace, source).await {
-            Ok(password) => {
-                passwords.insert(role.name.clone(), password);
-            }
-            Err(why) => {
-                waiting.insert(role.name.clone(), why);
-            }
-        }
-    }
+    let (passwords, waiting) = passwords_of(lent.passwords, &namespace, &desired).await;
     let Some((pod, record)) = roles::primary(key, pods, poolers) else {
         // Read again with the shard, every roles period: a primary makes no Kubernetes event.
         return pending_all(&stored, &desired, "the shard has no primary yet", false);
@@ -258,19 +244,84 @@ async fn check(
             return pending_all(&stored, &desired, &why, true);
         }
     };
+    let wanted = Wanted {
+        desired: &desired,
+        passwords: &passwords,
+        waiting: &waiting,
+    };
+    let (statuses, done, failures) =
+        converge(&session, &mut client, &wanted, &observed, &shard_name).await;
+    let changed = !done.is_empty();
+    if changed || !failures.is_empty() {
+        // Confirm what changed (and grant reads on tables of roles created now) at once; a
+        // failure is tried again soon too.
+        lent.checks.forget(&slot);
+    }
+    let mut notices = Vec::new();
+    if changed {
+        notices.push(Notice::normal(
+            ROLES_CHANGED,
+            format!("shard {shard_name}: {}", done.join("; ")),
+        ));
+    }
+    finish(&stored, statuses, notices, changed || !failures.is_empty())
+}
+
+/// The passwords of the roles of `desired` that are to exist and take one from a Secret in
+/// `namespace`, by role name; and, for those whose Secret cannot give one yet, why.
+async fn passwords_of(
+    passwords: &Passwords,
+    namespace: &str,
+    desired: &[DesiredRole],
+) -> (BTreeMap<String, Vec<u8>>, BTreeMap<String, String>) {
+    let mut found = BTreeMap::new();
+    let mut waiting = BTreeMap::new();
+    for role in desired.iter().filter(|r| r.present) {
+        let Some(source) = &role.password else {
+            continue;
+        };
+        match password(passwords, namespace, source).await {
+            Ok(password) => {
+                found.insert(role.name.clone(), password);
+            }
+            Err(why) => {
+                waiting.insert(role.name.clone(), why);
+            }
+        }
+    }
+    (found, waiting)
+}
+
+/// The roles a pass wants, with the passwords read and the roles still waiting for theirs.
+struct Wanted<'a> {
+    desired: &'a [DesiredRole],
+    passwords: &'a BTreeMap<String, Vec<u8>>,
+    waiting: &'a BTreeMap<String, String>,
+}
+
+/// Runs, through `session`, the statements that make each wanted role what it should be over
+/// what the primary has (`observed`): each role's status, the changes made, and the failures
+/// (a role's first failed statement ends that role's statements).
+async fn converge(
+    session: &Session<'_>,
+    client: &mut MultipoolerServiceClient<Channel>,
+    wanted: &Wanted<'_>,
+    observed: &[plan::Observed],
+    shard_name: &str,
+) -> (Vec<RoleStatus>, Vec<String>, Vec<String>) {
     let mut statuses = Vec::new();
     let mut done = Vec::new();
     let mut failures = Vec::new();
-    for role in &desired {
-        if let Some(why) = waiting.get(&role.name) {
+    for role in wanted.desired {
+        if let Some(why) = wanted.waiting.get(&role.name) {
             statuses.push(status(&role.name, RoleState::Pending, Some(why.clone())));
             continue;
         }
         let found = observed.iter().find(|o| o.name == role.name);
-        let password = passwords.get(&role.name).map(Vec::as_slice);
+        let password = wanted.passwords.get(&role.name).map(Vec::as_slice);
         let mut failed = None;
         for statement in plan::plan(role, password, found) {
-            match session.execute(&mut client, &statement.sql).await {
+            match session.execute(client, &statement.sql).await {
                 Ok(()) => done.push(statement.describe),
                 Err(why) => {
                     failed = Some(format!(
@@ -290,20 +341,7 @@ async fn check(
             None => status(&role.name, RoleState::Dropped, None),
         });
     }
-    let changed = !done.is_empty();
-    if changed || !failures.is_empty() {
-        // Confirm what changed (and grant reads on tables of roles created now) at once; a
-        // failure is tried again soon too.
-        lent.checks.forget(&slot);
-    }
-    let mut notices = Vec::new();
-    if changed {
-        notices.push(Notice::normal(
-            ROLES_CHANGED,
-            format!("shard {shard_name}: {}", done.join("; ")),
-        ));
-    }
-    finish(&stored, statuses, notices, changed || !failures.is_empty())
+    (statuses, done, failures)
 }
 
 /// The password of `source`, or why it is not there.

@@ -172,6 +172,8 @@ fn table_group_summary(table_group: &TableGroup) -> String {
     )
 }
 
+/// One shard's block of the screen, top to bottom. Long (about 150 lines) on purpose: it is one
+/// screen's layout, and read in one place its order is the output's.
 fn render_shard(out: &mut String, shard: &Shard, pods: &[Pod], now: Timestamp) {
     let status = shard.status.clone().unwrap_or_default();
     let cohort = status.cohort.as_ref();

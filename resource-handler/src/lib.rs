@@ -47,7 +47,8 @@ use multigres_common::guard::Guarded;
 use controller::{
     Base, Stores, managed, pool_pods, recorder, slim_pod, slim_stateless_pod, stateless_pods,
 };
-use multigres_common::shared_watch::Watches;
+use futures::channel::mpsc::UnboundedReceiver;
+use multigres_common::shared_watch::{SharedWatch, Watches};
 use multigres_common::watch::Scope;
 use slim_cache::{SlimStore, slim, slim_budget, slim_deployment};
 
@@ -66,51 +67,10 @@ pub async fn run(
     unrecoverable_timeout: std::time::Duration,
 ) {
     let client = handler.client.clone();
-    let all = watcher::Config::default;
     let mut watches = Watches::new(client.clone(), scope.clone(), handler.state.clone());
-    let topo_servers = watches.share::<Guarded<TopoServer>>(all());
-    let cells = watches.share::<Guarded<Cell>>(all());
-    let shards = watches.share::<Guarded<Shard>>(all());
-    let clusters = watches.share::<Guarded<MultigresCluster>>(all());
-    let core_templates = watches.share::<Guarded<CoreTemplate>>(all());
-    let cell_templates = watches.share::<Guarded<CellTemplate>>(all());
-    let shard_templates = watches.share::<Guarded<ShardTemplate>>(all());
-    let statefulsets = watches.share_trimmed::<StatefulSet>(managed(), slim);
-    let deployments = watches.share_trimmed::<Deployment>(managed(), slim_deployment);
-    let caches = gauges::Caches {
-        statefulsets: statefulsets.store(),
-        deployments: deployments.store(),
-    };
-    multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
-    let services = watches.share_trimmed::<Service>(managed(), slim);
-    let pdbs = watches.share_trimmed::<PodDisruptionBudget>(managed(), slim_budget);
-    let network_policies = watches.share::<NetworkPolicy>(managed());
-    let pods = watches.share_trimmed::<Pod>(pool_pods(), slim_pod);
-    let stateless = watches.share_trimmed::<Pod>(stateless_pods(), slim_stateless_pod);
-    let pvcs = watches.share::<PersistentVolumeClaim>(managed());
-    let secrets = watches.share::<Secret>(managed());
-    let config_maps = watches.share_trimmed::<ConfigMap>(managed(), slim);
-    // The Jobs a shard runs before its pool pods start (few, and gone an hour after they end).
-    let jobs = watches.share::<Job>(managed());
+    let shared = Shared::on(&mut watches);
     let mut running = watches.start();
-    let stores = Stores {
-        statefulsets: SlimStore::new(statefulsets.store()),
-        deployments: SlimStore::new(deployments.store()),
-        services: SlimStore::new(services.store()),
-        pdbs: SlimStore::new(pdbs.store()),
-        network_policies: network_policies.store(),
-        pvcs: pvcs.store(),
-        pods: pods.store(),
-        stateless_pods: stateless.store(),
-        secrets: secrets.store(),
-        config_maps: SlimStore::new(config_maps.store()),
-        jobs: jobs.store(),
-        clusters: clusters.store(),
-        core_templates: core_templates.store(),
-        cell_templates: cell_templates.store(),
-        shard_templates: shard_templates.store(),
-        cordoned: cordon::Cordoned::default(),
-    };
+    let stores = shared.stores();
     let shutdown = &handler.shutdown;
     let (shard_drains, shards_drained) = futures::channel::mpsc::unbounded();
     let (cell_drains, cells_drained) = futures::channel::mpsc::unbounded();
@@ -131,60 +91,24 @@ pub async fn run(
         unrecoverable_timeout,
         kubernetes: Default::default(),
     };
+    let topo_triggers = shared.toposerver_triggers();
+    let cells_triggers = shared.cell_triggers(cells_drained);
+    let shards_triggers = shared.shard_triggers(shards_drained);
+    let admin_triggers = shared.multiadmin_triggers();
     let topo = toposerver::run(
         base.ctx(toposerver::NAME),
-        topo_servers,
-        toposerver::Triggers {
-            statefulsets: statefulsets.changes_and_deletions(),
-            services: services.changes_and_deletions(),
-            pdbs: pdbs.changes_and_deletions(),
-            clusters: clusters.changes(),
-        },
+        shared.topo_servers,
+        topo_triggers,
         shutdown,
     );
-    let cells = cell::run(
-        base.ctx(cell::NAME),
-        cells,
-        cell::Triggers {
-            deployments: deployments.changes_and_deletions(),
-            services: services.changes_and_deletions(),
-            pdbs: pdbs.changes_and_deletions(),
-            secrets: secrets.changes_and_deletions(),
-            cordons: cells_drained,
-        },
-        shutdown,
-    );
+    let cells = cell::run(base.ctx(cell::NAME), shared.cells, cells_triggers, shutdown);
     let shards = shard::run(
         base.ctx(shard::NAME),
-        shards,
-        shard::Triggers {
-            statefulsets: statefulsets.changes_and_deletions(),
-            deployments: deployments.changes_and_deletions(),
-            services: services.changes_and_deletions(),
-            pdbs: pdbs.changes_and_deletions(),
-            pods: pods.changes_and_deletions(),
-            config_maps: config_maps.changes_and_deletions(),
-            secrets: secrets.changes_and_deletions(),
-            pvcs: pvcs.changes_and_deletions(),
-            jobs: jobs.changes_and_deletions(),
-            cordons: shards_drained,
-        },
+        shared.shards,
+        shards_triggers,
         shutdown,
     );
-    let admin = multiadmin::run(
-        base.ctx(multiadmin::NAME),
-        multiadmin::Triggers {
-            clusters: clusters.changes(),
-            deployments: deployments.changes_and_deletions(),
-            services: services.changes_and_deletions(),
-            secrets: secrets.changes_and_deletions(),
-            network_policies: network_policies.changes_and_deletions(),
-            core_templates: core_templates.changes(),
-            cell_templates: cell_templates.changes(),
-            shard_templates: shard_templates.changes(),
-        },
-        shutdown,
-    );
+    let admin = multiadmin::run(base.ctx(multiadmin::NAME), admin_triggers, shutdown);
     // One task each: the runtime polls each controller on its own, so one with many reconciles
     // in flight does not hold back the others' streams.
     let controllers = [
@@ -203,4 +127,135 @@ pub async fn run(
     };
     futures::join!(supervised, running.ready_when_listed(shutdown));
     drop(running);
+}
+
+/// The shared watches of the resource-handler, one per kind (two for pods: pool pods, and
+/// multigateway and multiorch pods).
+struct Shared {
+    topo_servers: SharedWatch<Guarded<TopoServer>>,
+    cells: SharedWatch<Guarded<Cell>>,
+    shards: SharedWatch<Guarded<Shard>>,
+    clusters: SharedWatch<Guarded<MultigresCluster>>,
+    core_templates: SharedWatch<Guarded<CoreTemplate>>,
+    cell_templates: SharedWatch<Guarded<CellTemplate>>,
+    shard_templates: SharedWatch<Guarded<ShardTemplate>>,
+    statefulsets: SharedWatch<StatefulSet>,
+    deployments: SharedWatch<Deployment>,
+    services: SharedWatch<Service>,
+    pdbs: SharedWatch<PodDisruptionBudget>,
+    network_policies: SharedWatch<NetworkPolicy>,
+    pods: SharedWatch<Pod>,
+    stateless_pods: SharedWatch<Pod>,
+    pvcs: SharedWatch<PersistentVolumeClaim>,
+    secrets: SharedWatch<Secret>,
+    config_maps: SharedWatch<ConfigMap>,
+    /// The Jobs a shard runs before its pool pods start (few, and gone an hour after they end).
+    jobs: SharedWatch<Job>,
+}
+
+impl Shared {
+    /// Registers every watch with `watches`: the operator's children by its label, slimmed
+    /// where they are many and large.
+    fn on(watches: &mut Watches) -> Self {
+        let all = watcher::Config::default;
+        let shared = Self {
+            topo_servers: watches.share(all()),
+            cells: watches.share(all()),
+            shards: watches.share(all()),
+            clusters: watches.share(all()),
+            core_templates: watches.share(all()),
+            cell_templates: watches.share(all()),
+            shard_templates: watches.share(all()),
+            statefulsets: watches.share_trimmed(managed(), slim),
+            deployments: watches.share_trimmed(managed(), slim_deployment),
+            services: watches.share_trimmed(managed(), slim),
+            pdbs: watches.share_trimmed(managed(), slim_budget),
+            network_policies: watches.share(managed()),
+            pods: watches.share_trimmed(pool_pods(), slim_pod),
+            stateless_pods: watches.share_trimmed(stateless_pods(), slim_stateless_pod),
+            pvcs: watches.share(managed()),
+            secrets: watches.share(managed()),
+            config_maps: watches.share_trimmed(managed(), slim),
+            jobs: watches.share(managed()),
+        };
+        let caches = gauges::Caches {
+            statefulsets: shared.statefulsets.store(),
+            deployments: shared.deployments.store(),
+        };
+        multigres_common::status_metrics::register(move |g| gauges::collect(g, &caches));
+        shared
+    }
+
+    /// The caches every reconciler reads.
+    fn stores(&self) -> Stores {
+        Stores {
+            statefulsets: SlimStore::new(self.statefulsets.store()),
+            deployments: SlimStore::new(self.deployments.store()),
+            services: SlimStore::new(self.services.store()),
+            pdbs: SlimStore::new(self.pdbs.store()),
+            network_policies: self.network_policies.store(),
+            pvcs: self.pvcs.store(),
+            pods: self.pods.store(),
+            stateless_pods: self.stateless_pods.store(),
+            secrets: self.secrets.store(),
+            config_maps: SlimStore::new(self.config_maps.store()),
+            jobs: self.jobs.store(),
+            clusters: self.clusters.store(),
+            core_templates: self.core_templates.store(),
+            cell_templates: self.cell_templates.store(),
+            shard_templates: self.shard_templates.store(),
+            cordoned: cordon::Cordoned::default(),
+        }
+    }
+
+    /// What wakes a TopoServer besides its own changes.
+    fn toposerver_triggers(&self) -> toposerver::Triggers {
+        toposerver::Triggers {
+            statefulsets: self.statefulsets.changes_and_deletions(),
+            services: self.services.changes_and_deletions(),
+            pdbs: self.pdbs.changes_and_deletions(),
+            clusters: self.clusters.changes(),
+        }
+    }
+
+    /// What wakes a Cell besides its own changes; `cordons` tells of a drain.
+    fn cell_triggers(&self, cordons: UnboundedReceiver<()>) -> cell::Triggers {
+        cell::Triggers {
+            deployments: self.deployments.changes_and_deletions(),
+            services: self.services.changes_and_deletions(),
+            pdbs: self.pdbs.changes_and_deletions(),
+            secrets: self.secrets.changes_and_deletions(),
+            cordons,
+        }
+    }
+
+    /// What wakes a Shard besides its own changes; `cordons` tells of a drain.
+    fn shard_triggers(&self, cordons: UnboundedReceiver<()>) -> shard::Triggers {
+        shard::Triggers {
+            statefulsets: self.statefulsets.changes_and_deletions(),
+            deployments: self.deployments.changes_and_deletions(),
+            services: self.services.changes_and_deletions(),
+            pdbs: self.pdbs.changes_and_deletions(),
+            pods: self.pods.changes_and_deletions(),
+            config_maps: self.config_maps.changes_and_deletions(),
+            secrets: self.secrets.changes_and_deletions(),
+            pvcs: self.pvcs.changes_and_deletions(),
+            jobs: self.jobs.changes_and_deletions(),
+            cordons,
+        }
+    }
+
+    /// What wakes a cluster's multiadmin.
+    fn multiadmin_triggers(&self) -> multiadmin::Triggers {
+        multiadmin::Triggers {
+            clusters: self.clusters.changes(),
+            deployments: self.deployments.changes_and_deletions(),
+            services: self.services.changes_and_deletions(),
+            secrets: self.secrets.changes_and_deletions(),
+            network_policies: self.network_policies.changes_and_deletions(),
+            core_templates: self.core_templates.changes(),
+            cell_templates: self.cell_templates.changes(),
+            shard_templates: self.shard_templates.changes(),
+        }
+    }
 }
