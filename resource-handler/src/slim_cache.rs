@@ -24,21 +24,22 @@ use multigres_api::labels::{CLUSTER, COMPONENT, POOL};
 use crate::sync::{APPLIED_HASH, Child, ChildCache, Verdict, fnv1a64, is_subset};
 
 /// What a cached copy keeps of its [`APPLIED_HASH`] annotation and of the digest of its dropped
-/// part, in place of the annotation: `<applied hash>/<digest>`, both in hex, in its
-/// `metadata.generateName`. None of these kinds is created with a generated name, no reader
-/// reads one of a cached copy, and a cached copy is never sent to the API server. An annotation
-/// map, for these two values alone on most children, would be a B-tree node of about 0.5 KiB
-/// and four strings per object.
+/// part, in place of the annotation: `<applied hash>/<digest>`, both in hex, in its annotation
+/// [`STAMP`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
     applied_hash: u64,
     digest: u64,
 }
 
+/// The annotation a cached copy carries its [`Stamp`] in. Only cached copies have it: a cached
+/// copy is never sent to the API server.
+const STAMP: &str = "multigres.com/cache-stamp";
+
 impl Stamp {
     /// The stamp a cached copy carries (see [`slim`]), if it carries one.
     fn of<K: Slimmed>(cached: &K) -> Option<Self> {
-        let (applied_hash, digest) = cached.meta().generate_name.as_deref()?.split_once('/')?;
+        let (applied_hash, digest) = cached.annotations().get(STAMP)?.split_once('/')?;
         Some(Self {
             applied_hash: u64::from_str_radix(applied_hash, 16).ok()?,
             digest: u64::from_str_radix(digest, 16).ok()?,
@@ -178,7 +179,8 @@ pub fn slim<K: Slimmed>(obj: &mut K) {
     let digest = digest(obj);
     obj.drop_part();
     let applied_hash = without_applied_hash(obj).unwrap_or_default();
-    obj.meta_mut().generate_name = Some(format!("{applied_hash}/{digest:016x}"));
+    obj.annotations_mut()
+        .insert(STAMP.to_owned(), format!("{applied_hash}/{digest:016x}"));
 }
 
 /// Removes the [`APPLIED_HASH`] annotation of `obj` (and the annotation map, when that was the
@@ -403,7 +405,8 @@ mod tests {
             })
         );
         assert_eq!(
-            cached.metadata.annotations, None,
+            cached.annotations().keys().collect::<Vec<_>>(),
+            [STAMP],
             "the applied hash, the only annotation, is in the stamp"
         );
         assert_eq!(
@@ -412,7 +415,6 @@ mod tests {
             "the labels read are kept"
         );
         let mut restored = cached.clone();
-        restored.metadata.generate_name = None;
         restored.metadata.annotations = full.metadata.annotations.clone();
         restored.spec.as_mut().unwrap().template = full.spec.clone().unwrap().template;
         restored.metadata.labels = full.metadata.labels.clone();
@@ -439,15 +441,15 @@ mod tests {
         full.annotations_mut()
             .insert("someone.else/note".into(), "x".into());
         let cached = trimmed(&full);
+        let mut kept = cached.annotations().clone();
+        kept.remove(STAMP);
         assert_eq!(
-            cached.metadata.annotations,
-            Some(
-                [
-                    ("multigres.com/drained-node".to_owned(), "n/p".to_owned()),
-                    ("someone.else/note".to_owned(), "x".to_owned()),
-                ]
-                .into()
-            )
+            kept,
+            [
+                ("multigres.com/drained-node".to_owned(), "n/p".to_owned()),
+                ("someone.else/note".to_owned(), "x".to_owned()),
+            ]
+            .into()
         );
         let (cache, _writer) = cache(&[&full]);
         cache.remember(&full);
