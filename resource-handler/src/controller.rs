@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, PodSpec, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, PodSpec, PodStatus, Secret, Service,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -54,8 +56,9 @@ pub struct Stores {
     pub pvcs: Store<PersistentVolumeClaim>,
     /// Pool pods only (what the ordered restarts need).
     pub pods: Store<Pod>,
-    /// multigateway and multiorch pods, their labels and node only (which one a drain strands).
-    pub stateless_pods: Store<Pod>,
+    /// etcd, multigateway and multiorch pods: their labels, node and conditions (which one a
+    /// drain strands, which nodes stopped reporting).
+    pub other_pods: Store<Pod>,
     /// TLS and role Secrets this operator generated (labelled; users' Secrets are read
     /// directly).
     pub secrets: Store<Secret>,
@@ -103,26 +106,34 @@ pub fn pool_pods() -> watcher::Config {
     ))
 }
 
-/// multigateway and multiorch pods: a Deployment of one pod is moved off a cordoned node
-/// ([`crate::cordon::move_single_pod`]).
-pub fn stateless_pods() -> watcher::Config {
-    watcher::Config::default().labels(&format!(
-        "{MANAGED_SELECTOR},{COMPONENT} in ({},{})",
-        Component::Multigateway.as_str(),
-        Component::Multiorch.as_str()
-    ))
+/// etcd, multigateway and multiorch pods: a Deployment of one pod is moved off a cordoned node
+/// ([`crate::cordon::move_single_pod`]), and a workload not Ready names the nodes of its pods
+/// that stopped reporting ([`crate::unready::silent_nodes`]).
+pub fn other_pods() -> watcher::Config {
+    let components = [
+        Component::GlobalTopo,
+        Component::LocalTopo,
+        Component::Multigateway,
+        Component::Multiorch,
+    ]
+    .map(Component::as_str)
+    .join(",");
+    watcher::Config::default().labels(&format!("{MANAGED_SELECTOR},{COMPONENT} in ({components})"))
 }
 
-/// Keeps of a multigateway or multiorch pod what [`crate::cordon::stranded_on`] reads: its
-/// name, labels, deletion and node.
-pub fn slim_stateless_pod(pod: &mut Pod) {
+/// Keeps of an etcd, multigateway or multiorch pod what the reconcilers read: its name, labels,
+/// deletion, node and status conditions.
+pub fn slim_other_pod(pod: &mut Pod) {
     pod.metadata.annotations = None;
     pod.metadata.owner_references = None;
     pod.spec = pod.spec.take().map(|spec| PodSpec {
         node_name: spec.node_name,
         ..Default::default()
     });
-    pod.status = None;
+    pod.status = pod.status.take().map(|status| PodStatus {
+        conditions: status.conditions,
+        ..Default::default()
+    });
 }
 
 /// Keeps of a pool pod what the reconcilers read (its metadata, its node, status conditions

@@ -45,7 +45,7 @@ use multigres_common::HandlerContext;
 use multigres_common::guard::Guarded;
 
 use controller::{
-    Base, Stores, managed, pool_pods, recorder, slim_pod, slim_stateless_pod, stateless_pods,
+    Base, Stores, managed, other_pods, pool_pods, recorder, slim_other_pod, slim_pod,
 };
 use futures::channel::mpsc::UnboundedReceiver;
 use multigres_common::shared_watch::{SharedWatch, Watches};
@@ -130,7 +130,7 @@ pub async fn run(
 }
 
 /// The shared watches of the resource-handler, one per kind (two for pods: pool pods, and
-/// multigateway and multiorch pods).
+/// etcd, multigateway and multiorch pods).
 struct Shared {
     topo_servers: SharedWatch<Guarded<TopoServer>>,
     cells: SharedWatch<Guarded<Cell>>,
@@ -145,7 +145,7 @@ struct Shared {
     pdbs: SharedWatch<PodDisruptionBudget>,
     network_policies: SharedWatch<NetworkPolicy>,
     pods: SharedWatch<Pod>,
-    stateless_pods: SharedWatch<Pod>,
+    other_pods: SharedWatch<Pod>,
     pvcs: SharedWatch<PersistentVolumeClaim>,
     secrets: SharedWatch<Secret>,
     config_maps: SharedWatch<ConfigMap>,
@@ -172,7 +172,7 @@ impl Shared {
             pdbs: watches.share_trimmed(managed(), slim_budget),
             network_policies: watches.share(managed()),
             pods: watches.share_trimmed(pool_pods(), slim_pod),
-            stateless_pods: watches.share_trimmed(stateless_pods(), slim_stateless_pod),
+            other_pods: watches.share_trimmed(other_pods(), slim_other_pod),
             pvcs: watches.share(managed()),
             secrets: watches.share(managed()),
             config_maps: watches.share_trimmed(managed(), slim),
@@ -196,7 +196,7 @@ impl Shared {
             network_policies: self.network_policies.store(),
             pvcs: self.pvcs.store(),
             pods: self.pods.store(),
-            stateless_pods: self.stateless_pods.store(),
+            other_pods: self.other_pods.store(),
             secrets: self.secrets.store(),
             config_maps: SlimStore::new(self.config_maps.store()),
             jobs: self.jobs.store(),

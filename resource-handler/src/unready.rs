@@ -63,23 +63,24 @@ pub fn node_not_reporting(pod: &Pod) -> Option<&str> {
     silent.then(|| pod.spec.as_ref()?.node_name.as_deref())?
 }
 
-/// The nodes that stopped reporting (see [`node_not_reporting`]) of the pods `selector` picks
-/// in `namespace`, read from the API server: for workloads whose pods are not cached, asked
-/// only while some of them are not Ready.
-pub async fn silent_nodes(
-    client: &kube::Client,
+/// The nodes that stopped reporting (see [`node_not_reporting`]) of the pods of `pods` that
+/// `selector` picks in `namespace`.
+pub fn silent_nodes(
+    pods: &kube::runtime::reflector::Store<Pod>,
     namespace: &str,
     selector: &std::collections::BTreeMap<String, String>,
-) -> Result<std::collections::BTreeSet<String>, kube::Error> {
-    let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let pods = kube::Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&kube::api::ListParams::default().labels(&labels.join(",")))
-        .await?;
-    Ok(pods
-        .items
+) -> std::collections::BTreeSet<String> {
+    pods.state()
         .iter()
+        .filter(|pod| pod.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|pod| {
+            let labels = pod.metadata.labels.as_ref();
+            selector
+                .iter()
+                .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        })
         .filter_map(|pod| node_not_reporting(pod).map(str::to_owned))
-        .collect())
+        .collect()
 }
 
 /// Keeps of `status` what [`reason`] reads: the conditions, and the containers that wait for

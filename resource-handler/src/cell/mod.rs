@@ -223,13 +223,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let silent = if counts.all_ready() || hibernated {
         BTreeSet::new()
     } else {
-        crate::unready::silent_nodes(&ctx.client, ns, &gateway_selector)
-            .await
-            .map_err(|source| SyncError::Get {
-                kind: "Pod".to_owned(),
-                name: format!("{name}-*"),
-                source,
-            })?
+        crate::unready::silent_nodes(&ctx.stores.other_pods, ns, &gateway_selector)
     };
     let desired = status(cell, counts, &silent, &name, Timestamp::now());
     let api: Api<Cell> = Api::namespaced(ctx.client.clone(), ns);
@@ -303,7 +297,7 @@ async fn apply(
     let observed_deployment = ctx.stores.deployments.get(&ObjectRef::new(name).within(ns));
     let budget_wanted = objects.pdb.is_some();
     let moving = crate::cordon::move_single_pod(
-        &ctx.stores.stateless_pods,
+        &ctx.stores.other_pods,
         &ctx.stores.cordoned,
         &mut objects.deployment,
         observed_deployment.as_deref(),

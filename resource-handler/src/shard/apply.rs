@@ -388,7 +388,7 @@ async fn apply_workloads(
             None
         } else {
             crate::cordon::move_single_pod(
-                &stores.stateless_pods,
+                &stores.other_pods,
                 &stores.cordoned,
                 &mut deployment,
                 observed.as_deref(),

@@ -370,13 +370,7 @@ async fn write_status(
     let silent = match selector {
         Some(selector) if !counts.all_ready() => {
             let namespace = topo.metadata.namespace.as_deref().unwrap_or_default();
-            crate::unready::silent_nodes(&ctx.client, namespace, &selector)
-                .await
-                .map_err(|source| SyncError::Get {
-                    kind: "Pod".to_owned(),
-                    name: format!("{}-*", topo.metadata.name.as_deref().unwrap_or_default()),
-                    source,
-                })?
+            crate::unready::silent_nodes(&ctx.stores.other_pods, namespace, &selector)
         }
         _ => BTreeSet::new(),
     };
