@@ -117,8 +117,7 @@ pub trait Classify: std::error::Error + Send + Sync + 'static {
     /// - an invalid spec at once: it starts no streak (it waits for a change), so each change
     ///   that is still invalid is announced once;
     /// - any other failure once it has lasted [`PERSISTENT`] retries: a conflict or a refused
-    ///   write that the next try mends is no news (at 100 clusters, announcing each first
-    ///   failure cost the resource-handler 1,600 Event writes while converging).
+    ///   write that the next try mends is no news.
     fn announce(&self, failures: u32) -> bool {
         if self.category() == Category::Waiting || self.on_conditions() {
             return false;
