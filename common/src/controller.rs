@@ -114,19 +114,15 @@ pub trait Classify: std::error::Error + Send + Sync + 'static {
     ///
     /// - a wait ([`Category::Waiting`]) never: it ends by itself, and a condition shows it;
     /// - nothing the object's conditions already say ([`Classify::on_conditions`]);
-    /// - an invalid spec at once: it starts no streak (it waits for a change), so each change
-    ///   that is still invalid is announced once;
+    /// - an invalid spec each time: it waits for a change, so each change that is still
+    ///   invalid is announced once, whatever transient failures came before it;
     /// - any other failure once it has lasted [`PERSISTENT`] retries: a conflict or a refused
     ///   write that the next try mends is no news.
     fn announce(&self, failures: u32) -> bool {
         if self.category() == Category::Waiting || self.on_conditions() {
             return false;
         }
-        if self.is_invalid_spec() {
-            failures == 0
-        } else {
-            failures == PERSISTENT
-        }
+        self.is_invalid_spec() || failures == PERSISTENT
     }
 }
 
@@ -381,6 +377,10 @@ mod tests {
         assert!(Failed(Category::KubeApi).announce(PERSISTENT));
         assert!(!Failed(Category::KubeApi).announce(PERSISTENT + 1));
         assert!(Failed(Category::Malformed).announce(0));
+        assert!(
+            Failed(Category::InvalidSpec).announce(PERSISTENT + 1),
+            "after a streak of transient failures too"
+        );
         assert!(!Failed(Category::Waiting).announce(0));
         assert!(Failed(Category::InvalidSpec).is_invalid_spec());
         assert!(!Failed(Category::DataPlane).is_invalid_spec());
