@@ -160,6 +160,23 @@ where
     })
 }
 
+/// The objects of `store` in `namespace` whose labels include every one of `selector` (a
+/// workload's `matchLabels`): its pods, read from a cache.
+pub fn selected<K>(
+    store: &Store<K>,
+    namespace: &str,
+    selector: &BTreeMap<String, String>,
+) -> Vec<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.state_filter(|obj| {
+        let labels = obj.labels();
+        obj.meta().namespace.as_deref() == Some(namespace)
+            && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+    })
+}
+
 /// What every controller's context is made from.
 #[derive(Clone)]
 pub struct Base {
@@ -244,6 +261,30 @@ mod tests {
 
     use super::*;
     use crate::shard::rollout::pod_view;
+
+    #[test]
+    fn selected_takes_the_namespace_and_every_label_of_the_selector() {
+        let pod = |ns: &str, name: &str, labels: &[(&str, &str)]| {
+            let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+            let mut pod = Pod::default();
+            pod.metadata.namespace = Some(ns.into());
+            pod.metadata.name = Some(name.into());
+            pod.metadata.labels = Some(labels.collect());
+            pod
+        };
+        let mut writer = kube::runtime::reflector::store::Writer::<Pod>::default();
+        for p in [
+            pod("a", "both", &[("app", "gw"), ("cell", "z1")]),
+            pod("a", "one", &[("app", "gw")]),
+            pod("b", "elsewhere", &[("app", "gw"), ("cell", "z1")]),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(p));
+        }
+        let selector = BTreeMap::from([("app".into(), "gw".into()), ("cell".into(), "z1".into())]);
+        let found = selected(&writer.as_reader(), "a", &selector);
+        let names: Vec<_> = found.iter().map(|p| p.name_any()).collect();
+        assert_eq!(names, ["both"]);
+    }
 
     #[test]
     fn a_slimmed_pool_pod_reads_the_same_and_keeps_only_its_node() {

@@ -78,14 +78,9 @@ pub fn stranded_on(
     if cordoned.is_empty() {
         return None;
     }
-    pods.state()
+    crate::controller::selected(pods, namespace, selector)
         .iter()
-        .filter(|pod| pod.metadata.namespace.as_deref() == Some(namespace))
         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-        .filter(|pod| {
-            let labels = pod.labels();
-            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
-        })
         .find_map(|pod| {
             let node = pod.spec.as_ref()?.node_name.as_ref()?;
             cordoned

@@ -70,15 +70,8 @@ pub fn silent_nodes(
     namespace: &str,
     selector: &std::collections::BTreeMap<String, String>,
 ) -> std::collections::BTreeSet<String> {
-    pods.state()
+    crate::controller::selected(pods, namespace, selector)
         .iter()
-        .filter(|pod| pod.metadata.namespace.as_deref() == Some(namespace))
-        .filter(|pod| {
-            let labels = pod.metadata.labels.as_ref();
-            selector
-                .iter()
-                .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-        })
         .filter_map(|pod| node_not_reporting(pod).map(str::to_owned))
         .collect()
 }
