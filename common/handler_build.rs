@@ -6,6 +6,7 @@
 //! whole at every start, so all of it stayed resident. Still a position-independent executable
 //! (address randomisation is kept); the binary needs glibc 2.36 or later (Debian 12, the
 //! image's base). A linker that does not know the option ignores it with a warning.
+//! `common::memory` lists it, with its figure, beside the other memory work.
 
 fn main() {
     println!("cargo::rerun-if-changed=../common/handler_build.rs");

@@ -98,7 +98,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// a TLS connection, with its buffers, per watch and per request in flight (70 sockets in the
 /// resource-handler while 10 clusters converge; most of its memory above start). kube's stack
 /// is kept where ours would not reproduce it: a proxy, or credentials from an exec plugin
-/// (whose certificates expire).
+/// (whose certificates expire). This stack can go once kube speaks HTTP/2 (kube-rs pull
+/// request 1823); [`crate::memory`] lists it with the other memory work.
 pub fn counting_client(config: Config) -> Result<Client, ClientError> {
     let count = MapRequestLayer::new(count_write);
     if config.proxy_url.is_some() || config.auth_info.exec.is_some() {

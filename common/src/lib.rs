@@ -4,7 +4,8 @@
 //!
 //! A binary's `main` runs on [`process::run`] (the allocator's settings, then the runtime),
 //! parses its flags with [`cli::parse`], starts a [`HandlerRuntime`] and hands it the work to
-//! run.
+//! run. What the handlers do to stay small is listed, with a figure for each piece, in
+//! [`memory`].
 
 pub mod apply;
 pub mod backoff;
@@ -17,6 +18,7 @@ pub mod events;
 pub mod grpc;
 pub mod guard;
 pub mod leader;
+pub mod memory;
 pub mod metrics;
 pub mod process;
 pub mod runtime;

@@ -193,7 +193,7 @@ where
 }
 
 /// The shared watches of one handler: each is started with [`Watches::share`], and all run
-/// once [`Watches::run`] is polled. Each kind is reported synced (`HandlerInfo`) by itself
+/// once [`Watches::start`] is called. Each kind is reported synced (`HandlerInfo`) by itself
 /// when its first list is cached.
 pub struct Watches {
     client: Client,
@@ -216,8 +216,9 @@ impl Watches {
     }
 
     /// A shared watch of `K` with `config`. Managed fields and `kubectl apply`'s copy of the
-    /// last applied object ([`LAST_APPLIED`]) are dropped before caching: never read by a
-    /// handler, and each often as large as the rest of the object.
+    /// last applied object (`kubectl.kubernetes.io/last-applied-configuration`) are dropped
+    /// before caching: never read by a handler, and each often as large as the rest of the
+    /// object.
     pub fn share<K>(&mut self, config: watcher::Config) -> SharedWatch<K>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -300,8 +301,8 @@ impl RunningWatches {
 impl RunningWatches {
     /// Waits until every cache holds its first list, then reports the handler's work ready
     /// (SERVING once it acts) and gives back what start-up alone needed
-    /// ([`crate::process::release_startup_memory`]). False when shutdown came first or a watch stopped: the work
-    /// is then never ready.
+    /// ([`crate::memory::release_startup_memory`]). False when shutdown came first or a watch
+    /// stopped: the work is then never ready.
     pub async fn ready_when_listed(&mut self, shutdown: &Shutdown) -> bool {
         let listed = tokio::select! {
             listed = self.all_listed() => listed,
@@ -310,7 +311,7 @@ impl RunningWatches {
         if listed {
             self.state.set_ready(true).await;
             tracing::info!("caches synced; serving");
-            crate::process::release_startup_memory();
+            crate::memory::release_startup_memory();
         }
         listed
     }

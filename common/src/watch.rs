@@ -4,7 +4,7 @@
 //! resumes a watch is itself refused with 410 it retries the same stale resourceVersion
 //! forever; and it reports every 410 as an error, so the error backoff grows to 30 s while an
 //! API server that just restarted keeps answering lists with versions its new watch cache
-//! does not serve yet. Every handler watches through [`watcher`] instead, over its [`Scope`].
+//! does not serve yet. Every handler watches through [`watcher()`] instead, over its [`Scope`].
 
 use std::fmt::Debug;
 use std::time::Duration;

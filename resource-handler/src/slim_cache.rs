@@ -7,7 +7,8 @@
 //! of what it dropped instead (with the applied hash, in a [`Stamp`]), and remembers which
 //! stamps were checked against a full copy from the API server. A dropped part whose digest is
 //! not remembered (after a restart, or because someone edited it) is fetched and compared
-//! once; a drifted one is written back as before.
+//! once; a drifted one is written back as before. `multigres_common::memory` has what this
+//! saves, beside the other memory work.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Deref;
