@@ -201,22 +201,43 @@ pub fn hibernate(objects: &mut ShardObjects) {
     }
 }
 
+/// Why a Shard's spec cannot be realised. Each message names the field and what it allows: it
+/// is what the Shard's status and events say.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// No pool, so no PostgreSQL to run (nor a pool for the Jobs to run as).
+    #[error("spec.pools is empty: a shard needs at least one pool")]
+    NoPools,
+    /// A pool placed in no cell.
+    #[error("spec.pools.{pool}.cells is empty: a pool runs in at least one cell")]
+    PoolWithoutCells {
+        /// The pool's name.
+        pool: String,
+    },
+    /// A recovery whose data would land in a repository that is not S3: the recovered data
+    /// becomes the first backup of the shard's own repository.
+    #[error(
+        "spec.backup.recovery: the recovered data becomes the first backup of this shard's own \
+         repository, which must be S3 (spec.backup.type: s3)"
+    )]
+    RecoveryWithoutS3,
+}
+
 /// Builds everything of a Shard, or says why the spec cannot be realised.
 pub fn build(
     owner: &Owner,
     spec: &ShardSpec,
     backups: BackupDeletion,
-) -> Result<ShardObjects, String> {
+) -> Result<ShardObjects, BuildError> {
     if spec.pools.is_empty() {
-        return Err("spec.pools is empty: a shard needs at least one pool".to_owned());
+        return Err(BuildError::NoPools);
     }
     let mut pools = Vec::new();
     for (name, pool) in &spec.pools {
         if pool.cells.is_empty() {
-            return Err(format!(
-                "spec.pools.{}.cells is empty: a pool runs in at least one cell",
-                name.as_str()
-            ));
+            return Err(BuildError::PoolWithoutCells {
+                pool: name.as_str().to_owned(),
+            });
         }
         for cell in &pool.cells {
             pools.push(pool_objects(

@@ -65,8 +65,8 @@ pub enum Error {
     #[error(transparent)]
     Owner(#[from] OwnerError),
     /// The spec cannot be realised as it is.
-    #[error("{0}")]
-    InvalidSpec(String),
+    #[error(transparent)]
+    InvalidSpec(#[from] build::BuildError),
     /// A write to the API server failed.
     #[error(transparent)]
     Sync(#[from] SyncError),
@@ -333,7 +333,7 @@ struct Desired {
 #[derive(Debug)]
 enum Rejected {
     /// The spec cannot be realised as it is.
-    Spec(String),
+    Spec(build::BuildError),
     /// The postgresql.conf cannot be produced (or its referenced ConfigMap read).
     PostgresConfig(pgconfig::ConfigError),
 }
@@ -499,8 +499,17 @@ mod tests {
         let mut empty = s.clone();
         empty.spec.pools.clear();
         assert!(matches!(
-            desire(&owner, &empty, &env, Err(missing()), &StandbySettings::new()),
-            Err(Rejected::Spec(problem)) if problem.contains("spec.pools is empty")
+            desire(
+                &owner,
+                &empty,
+                &env,
+                Err(missing()),
+                &StandbySettings::new()
+            ),
+            Err(Rejected::Spec(build::BuildError::NoPools))
         ));
+        let refused = Error::from(build::BuildError::NoPools);
+        assert_eq!(refused.category(), Category::InvalidSpec);
+        assert_eq!(refused.to_string(), build::BuildError::NoPools.to_string());
     }
 }

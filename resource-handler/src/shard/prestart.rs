@@ -19,7 +19,8 @@ use multigres_api::labels::{self, Component};
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{PoolSpec, S3BackupConfig, ShardSpec};
 
-use super::{Guard, build};
+use super::Guard;
+use super::build::{self, BuildError};
 use crate::controller::Ctx;
 use crate::owner::Owner;
 use crate::podspec::{container_security, env, env_from_secret, pod_security};
@@ -52,12 +53,12 @@ pub struct Script {
 }
 
 /// The first pool of `spec`, whose PostgreSQL user, volume size and tolerations the Jobs take.
-pub fn first_pool(spec: &ShardSpec) -> Result<&PoolSpec, String> {
+pub fn first_pool(spec: &ShardSpec) -> Result<&PoolSpec, BuildError> {
     spec.pools
         .values()
         .next()
         .map(|pool| &**pool)
-        .ok_or_else(|| "spec.pools is empty: a shard needs a pool".to_owned())
+        .ok_or(BuildError::NoPools)
 }
 
 /// An S3 repository as messages name it: `s3://<bucket>/<prefix>/multigres` (where Multigres

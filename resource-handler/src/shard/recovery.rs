@@ -21,8 +21,9 @@ use kube::runtime::events::EventType;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{RecoveryConfig, RecoveryTarget, Shard, ShardSpec};
 
+use super::build::{self, BuildError};
 use super::pgconfig::{CONFIG_DIR, CONFIG_KEY};
-use super::{Error, Guard, build, prestart, repository};
+use super::{Error, Guard, prestart, repository};
 use crate::conditions::{Computed, FALSE, TRUE};
 use crate::contract::{PASSWORD_DIR, PASSWORD_FILE, POOLER_DIR};
 use crate::controller::Ctx;
@@ -115,11 +116,8 @@ fn restore_target(target: Option<&RecoveryTarget>) -> (&'static str, String) {
 /// target (see the module docs). It runs once (no retry: a second attempt would find WAL of
 /// the first in the repository), as the pool pods' PostgreSQL user, with a scratch volume like
 /// the first pool's data volume, and is deleted with the Shard.
-pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result<Job, String> {
-    let own = repository::own(spec).ok_or(
-        "spec.backup.recovery: the recovered data becomes the first backup of this shard's own \
-         repository, which must be S3 (spec.backup.type: s3)",
-    )?;
+pub fn job(owner: &Owner, spec: &ShardSpec, recovery: &RecoveryConfig) -> Result<Job, BuildError> {
+    let own = repository::own(spec).ok_or(BuildError::RecoveryWithoutS3)?;
     let pool = prestart::first_pool(spec)?;
     let (_, claim) = build::storage_request(
         &pool.storage.clone().unwrap_or_default(),
@@ -244,7 +242,7 @@ pub(super) async fn run(
             failed.message.clone(),
         ));
     }
-    let desired = job(owner, &shard.spec, recovery).map_err(Error::InvalidSpec)?;
+    let desired = job(owner, &shard.spec, recovery)?;
     let name = desired.name_any();
     let job = prestart::ensure(ctx, desired)
         .await
@@ -370,7 +368,8 @@ recovery:
         );
         let owner = Owner::of(&s).unwrap();
         let problem = job(&owner, &s.spec, pending(&s).unwrap()).unwrap_err();
-        assert!(problem.starts_with("spec.backup.recovery"), "{problem}");
+        assert_eq!(problem, BuildError::RecoveryWithoutS3);
+        assert!(problem.to_string().starts_with("spec.backup.recovery"));
     }
 
     #[test]

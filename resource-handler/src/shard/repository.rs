@@ -23,6 +23,7 @@ use kube::{Api, Client, ResourceExt};
 use multigres_api::names;
 use multigres_api::v1alpha1::{BACKUP_REPOSITORY, BackupType, S3BackupConfig, Shard, ShardSpec};
 
+use super::build::BuildError;
 use super::{Error, Guard, prestart};
 use crate::conditions::{Computed, FALSE, TRUE};
 use crate::contract::POOLER_DIR;
@@ -140,7 +141,7 @@ pub fn job(
     spec: &ShardSpec,
     s3: &S3BackupConfig,
     marker: &str,
-) -> Result<Job, String> {
+) -> Result<Job, BuildError> {
     let work = Volume {
         name: WORK_VOLUME.to_owned(),
         empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -236,8 +237,7 @@ pub(super) async fn mark(
             return Ok(computed);
         }
     };
-    let desired =
-        job(owner, &shard.spec, s3, &marker(owner, kubernetes)).map_err(Error::InvalidSpec)?;
+    let desired = job(owner, &shard.spec, s3, &marker(owner, kubernetes))?;
     let name = desired.name_any();
     let job = prestart::ensure(ctx, desired)
         .await

@@ -44,7 +44,7 @@ pub(super) async fn reject(
         .as_ref()
         .and_then(|s| s.postgres_config.as_ref());
     let (problem, postgres_config) = match rejected {
-        Rejected::Spec(problem) => (problem.clone(), previous.cloned()),
+        Rejected::Spec(problem) => (problem.to_string(), previous.cloned()),
         Rejected::PostgresConfig(error) if error.is_invalid_spec() => {
             (error.to_string(), Some(pgconfig::failed(previous, error)))
         }

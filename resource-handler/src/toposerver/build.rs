@@ -127,13 +127,24 @@ pub fn retention(
     }
 }
 
+/// Why a TopoServer's spec cannot be realised. Each message names the field and what it
+/// allows: it is what the TopoServer's status and events say.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// No etcd section: etcd is the only topology server the operator runs.
+    #[error("spec.etcd is required: the operator only runs etcd")]
+    NoEtcd,
+    /// A member count etcd cannot bootstrap a quorum from: not a positive odd number.
+    #[error("spec.etcd.replicas is {replicas}: etcd needs an odd number of members (1, 3, 5)")]
+    MemberCount {
+        /// The count asked for.
+        replicas: i32,
+    },
+}
+
 /// Builds the etcd objects, or says why the spec cannot be realised.
-pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
-    let etcd = input
-        .spec
-        .etcd
-        .as_ref()
-        .ok_or("spec.etcd is required: the operator only runs etcd")?;
+pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, BuildError> {
+    let etcd = input.spec.etcd.as_ref().ok_or(BuildError::NoEtcd)?;
     let replicas = members(etcd)?;
     let owner = input.owner;
     let names = Names::of(input);
@@ -159,12 +170,10 @@ pub fn build(input: &TopoInput<'_>) -> Result<TopoObjects, String> {
 }
 
 /// The number of etcd members, or why it cannot be bootstrapped.
-fn members(etcd: &EtcdSpec) -> Result<i32, String> {
+fn members(etcd: &EtcdSpec) -> Result<i32, BuildError> {
     let replicas = etcd.replicas.unwrap_or(defaults::ETCD_REPLICAS);
     if replicas < 1 || replicas % 2 == 0 {
-        return Err(format!(
-            "spec.etcd.replicas is {replicas}: etcd needs an odd number of members (1, 3, 5)"
-        ));
+        return Err(BuildError::MemberCount { replicas });
     }
     Ok(replicas)
 }

@@ -50,9 +50,9 @@ pub enum Error {
     /// The TopoServer does not say which cluster it belongs to.
     #[error(transparent)]
     Owner(#[from] OwnerError),
-    /// The spec cannot be realised as it is.
-    #[error("{0}")]
-    InvalidSpec(String),
+    /// The spec cannot be realised as it is, or given the running etcd.
+    #[error(transparent)]
+    InvalidSpec(#[from] SpecError),
     /// A write to the API server failed.
     #[error(transparent)]
     Sync(#[from] SyncError),
@@ -69,6 +69,37 @@ impl Classify for Error {
             Error::Sync(_) | Error::Resize(_) => Category::KubeApi,
         }
     }
+}
+
+/// Why a TopoServer's spec cannot be realised: as written ([`build::BuildError`]), or given
+/// the etcd already running, whose statically bootstrapped members cannot follow some changes.
+/// Each message names the field and what it allows: it is what the status and events say.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The spec cannot be built.
+    #[error(transparent)]
+    Build(#[from] build::BuildError),
+    /// A change of the member count.
+    #[error(
+        "spec.etcd.replicas cannot change from {have} to {want}: etcd members are \
+         bootstrapped statically; set it back to {have}"
+    )]
+    ReplicasChanged {
+        /// The running StatefulSet's replicas.
+        have: i32,
+        /// The spec's.
+        want: i32,
+    },
+    /// A change between plaintext and TLS peers.
+    #[error(
+        "spec.internalTLS.topology cannot change on a running etcd: its members were created \
+         with {have}:// peer URLs and keep them; set it back to {}",
+        .have == build::scheme(true)
+    )]
+    PeerSchemeChanged {
+        /// The running members' peer URL scheme.
+        have: String,
+    },
 }
 
 /// The change streams the TopoServer controller is triggered by.
@@ -183,7 +214,8 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         Ok(objects) => objects,
         Err(problem) => {
             let observed = observed_sts.as_deref();
-            write_status(ctx, &statuses, topo, observed, None, Some(&problem)).await?;
+            let message = problem.to_string();
+            write_status(ctx, &statuses, topo, observed, None, Some(&message)).await?;
             return Err(Error::InvalidSpec(problem));
         }
     };
@@ -200,7 +232,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
 
 /// Builds the etcd objects, or says why the spec cannot be realised (as it is, or given the
 /// `observed` StatefulSet).
-fn desire(input: &TopoInput<'_>, observed: Option<&StatefulSet>) -> Result<TopoObjects, String> {
+fn desire(input: &TopoInput<'_>, observed: Option<&StatefulSet>) -> Result<TopoObjects, SpecError> {
     let objects = build::build(input)?;
     if let Some(observed) = observed
         && let Some(problem) = replicas_changed(observed, &objects.statefulset)
@@ -304,21 +336,16 @@ async fn prune(ctx: &Ctx<Guard>, owner: &Owner) -> Result<(), Error> {
 }
 
 /// A change of the member count, which static bootstrap cannot follow.
-fn replicas_changed(observed: &StatefulSet, desired: &StatefulSet) -> Option<String> {
+fn replicas_changed(observed: &StatefulSet, desired: &StatefulSet) -> Option<SpecError> {
     let replicas = |s: &StatefulSet| s.spec.as_ref().and_then(|s| s.replicas);
     let (have, want) = (replicas(observed)?, replicas(desired)?);
-    (have != want).then(|| {
-        format!(
-            "spec.etcd.replicas cannot change from {have} to {want}: etcd members are \
-             bootstrapped statically; set it back to {have}"
-        )
-    })
+    (have != want).then_some(SpecError::ReplicasChanged { have, want })
 }
 
 /// A change between plaintext and TLS peers, which running members cannot follow: each keeps
 /// the peer URLs it was bootstrapped with in the membership, and would dial the others with the
 /// old scheme. The webhook refuses the change; this holds where no webhook runs.
-fn peer_scheme_changed(observed: &StatefulSet, desired: &StatefulSet) -> Option<String> {
+fn peer_scheme_changed(observed: &StatefulSet, desired: &StatefulSet) -> Option<SpecError> {
     let peer_scheme = |s: &StatefulSet| {
         let container = s
             .spec
@@ -336,13 +363,7 @@ fn peer_scheme_changed(observed: &StatefulSet, desired: &StatefulSet) -> Option<
         Some(arg.split("://").next()?.to_owned())
     };
     let (have, want) = (peer_scheme(observed)?, peer_scheme(desired)?);
-    (have != want).then(|| {
-        format!(
-            "spec.internalTLS.topology cannot change on a running etcd: its members were \
-             created with {have}:// peer URLs and keep them; set it back to {}",
-            have == build::scheme(true)
-        )
-    })
+    (have != want).then_some(SpecError::PeerSchemeChanged { have })
 }
 
 /// Claim templates cannot change once a StatefulSet exists; volume growth is applied to the
@@ -563,27 +584,64 @@ mod tests {
             ..input.clone()
         };
         assert!(desire(&five, None).is_ok());
-        assert!(
-            desire(&five, Some(&three))
-                .unwrap_err()
-                .contains("from 3 to 5")
-        );
+        let resized = desire(&five, Some(&three)).unwrap_err();
+        assert_eq!(resized, SpecError::ReplicasChanged { have: 3, want: 5 });
+        assert!(resized.to_string().contains("from 3 to 5"), "{resized}");
         let tls = TopoInput {
             tls: true,
             ..input.clone()
         };
         assert!(desire(&tls, None).is_ok(), "a new etcd may start with TLS");
         let problem = desire(&tls, Some(&three)).unwrap_err();
+        assert_eq!(
+            problem,
+            SpecError::PeerSchemeChanged {
+                have: "http".to_owned()
+            }
+        );
+        let message = problem.to_string();
         assert!(
-            problem.contains("created with http:// peer URLs") && problem.contains("back to false"),
-            "{problem}"
+            message.contains("created with http:// peer URLs") && message.contains("back to false"),
+            "{message}"
         );
         let secure = build::build(&tls).unwrap().statefulset;
         assert!(desire(&tls, Some(&secure)).is_ok());
-        assert!(
-            desire(&input, Some(&secure))
-                .unwrap_err()
-                .contains("back to true")
+        let problem = desire(&input, Some(&secure)).unwrap_err();
+        assert_eq!(
+            problem,
+            SpecError::PeerSchemeChanged {
+                have: "https".to_owned()
+            }
+        );
+        assert!(problem.to_string().contains("back to true"), "{problem}");
+    }
+
+    #[test]
+    fn spec_errors_name_the_field_and_what_it_allows() {
+        assert_eq!(
+            SpecError::ReplicasChanged { have: 3, want: 5 }.to_string(),
+            "spec.etcd.replicas cannot change from 3 to 5: etcd members are bootstrapped \
+             statically; set it back to 3"
+        );
+        let scheme = |have: &str| {
+            SpecError::PeerSchemeChanged {
+                have: have.to_owned(),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            scheme("http"),
+            "spec.internalTLS.topology cannot change on a running etcd: its members were created \
+             with http:// peer URLs and keep them; set it back to false"
+        );
+        assert!(scheme("https").ends_with("https:// peer URLs and keep them; set it back to true"));
+        assert_eq!(
+            SpecError::from(build::BuildError::NoEtcd).to_string(),
+            build::BuildError::NoEtcd.to_string()
+        );
+        assert_eq!(
+            Error::from(SpecError::ReplicasChanged { have: 3, want: 5 }).category(),
+            Category::InvalidSpec
         );
     }
 

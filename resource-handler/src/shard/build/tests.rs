@@ -596,17 +596,37 @@ fn empty_multiorch_cells_default_to_the_pools_cells_and_bad_pools_are_refused() 
     let owner = Owner::of(&shard).unwrap();
     let mut no_cells = shard.spec.clone();
     no_cells.pools.values_mut().for_each(|p| p.cells.clear());
-    assert!(
-        build(&owner, &no_cells, BackupDeletion::Unconfirmed)
-            .unwrap_err()
-            .contains("at least one cell")
+    assert_eq!(
+        build(&owner, &no_cells, BackupDeletion::Unconfirmed),
+        Err(BuildError::PoolWithoutCells {
+            pool: "main".to_owned()
+        })
     );
     let mut no_pools = shard.spec.clone();
     no_pools.pools.clear();
-    assert!(
-        build(&owner, &no_pools, BackupDeletion::Unconfirmed)
-            .unwrap_err()
-            .contains("at least one pool")
+    assert_eq!(
+        build(&owner, &no_pools, BackupDeletion::Unconfirmed),
+        Err(BuildError::NoPools)
+    );
+}
+
+#[test]
+fn build_errors_name_the_field_and_what_it_allows() {
+    assert_eq!(
+        BuildError::NoPools.to_string(),
+        "spec.pools is empty: a shard needs at least one pool"
+    );
+    assert_eq!(
+        BuildError::PoolWithoutCells {
+            pool: "main".to_owned()
+        }
+        .to_string(),
+        "spec.pools.main.cells is empty: a pool runs in at least one cell"
+    );
+    assert_eq!(
+        BuildError::RecoveryWithoutS3.to_string(),
+        "spec.backup.recovery: the recovered data becomes the first backup of this shard's own \
+         repository, which must be S3 (spec.backup.type: s3)"
     );
 }
 

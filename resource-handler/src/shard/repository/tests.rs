@@ -83,6 +83,18 @@ fn the_job_gets_the_repository_and_the_marker_only_through_its_environment() {
 }
 
 #[test]
+fn a_shard_without_pools_has_no_user_to_mark_its_repository_as() {
+    let mut s = shard(S3);
+    s.spec.pools.clear();
+    let owner = Owner::of(&s).unwrap();
+    let s3 = pending(&s).unwrap();
+    assert_eq!(
+        job(&owner, &s.spec, s3, "cluster=db/prod kubernetes=k").map(|_| ()),
+        Err(BuildError::NoPools)
+    );
+}
+
+#[test]
 fn another_repository_is_marked_again_under_another_job() {
     let mut s = shard(S3);
     let s3 = own(&s.spec).unwrap().clone();

@@ -275,14 +275,39 @@ fn even_or_missing_members_are_refused() {
         pull: &pull(),
         tls: false,
     };
-    assert!(build(&input).unwrap_err().contains("odd number"));
+    assert_eq!(
+        build(&input).map(|_| ()),
+        Err(BuildError::MemberCount { replicas: 4 })
+    );
+    let mut negative = even.clone();
+    negative.spec.etcd.as_mut().unwrap().replicas = Some(-1);
+    assert_eq!(
+        build(&TopoInput {
+            spec: &negative.spec,
+            ..input.clone()
+        })
+        .map(|_| ()),
+        Err(BuildError::MemberCount { replicas: -1 })
+    );
     let mut none = even.clone();
     none.spec.etcd = None;
     let input = TopoInput {
         spec: &none.spec,
         ..input
     };
-    assert!(build(&input).unwrap_err().contains("spec.etcd is required"));
+    assert_eq!(build(&input).map(|_| ()), Err(BuildError::NoEtcd));
+}
+
+#[test]
+fn build_errors_name_the_field_and_what_it_allows() {
+    assert_eq!(
+        BuildError::NoEtcd.to_string(),
+        "spec.etcd is required: the operator only runs etcd"
+    );
+    assert_eq!(
+        BuildError::MemberCount { replicas: 4 }.to_string(),
+        "spec.etcd.replicas is 4: etcd needs an odd number of members (1, 3, 5)"
+    );
 }
 
 #[test]
