@@ -9,7 +9,6 @@
 
 pub mod apply;
 pub mod backoff;
-pub mod certs;
 pub mod cli;
 pub mod client;
 pub mod conditions;
@@ -20,6 +19,7 @@ pub mod guard;
 pub mod leader;
 pub mod memory;
 pub mod metrics;
+pub mod pki;
 pub mod process;
 pub mod runtime;
 pub mod servers;

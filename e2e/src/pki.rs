@@ -1,24 +1,19 @@
-//! Per-cluster certificates for the local control plane: a CA, the API server's serving
-//! certificate, an admin client certificate (`O=system:masters`) and the ServiceAccount signing
-//! key, plus on demand the client and serving certificates of real nodes (kubelet, kube-proxy).
-//! Generated fresh for every cluster so nothing secret is committed or shared between runs.
+//! Per-cluster certificates for the local control plane, issued with [`multigres_common::pki`]:
+//! a CA, the API server's serving certificate, an admin client certificate
+//! (`O=system:masters`) and the ServiceAccount signing key, plus on demand the client and
+//! serving certificates of real nodes (kubelet, kube-proxy). Generated fresh for every cluster
+//! so nothing secret is committed or shared between runs; they never expire during a run.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
-};
+use multigres_common::pki::{self, Pair, Template, Usage};
 
 /// Errors generating or writing the certificates.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
-    #[error("generating {what}: {source}")]
-    Generate {
-        what: &'static str,
-        source: rcgen::Error,
-    },
+    #[error(transparent)]
+    Generate(#[from] pki::PkiError),
     #[error("reading {path}: {source}")]
     Read {
         path: PathBuf,
@@ -76,59 +71,33 @@ impl Pki {
             sa_key: dir.join("sa.key"),
             sa_pub: dir.join("sa.pub"),
         };
+        let ca = pki::self_signed(&template(
+            "multigres-e2e-ca",
+            None,
+            Usage::Ca { path_len: None },
+        ))?;
+        write_pair(&pki.ca_cert, &pki.ca_key, &ca)?;
 
-        let ca_key = key("CA key")?;
-        let ca_params = ca_params();
-        let ca_cert = ca_params
-            .self_signed(&ca_key)
-            .map_err(|source| PkiError::Generate {
-                what: "CA certificate",
-                source,
-            })?;
-        write(&pki.ca_cert, &ca_cert.pem())?;
-        write(&pki.ca_key, &ca_key.serialize_pem())?;
-        let issuer = Issuer::new(ca_params, ca_key);
-
-        let server_key = key("API server key")?;
-        let mut server = leaf("kube-apiserver", None, ExtendedKeyUsagePurpose::ServerAuth);
-        server.subject_alt_names = ips
+        let dns_names: Vec<String> = APISERVER_DNS_NAMES
             .iter()
-            .map(|ip| SanType::IpAddress(IpAddr::V4(*ip)))
+            .map(|n| (*n).to_owned())
             .collect();
-        for dns in APISERVER_DNS_NAMES {
-            let dns = (*dns).try_into().map_err(|source| PkiError::Generate {
-                what: "API server DNS name",
-                source,
-            })?;
-            server.subject_alt_names.push(SanType::DnsName(dns));
-        }
-        let server_cert =
-            server
-                .signed_by(&server_key, &issuer)
-                .map_err(|source| PkiError::Generate {
-                    what: "API server certificate",
-                    source,
-                })?;
-        write(&pki.apiserver_cert, &server_cert.pem())?;
-        write(&pki.apiserver_key, &server_key.serialize_pem())?;
+        let ips: Vec<IpAddr> = ips.iter().copied().map(IpAddr::V4).collect();
+        let server = Template {
+            dns_names: &dns_names,
+            ip_addresses: &ips,
+            ..template("kube-apiserver", None, Usage::Server)
+        };
+        write_pair(
+            &pki.apiserver_cert,
+            &pki.apiserver_key,
+            &pki::issue(&ca, &server)?,
+        )?;
 
-        let admin_key = key("admin key")?;
-        let admin = leaf(
-            "admin",
-            Some("system:masters"),
-            ExtendedKeyUsagePurpose::ClientAuth,
-        );
-        let admin_cert =
-            admin
-                .signed_by(&admin_key, &issuer)
-                .map_err(|source| PkiError::Generate {
-                    what: "admin certificate",
-                    source,
-                })?;
-        write(&pki.admin_cert, &admin_cert.pem())?;
-        write(&pki.admin_key, &admin_key.serialize_pem())?;
+        let admin = template("admin", Some("system:masters"), Usage::Client);
+        write_pair(&pki.admin_cert, &pki.admin_key, &pki::issue(&ca, &admin)?)?;
 
-        let sa_key = key("ServiceAccount key")?;
+        let sa_key = pki::new_key()?;
         write(&pki.sa_key, &sa_key.serialize_pem())?;
         write(&pki.sa_pub, &sa_key.public_key_pem())?;
         Ok(pki)
@@ -143,96 +112,56 @@ impl Pki {
         common_name: &str,
         organization: Option<&str>,
     ) -> Result<(PathBuf, PathBuf), PkiError> {
-        let params = leaf(
-            common_name,
-            organization,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        );
-        self.issue(stem, params)
+        self.issue(stem, &template(common_name, organization, Usage::Client))
     }
 
     /// Issues a serving certificate for `ip` (a kubelet's node address), so the API server can
     /// verify the kubelet it calls for logs, exec and port-forward.
     pub fn serving(&self, stem: &str, ip: Ipv4Addr) -> Result<(PathBuf, PathBuf), PkiError> {
-        let mut params = leaf(stem, None, ExtendedKeyUsagePurpose::ServerAuth);
-        params.subject_alt_names = vec![SanType::IpAddress(IpAddr::V4(ip))];
-        self.issue(stem, params)
+        let ips = [IpAddr::V4(ip)];
+        let template = Template {
+            ip_addresses: &ips,
+            ..template(stem, None, Usage::Server)
+        };
+        self.issue(stem, &template)
     }
 
-    fn issue(&self, stem: &str, params: CertificateParams) -> Result<(PathBuf, PathBuf), PkiError> {
+    fn issue(&self, stem: &str, template: &Template<'_>) -> Result<(PathBuf, PathBuf), PkiError> {
         let read = |path: &Path| {
             std::fs::read_to_string(path).map_err(|source| PkiError::Read {
                 path: path.to_path_buf(),
                 source,
             })
         };
-        let ca_key =
-            KeyPair::from_pem(&read(&self.ca_key)?).map_err(|source| PkiError::Generate {
-                what: "CA key (reloaded)",
-                source,
-            })?;
-        // The CA's name and key are all a signer needs: its certificate is not re-read.
-        let ca_params = ca_params();
-        let issuer = Issuer::from_params(&ca_params, ca_key);
-        let key = key("leaf key")?;
-        let cert = params
-            .signed_by(&key, &issuer)
-            .map_err(|source| PkiError::Generate {
-                what: "leaf certificate",
-                source,
-            })?;
+        let ca = Pair {
+            cert: read(&self.ca_cert)?,
+            key: read(&self.ca_key)?,
+        };
         let dir = self.ca_cert.parent().unwrap_or(Path::new("."));
         let (cert_path, key_path) = (
             dir.join(format!("{stem}.crt")),
             dir.join(format!("{stem}.key")),
         );
-        write(&cert_path, &cert.pem())?;
-        write(&key_path, &key.serialize_pem())?;
+        write_pair(&cert_path, &key_path, &pki::issue(&ca, template)?)?;
         Ok((cert_path, key_path))
     }
 }
 
-/// The CA's name, constraints and usages (the same at generation and when issuing later).
-fn ca_params() -> CertificateParams {
-    let mut params = CertificateParams::default();
-    params.distinguished_name = name("multigres-e2e-ca", None);
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params
-}
-
-fn key(what: &'static str) -> Result<KeyPair, PkiError> {
-    KeyPair::generate().map_err(|source| PkiError::Generate { what, source })
-}
-
-fn name(common_name: &str, organization: Option<&str>) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, common_name);
-    if let Some(org) = organization {
-        dn.push(DnType::OrganizationName, org);
+/// A certificate without SANs that never expires during a run.
+fn template<'a>(common_name: &'a str, organization: Option<&'a str>, usage: Usage) -> Template<'a> {
+    Template {
+        common_name,
+        organization,
+        usage,
+        dns_names: &[],
+        ip_addresses: &[],
+        validity: None,
     }
-    dn
 }
 
-fn leaf(
-    common_name: &str,
-    organization: Option<&str>,
-    usage: ExtendedKeyUsagePurpose,
-) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    params.distinguished_name = name(common_name, organization);
-    params.is_ca = IsCa::ExplicitNoCa;
-    params.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    params.extended_key_usages = vec![usage];
-    params.use_authority_key_identifier_extension = true;
-    params
+fn write_pair(cert_path: &Path, key_path: &Path, pair: &Pair) -> Result<(), PkiError> {
+    write(cert_path, &pair.cert)?;
+    write(key_path, &pair.key)
 }
 
 fn write(path: &Path, pem: &str) -> Result<(), PkiError> {
@@ -247,11 +176,10 @@ mod tests {
     use std::sync::Arc;
 
     use rustls::RootCertStore;
-    use rustls::client::WebPkiServerVerifier;
-    use rustls::client::danger::ServerCertVerifier;
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
     use rustls::server::WebPkiClientVerifier;
+    use time::OffsetDateTime;
 
     use super::*;
 
@@ -259,24 +187,14 @@ mod tests {
         CertificateDer::from_pem_file(path).unwrap()
     }
 
-    fn roots(pki: &Pki) -> Arc<RootCertStore> {
-        let mut roots = RootCertStore::empty();
-        roots.add(cert(&pki.ca_cert)).unwrap();
-        Arc::new(roots)
-    }
-
-    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-        Arc::new(rustls::crypto::ring::default_provider())
-    }
-
-    fn verify_as_server(pki: &Pki, leaf: &Path, name: &str) -> Result<(), rustls::Error> {
-        let verifier = WebPkiServerVerifier::builder_with_provider(roots(pki), provider())
-            .build()
-            .unwrap();
+    fn verify_as_server(pki: &Pki, leaf: &Path, name: &str) -> Result<(), pki::PkiError> {
         let name = ServerName::try_from(name.to_string()).unwrap();
-        verifier
-            .verify_server_cert(&cert(leaf), &[], &name, &[], UnixTime::now())
-            .map(|_| ())
+        pki::verify(
+            &cert(&pki.ca_cert),
+            &cert(leaf),
+            &[name],
+            OffsetDateTime::now_utc(),
+        )
     }
 
     #[test]
@@ -296,9 +214,14 @@ mod tests {
     fn admin_certificate_verifies_as_a_client_of_the_ca() {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::generate(dir.path(), &[Ipv4Addr::LOCALHOST]).unwrap();
-        let verifier = WebPkiClientVerifier::builder_with_provider(roots(&pki), provider())
-            .build()
-            .unwrap();
+        let mut roots = RootCertStore::empty();
+        roots.add(cert(&pki.ca_cert)).unwrap();
+        let verifier = WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
         verifier
             .verify_client_cert(&cert(&pki.admin_cert), &[], UnixTime::now())
             .unwrap();

@@ -34,7 +34,7 @@ use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
     MONITOR_ROLE, MultigresClusterSpec, ObservabilityConfig, PostgresExporterConfig,
 };
-use multigres_common::certs::LeafSpec;
+use multigres_common::pki::workload::LeafSpec;
 use time::OffsetDateTime;
 
 use crate::contract::{POOLER_DIR, POSTGRES_EXPORTER_PORT, POSTGRES_PORT, flag};

@@ -14,9 +14,9 @@
 //!   (`<shard>-pgbackrest-ca`) and a certificate (`<shard>-pgbackrest-tls`) every pool pod
 //!   mounts at [`PGBACKREST_CERT_DIR`]; a named Secret is checked for its three keys instead.
 //!
-//! Certificates are kept while they are good (see [`multigres_common::certs`]), so a reconcile
-//! with nothing changed writes nothing; they are replaced when they near their end, when their
-//! names no longer match the Services, or when their CA changed.
+//! Certificates are kept while they are good (see [`multigres_common::pki::workload`]), so a
+//! reconcile with nothing changed writes nothing; they are replaced when they near their end,
+//! when their names no longer match the Services, or when their CA changed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -38,7 +38,8 @@ use multigres_api::v1alpha1::{
     BackupConfig, GatewayTlsConfig, GlobalTopoServerRef, InternalTlsConfig, MultigresClusterSpec,
     ShardSpec,
 };
-use multigres_common::certs::{self, CertError, LeafSpec, Outcome, Pair};
+use multigres_common::pki::workload::{self, LeafSpec, Outcome};
+use multigres_common::pki::{Pair, PkiError};
 use time::OffsetDateTime;
 
 use crate::conditions::{Computed, FALSE, TRUE};
@@ -598,10 +599,10 @@ pub fn plan(
     leaves: &[SecretFor],
     stored: impl Fn(&str) -> Option<Secret>,
     now: OffsetDateTime,
-) -> Result<Issued, CertError> {
+) -> Result<Issued, PkiError> {
     let mut issued = Issued::default();
     let stored_ca = stored_pair(stored(ca_name).as_ref(), CA_CRT, CA_KEY);
-    let (ca, outcome) = certs::ensure_ca(stored_ca, ca_common_name, now)?;
+    let (ca, outcome) = workload::ensure_ca(stored_ca, ca_common_name, now)?;
     issued
         .changes
         .extend(note(&format!("the CA in Secret {ca_name}"), &outcome));
@@ -616,7 +617,7 @@ pub fn plan(
     for leaf in leaves {
         let stored_secret = stored(&leaf.name);
         let previous = stored_pair(stored_secret.as_ref(), TLS_CRT, TLS_KEY);
-        let (pair, outcome) = certs::ensure_leaf(previous, &ca, &leaf.spec, now)?;
+        let (pair, outcome) = workload::ensure_leaf(previous, &ca, &leaf.spec, now)?;
         issued.changes.extend(note(
             &format!("the certificate in Secret {}", leaf.name),
             &outcome,
@@ -641,7 +642,7 @@ pub enum TlsError {
     InvalidSpec(String),
     /// Key generation or signing failed.
     #[error("issuing certificates")]
-    Issue(#[from] CertError),
+    Issue(#[from] PkiError),
     /// Writing a Secret failed.
     #[error(transparent)]
     Sync(#[from] SyncError),

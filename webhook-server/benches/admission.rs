@@ -17,11 +17,11 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use multigres_common::pki::webhook::{Lifetimes, Sans};
 use multigres_common::state::HandlerState;
 use tokio::sync::{Mutex, Semaphore};
 use webhook_server::server::{RunningWebhook, WebhookOptions};
 use webhook_server::tls::manager::{CertificateSource, ManagedCertificates};
-use webhook_server::tls::pki::{Lifetimes, Sans};
 
 /// Requests per second of each steady scenario.
 const RATE: u32 = 200;

@@ -9,11 +9,11 @@ use anyhow::Context;
 use clap::{ArgAction, Args, Parser};
 use multigres_common::HandlerRuntime;
 use multigres_common::cli::{self, CommonArgs, HandlerSpec, parse_duration, parse_listen_addr};
+use multigres_common::pki::webhook::{Lifetimes, Sans};
 use multigres_common::process::Threads;
 use webhook_server::rules::children::{Operators, ServiceAccount};
 use webhook_server::server::{RunningWebhook, WebhookOptions};
 use webhook_server::tls::manager::{CertificateSource, ManagedCertificates};
-use webhook_server::tls::pki::{Lifetimes, Sans};
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: "webhook-server",

@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams};
+use multigres_common::pki;
+use multigres_common::pki::webhook::{self as serving, Lifetimes, Sans};
 use multigres_common::state::HandlerState;
 use serde_json::json;
 use support::{HttpsConnection, control_plane, fixture, namespace, operators};
 use webhook_server::server::{RunningWebhook, WebhookOptions};
 use webhook_server::tls::manager::{CertificateSource, ManagedCertificates};
-use webhook_server::tls::pki::{self, Lifetimes, Sans};
 
 const VALIDATE_CELL: &str = "/validate-multigres-com-v1alpha1-cell";
 
@@ -306,7 +307,7 @@ async fn mounted_files_are_served_reloaded_and_never_rotated() {
         serving: Duration::from_secs(3600),
     };
     let old = time::OffsetDateTime::now_utc() - Duration::from_secs(3000);
-    let first = pki::generate(&sans, lifetimes, old).unwrap();
+    let first = serving::generate(&sans, lifetimes, old).unwrap();
     std::fs::write(dir.path().join("tls.crt"), &first.cert).unwrap();
     std::fs::write(dir.path().join("tls.key"), &first.key).unwrap();
 
@@ -347,7 +348,7 @@ async fn mounted_files_are_served_reloaded_and_never_rotated() {
 
     // cert-manager renews: new files (from another CA) are picked up without a restart.
     let second =
-        pki::generate(&sans, Lifetimes::default(), time::OffsetDateTime::now_utc()).unwrap();
+        serving::generate(&sans, Lifetimes::default(), time::OffsetDateTime::now_utc()).unwrap();
     std::fs::write(dir.path().join("tls.key"), &second.key).unwrap();
     std::fs::write(dir.path().join("tls.crt"), &second.cert).unwrap();
     eventually("the reload", Duration::from_secs(10), || async {
@@ -376,7 +377,7 @@ async fn without_a_certificate_health_stays_not_serving() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!state.is_serving());
     assert!(!webhook.certificates().is_loaded());
-    let any_ca = pki::generate(
+    let any_ca = serving::generate(
         &Sans::default(),
         Lifetimes::default(),
         time::OffsetDateTime::now_utc(),

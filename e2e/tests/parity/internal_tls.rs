@@ -18,7 +18,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use multigres_api::v1alpha1::MultigresCluster;
-use multigres_common::certs::{self, LeafSpec, Pair};
+use multigres_common::pki::workload::{self, LeafSpec};
+use multigres_common::pki::{self, Pair};
 use multigres_e2e::harness::{
     Stack, WAIT, admin, apply_yaml, control_plane, eventually, fresh_namespace,
 };
@@ -65,11 +66,11 @@ fn verified(secret: &Secret, ca: &Secret) -> (String, Vec<String>) {
         key: text(ca, "ca.key"),
     };
     assert_eq!(text(secret, "ca.crt"), ca_pair.cert, "the CA travels along");
-    let info = certs::inspect(&leaf.cert).unwrap();
+    let info = pki::inspect(&leaf.cert).unwrap();
     let spec = LeafSpec::new(info.common_name.clone(), info.dns_names.clone());
     let now = OffsetDateTime::now_utc();
-    assert_eq!(certs::ca_problem(&ca_pair, now), None);
-    assert_eq!(certs::leaf_problem(&leaf, &ca_pair, &spec, now), None);
+    assert_eq!(workload::ca_problem(&ca_pair, now), None);
+    assert_eq!(workload::leaf_problem(&leaf, &ca_pair, &spec, now), None);
     (info.common_name, info.dns_names)
 }
 

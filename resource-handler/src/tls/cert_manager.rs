@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use kube::api::{Api, DeleteParams};
 use kube::{CustomResource, ResourceExt};
-use multigres_common::certs::LeafSpec;
+use multigres_common::pki::workload::LeafSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::controller::Ctx;

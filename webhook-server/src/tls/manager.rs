@@ -23,13 +23,14 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch};
 use multigres_api::labels;
 use multigres_common::apply::{self, patch_params, post_params};
+use multigres_common::pki::webhook::{self as serving, Assessment, Lifetimes, Material, Sans};
+use multigres_common::pki::{self, PkiError};
 use multigres_common::shutdown::Shutdown;
 use multigres_common::state::HandlerState;
 use serde_json::json;
 use time::OffsetDateTime;
 
 use super::CertStore;
-use super::pki::{self, Assessment, Lifetimes, Material, PkiError, Sans};
 
 /// Secret keys of the material.
 const CA_CERT_KEY: &str = "ca.crt";
@@ -254,7 +255,7 @@ pub async fn reconcile(
     )))?;
     let material = match stored {
         None => {
-            let material = pki::generate(&managed.sans, managed.lifetimes, now)?;
+            let material = serving::generate(&managed.sans, managed.lifetimes, now)?;
             trust(client, managed, &material.ca_bundle).await?;
             match secrets
                 .create(
@@ -326,19 +327,20 @@ fn next_material(
     let Some(current) = current else {
         return Ok(Next::Replace(
             "the Secret lacks some of ca.crt, ca.key, tls.crt, tls.key".to_owned(),
-            pki::generate(sans, lifetimes, now)?,
+            serving::generate(sans, lifetimes, now)?,
         ));
     };
-    Ok(match pki::assess(&current, sans, now) {
+    Ok(match serving::assess(&current, sans, now) {
         Assessment::Fresh => Next::Keep(current),
-        Assessment::RenewServing(reason) => {
-            Next::Replace(reason, pki::renew_serving(&current, sans, lifetimes, now)?)
-        }
+        Assessment::RenewServing(reason) => Next::Replace(
+            reason,
+            serving::renew_serving(&current, sans, lifetimes, now)?,
+        ),
         Assessment::RotateCa(reason) => {
-            Next::Replace(reason, pki::rotate_ca(&current, sans, lifetimes, now)?)
+            Next::Replace(reason, serving::rotate_ca(&current, sans, lifetimes, now)?)
         }
         Assessment::Regenerate(reason) => {
-            Next::Replace(reason, pki::generate(sans, lifetimes, now)?)
+            Next::Replace(reason, serving::generate(sans, lifetimes, now)?)
         }
     })
 }
@@ -480,8 +482,8 @@ mod tests {
         let sans = Sans::for_service("hooks", "ops", &[]);
         let lifetimes = Lifetimes::default();
         let now = OffsetDateTime::now_utc();
-        let old = pki::generate(&sans, lifetimes, now).unwrap();
-        let rotated = pki::rotate_ca(&old, &sans, lifetimes, now).unwrap();
+        let old = serving::generate(&sans, lifetimes, now).unwrap();
+        let rotated = serving::rotate_ca(&old, &sans, lifetimes, now).unwrap();
         let bundle = |pem: &str| -> BTreeSet<Vec<u8>> {
             pki::bundle_ders(pem)
                 .unwrap()
@@ -541,7 +543,7 @@ mod tests {
             validating_configurations: vec![],
         };
         let material =
-            pki::generate(&managed.sans, managed.lifetimes, OffsetDateTime::now_utc()).unwrap();
+            serving::generate(&managed.sans, managed.lifetimes, OffsetDateTime::now_utc()).unwrap();
         let secret = secret_for(&managed, &material, Some("42".into()));
         assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
         assert_eq!(secret.metadata.resource_version.as_deref(), Some("42"));

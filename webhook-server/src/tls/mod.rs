@@ -3,13 +3,13 @@
 //! configuration around it, and a listener that completes handshakes off the accept loop.
 
 pub mod manager;
-pub mod pki;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
+use multigres_common::pki::{self, PkiError};
 use rustls::ServerConfig;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -18,8 +18,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
-
-use pki::PkiError;
 
 /// Expiry of the certificate being served, as a Unix timestamp.
 pub const CERTIFICATE_EXPIRY: &str =
@@ -59,13 +57,8 @@ impl CertStore {
         {
             return Ok(false);
         }
-        let (chain, key) = pki::serving_chain(cert_pem, key_pem)?;
-        let expiry = pki::CertInfo::parse(&chain[0])?.not_after;
-        let key = CertifiedKey::from_der(chain, key, &rustls::crypto::ring::default_provider())
-            .map_err(|e| PkiError::Parse {
-                what: "serving key",
-                detail: e.to_string(),
-            })?;
+        let key = pki::certified_key(cert_pem, key_pem)?;
+        let expiry = pki::inspect(cert_pem)?.not_after;
         self.current.store(Some(Arc::new(Loaded {
             key: Arc::new(key),
             cert_pem: cert_pem.to_owned(),

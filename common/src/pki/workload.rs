@@ -3,25 +3,13 @@
 //! with server and client usage. No cert-manager: the operator keeps the PEM in Secrets and
 //! decides on each reconcile whether what is stored is still good, so an unchanged object
 //! writes nothing and a certificate is replaced only when it must be.
-//!
-//! Pure: the caller supplies the time and the stored PEM.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use rand::RngCore;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
-};
-use rustls::RootCertStore;
-use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::ServerCertVerifier;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::sign::CertifiedKey;
+use rustls::pki_types::ServerName;
 use time::OffsetDateTime;
-use x509_parser::extensions::GeneralName;
+
+use super::{CertInfo, Pair, PkiError, Template, Usage};
 
 /// Organization of every issued certificate.
 pub const ORGANIZATION: &str = "Multigres";
@@ -31,34 +19,6 @@ pub const RENEW_BEFORE: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Lifetime of a leaf certificate (renewed under the same CA 30 days before it ends).
 pub const LEAF_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
-/// `notBefore` is backdated by this much, against clock skew between nodes.
-const BACKDATE: Duration = Duration::from_secs(3600);
-
-/// Why a certificate could not be made.
-#[derive(Debug, thiserror::Error)]
-pub enum CertError {
-    /// rcgen refused the parameters or could not sign.
-    #[error("cannot generate the {what}: {source}")]
-    Generate {
-        /// Which certificate, key or name.
-        what: &'static str,
-        /// The rcgen error.
-        source: rcgen::Error,
-    },
-}
-
-fn generate_error(what: &'static str) -> impl FnOnce(rcgen::Error) -> CertError {
-    move |source| CertError::Generate { what, source }
-}
-
-/// A certificate and its private key, PEM encoded, as stored in a Secret.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pair {
-    /// The certificate (`ca.crt` or `tls.crt`).
-    pub cert: String,
-    /// Its private key (`ca.key` or `tls.key`).
-    pub key: String,
-}
 
 /// What a leaf certificate must say: its subject and the names it is valid for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,133 +56,32 @@ pub enum Outcome {
     Replaced(String),
 }
 
-fn random_serial() -> SerialNumber {
-    let mut bytes = [0u8; 16];
-    rand::rng().fill_bytes(&mut bytes);
-    // A positive INTEGER with no leading zero byte.
-    bytes[0] = (bytes[0] & 0x7f) | 0x40;
-    SerialNumber::from_slice(&bytes)
-}
-
-fn base_params(common_name: &str, now: OffsetDateTime, lifetime: Duration) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    let mut name = DistinguishedName::new();
-    name.push(DnType::CommonName, common_name);
-    name.push(DnType::OrganizationName, ORGANIZATION);
-    params.distinguished_name = name;
-    params.serial_number = Some(random_serial());
-    params.not_before = now - BACKDATE;
-    params.not_after = now + lifetime;
-    params
-}
-
 /// A new self-signed CA named `common_name`, valid for [`CA_LIFETIME`] from `now`.
-pub fn new_ca(common_name: &str, now: OffsetDateTime) -> Result<Pair, CertError> {
-    let key = KeyPair::generate().map_err(generate_error("CA key"))?;
-    let mut params = base_params(common_name, now, CA_LIFETIME);
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let cert = params
-        .self_signed(&key)
-        .map_err(generate_error("CA certificate"))?;
-    Ok(Pair {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
+pub fn new_ca(common_name: &str, now: OffsetDateTime) -> Result<Pair, PkiError> {
+    super::self_signed(&Template {
+        common_name,
+        organization: Some(ORGANIZATION),
+        usage: Usage::Ca { path_len: Some(0) },
+        dns_names: &[],
+        ip_addresses: &[],
+        validity: Some((now, CA_LIFETIME)),
     })
 }
 
 /// A new leaf certificate for `spec`, signed by `ca`, valid for [`LEAF_LIFETIME`] from `now`,
 /// usable by a server and as a client certificate (mutual TLS).
-pub fn issue(ca: &Pair, spec: &LeafSpec, now: OffsetDateTime) -> Result<Pair, CertError> {
-    let ca_key = KeyPair::from_pem(&ca.key).map_err(generate_error("CA key"))?;
-    let issuer =
-        Issuer::from_ca_cert_pem(&ca.cert, ca_key).map_err(generate_error("issuer from the CA"))?;
-    let key = KeyPair::generate().map_err(generate_error("leaf key"))?;
-    let mut params = base_params(&spec.common_name, now, LEAF_LIFETIME);
-    params.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    params.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    params.use_authority_key_identifier_extension = true;
-    for dns in &spec.dns_names {
-        let name = dns.clone().try_into().map_err(generate_error("DNS name"))?;
-        params.subject_alt_names.push(SanType::DnsName(name));
-    }
-    let cert = params
-        .signed_by(&key, &issuer)
-        .map_err(generate_error("leaf certificate"))?;
-    Ok(Pair {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    })
-}
-
-/// What the renewal decision reads from a certificate.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CertInfo {
-    /// Subject common name.
-    pub common_name: String,
-    /// DNS SANs, sorted.
-    pub dns_names: Vec<String>,
-    /// End of validity, Unix seconds.
-    pub not_after: i64,
-    /// Whether it is a CA (basic constraints).
-    pub is_ca: bool,
-}
-
-/// The first certificate of a PEM text, as DER.
-fn first_der(pem: &str) -> Result<CertificateDer<'static>, String> {
-    CertificateDer::pem_slice_iter(pem.as_bytes())
-        .next()
-        .ok_or_else(|| "no PEM certificate".to_owned())?
-        .map_err(|e| format!("the PEM does not parse: {e}"))
-}
-
-/// Reads subject, SANs, expiry and CA flag of the first certificate of `pem`.
-pub fn inspect(pem: &str) -> Result<CertInfo, String> {
-    let der = first_der(pem)?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der)
-        .map_err(|e| format!("the certificate does not parse: {e}"))?;
-    let common_name = cert
-        .subject()
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let mut dns_names = Vec::new();
-    if let Ok(Some(san)) = cert.subject_alternative_name() {
-        for name in &san.value.general_names {
-            if let GeneralName::DNSName(dns) = name {
-                dns_names.push((*dns).to_owned());
-            }
-        }
-    }
-    dns_names.sort();
-    Ok(CertInfo {
-        common_name,
-        dns_names,
-        not_after: cert.validity().not_after.timestamp(),
-        is_ca: cert.is_ca(),
-    })
-}
-
-/// The certificate and key parse and belong together.
-fn key_matches(pair: &Pair) -> Result<(), String> {
-    let cert = first_der(&pair.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(pair.key.as_bytes())
-        .map_err(|e| format!("the private key does not parse: {e}"))?;
-    CertifiedKey::from_der(vec![cert], key, &rustls::crypto::ring::default_provider())
-        .map(|_| ())
-        .map_err(|e| format!("the private key does not match the certificate: {e}"))
+pub fn issue(ca: &Pair, spec: &LeafSpec, now: OffsetDateTime) -> Result<Pair, PkiError> {
+    super::issue(
+        ca,
+        &Template {
+            common_name: &spec.common_name,
+            organization: Some(ORGANIZATION),
+            usage: Usage::ServerAndClient,
+            dns_names: &spec.dns_names,
+            ip_addresses: &[],
+            validity: Some((now, LEAF_LIFETIME)),
+        },
+    )
 }
 
 fn expiring(info: &CertInfo, now: OffsetDateTime) -> Option<String> {
@@ -238,40 +97,17 @@ fn expiring(info: &CertInfo, now: OffsetDateTime) -> Option<String> {
 
 /// Why the stored CA must be replaced, or `None` when it is good.
 pub fn ca_problem(ca: &Pair, now: OffsetDateTime) -> Option<String> {
-    let info = match inspect(&ca.cert) {
+    let info = match super::inspect(&ca.cert) {
         Ok(info) => info,
         Err(e) => return Some(format!("the CA certificate: {e}")),
     };
     if !info.is_ca {
         return Some("the CA certificate is not a CA".to_owned());
     }
-    if let Err(e) = key_matches(ca) {
+    if let Err(e) = super::certified_key(&ca.cert, &ca.key) {
         return Some(format!("the CA: {e}"));
     }
     expiring(&info, now).map(|e| format!("the CA: {e}"))
-}
-
-/// Verifies `leaf` against `ca` at `now` as a TLS client would, for one of its names.
-fn verify(ca: &str, leaf: &str, name: &str, now: OffsetDateTime) -> Result<(), String> {
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(first_der(ca)?)
-        .map_err(|e| format!("the CA is not usable as a trust anchor: {e}"))?;
-    let verifier = WebPkiServerVerifier::builder_with_provider(
-        Arc::new(roots),
-        Arc::new(rustls::crypto::ring::default_provider()),
-    )
-    .build()
-    .map_err(|e| format!("cannot build a verifier: {e}"))?;
-    let server_name =
-        ServerName::try_from(name.to_owned()).map_err(|e| format!("bad name {name}: {e}"))?;
-    let at = UnixTime::since_unix_epoch(Duration::from_secs(
-        u64::try_from(now.unix_timestamp()).unwrap_or_default(),
-    ));
-    verifier
-        .verify_server_cert(&first_der(leaf)?, &[], &server_name, &[], at)
-        .map(|_| ())
-        .map_err(|e| format!("it does not verify against the CA: {e}"))
 }
 
 /// Why the stored leaf must be replaced (for `spec`, under `ca`), or `None` when it is good:
@@ -283,12 +119,14 @@ pub fn leaf_problem(
     spec: &LeafSpec,
     now: OffsetDateTime,
 ) -> Option<String> {
-    let info = match inspect(&leaf.cert) {
-        Ok(info) => info,
-        Err(e) => return Some(e),
+    let (der, info) = match super::first_der(&leaf.cert)
+        .and_then(|der| CertInfo::parse(&der).map(|info| (der, info)))
+    {
+        Ok(parsed) => parsed,
+        Err(e) => return Some(e.to_string()),
     };
-    if let Err(e) = key_matches(leaf) {
-        return Some(e);
+    if let Err(e) = super::certified_key(&leaf.cert, &leaf.key) {
+        return Some(e.to_string());
     }
     if info.common_name != spec.common_name {
         return Some(format!(
@@ -311,7 +149,17 @@ pub fn leaf_problem(
         .iter()
         .find(|n| !n.starts_with('*'))
         .unwrap_or(&spec.common_name);
-    verify(&ca.cert, &leaf.cert, name, now).err()
+    let name = match ServerName::try_from(name.as_str()) {
+        Ok(name) => name,
+        Err(e) => return Some(format!("bad name {name}: {e}")),
+    };
+    let ca = match super::first_der(&ca.cert) {
+        Ok(ca) => ca,
+        Err(e) => return Some(format!("the CA certificate: {e}")),
+    };
+    super::verify(&ca, &der, &[name], now)
+        .err()
+        .map(|e| e.to_string())
 }
 
 /// The stored CA if it is good, else a new one named `common_name`.
@@ -319,7 +167,7 @@ pub fn ensure_ca(
     stored: Option<Pair>,
     common_name: &str,
     now: OffsetDateTime,
-) -> Result<(Pair, Outcome), CertError> {
+) -> Result<(Pair, Outcome), PkiError> {
     match stored {
         None => Ok((new_ca(common_name, now)?, Outcome::Created)),
         Some(ca) => match ca_problem(&ca, now) {
@@ -335,7 +183,7 @@ pub fn ensure_leaf(
     ca: &Pair,
     spec: &LeafSpec,
     now: OffsetDateTime,
-) -> Result<(Pair, Outcome), CertError> {
+) -> Result<(Pair, Outcome), PkiError> {
     match stored {
         None => Ok((issue(ca, spec, now)?, Outcome::Created)),
         Some(leaf) => match leaf_problem(&leaf, ca, spec, now) {
@@ -348,6 +196,7 @@ pub fn ensure_leaf(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pki::inspect;
 
     const DAY: i64 = 86_400;
 
