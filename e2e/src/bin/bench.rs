@@ -52,6 +52,7 @@ use clap::Parser;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret, Service};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -444,6 +445,34 @@ async fn bench_namespace(cluster: &LocalCluster, admin: &Client, name: &str) -> 
         .patch(name, &PatchParams::apply(MANAGER), &Patch::Apply(&labelled))
         .await?;
     Ok(())
+}
+
+/// The Events in `namespace`, grouped by reporting controller and reason, most published
+/// first: how many Events and how many publications (an Event repeated within kube's series
+/// window is one Event patched once per repeat, a write each). Tells which announcements make
+/// a handler's Event writes.
+async fn events_by_reason(admin: &Client, namespace: &str) -> anyhow::Result<String> {
+    let events: Api<KubeEvent> = Api::namespaced(admin.clone(), namespace);
+    let mut groups: BTreeMap<(String, String), (u32, u32)> = BTreeMap::new();
+    for event in events.list(&ListParams::default()).await? {
+        let key = (
+            event.reporting_controller.unwrap_or_default(),
+            event.reason.unwrap_or_default(),
+        );
+        let published = event.series.map_or(1, |series| series.count.max(1) as u32);
+        let entry = groups.entry(key).or_default();
+        entry.0 += 1;
+        entry.1 += published;
+    }
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.1.cmp(&a.1.1));
+    Ok(groups
+        .iter()
+        .map(|((reporter, reason), (events, published))| {
+            format!("{reporter} {reason} ({events}, {published})")
+        })
+        .collect::<Vec<_>>()
+        .join(", "))
 }
 
 /// Deletes namespace `name` and waits until it is gone (its clusters' finalizers need the
@@ -1093,6 +1122,12 @@ async fn converge(
     progress!(
         "{n} clusters, run {}: children {children_s:.2}s, workloads {workloads_s:.2}s, Available {available_s:.2}s, last write {quiet_s:.2}s (last created per kind: {by_kind})",
         run + 1
+    );
+
+    progress!(
+        "{n} clusters, run {}: Events by reporter and reason, as (Events, publications): {}",
+        run + 1,
+        events_by_reason(admin, &namespace).await?
     );
 
     let baseline_objects: usize = CONTROLLERS
