@@ -55,6 +55,9 @@ pub enum PkiError {
     /// The private key is not the certificate's.
     #[error("the private key does not match the certificate: {0}")]
     KeyMismatch(rustls::Error),
+    /// A CA was expected.
+    #[error("the certificate is not a CA")]
+    NotCa,
     /// A TLS client would reject the certificate.
     #[error("it does not verify against the CA for {name}: {source}")]
     Untrusted {
@@ -333,4 +336,59 @@ pub fn verify(
             })?;
     }
     Ok(())
+}
+
+/// Reads a stored CA and checks that it can sign: it parses, is a CA and `ca.key` is its key.
+/// Of a bundle, the first certificate is the CA.
+pub fn usable_ca(ca: &Pair) -> Result<CertInfo, PkiError> {
+    let info = inspect(&ca.cert)?;
+    if !info.is_ca {
+        return Err(PkiError::NotCa);
+    }
+    certified_key(&ca.cert, &ca.key)?;
+    Ok(info)
+}
+
+/// Why a stored `leaf` must be replaced, or `None` when it is good: it must parse, match its
+/// key, carry exactly `template`'s subject and SANs (sorted), not be `due` for renewal (the
+/// caller's policy) and verify against the CA `ca` (PEM) for each of `names`.
+pub fn leaf_problem(
+    leaf: &Pair,
+    ca: &str,
+    template: &Template<'_>,
+    names: &[ServerName<'_>],
+    due: impl FnOnce(&CertInfo) -> Option<String>,
+    now: OffsetDateTime,
+) -> Option<String> {
+    let read = certified_key(&leaf.cert, &leaf.key).and_then(|_| {
+        let der = first_der(&leaf.cert)?;
+        Ok((CertInfo::parse(&der)?, der))
+    });
+    let (info, der) = match read {
+        Ok(read) => read,
+        Err(e) => return Some(e.to_string()),
+    };
+    let wanted = (
+        template.common_name,
+        template.dns_names,
+        template.ip_addresses,
+    );
+    if (
+        info.common_name.as_str(),
+        &info.dns_names[..],
+        &info.ip_addresses[..],
+    ) != wanted
+    {
+        return Some(format!(
+            "it names {:?} {:?} {:?}, wanted {:?} {:?} {:?}",
+            info.common_name, info.dns_names, info.ip_addresses, wanted.0, wanted.1, wanted.2
+        ));
+    }
+    if let Some(why) = due(&info) {
+        return Some(why);
+    }
+    match first_der(ca) {
+        Ok(ca) => verify(&ca, &der, names, now).err().map(|e| e.to_string()),
+        Err(e) => Some(format!("the CA: {e}")),
+    }
 }

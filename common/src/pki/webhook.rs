@@ -9,7 +9,6 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use rcgen::KeyPair;
 use rustls::pki_types::ServerName;
 use time::OffsetDateTime;
 
@@ -60,6 +59,15 @@ impl Sans {
         let ips = self.ip_addresses.iter().map(|ip| ServerName::from(*ip));
         dns.chain(ips).collect()
     }
+
+    /// The serving certificate's common name: its first name.
+    fn common_name(&self) -> String {
+        self.dns_names
+            .first()
+            .cloned()
+            .or_else(|| self.ip_addresses.first().map(ToString::to_string))
+            .unwrap_or_else(|| "multigres-webhook".to_owned())
+    }
 }
 
 /// How long generated certificates are valid.
@@ -109,29 +117,21 @@ pub enum Assessment {
     Regenerate(String),
 }
 
-fn serving(
-    ca: &Pair,
-    sans: &Sans,
-    now: OffsetDateTime,
-    lifetime: Duration,
-) -> Result<Pair, PkiError> {
-    let common_name = sans
-        .dns_names
-        .first()
-        .cloned()
-        .or_else(|| sans.ip_addresses.first().map(ToString::to_string))
-        .unwrap_or_else(|| "multigres-webhook".to_owned());
-    super::issue(
-        ca,
-        &Template {
-            common_name: &common_name,
-            organization: Some(ORGANIZATION),
-            usage: Usage::Server,
-            dns_names: &sans.dns_names,
-            ip_addresses: &sans.ip_addresses,
-            validity: Some((now, lifetime)),
-        },
-    )
+/// What the serving certificate says: named for `sans`, valid for `validity` (`None` where
+/// only its names matter).
+fn serving<'a>(
+    sans: &'a Sans,
+    common_name: &'a str,
+    validity: Option<(OffsetDateTime, Duration)>,
+) -> Template<'a> {
+    Template {
+        common_name,
+        organization: Some(ORGANIZATION),
+        usage: Usage::Server,
+        dns_names: &sans.dns_names,
+        ip_addresses: &sans.ip_addresses,
+        validity,
+    }
 }
 
 /// A new CA and serving certificate.
@@ -148,7 +148,8 @@ pub fn generate(
         ip_addresses: &[],
         validity: Some((now, lifetimes.ca)),
     })?;
-    let leaf = serving(&ca, sans, now, lifetimes.serving)?;
+    let name = sans.common_name();
+    let leaf = super::issue(&ca, &serving(sans, &name, Some((now, lifetimes.serving))))?;
     Ok(Material {
         ca_bundle: ca.cert,
         ca_key: ca.key,
@@ -164,18 +165,11 @@ pub fn renew_serving(
     lifetimes: Lifetimes,
     now: OffsetDateTime,
 ) -> Result<Material, PkiError> {
-    let current_ca = pem_certificates(&material.ca_bundle)
-        .first()
-        .copied()
-        .ok_or_else(|| PkiError::Parse {
-            what: "CA bundle",
-            detail: "no certificate".to_owned(),
-        })?;
-    let ca = Pair {
-        cert: current_ca.to_owned(),
-        key: material.ca_key.clone(),
-    };
-    let leaf = serving(&ca, sans, now, lifetimes.serving)?;
+    let name = sans.common_name();
+    let leaf = super::issue(
+        &ca(material),
+        &serving(sans, &name, Some((now, lifetimes.serving))),
+    )?;
     Ok(Material {
         cert: leaf.cert,
         key: leaf.key,
@@ -221,57 +215,56 @@ fn pem_certificates(bundle: &str) -> Vec<&str> {
 }
 
 /// Whether less than a third of the validity period is left at `now`.
-fn nearly_expired(info: &CertInfo, now: i64) -> bool {
+fn nearly_expired(info: &CertInfo, now: OffsetDateTime) -> bool {
     let lifetime = (info.not_after - info.not_before).max(1);
-    (info.not_after - now) * 3 < lifetime
+    (info.not_after - now.unix_timestamp()) * 3 < lifetime
+}
+
+/// The current CA (the bundle's first certificate) and its key.
+fn ca(material: &Material) -> Pair {
+    Pair {
+        cert: material.ca_bundle.clone(),
+        key: material.ca_key.clone(),
+    }
 }
 
 /// Decides whether stored material can keep serving at `now` for `sans`.
 pub fn assess(material: &Material, sans: &Sans, now: OffsetDateTime) -> Assessment {
-    let now_secs = now.unix_timestamp();
-    let ca_der = match super::first_der(&material.ca_bundle) {
-        Ok(der) => der,
-        Err(e) => return Assessment::Regenerate(format!("the CA bundle: {e}")),
-    };
-    let ca = match CertInfo::parse(&ca_der) {
+    let ca = match super::usable_ca(&ca(material)) {
         Ok(ca) => ca,
         Err(e) => return Assessment::Regenerate(format!("the CA: {e}")),
     };
-    if let Err(e) = KeyPair::from_pem(&material.ca_key) {
-        return Assessment::Regenerate(format!("the CA key does not parse: {e}"));
-    }
-    if nearly_expired(&ca, now_secs) {
+    if nearly_expired(&ca, now) {
         return Assessment::RotateCa(format!(
             "the CA expires at {} (less than a third of its lifetime left)",
             ca.not_after
         ));
     }
-    let renew = |e: PkiError| Assessment::RenewServing(format!("the serving certificate: {e}"));
-    let (leaf, serving) = match super::first_der(&material.cert)
-        .and_then(|der| CertInfo::parse(&der).map(|info| (der, info)))
-    {
-        Ok(parsed) => parsed,
-        Err(e) => return renew(e),
+    let leaf = Pair {
+        cert: material.cert.clone(),
+        key: material.key.clone(),
     };
-    if serving.dns_names != sans.dns_names || serving.ip_addresses != sans.ip_addresses {
-        return Assessment::RenewServing(format!(
-            "the serving certificate names {:?} {:?}, wanted {:?} {:?}",
-            serving.dns_names, serving.ip_addresses, sans.dns_names, sans.ip_addresses
-        ));
+    let name = sans.common_name();
+    let due = |info: &CertInfo| {
+        nearly_expired(info, now).then(|| {
+            format!(
+                "it expires at {} (less than a third of its lifetime left)",
+                info.not_after
+            )
+        })
+    };
+    let template = serving(sans, &name, None);
+    match super::leaf_problem(
+        &leaf,
+        &material.ca_bundle,
+        &template,
+        &sans.server_names(),
+        due,
+        now,
+    ) {
+        Some(why) => Assessment::RenewServing(format!("the serving certificate: {why}")),
+        None => Assessment::Fresh,
     }
-    if nearly_expired(&serving, now_secs) {
-        return Assessment::RenewServing(format!(
-            "the serving certificate expires at {} (less than a third of its lifetime left)",
-            serving.not_after
-        ));
-    }
-    if let Err(e) = super::verify(&ca_der, &leaf, &sans.server_names(), now) {
-        return renew(e);
-    }
-    if let Err(e) = super::certified_key(&material.cert, &material.key) {
-        return renew(e);
-    }
-    Assessment::Fresh
 }
 
 #[cfg(test)]

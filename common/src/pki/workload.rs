@@ -68,20 +68,22 @@ pub fn new_ca(common_name: &str, now: OffsetDateTime) -> Result<Pair, PkiError> 
     })
 }
 
-/// A new leaf certificate for `spec`, signed by `ca`, valid for [`LEAF_LIFETIME`] from `now`,
-/// usable by a server and as a client certificate (mutual TLS).
+/// What a leaf for `spec` says: valid for [`LEAF_LIFETIME`] from `now`, usable by a server and
+/// as a client certificate (mutual TLS).
+fn leaf_template(spec: &LeafSpec, now: OffsetDateTime) -> Template<'_> {
+    Template {
+        common_name: &spec.common_name,
+        organization: Some(ORGANIZATION),
+        usage: Usage::ServerAndClient,
+        dns_names: &spec.dns_names,
+        ip_addresses: &[],
+        validity: Some((now, LEAF_LIFETIME)),
+    }
+}
+
+/// A new leaf certificate for `spec`, signed by `ca` (see `leaf_template`).
 pub fn issue(ca: &Pair, spec: &LeafSpec, now: OffsetDateTime) -> Result<Pair, PkiError> {
-    super::issue(
-        ca,
-        &Template {
-            common_name: &spec.common_name,
-            organization: Some(ORGANIZATION),
-            usage: Usage::ServerAndClient,
-            dns_names: &spec.dns_names,
-            ip_addresses: &[],
-            validity: Some((now, LEAF_LIFETIME)),
-        },
-    )
+    super::issue(ca, &leaf_template(spec, now))
 }
 
 fn expiring(info: &CertInfo, now: OffsetDateTime) -> Option<String> {
@@ -97,52 +99,20 @@ fn expiring(info: &CertInfo, now: OffsetDateTime) -> Option<String> {
 
 /// Why the stored CA must be replaced, or `None` when it is good.
 pub fn ca_problem(ca: &Pair, now: OffsetDateTime) -> Option<String> {
-    let info = match super::inspect(&ca.cert) {
-        Ok(info) => info,
-        Err(e) => return Some(format!("the CA certificate: {e}")),
-    };
-    if !info.is_ca {
-        return Some("the CA certificate is not a CA".to_owned());
+    match super::usable_ca(ca) {
+        Ok(info) => expiring(&info, now).map(|e| format!("the CA: {e}")),
+        Err(e) => Some(format!("the CA: {e}")),
     }
-    if let Err(e) = super::certified_key(&ca.cert, &ca.key) {
-        return Some(format!("the CA: {e}"));
-    }
-    expiring(&info, now).map(|e| format!("the CA: {e}"))
 }
 
 /// Why the stored leaf must be replaced (for `spec`, under `ca`), or `None` when it is good:
-/// it must parse, match its key, name exactly `spec`'s subject and SANs, be signed by `ca` and
-/// have at least [`RENEW_BEFORE`] left.
+/// see [`super::leaf_problem`]; it must have at least [`RENEW_BEFORE`] left.
 pub fn leaf_problem(
     leaf: &Pair,
     ca: &Pair,
     spec: &LeafSpec,
     now: OffsetDateTime,
 ) -> Option<String> {
-    let (der, info) = match super::first_der(&leaf.cert)
-        .and_then(|der| CertInfo::parse(&der).map(|info| (der, info)))
-    {
-        Ok(parsed) => parsed,
-        Err(e) => return Some(e.to_string()),
-    };
-    if let Err(e) = super::certified_key(&leaf.cert, &leaf.key) {
-        return Some(e.to_string());
-    }
-    if info.common_name != spec.common_name {
-        return Some(format!(
-            "its common name is {:?}, wanted {:?}",
-            info.common_name, spec.common_name
-        ));
-    }
-    if info.dns_names != spec.dns_names {
-        return Some(format!(
-            "it names {:?}, wanted {:?}",
-            info.dns_names, spec.dns_names
-        ));
-    }
-    if let Some(e) = expiring(&info, now) {
-        return Some(e);
-    }
     // Any concrete name proves the chain; wildcards cannot be dialled.
     let name = spec
         .dns_names
@@ -153,13 +123,15 @@ pub fn leaf_problem(
         Ok(name) => name,
         Err(e) => return Some(format!("bad name {name}: {e}")),
     };
-    let ca = match super::first_der(&ca.cert) {
-        Ok(ca) => ca,
-        Err(e) => return Some(format!("the CA certificate: {e}")),
-    };
-    super::verify(&ca, &der, &[name], now)
-        .err()
-        .map(|e| e.to_string())
+    let template = leaf_template(spec, now);
+    super::leaf_problem(
+        leaf,
+        &ca.cert,
+        &template,
+        &[name],
+        |info| expiring(info, now),
+        now,
+    )
 }
 
 /// The stored CA if it is good, else a new one named `common_name`.
