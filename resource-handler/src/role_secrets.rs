@@ -283,7 +283,9 @@ pub enum RoleSecretError {
 }
 
 /// Ensures the generated role Secrets of the cluster `owner` stands for, with `spec`; reports
-/// a generated password (by role and Secret name) as an event on `obj`.
+/// the passwords generated (by role and Secret name) as one event on `obj`: an event per
+/// password would be one Event patched into a series per role, a write each, whose note keeps
+/// only the last role.
 pub async fn reconcile<K>(
     ctx: &Ctx<K>,
     obj: &K,
@@ -296,6 +298,7 @@ where
     let ns = owner.namespace.as_str();
     let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
     let cached = crate::tls::cached(ctx, ns);
+    let mut generated = Vec::new();
     for wanted in wanted(spec, &owner.cluster, ns) {
         let name = wanted.name.clone();
         let stored = match cached(&name) {
@@ -317,23 +320,31 @@ where
                     source,
                 }
             })?;
-        let generated = planned.generated;
+        let fresh = planned.generated;
         sync::ensure(ctx.kit.name, &api, &ctx.stores.secrets, planned.secret)
             .await
             .map_err(|source| RoleSecretError::Write {
                 name: name.clone(),
                 source,
             })?;
-        if generated {
+        if fresh {
             let note = format!(
                 "generated the password of PostgreSQL role {} in Secret {name}",
                 wanted.username
             );
             tracing::info!(cluster = %owner.cluster, namespace = ns, secret = %name, "{note}");
-            ctx.kit
-                .event(obj, EventType::Normal, "PasswordGenerated", note)
-                .await;
+            generated.push(note);
         }
+    }
+    if !generated.is_empty() {
+        ctx.kit
+            .event(
+                obj,
+                EventType::Normal,
+                "PasswordGenerated",
+                generated.join("; "),
+            )
+            .await;
     }
     Ok(())
 }

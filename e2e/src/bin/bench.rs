@@ -465,7 +465,7 @@ async fn events_by_reason(admin: &Client, namespace: &str) -> anyhow::Result<Str
         entry.1 += published;
     }
     let mut groups: Vec<_> = groups.into_iter().collect();
-    groups.sort_by(|a, b| b.1.1.cmp(&a.1.1));
+    groups.sort_by_key(|group| std::cmp::Reverse(group.1.1));
     Ok(groups
         .iter()
         .map(|((reporter, reason), (events, published))| {
