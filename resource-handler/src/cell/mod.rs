@@ -298,7 +298,7 @@ async fn apply(
     let budget_wanted = objects.pdb.is_some();
     let moving = crate::cordon::move_single_pod(
         &ctx.stores.other_pods,
-        &ctx.stores.cordoned,
+        &ctx.stores.cordoned.snapshot(),
         &mut objects.deployment,
         observed_deployment.as_deref(),
         true,

@@ -88,14 +88,15 @@ impl Outcome {
 /// Applies `desired`, in order: the postgresql.conf ConfigMap (before the pool StatefulSets,
 /// so new pods mount the current file), pgBackRest TLS, the workloads, volume growth and
 /// pruning; then restarts the next outdated pool pod (unless a template was just written)
-/// and asks for the switchovers needed. `pods` are the shard's pool pods, as read before.
+/// and asks for the switchovers needed. `pods` are the shard's pool pods and `cordoned` the
+/// cordoned nodes, both as read before.
 pub(super) async fn run(
     ctx: &Ctx<Guard>,
     guard: &Guard,
     (shard, annotations): (&Shard, &BTreeMap<String, String>),
     owner: &Owner,
     desired: &Desired,
-    pods: &[PodView],
+    (pods, cordoned): (&[PodView], &BTreeSet<String>),
 ) -> Result<Outcome, Error> {
     let ns = owner.namespace.as_str();
     let objects = &desired.objects;
@@ -108,6 +109,7 @@ pub(super) async fn run(
         cohort,
         evictions: Evictions::of(shard),
         hibernating: false,
+        cordoned,
     };
     let Applied {
         templates_changed,
@@ -213,10 +215,12 @@ pub(super) async fn hibernate(
     let tls = crate::tls::reconcile_pgbackrest(ctx, guard, owner, &shard.spec).await?;
     let mut objects = desired.objects.clone();
     build::hibernate(&mut objects);
+    let no_moves = BTreeSet::new();
     let gates = Gates {
         cohort: None,
         evictions: Evictions::of(shard),
         hibernating: true,
+        cordoned: &no_moves,
     };
     apply_workloads(ctx, owner, &objects, pods, &gates).await?;
     let observed = Observed::read(ctx, ns, &objects);
@@ -252,6 +256,9 @@ struct Gates<'a> {
     evictions: Evictions,
     /// The cluster hibernates: every workload goes to zero at once, with no gate.
     hibernating: bool,
+    /// The cordoned nodes the pool pods were seen against: a multiorch moves off one only as
+    /// the pods' view of the drain says it may.
+    cordoned: &'a BTreeSet<String>,
 }
 
 /// Observed state of the shard's workloads, read from the caches.
@@ -389,7 +396,7 @@ async fn apply_workloads(
         } else {
             crate::cordon::move_single_pod(
                 &stores.other_pods,
-                &stores.cordoned,
+                gates.cordoned,
                 &mut deployment,
                 observed.as_deref(),
                 primary_settled,

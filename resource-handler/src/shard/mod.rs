@@ -21,6 +21,7 @@ pub mod status;
 pub mod switchover;
 pub mod template_changes;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use futures::Future;
@@ -277,7 +278,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
             (shard, &annotations),
             &owner,
             &desired,
-            &read.pods,
+            (&read.pods, &read.cordoned),
         )
         .await?
     };
@@ -299,6 +300,8 @@ struct Dereferenced {
     /// The content of the `postgresConfigRef` ConfigMap (none without a reference), or why
     /// there is none; judged only once the spec itself builds.
     postgres_config: Result<Option<String>, pgconfig::ConfigError>,
+    /// The cordoned nodes, read once for the whole reconcile.
+    cordoned: BTreeSet<String>,
     /// The shard's pool pods, from the cache.
     pods: Vec<PodView>,
     /// The hot-standby-sensitive values the rendered file may not go below.
@@ -310,11 +313,13 @@ impl Dereferenced {
     /// ConfigMap as stored (from the caches).
     async fn read(ctx: &Ctx<Guard>, owner: &Owner, shard: &Shard) -> Self {
         let ns = owner.namespace.as_str();
-        let pods = pod_views(ctx, shard, ns);
+        let cordoned = ctx.stores.cordoned.snapshot();
+        let pods = pod_views(ctx, shard, ns, &cordoned);
         let rendered = ObjectRef::new(&crate::names::postgres_config(&owner.name)).within(ns);
         let floor = pgconfig::floor(ctx.stores.config_maps.get(&rendered).as_deref(), &pods);
         Self {
             postgres_config: pgconfig::referenced(&ctx.client, ns, shard).await,
+            cordoned,
             pods,
             floor,
         }
@@ -381,8 +386,14 @@ fn desire(
     })
 }
 
-/// The shard's pool pods, with their roles from the Shard status (else their labels).
-fn pod_views(ctx: &Ctx<Guard>, shard: &Shard, ns: &str) -> Vec<PodView> {
+/// The shard's pool pods, with their roles from the Shard status (else their labels), on
+/// `cordoned` nodes or not.
+fn pod_views(
+    ctx: &Ctx<Guard>,
+    shard: &Shard,
+    ns: &str,
+    cordoned: &BTreeSet<String>,
+) -> Vec<PodView> {
     let roles = shard
         .status
         .as_ref()
@@ -392,7 +403,7 @@ fn pod_views(ctx: &Ctx<Guard>, shard: &Shard, ns: &str) -> Vec<PodView> {
         .pods
         .state_filter(|pod| pod.namespace().as_deref() == Some(ns) && labelled_for(pod, shard))
         .iter()
-        .filter_map(|pod| rollout::pod_view(pod, &roles, |node| ctx.stores.cordoned.contains(node)))
+        .filter_map(|pod| rollout::pod_view(pod, &roles, |node| cordoned.contains(node)))
         .collect()
 }
 
