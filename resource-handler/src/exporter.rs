@@ -292,13 +292,13 @@ fn published(owner: &Owner, labels: &BTreeMap<String, String>, ca_cert: &str) ->
 
 /// Issues (or keeps) the exporters' CA and certificate of a cluster whose pool pods run the
 /// exporter and publishes the CA with the web configuration; removes them all when the
-/// exporter is off.
+/// exporter is off. Returns the certificates made or replaced, for
+/// [`crate::tls::announce_issued`].
 pub async fn reconcile<K>(
     ctx: &Ctx<K>,
-    obj: &K,
     owner: &Owner,
     cluster: &MultigresClusterSpec,
-) -> Result<(), TlsError>
+) -> Result<Vec<String>, TlsError>
 where
     K: Resource<DynamicType = ()>,
 {
@@ -314,7 +314,7 @@ where
             .filter(|c| c.name_any() == published_name)
             .collect();
         sync::prune(ctx.kit.name, &config_maps, &ours, &BTreeSet::new()).await?;
-        return Ok(());
+        return Ok(Vec::new());
     }
     let labels = labels::labels(&owner.cluster, component, &Placement::default());
     let name = server_name(&owner.cluster, ns);
@@ -337,10 +337,10 @@ where
         .and_then(|ca| crate::tls::stored_pair(Some(ca), CA_CRT, crate::tls::CA_KEY))
         .map(|pair| pair.cert)
         .unwrap_or_default();
-    crate::tls::store(ctx, obj, owner, component, issued).await?;
+    let changes = crate::tls::store(ctx, owner, component, issued).await?;
     let map = published(owner, &labels, &ca_cert);
     sync::ensure(ctx.kit.name, &config_maps, &ctx.stores.config_maps, map).await?;
-    Ok(())
+    Ok(changes)
 }
 
 #[cfg(test)]

@@ -658,19 +658,15 @@ impl TlsError {
     }
 }
 
-/// Applies what [`plan`] decided (only Secrets that changed are written), deletes the Secrets
-/// of `component` that `owner` no longer needs, and reports the certificates made or replaced
-/// as one event on `obj`. An event per certificate was one Event patched into a series per
-/// certificate (eleven for a cluster's internal TLS), a write each, whose note kept only the
-/// last certificate: 1,300 of the resource-handler's 8,300 writes while 100 clusters
-/// converged.
+/// Applies what [`plan`] decided (only Secrets that changed are written) and deletes the
+/// Secrets of `component` that `owner` no longer needs; returns the certificates made or
+/// replaced, for [`announce_issued`].
 pub async fn store<K>(
     ctx: &Ctx<K>,
-    obj: &K,
     owner: &Owner,
     component: Component,
     issued: Issued,
-) -> Result<(), SyncError>
+) -> Result<Vec<String>, SyncError>
 where
     K: Resource<DynamicType = ()>,
 {
@@ -683,17 +679,28 @@ where
     for change in &issued.changes {
         tracing::info!(name = %owner.name, namespace = %owner.namespace, "{change}");
     }
-    if !issued.changes.is_empty() {
+    Ok(issued.changes)
+}
+
+/// Reports the certificates one reconcile made or replaced (from [`store`], for every
+/// component it issues) as one event on `obj`. An event per certificate was one Event patched
+/// into a series per certificate (eleven for a cluster's internal TLS), a write each, whose
+/// note kept only the last: 1,300 of the resource-handler's 8,300 writes while 100 clusters
+/// converged.
+pub async fn announce_issued<K>(ctx: &Ctx<K>, obj: &K, changes: &[String])
+where
+    K: Resource<DynamicType = ()>,
+{
+    if !changes.is_empty() {
         ctx.kit
             .event(
                 obj,
                 EventType::Normal,
                 "CertificateIssued",
-                issued.changes.join("; "),
+                changes.join("; "),
             )
             .await;
     }
-    Ok(())
 }
 
 /// Deletes the Secrets of `component` owned by `owner` whose names are not in `keep`.
@@ -733,18 +740,17 @@ pub fn cached<K: Resource<DynamicType = ()>>(
 /// is on, and removes them when it is off.
 pub async fn reconcile_internal<K>(
     ctx: &Ctx<K>,
-    obj: &K,
     owner: &Owner,
     resolved: &ResolvedCluster,
     config: Option<&InternalTlsConfig>,
-) -> Result<(), TlsError>
+) -> Result<Vec<String>, TlsError>
 where
     K: Resource<DynamicType = ()>,
 {
     let component = Component::InternalTls;
     if !InternalTlsConfig::needs_certificates(config) {
         prune(ctx, owner, component, &BTreeSet::new()).await?;
-        return Ok(());
+        return Ok(Vec::new());
     }
     let (cluster, ns) = (owner.cluster.as_str(), owner.namespace.as_str());
     check_internal_names(cluster, ns).map_err(TlsError::InvalidSpec)?;
@@ -776,8 +782,7 @@ where
         cached(ctx, ns),
         OffsetDateTime::now_utc(),
     )?;
-    store(ctx, obj, owner, component, issued).await?;
-    Ok(())
+    Ok(store(ctx, owner, component, issued).await?)
 }
 
 /// The gateway certificate of a resolved cluster: every name a client may use to reach a
@@ -837,11 +842,10 @@ fn gateway_ca_config_map(
 /// source left behind is removed, and everything when client TLS is off.
 pub async fn reconcile_gateway<K>(
     ctx: &Ctx<K>,
-    obj: &K,
     owner: &Owner,
     resolved: &ResolvedCluster,
     cluster: &MultigresClusterSpec,
-) -> Result<(), TlsError>
+) -> Result<Vec<String>, TlsError>
 where
     K: Resource<DynamicType = ()>,
 {
@@ -872,10 +876,11 @@ where
     if source != GatewaySource::Operator {
         prune(ctx, owner, component, &BTreeSet::new()).await?;
     }
+    let mut changes = Vec::new();
     let ca_cert = match source {
         GatewaySource::Off => {
             unpublish().await?;
-            return Ok(());
+            return Ok(changes);
         }
         GatewaySource::CertManager => {
             let issuer = cluster.issuer_name.as_deref().unwrap_or_default();
@@ -886,7 +891,7 @@ where
             match issued {
                 Some(secret) => secret_ca(&secret),
                 // Not issued yet: the Secret's arrival brings this back.
-                None => return Ok(()),
+                None => return Ok(changes),
             }
         }
         GatewaySource::User(name) => {
@@ -899,7 +904,10 @@ where
             secret.as_ref().and_then(secret_ca)
         }
         GatewaySource::Operator => {
-            Some(issue_gateway(ctx, obj, owner, &labels, &published_name, leaf_spec).await?)
+            let (ca_cert, issued) =
+                issue_gateway(ctx, owner, &labels, &published_name, leaf_spec).await?;
+            changes = issued;
+            Some(ca_cert)
         }
     };
     match ca_cert {
@@ -919,7 +927,7 @@ where
             unpublish().await?;
         }
     }
-    Ok(())
+    Ok(changes)
 }
 
 /// Where a cluster's gateway certificate comes from.
@@ -957,15 +965,15 @@ fn secret_ca(secret: &Secret) -> Option<String> {
     (!ca.trim().is_empty()).then_some(ca)
 }
 
-/// Issues (or keeps) the gateway CA and leaf certificate; returns the CA certificate.
+/// Issues (or keeps) the gateway CA and leaf certificate; returns the CA certificate and the
+/// certificates made or replaced.
 async fn issue_gateway<K>(
     ctx: &Ctx<K>,
-    obj: &K,
     owner: &Owner,
     labels: &BTreeMap<String, String>,
     published_name: &str,
     leaf_spec: LeafSpec,
-) -> Result<String, TlsError>
+) -> Result<(String, Vec<String>), TlsError>
 where
     K: Resource<DynamicType = ()>,
 {
@@ -989,8 +997,8 @@ where
         .and_then(|ca| stored_pair(Some(ca), CA_CRT, CA_KEY))
         .map(|pair| pair.cert)
         .unwrap_or_default();
-    store(ctx, obj, owner, Component::GatewayTls, issued).await?;
-    Ok(ca_cert)
+    let changes = store(ctx, owner, Component::GatewayTls, issued).await?;
+    Ok((ca_cert, changes))
 }
 
 /// A short digest of the certificate in a gateway Secret, for [`GATEWAY_CERT_ANNOTATION`].
@@ -1172,9 +1180,10 @@ where
         OffsetDateTime::now_utc(),
     )
     .map_err(TlsError::from)?;
-    store(ctx, obj, owner, component, issued)
+    let changes = store(ctx, owner, component, issued)
         .await
         .map_err(TlsError::from)?;
+    announce_issued(ctx, obj, &changes).await;
     Ok(Some(Computed::new(
         PGBACKREST_TLS,
         TRUE,

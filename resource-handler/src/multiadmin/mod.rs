@@ -247,10 +247,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
         crate::netpol::sync(ctx, NAME, &owner, policies).await?;
     }
     let resolved = resolve_cluster(ctx, cluster, &owner.namespace)?;
-    let internal_tls = cluster.spec.internal_tls.as_ref();
-    crate::tls::reconcile_internal(ctx, guard, &owner, &resolved, internal_tls).await?;
-    crate::tls::reconcile_gateway(ctx, guard, &owner, &resolved, &cluster.spec).await?;
-    crate::exporter::reconcile(ctx, guard, &owner, &cluster.spec).await?;
+    certificates(ctx, guard, &owner, &resolved, cluster).await?;
     // Before the Deployments: multiadmin-web reads its password from one of them.
     crate::role_secrets::reconcile(ctx, guard, &owner, &cluster.spec).await?;
     if !paused {
@@ -260,6 +257,28 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     }
     update_status(ctx, guard, cluster, &owner).await?;
     Ok(Action::await_change())
+}
+
+/// The cluster's internal, gateway and exporter certificates, issued or kept; what they made
+/// or replaced is one event on the cluster, also when a later one fails.
+async fn certificates(
+    ctx: &Ctx<Guard>,
+    guard: &Guard,
+    owner: &Owner,
+    resolved: &ResolvedCluster,
+    cluster: &MultigresCluster,
+) -> Result<(), Error> {
+    let mut issued = Vec::new();
+    let result = async {
+        let internal_tls = cluster.spec.internal_tls.as_ref();
+        issued.extend(crate::tls::reconcile_internal(ctx, owner, resolved, internal_tls).await?);
+        issued.extend(crate::tls::reconcile_gateway(ctx, owner, resolved, &cluster.spec).await?);
+        issued.extend(crate::exporter::reconcile(ctx, owner, &cluster.spec).await?);
+        Ok::<_, crate::tls::TlsError>(())
+    }
+    .await;
+    crate::tls::announce_issued(ctx, guard, &issued).await;
+    Ok(result?)
 }
 
 /// The cluster resolved with the templates of `namespace` (from the cache) and the images the
