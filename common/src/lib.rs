@@ -29,6 +29,7 @@ pub mod state;
 pub mod status_metrics;
 pub mod status_pacer;
 pub mod telemetry;
+pub mod templates;
 pub mod watch;
 
 pub use runtime::{HandlerContext, HandlerRuntime, RuntimeError};

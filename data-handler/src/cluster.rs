@@ -10,7 +10,6 @@
 
 pub mod status;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,15 +19,13 @@ use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use multigres_api::labels;
 use multigres_api::names;
-use multigres_api::resolver::{self, ResolveError, Templates};
-use multigres_api::v1alpha1::{
-    BackupRequestRollup, CellTemplate, CoreTemplate, MultigresCluster, Shard, ShardTemplate,
-    TopoServer,
-};
+use multigres_api::resolver::{self, ResolveError};
+use multigres_api::v1alpha1::{BackupRequestRollup, MultigresCluster, Shard, TopoServer};
 use multigres_common::apply::ApplyError;
 use multigres_common::controller::{self, Category, Classify, Ctx};
 use multigres_common::events::Notice;
 use multigres_common::status_pacer::{self, Pace, StatusPacer};
+use multigres_common::templates::TemplateStores;
 
 use crate::Settings;
 use crate::conditions;
@@ -99,17 +96,6 @@ impl Classify for Error {
     fn on_conditions(&self) -> bool {
         !matches!(self, Error::Status(_) | Error::Cleanup(_))
     }
-}
-
-/// The template caches the resolver reads.
-#[derive(Clone)]
-pub struct TemplateStores {
-    /// CoreTemplates.
-    pub core: Store<Guarded<CoreTemplate>>,
-    /// CellTemplates.
-    pub cell: Store<Guarded<CellTemplate>>,
-    /// ShardTemplates.
-    pub shard: Store<Guarded<ShardTemplate>>,
 }
 
 /// What this controller reads and writes with, besides the kit.
@@ -311,7 +297,7 @@ struct Pass {
 
 async fn register(cluster: &MultigresCluster, ctx: &Context) -> Pass {
     let namespace = cluster.namespace().unwrap_or_default();
-    let resolved = match resolver::resolve(cluster, &templates(&ctx.templates, &namespace)) {
+    let resolved = match resolver::resolve(cluster, &ctx.templates.of_namespace(&namespace)) {
         Ok(resolved) => resolved,
         Err(error) => return failed(None, error.into()),
     };
@@ -362,30 +348,6 @@ fn failed(target: Option<Target>, error: Error) -> Pass {
         target,
         result: Err(error),
     }
-}
-
-/// The valid templates of `namespace`; an unreadable one counts as missing, which the resolver
-/// reports when the cluster uses it.
-fn templates(stores: &TemplateStores, namespace: &str) -> Templates {
-    Templates {
-        core: specs(&stores.core, namespace, |t: CoreTemplate| t.spec),
-        cell: specs(&stores.cell, namespace, |t: CellTemplate| t.spec),
-        shard: specs(&stores.shard, namespace, |t: ShardTemplate| t.spec),
-    }
-}
-
-fn specs<K, S>(
-    store: &Store<Guarded<K>>,
-    namespace: &str,
-    spec: impl Fn(K) -> S,
-) -> BTreeMap<String, S>
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    valid_in(store, namespace, |_| true)
-        .into_iter()
-        .map(|t| (t.name_any(), spec(t)))
-        .collect()
 }
 
 /// Deletion: removes every record the cluster holds, then its finalizer. Failures are retried

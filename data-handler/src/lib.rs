@@ -58,6 +58,7 @@ use multigres_common::events::Recorder;
 use multigres_common::shared_watch::{SharedWatch, Watches};
 use multigres_common::shutdown::Shutdown;
 use multigres_common::state::HandlerState;
+use multigres_common::templates::TemplateStores;
 use multigres_common::watch::Scope;
 
 use crate::target::Connections;
@@ -225,7 +226,7 @@ fn cluster_controller(watches: &Shared, base: &Base) -> impl Future<Output = ()>
     let context = Ctx::new(
         base.kit(cluster::CONTROLLER),
         cluster::Inputs {
-            templates: cluster::TemplateStores {
+            templates: TemplateStores {
                 core: watches.core_templates.store(),
                 cell: watches.cell_templates.store(),
                 shard: watches.shard_templates.store(),

@@ -18,12 +18,13 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use multigres_api::labels::{COMPONENT, Component, MANAGED_SELECTOR};
 use multigres_api::observability::InheritedEnv;
-use multigres_api::v1alpha1::{CellTemplate, CoreTemplate, MultigresCluster, ShardTemplate};
+use multigres_api::v1alpha1::MultigresCluster;
 use multigres_common::controller::Kit;
 use multigres_common::events::Recorder;
 use multigres_common::guard::Guarded;
 use multigres_common::state::HandlerState;
 use multigres_common::status_pacer::StatusPacer;
+use multigres_common::templates::TemplateStores;
 use multigres_common::watch::Scope;
 
 use crate::owner::Owner;
@@ -70,11 +71,7 @@ pub struct Stores {
     /// Clusters (multiadmin, pull settings of etcd pods).
     pub clusters: Store<Guarded<MultigresCluster>>,
     /// Templates the resolver reads for multiadmin.
-    pub core_templates: Store<Guarded<CoreTemplate>>,
-    /// Templates the resolver reads for multiadmin.
-    pub cell_templates: Store<Guarded<CellTemplate>>,
-    /// Templates the resolver reads for multiadmin.
-    pub shard_templates: Store<Guarded<ShardTemplate>>,
+    pub templates: TemplateStores,
     /// Nodes being drained.
     pub cordoned: crate::cordon::Cordoned,
 }

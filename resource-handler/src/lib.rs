@@ -49,6 +49,7 @@ use controller::{
 };
 use futures::channel::mpsc::UnboundedReceiver;
 use multigres_common::shared_watch::{SharedWatch, Watches};
+use multigres_common::templates::TemplateStores;
 use multigres_common::watch::Scope;
 use slim_cache::{SlimStore, slim, slim_budget, slim_deployment};
 
@@ -201,9 +202,11 @@ impl Shared {
             config_maps: SlimStore::new(self.config_maps.store()),
             jobs: self.jobs.store(),
             clusters: self.clusters.store(),
-            core_templates: self.core_templates.store(),
-            cell_templates: self.cell_templates.store(),
-            shard_templates: self.shard_templates.store(),
+            templates: TemplateStores {
+                core: self.core_templates.store(),
+                cell: self.cell_templates.store(),
+                shard: self.shard_templates.store(),
+            },
             cordoned: cordon::Cordoned::default(),
         }
     }

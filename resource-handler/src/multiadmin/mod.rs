@@ -25,7 +25,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_api::labels::{CLUSTER, COMPONENT, Component};
 use multigres_api::observability::{InheritedEnv, PROJECT_REF_ANNOTATION, Process};
-use multigres_api::resolver::{ResolveError, ResolvedCluster, Templates, images, resolve};
+use multigres_api::resolver::{ResolveError, ResolvedCluster, images, resolve};
 use multigres_api::v1alpha1::{
     CellTemplate, CoreTemplate, GatewayTlsConfig, MultigresCluster, ShardTemplate,
 };
@@ -37,7 +37,7 @@ use multigres_common::shared_watch::Changes;
 use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::Computed;
-use crate::controller::{Category, Classify, Ctx, Stores, owned};
+use crate::controller::{Category, Classify, Ctx, owned};
 use crate::owner::{Owner, OwnerError};
 use crate::sync::{self, FIELD_MANAGER, SyncError};
 use external::{Exposed, InvalidExposure};
@@ -186,37 +186,6 @@ async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Erro
     kit::reconcile(&ctx, &obj, reconcile_inner(&obj, &ctx)).await
 }
 
-/// The valid templates of `namespace`, by kind and name.
-pub fn templates(stores: &Stores, namespace: &str) -> Templates {
-    fn specs<T, S>(
-        store: &Store<Guarded<T>>,
-        namespace: &str,
-        spec: fn(&T) -> S,
-    ) -> std::collections::BTreeMap<String, S>
-    where
-        T: Resource<DynamicType = ()> + Clone + 'static,
-    {
-        store
-            .state()
-            .iter()
-            .filter_map(|t| t.0.as_ref().ok())
-            .filter(|t| t.meta().namespace.as_deref() == Some(namespace))
-            .filter_map(|t| Some((t.meta().name.clone()?, spec(t))))
-            .collect()
-    }
-    Templates {
-        core: specs(&stores.core_templates, namespace, |t: &CoreTemplate| {
-            t.spec.clone()
-        }),
-        cell: specs(&stores.cell_templates, namespace, |t: &CellTemplate| {
-            t.spec.clone()
-        }),
-        shard: specs(&stores.shard_templates, namespace, |t: &ShardTemplate| {
-            t.spec.clone()
-        }),
-    }
-}
-
 /// Validates the exposure, resolves the cluster, builds, applies, prunes and reports.
 async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Error> {
     let cluster = guard
@@ -291,7 +260,7 @@ fn resolve_cluster(
     let recorded = images::recorded_effective(cluster);
     resolve(
         &images::complete(cluster, &recorded),
-        &templates(&ctx.stores, namespace),
+        &ctx.stores.templates.of_namespace(namespace),
     )
 }
 
@@ -523,7 +492,7 @@ mod tests {
             serde_yaml::from_str(include_str!("../../fixtures/cluster-external-topo.yaml"))
                 .unwrap();
         let owner = Owner::with_cluster(&cluster, cluster.name_any()).unwrap();
-        let resolved = resolve(&cluster, &Templates::default()).unwrap();
+        let resolved = resolve(&cluster, &multigres_api::resolver::Templates::default()).unwrap();
         let objects = desire(&owner, &cluster, &resolved, &InheritedEnv::default());
         let names = Names::of(&owner.cluster);
         assert_eq!(
