@@ -299,43 +299,49 @@ where
     let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
     let cached = crate::tls::cached(ctx, ns);
     let mut generated = Vec::new();
-    for wanted in wanted(spec, &owner.cluster, ns) {
-        let name = wanted.name.clone();
-        let stored = match cached(&name) {
-            Some(secret) => Some(secret),
-            // Not in the cache (not made yet, or its labels were removed): only a GET tells
-            // whether it exists, so that a stored password is never replaced.
-            None => api
-                .get_opt(&name)
+    // The passwords already generated are announced also when a later Secret fails: the next
+    // reconcile finds them stored and would never say they were generated.
+    let result = async {
+        for wanted in wanted(spec, &owner.cluster, ns) {
+            let name = wanted.name.clone();
+            let stored = match cached(&name) {
+                Some(secret) => Some(secret),
+                // Not in the cache (not made yet, or its labels were removed): only a GET tells
+                // whether it exists, so that a stored password is never replaced.
+                None => api
+                    .get_opt(&name)
+                    .await
+                    .map_err(|source| RoleSecretError::Read {
+                        name: name.clone(),
+                        source,
+                    })?,
+            };
+            let planned =
+                plan(owner, &wanted, stored.as_ref(), generate_password).map_err(|source| {
+                    RoleSecretError::Generate {
+                        name: name.clone(),
+                        source,
+                    }
+                })?;
+            let fresh = planned.generated;
+            sync::ensure(ctx.kit.name, &api, &ctx.stores.secrets, planned.secret)
                 .await
-                .map_err(|source| RoleSecretError::Read {
+                .map_err(|source| RoleSecretError::Write {
                     name: name.clone(),
                     source,
-                })?,
-        };
-        let planned =
-            plan(owner, &wanted, stored.as_ref(), generate_password).map_err(|source| {
-                RoleSecretError::Generate {
-                    name: name.clone(),
-                    source,
-                }
-            })?;
-        let fresh = planned.generated;
-        sync::ensure(ctx.kit.name, &api, &ctx.stores.secrets, planned.secret)
-            .await
-            .map_err(|source| RoleSecretError::Write {
-                name: name.clone(),
-                source,
-            })?;
-        if fresh {
-            let note = format!(
-                "generated the password of PostgreSQL role {} in Secret {name}",
-                wanted.username
-            );
-            tracing::info!(cluster = %owner.cluster, namespace = ns, secret = %name, "{note}");
-            generated.push(note);
+                })?;
+            if fresh {
+                let note = format!(
+                    "generated the password of PostgreSQL role {} in Secret {name}",
+                    wanted.username
+                );
+                tracing::info!(cluster = %owner.cluster, namespace = ns, secret = %name, "{note}");
+                generated.push(note);
+            }
         }
+        Ok(())
     }
+    .await;
     if !generated.is_empty() {
         ctx.kit
             .event(
@@ -346,7 +352,7 @@ where
             )
             .await;
     }
-    Ok(())
+    result
 }
 
 #[cfg(test)]
