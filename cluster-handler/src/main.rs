@@ -1,35 +1,19 @@
 //! cluster-handler: turns a MultigresCluster (and its templates) into child custom resources
 //! (TopoServer, Cell, TableGroup, Shard) and aggregates their status.
 
-use clap::Parser;
 use cluster_handler::cluster::images::{ImageDefaults, parse_image, parse_strategy};
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{ComponentImages, ImageRef, ImageUpdateStrategy};
-use multigres_common::HandlerRuntime;
-use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs};
-use multigres_common::process::Threads;
+use multigres_common::cli::HandlerSpec;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: cluster_handler::NAME,
     version: env!("CARGO_PKG_VERSION"),
+    about: env!("CARGO_PKG_DESCRIPTION"),
     grpc_bind_address: ":9441",
     metrics_bind_address: ":8081",
     leader_election_id: "multigres-operator-cluster-handler",
 };
-
-/// Flags of the cluster-handler.
-#[derive(Debug, Parser)]
-#[command(name = "cluster-handler", version, about)]
-struct Cli {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    leader: LeaderElectionArgs,
-    #[command(flatten)]
-    scope: ScopeArgs,
-    #[command(flatten)]
-    images: ImageArgs,
-}
 
 /// The operator's default image set (components a cluster does not set in `spec.images`) and
 /// when clusters adopt a changed one.
@@ -76,28 +60,25 @@ impl ImageArgs {
 }
 
 fn main() -> anyhow::Result<()> {
-    multigres_common::process::run(Threads::One, async_main())
-}
-
-async fn async_main() -> anyhow::Result<()> {
-    let cli: Cli = cli::parse(&SPEC);
-    let images = cli.images.defaults();
-    let scope = cli.scope.scope();
-    let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
-    tracing::info!(
-        revision = %multigres_api::resolver::images::revision(&images.images),
-        strategy = ?images.strategy,
-        "default image set"
-    );
-    runtime
-        .run_controllers(&cli.leader, |ctx| cluster_handler::run(ctx, scope, images))
-        .await?;
+    multigres_common::controller_main(SPEC, |ctx, scope, images: ImageArgs| {
+        let images = images.defaults();
+        tracing::info!(
+            revision = %multigres_api::resolver::images::revision(&images.images),
+            strategy = ?images.strategy,
+            "default image set"
+        );
+        cluster_handler::run(ctx, scope, images)
+    })?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use multigres_common::cli::{self, ControllerArgs};
+
     use super::*;
+
+    type Cli = ControllerArgs<ImageArgs>;
 
     #[test]
     fn flags_parse_with_this_binary_defaults() {
@@ -113,7 +94,7 @@ mod tests {
     #[test]
     fn default_images_come_from_flags_with_compiled_fallbacks() {
         let cli: Cli = cli::try_parse_from(&SPEC, ["cluster-handler"]).unwrap();
-        assert_eq!(cli.images.defaults(), ImageDefaults::default());
+        assert_eq!(cli.own.defaults(), ImageDefaults::default());
         let cli: Cli = cli::try_parse_from(
             &SPEC,
             [
@@ -123,7 +104,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let images = cli.images.defaults();
+        let images = cli.own.defaults();
         assert_eq!(images.strategy, ImageUpdateStrategy::Lazy);
         assert_eq!(
             images.images.postgres.unwrap().as_str(),

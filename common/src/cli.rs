@@ -1,8 +1,9 @@
 //! Command-line flags every handler binary shares.
 //!
-//! Each binary defines its own `clap::Parser` and flattens [`CommonArgs`] (and, for the
-//! controllers, [`LeaderElectionArgs`]) into it, then parses with [`parse`] so the defaults that
-//! differ per binary (ports, Lease name) come from its [`HandlerSpec`].
+//! A controller binary's flags are [`ControllerArgs`] with its own flattened in; the
+//! webhook-server defines its own `clap::Parser` and flattens [`CommonArgs`] into it. Both
+//! parse with [`parse`], so the defaults that differ per binary (ports, Lease name) and its
+//! name, version and description come from its [`HandlerSpec`].
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -25,8 +26,10 @@ use clap::{ArgAction, Args, Parser, ValueEnum};
 pub struct HandlerSpec {
     /// Binary name, also used in the field manager `multigres-operator/<name>`.
     pub name: &'static str,
-    /// Version reported by `HandlerInfo`.
+    /// Version reported by `HandlerInfo` and `--version`.
     pub version: &'static str,
+    /// What `--help` says the binary does (its crate's description).
+    pub about: &'static str,
     /// Default of `--grpc-bind-address`.
     pub grpc_bind_address: &'static str,
     /// Default of `--metrics-bind-address`.
@@ -192,12 +195,29 @@ impl ScopeArgs {
     }
 }
 
+/// The flags of a controller binary (every handler but the webhook-server, whose replicas are
+/// all active): the shared ones, and the binary's own as `own`.
+#[derive(Debug, Parser)]
+pub struct ControllerArgs<Own: Args> {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub leader: LeaderElectionArgs,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    #[command(flatten)]
+    pub own: Own,
+}
+
 /// Builds the binary's command with the per-binary defaults of the shared flags.
 ///
 /// Panics if `P` does not flatten [`CommonArgs`]: that is a programming error caught by each
 /// binary's own flag test.
 pub fn command<P: Parser>(spec: &HandlerSpec) -> clap::Command {
     let mut cmd = P::command()
+        .name(spec.name)
+        .version(spec.version)
+        .about(spec.about)
         .mut_arg("grpc_bind_address", |a| {
             a.default_value(spec.grpc_bind_address).required(false)
         })
@@ -239,20 +259,21 @@ mod tests {
     const SPEC: HandlerSpec = HandlerSpec {
         name: "test-handler",
         version: "0.0.0",
+        about: "A handler for tests.",
         grpc_bind_address: ":9441",
         metrics_bind_address: ":8081",
         leader_election_id: "multigres-operator-test-handler",
     };
 
-    #[derive(Debug, Parser)]
-    struct Controller {
-        #[command(flatten)]
-        common: CommonArgs,
-        #[command(flatten)]
-        leader: LeaderElectionArgs,
-        #[command(flatten)]
-        scope: ScopeArgs,
+    /// A controller's own flags.
+    #[derive(Debug, Args)]
+    struct Own {
+        /// A flag of this binary's only.
+        #[arg(long, default_value_t = 3)]
+        replicas: u32,
     }
+
+    type Controller = ControllerArgs<Own>;
 
     #[derive(Debug, Parser)]
     struct NoLeader {
@@ -265,6 +286,19 @@ mod tests {
             &SPEC,
             std::iter::once("test-handler").chain(args.iter().copied()),
         )
+    }
+
+    #[test]
+    fn the_binary_names_itself_and_keeps_its_own_flags() {
+        let cmd = command::<Controller>(&SPEC);
+        assert_eq!(cmd.get_name(), "test-handler");
+        assert_eq!(cmd.get_version(), Some("0.0.0"));
+        assert_eq!(
+            cmd.get_about().map(|about| about.to_string()).as_deref(),
+            Some("A handler for tests.")
+        );
+        assert_eq!(parse_controller(&[]).unwrap().own.replicas, 3);
+        assert_eq!(parse_controller(&["--replicas=5"]).unwrap().own.replicas, 5);
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! health and HandlerInfo server, the Kubernetes client, leader election, graceful shutdown,
 //! and the small helpers every controller needs (server-side apply, conditions, backoff).
 //!
-//! A binary's `main` runs on [`process::run`] (the allocator's settings, then the runtime),
-//! parses its flags with [`cli::parse`], starts a [`HandlerRuntime`] and hands it the work to
-//! run. What the handlers do to stay small is listed, with a figure for each piece, in
+//! A controller binary's `main` is one call of [`controller_main`]: the allocator's settings
+//! and the async runtime ([`process::run`]), its flags ([`cli::ControllerArgs`]), a started
+//! [`HandlerRuntime`], then its controllers. The webhook-server does the same steps itself, as
+//! its replicas are all active. What the handlers do to stay small is listed, with a figure for each piece, in
 //! [`memory`].
 
 pub mod apply;
@@ -32,4 +33,4 @@ pub mod telemetry;
 pub mod templates;
 pub mod watch;
 
-pub use runtime::{HandlerContext, HandlerRuntime, RuntimeError};
+pub use runtime::{HandlerContext, HandlerRuntime, RuntimeError, controller_main};

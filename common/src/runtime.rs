@@ -16,13 +16,14 @@ use kube::Client;
 use tokio::sync::watch;
 
 use crate::apply::FIELD_MANAGER_PREFIX;
-use crate::cli::{CommonArgs, HandlerSpec, LeaderElectionArgs};
+use crate::cli::{CommonArgs, ControllerArgs, HandlerSpec, LeaderElectionArgs};
 use crate::client::ClientError;
 use crate::leader::{LeaderElector, LeaderError, LeaseConfig};
 use crate::servers::{ServerError, Servers};
 use crate::shutdown::Shutdown;
 use crate::state::{HandlerState, LeaderState};
 use crate::telemetry::{ErrorChain, ServiceInfo, Telemetry, TelemetryError};
+use crate::watch::Scope;
 
 /// How long `work` may take to stop once shutdown begins before it is dropped. kube's
 /// controllers never finish a graceful shutdown that starts before their caches are filled
@@ -46,6 +47,27 @@ async fn until_stopped<E>(
             Ok(())
         }
     }
+}
+
+/// The whole `main` of a controller binary, so the three read alike: one thread
+/// ([`Threads::One`](crate::process::Threads)), the flags [`ControllerArgs`] with `spec`'s
+/// defaults and the binary's own (`Own`), the [`HandlerRuntime`] started, then `controllers`
+/// run under leader election, given the namespaces to serve and the binary's own flags.
+pub fn controller_main<Own, F, Fut>(spec: HandlerSpec, controllers: F) -> Result<(), RuntimeError>
+where
+    Own: clap::Args,
+    F: FnOnce(HandlerContext, Scope, Own) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    crate::process::run(crate::process::Threads::One, async move {
+        let cli: ControllerArgs<Own> = crate::cli::parse(&spec);
+        let scope = cli.scope.scope();
+        let runtime = HandlerRuntime::start(spec, &cli.common).await?;
+        let own = cli.own;
+        runtime
+            .run_controllers(&cli.leader, |ctx| controllers(ctx, scope, own))
+            .await
+    })
 }
 
 /// Why a handler could not start or did not end cleanly.

@@ -3,35 +3,18 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser};
+use clap::Args;
 use data_handler::Settings;
-use multigres_common::HandlerRuntime;
-use multigres_common::cli::{
-    self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs, parse_duration,
-};
-use multigres_common::process::Threads;
+use multigres_common::cli::{HandlerSpec, parse_duration};
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: data_handler::NAME,
     version: env!("CARGO_PKG_VERSION"),
+    about: env!("CARGO_PKG_DESCRIPTION"),
     grpc_bind_address: ":9443",
     metrics_bind_address: ":8083",
     leader_election_id: "multigres-operator-data-handler",
 };
-
-/// Flags of the data-handler.
-#[derive(Debug, Parser)]
-#[command(name = "data-handler", version, about)]
-struct Cli {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    leader: LeaderElectionArgs,
-    #[command(flatten)]
-    topology: TopologyArgs,
-    #[command(flatten)]
-    scope: ScopeArgs,
-}
 
 /// Timings of the topology controllers.
 #[derive(Debug, Args)]
@@ -73,23 +56,19 @@ impl From<TopologyArgs> for Settings {
 }
 
 fn main() -> anyhow::Result<()> {
-    multigres_common::process::run(Threads::One, async_main())
-}
-
-async fn async_main() -> anyhow::Result<()> {
-    let cli: Cli = cli::parse(&SPEC);
-    let scope = cli.scope.scope();
-    let settings = Settings::from(cli.topology);
-    let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
-    runtime
-        .run_controllers(&cli.leader, |ctx| data_handler::run(ctx, scope, settings))
-        .await?;
+    multigres_common::controller_main(SPEC, |ctx, scope, topology: TopologyArgs| {
+        data_handler::run(ctx, scope, Settings::from(topology))
+    })?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use multigres_common::cli::{self, ControllerArgs};
+
     use super::*;
+
+    type Cli = ControllerArgs<TopologyArgs>;
 
     #[test]
     fn flags_parse_with_this_binary_defaults() {
@@ -100,7 +79,7 @@ mod tests {
             cli.leader.leader_election_id,
             "multigres-operator-data-handler"
         );
-        let settings = Settings::from(cli.topology);
+        let settings = Settings::from(cli.own);
         assert_eq!(settings.check_period, Duration::from_secs(30));
         assert_eq!(settings.unreachable_timeout, Duration::from_secs(120));
         assert_eq!(settings.roles_period, Duration::from_secs(10));
@@ -119,7 +98,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let settings = Settings::from(cli.topology);
+        let settings = Settings::from(cli.own);
         assert_eq!(settings.unreachable_timeout, Duration::from_secs(10));
         assert_eq!(settings.check_period, Duration::from_millis(500));
         assert_eq!(settings.roles_period, Duration::from_secs(1));

@@ -106,7 +106,7 @@ impl Passwords {
 }
 
 /// What the roles step borrows from the Shard controller.
-pub struct Context<'a> {
+pub struct StepInputs<'a> {
     /// When each shard's roles were last checked, and against what.
     pub checks: &'a Checks,
     /// The password Secrets.
@@ -130,7 +130,7 @@ pub struct Outcome {
 /// Checks the roles of `shard` (of `cluster`) on its primary among `pods`, within
 /// [`DEADLINE`]: the Shard's other steps and its status wait for this one.
 pub async fn run(
-    lent: &Context<'_>,
+    lent: &StepInputs<'_>,
     shard: &Shard,
     cluster: Option<&MultigresCluster>,
     key: ShardKey<'_>,
@@ -151,7 +151,7 @@ pub async fn run(
 }
 
 async fn check(
-    lent: &Context<'_>,
+    lent: &StepInputs<'_>,
     shard: &Shard,
     cluster: Option<&MultigresCluster>,
     key: ShardKey<'_>,

@@ -430,7 +430,7 @@ async fn steps(ctx: &Context, shard: &Shard, seen: &Seen, stored: &Stored) -> Fo
         superuser,
     )
     .await;
-    let lent = postgres_roles::Context {
+    let lent = postgres_roles::StepInputs {
         checks: &ctx.role_checks,
         passwords: &ctx.passwords,
         dial: &seen.dial,
@@ -557,7 +557,7 @@ async fn hand_over(
     let key = shard_key(shard);
     let reference = shard.object_ref(&());
     let (namespace, pods, poolers) = (&seen.namespace, &seen.pods, &seen.poolers);
-    let lent = reloads::Context {
+    let lent = reloads::StepInputs {
         config_maps: &ctx.config_maps,
         pods: &ctx.pods,
         waits: &ctx.reload_waits,
@@ -565,7 +565,7 @@ async fn hand_over(
     };
     let delivery = reloads::deliver(&lent, shard, key, pods, poolers).await;
     let stamped = write_marks(ctx, pods, &found.roles, &found.cohort, &delivery.stamps).await?;
-    let lent = switchover::Context {
+    let lent = switchover::StepInputs {
         switchovers: &ctx.switchovers,
         pods: &ctx.pods,
         dial: &seen.dial,

@@ -221,7 +221,7 @@ impl Attempts {
 }
 
 /// What [`run`] borrows from the Shard controller's context.
-pub struct Context<'a> {
+pub struct StepInputs<'a> {
     /// Pending switchover requests' attempts (backoff, events announced).
     pub switchovers: &'a Attempts,
     /// Pool pods in the cache: the attempts of pods gone from it are dropped.
@@ -255,7 +255,7 @@ pub struct Outcome<'p> {
 /// Answers the switchover requests on `pods` (the shard's pool pods): calls the multipoolers
 /// that must resign, and returns what to write.
 pub async fn run<'p>(
-    ctx: &Context<'_>,
+    lent: &StepInputs<'_>,
     shard: &Shard,
     key: ShardKey<'_>,
     pods: &'p [Pod],
@@ -263,8 +263,8 @@ pub async fn run<'p>(
 ) -> Outcome<'p> {
     let mut out = Outcome::default();
     let namespace = shard.namespace().unwrap_or_default();
-    ctx.switchovers.retain(&namespace, |pod| {
-        ctx.pods
+    lent.switchovers.retain(&namespace, |pod| {
+        lent.pods
             .get(&ObjectRef::new(pod).within(&namespace))
             .is_some()
     });
@@ -278,13 +278,13 @@ pub async fn run<'p>(
         let record = roles::pooler_of(key, &pool_pod, poolers);
         let standby = has_standby(key, &state.name, poolers);
         let request = state.requested.clone().unwrap_or_default();
-        let remembered = ctx.switchovers.with(&slot, &request, |a| a.resigned);
+        let remembered = lent.switchovers.with(&slot, &request, |a| a.resigned);
         let decision = decide(&state, record, standby, remembered);
         out.pending |= !matches!(decision, Decision::Idle | Decision::Forget);
-        let reply = act(ctx, &slot, &request, &state.name, decision).await;
+        let reply = act(lent, &slot, &request, &state.name, decision).await;
         let notice = reply.notice.filter(|notice| {
             let note = notice.message.clone();
-            ctx.switchovers.with(&slot, &request, |a| {
+            lent.switchovers.with(&slot, &request, |a| {
                 a.announced.replace(note.clone()).as_ref() != Some(&note)
             })
         });
@@ -311,13 +311,13 @@ struct Reply {
 /// Carries out `decision` for pod `name`, whose attempts are kept under `slot` for `request`.
 /// Nothing comes of a call whose retry is not due yet.
 async fn act(
-    ctx: &Context<'_>,
+    lent: &StepInputs<'_>,
     slot: &str,
     request: &str,
     name: &str,
     decision: Decision,
 ) -> Reply {
-    let attempts = ctx.switchovers;
+    let attempts = lent.switchovers;
     match decision {
         Decision::Idle => {
             attempts.forget(slot);
@@ -337,7 +337,7 @@ async fn act(
             if !due {
                 return Reply::default();
             }
-            resign_for(ctx, slot, request, name, &address).await
+            resign_for(lent, slot, request, name, &address).await
         }
         waiting => Reply {
             record: None,
@@ -374,14 +374,14 @@ fn waiting_notice(decision: &Decision, name: &str) -> Option<Notice> {
 /// outcome under `slot`: a resignation (recorded on the pod too), or a failure (retried
 /// with backoff).
 async fn resign_for(
-    ctx: &Context<'_>,
+    lent: &StepInputs<'_>,
     slot: &str,
     request: &str,
     name: &str,
     address: &str,
 ) -> Reply {
-    let attempts = ctx.switchovers;
-    match resign(ctx.dial, address).await {
+    let attempts = lent.switchovers;
+    match resign(lent.dial, address).await {
         Ok(flush_lsn) => {
             tracing::info!(pod = %name, %flush_lsn, "multipooler resigned leadership for a switchover");
             attempts.with(slot, request, |a| a.resigned = true);

@@ -1,30 +1,22 @@
 //! resource-handler: runs the workloads behind TopoServer, Cell, Shard and MultigresCluster
 //! (etcd and Multigres StatefulSets, Deployments, Services, PDBs) and reports their readiness.
 
-use clap::Parser;
+use clap::Args;
 use multigres_api::observability::InheritedEnv;
-use multigres_common::HandlerRuntime;
-use multigres_common::cli::{self, CommonArgs, HandlerSpec, LeaderElectionArgs, ScopeArgs};
-use multigres_common::process::Threads;
+use multigres_common::cli::HandlerSpec;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: "resource-handler",
     version: env!("CARGO_PKG_VERSION"),
+    about: env!("CARGO_PKG_DESCRIPTION"),
     grpc_bind_address: ":9442",
     metrics_bind_address: ":8082",
     leader_election_id: "multigres-operator-resource-handler",
 };
 
-/// Flags of the resource-handler.
-#[derive(Debug, Parser)]
-#[command(name = "resource-handler", version, about)]
-struct Cli {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    leader: LeaderElectionArgs,
-    #[command(flatten)]
-    scope: ScopeArgs,
+/// The resource-handler's own flags.
+#[derive(Debug, Args)]
+struct WorkloadArgs {
     /// Namespace the operator's handlers run in: the clusters' NetworkPolicies admit its pods
     /// (the data-handler dials etcd and the multipoolers). Defaults to POD_NAMESPACE, then the
     /// client's namespace.
@@ -44,36 +36,31 @@ fn unrecoverable_timeout(value: &str) -> Result<std::time::Duration, String> {
 }
 
 fn main() -> anyhow::Result<()> {
-    multigres_common::process::run(Threads::One, async_main())
-}
-
-async fn async_main() -> anyhow::Result<()> {
-    let cli: Cli = cli::parse(&SPEC);
-    let scope = cli.scope.scope();
-    // Read once: the fallback of every cluster's data-plane telemetry.
-    let telemetry = InheritedEnv::from_vars(std::env::vars());
-    let runtime = HandlerRuntime::start(SPEC, &cli.common).await?;
-    runtime
-        .run_controllers(&cli.leader, |ctx| {
-            let operator_namespace = cli
-                .operator_namespace
-                .filter(|ns| !ns.is_empty())
-                .unwrap_or_else(|| ctx.client.default_namespace().to_owned());
-            resource_handler::run(
-                ctx,
-                scope,
-                telemetry,
-                operator_namespace,
-                cli.pooler_unrecoverable_timeout,
-            )
-        })
-        .await?;
+    multigres_common::controller_main(SPEC, |ctx, scope, own: WorkloadArgs| {
+        // Read once: the fallback of every cluster's data-plane telemetry.
+        let telemetry = InheritedEnv::from_vars(std::env::vars());
+        let operator_namespace = own
+            .operator_namespace
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| ctx.client.default_namespace().to_owned());
+        resource_handler::run(
+            ctx,
+            scope,
+            telemetry,
+            operator_namespace,
+            own.pooler_unrecoverable_timeout,
+        )
+    })?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use multigres_common::cli::{self, ControllerArgs};
+
     use super::*;
+
+    type Cli = ControllerArgs<WorkloadArgs>;
 
     #[test]
     fn writes_and_events_name_this_binary() {
@@ -92,7 +79,7 @@ mod tests {
             "multigres-operator-resource-handler"
         );
         assert_eq!(
-            cli.pooler_unrecoverable_timeout,
+            cli.own.pooler_unrecoverable_timeout,
             std::time::Duration::from_secs(300)
         );
         let off: Cli = cli::try_parse_from(
@@ -100,7 +87,7 @@ mod tests {
             ["resource-handler", "--pooler-unrecoverable-timeout=0s"],
         )
         .unwrap();
-        assert!(off.pooler_unrecoverable_timeout.is_zero());
+        assert!(off.own.pooler_unrecoverable_timeout.is_zero());
         let bad = cli::try_parse_from::<Cli, _, _>(
             &SPEC,
             ["resource-handler", "--pooler-unrecoverable-timeout=soon"],

@@ -21,8 +21,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use multigres_api::labels::{CLUSTER, COMPONENT, POOL};
+use multigres_common::apply::Applicable;
 
-use crate::sync::{APPLIED_HASH, Child, ChildCache, Verdict, fnv1a64, is_subset};
+use crate::sync::{APPLIED_HASH, ChildCache, Verdict, fnv1a64, is_subset};
 
 /// What a cached copy keeps of its [`APPLIED_HASH`] annotation and of the digest of its dropped
 /// part, in place of the annotation: `<applied hash>/<digest>`, both in hex, in its annotation
@@ -49,7 +50,7 @@ impl Stamp {
 }
 
 /// A kind cached without a part of it (see the module's documentation).
-pub trait Slimmed: Child {
+pub trait Slimmed: Applicable {
     /// The part the cache drops, as JSON (what its digest is taken of).
     fn dropped(&self) -> Vec<u8>;
     /// Removes that part, leaving what reconcilers read.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
-use multigres_common::apply::{ApplyError, apply, apply_status};
+use multigres_common::apply::{Applicable, ApplyError, apply, apply_status};
 use multigres_common::status_pacer::{FirstStatus, Pace, StatusPacer};
 use serde::Serialize;
 use serde_json::Value;
@@ -28,9 +28,6 @@ pub use multigres_common::metrics::record_api_write as count;
 
 /// Annotation holding the hash of the object as this handler last applied it.
 pub const APPLIED_HASH: &str = "multigres.com/applied-hash";
-
-/// A namespaced kind this handler creates and caches.
-pub use multigres_common::apply::Applicable as Child;
 
 /// Why a write failed; always transient (the API server refused or was unreachable).
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +116,7 @@ pub enum Verdict {
 }
 
 /// Where [`ensure`] finds a child and learns whether applying it would change anything.
-pub trait ChildCache<K: Child> {
+pub trait ChildCache<K: Applicable> {
     /// The cached copies.
     fn store(&self) -> &Store<K>;
     /// Whether `cached` already is what applying `desired` (stamped) would produce.
@@ -131,7 +128,7 @@ pub trait ChildCache<K: Child> {
 }
 
 /// Full copies: the cache alone decides.
-impl<K: Child> ChildCache<K> for Store<K> {
+impl<K: Applicable> ChildCache<K> for Store<K> {
     fn store(&self) -> &Store<K> {
         self
     }
@@ -153,7 +150,7 @@ impl<K: Child> ChildCache<K> for Store<K> {
 
 /// Applies `desired` (stamping it first) unless the cached object in `cache` is already up to
 /// date. Returns whether a write happened.
-pub async fn ensure<K: Child>(
+pub async fn ensure<K: Applicable>(
     controller: &'static str,
     api: &Api<K>,
     cache: &impl ChildCache<K>,
@@ -163,7 +160,7 @@ pub async fn ensure<K: Child>(
 }
 
 /// [`ensure`] for an object only some specs want (`None`: nothing to write).
-pub async fn ensure_wanted<K: Child>(
+pub async fn ensure_wanted<K: Applicable>(
     controller: &'static str,
     api: &Api<K>,
     cache: &impl ChildCache<K>,
@@ -178,7 +175,7 @@ pub async fn ensure_wanted<K: Child>(
 /// [`ensure`], first copying from the existing object what cannot change once created
 /// (`keep(desired, existing)`, e.g. StatefulSet claim templates). The hash covers what the
 /// builder produced, so a kept field never counts as a change.
-pub async fn ensure_with<K: Child>(
+pub async fn ensure_with<K: Applicable>(
     controller: &'static str,
     api: &Api<K>,
     cache: &impl ChildCache<K>,
@@ -243,7 +240,7 @@ pub fn controlled_by(obj: &impl Resource, uid: &str) -> bool {
 
 /// Deletes the objects in `owned` whose names are not in `keep` (objects the owner no longer
 /// wants, e.g. the multiorch of a cell it stopped watching). Returns the deleted names.
-pub async fn prune<K: Child>(
+pub async fn prune<K: Applicable>(
     controller: &'static str,
     api: &Api<K>,
     owned: &[Arc<K>],
@@ -319,7 +316,7 @@ pub async fn ensure_status<K, S>(
     pacer: &StatusPacer<String>,
 ) -> Result<Option<Duration>, SyncError>
 where
-    K: Child,
+    K: Applicable,
     S: Serialize,
 {
     if !status_differs(desired, observed) {

@@ -35,7 +35,7 @@ use multigres_api::v1alpha1::{
 use resource_handler::owner::Owner;
 use resource_handler::podspec::PullSettings;
 use resource_handler::shard::pgconfig::CONFIG_KEY;
-use resource_handler::toposerver::build::{Scope, TopoInput};
+use resource_handler::toposerver::build::{Level, TopoInput};
 use resource_handler::{cell, multiadmin, names, shard, toposerver};
 use serde::Deserialize;
 
@@ -452,13 +452,13 @@ fn build(sample: &Sample, resolved: &ResolvedCluster, children: &Children) -> Bu
         let owner = Owner::of(topo).unwrap();
         // Local to the cell its label names, else global (as the reconciler reads it).
         let cell = topo.metadata.labels.as_ref().and_then(|l| l.get(CELL));
-        let scope = match cell.filter(|c| !c.is_empty()) {
-            Some(cell) => Scope::Cell(cell.clone()),
-            None => Scope::Global,
+        let level = match cell.filter(|c| !c.is_empty()) {
+            Some(cell) => Level::Cell(cell.clone()),
+            None => Level::Global,
         };
         let objects = toposerver::build::build(&TopoInput {
             owner: &owner,
-            scope,
+            level,
             spec: &topo.spec,
             pull: &pull,
             tls: topology_tls,

@@ -18,6 +18,7 @@ use webhook_server::tls::manager::{CertificateSource, ManagedCertificates};
 const SPEC: HandlerSpec = HandlerSpec {
     name: "webhook-server",
     version: env!("CARGO_PKG_VERSION"),
+    about: env!("CARGO_PKG_DESCRIPTION"),
     grpc_bind_address: ":9444",
     metrics_bind_address: ":8084",
     leader_election_id: "multigres-operator-webhook-server",
@@ -95,9 +96,8 @@ struct WebhookArgs {
     operator_service_accounts: Vec<String>,
 }
 
-/// Flags of the webhook-server.
+/// Flags of the webhook-server (its name, version and description come from `SPEC`).
 #[derive(Debug, Parser)]
-#[command(name = "webhook-server", version, about)]
 struct Cli {
     #[command(flatten)]
     common: CommonArgs,

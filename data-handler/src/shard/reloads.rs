@@ -20,7 +20,7 @@ use crate::topo::PoolerRecord;
 use crate::watch::{Guarded, valid_in};
 
 /// What [`deliver`] borrows from the Shard controller's context.
-pub struct Context<'a> {
+pub struct StepInputs<'a> {
     /// The shards' rendered postgresql.conf ConfigMaps.
     pub config_maps: &'a Store<Guarded<ConfigMap>>,
     /// Pool pods in the cache: the waits of pods gone from it are dropped.
@@ -89,7 +89,7 @@ impl Waits {
 /// Asks the multipooler of every pool pod of `pods` that has not confirmed the rendered file's
 /// reload-class settings to reload, and collects the confirmed ones.
 pub async fn deliver(
-    ctx: &Context<'_>,
+    lent: &StepInputs<'_>,
     shard: &Shard,
     key: ShardKey<'_>,
     pods: &[Pod],
@@ -98,7 +98,7 @@ pub async fn deliver(
     let mut out = Delivery::default();
     let namespace = shard.namespace().unwrap_or_default();
     // No file rendered yet (or a postgresConfigRef still missing): nothing to reload.
-    let Some(rendered) = rendered(ctx.config_maps, shard, &namespace) else {
+    let Some(rendered) = rendered(lent.config_maps, shard, &namespace) else {
         return out;
     };
     let desired = match Desired::from_config_map(&rendered) {
@@ -115,7 +115,7 @@ pub async fn deliver(
             cell: pod.cell.clone(),
         };
         let record = roles::pooler_of(key, &pool_pod, poolers);
-        match attempt(ctx.dial, pod, record, &desired).await {
+        match attempt(lent.dial, pod, record, &desired).await {
             Attempt::Reloaded => {
                 out.stamps
                     .insert(pod.name.clone(), desired.reload_hash.clone());
@@ -129,9 +129,9 @@ pub async fn deliver(
                 let quiet = pod.reload_hash.is_none() && notice.reason == "ConfigReloadPending";
                 let hash = &desired.reload_hash;
                 if !quiet
-                    && ctx
+                    && lent
                         .waits
-                        .announce(ctx.pods, &namespace, &pod.name, hash, &notice)
+                        .announce(lent.pods, &namespace, &pod.name, hash, &notice)
                 {
                     out.notices.push((pod.name.clone(), notice));
                 }

@@ -43,26 +43,26 @@ const TLS_DIR: &str = "/etc/etcd/tls";
 
 /// Where a TopoServer sits: the cluster's global topology, or one cell's.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Scope {
+pub enum Level {
     /// The cluster-wide topology.
     Global,
     /// The local topology of a cell.
     Cell(String),
 }
 
-impl Scope {
+impl Level {
     fn component(&self) -> Component {
         match self {
-            Scope::Global => Component::GlobalTopo,
-            Scope::Cell(_) => Component::LocalTopo,
+            Level::Global => Component::GlobalTopo,
+            Level::Cell(_) => Component::LocalTopo,
         }
     }
 
     fn placement(&self) -> Placement<'_> {
         Placement {
             cell: match self {
-                Scope::Global => None,
-                Scope::Cell(cell) => Some(cell),
+                Level::Global => None,
+                Level::Cell(cell) => Some(cell),
             },
             ..Default::default()
         }
@@ -75,7 +75,7 @@ pub struct TopoInput<'a> {
     /// The TopoServer.
     pub owner: &'a Owner,
     /// Global or cell-local.
-    pub scope: Scope,
+    pub level: Level,
     /// Its resolved spec.
     pub spec: &'a TopoServerSpec,
     /// Pull settings of the cluster.
@@ -102,8 +102,8 @@ pub struct TopoObjects {
 
 /// The labels of every object of the TopoServer, and the subset selecting its pods.
 pub fn labels(input: &TopoInput<'_>) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
-    let component = input.scope.component();
-    let placement = input.scope.placement();
+    let component = input.level.component();
+    let placement = input.level.placement();
     (
         labels::labels(&input.owner.cluster, component, &placement),
         labels::selector(&input.owner.cluster, component, &placement),

@@ -34,7 +34,7 @@ use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
 use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
 use crate::sync::{self, SyncError};
-use build::{Scope, TopoInput, TopoObjects};
+use build::{Level, TopoInput, TopoObjects};
 
 /// Controller name in metrics and HandlerInfo.
 pub const NAME: &str = "toposerver";
@@ -156,10 +156,10 @@ async fn reconcile(obj: Arc<Guard>, ctx: Arc<Ctx<Guard>>) -> Result<Action, Erro
 }
 
 /// Local to the cell named by the `multigres.com/cell` label, else global.
-fn scope_of(topo: &TopoServer) -> Scope {
+fn level_of(topo: &TopoServer) -> Level {
     match topo.labels().get(CELL) {
-        Some(cell) if !cell.is_empty() => Scope::Cell(cell.clone()),
-        _ => Scope::Global,
+        Some(cell) if !cell.is_empty() => Level::Cell(cell.clone()),
+        _ => Level::Global,
     }
 }
 
@@ -204,7 +204,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     let observed_sts = observed_statefulset(ctx, &owner);
     let input = TopoInput {
         owner: &owner,
-        scope: scope_of(topo),
+        level: level_of(topo),
         spec: &topo.spec,
         pull: &pull,
         tls,
@@ -569,7 +569,7 @@ mod tests {
         let pull = PullSettings::new(None, &[]);
         let input = TopoInput {
             owner: &owner,
-            scope: Scope::Global,
+            level: Level::Global,
             spec: &t.spec,
             pull: &pull,
             tls: false,
@@ -646,10 +646,10 @@ mod tests {
     }
 
     #[test]
-    fn scope_follows_the_component_and_cell_labels() {
+    fn level_follows_the_component_and_cell_labels() {
         let mut t = topo();
-        assert_eq!(scope_of(&t), Scope::Global);
+        assert_eq!(level_of(&t), Level::Global);
         t.labels_mut().insert(CELL.into(), "zone-a".into());
-        assert_eq!(scope_of(&t), Scope::Cell("zone-a".into()));
+        assert_eq!(level_of(&t), Level::Cell("zone-a".into()));
     }
 }

@@ -9,11 +9,11 @@ fn fixture() -> TopoServer {
     serde_yaml::from_str(FIXTURE).expect("fixture parses")
 }
 
-fn build_fixture(topo: &TopoServer, scope: Scope, pull: &PullSettings) -> TopoObjects {
+fn build_fixture(topo: &TopoServer, level: Level, pull: &PullSettings) -> TopoObjects {
     let owner = Owner::of(topo).unwrap();
     build(&TopoInput {
         owner: &owner,
-        scope,
+        level,
         spec: &topo.spec,
         pull,
         tls: false,
@@ -50,7 +50,7 @@ fn etcd_container(objects: &TopoObjects) -> &Container {
 
 #[test]
 fn etcd_is_bootstrapped_statically_through_the_peer_service() {
-    let objects = build_fixture(&fixture(), Scope::Global, &pull());
+    let objects = build_fixture(&fixture(), Level::Global, &pull());
     let c = etcd_container(&objects);
     assert_eq!(
         c.command.as_deref(),
@@ -102,7 +102,7 @@ fn etcd_is_bootstrapped_statically_through_the_peer_service() {
 
 #[test]
 fn statefulset_names_services_and_pdb() {
-    let objects = build_fixture(&fixture(), Scope::Global, &pull());
+    let objects = build_fixture(&fixture(), Level::Global, &pull());
     let sts = &objects.statefulset;
     assert_eq!(sts.metadata.name.as_deref(), Some("prod-global-topo"));
     assert_eq!(sts.metadata.namespace.as_deref(), Some("db"));
@@ -147,7 +147,7 @@ fn statefulset_names_services_and_pdb() {
 
 #[test]
 fn volumes_follow_storage_and_pvc_policy() {
-    let objects = build_fixture(&fixture(), Scope::Global, &pull());
+    let objects = build_fixture(&fixture(), Level::Global, &pull());
     let spec = objects.statefulset.spec.as_ref().unwrap();
     let retention = spec
         .persistent_volume_claim_retention_policy
@@ -179,7 +179,7 @@ fn volumes_follow_storage_and_pvc_policy() {
     let mut unset = fixture();
     unset.spec.pvc_deletion_policy = None;
     unset.spec.etcd.as_mut().unwrap().pvc_deletion_policy = None;
-    let objects = build_fixture(&unset, Scope::Global, &pull());
+    let objects = build_fixture(&unset, Level::Global, &pull());
     let retention = objects
         .statefulset
         .spec
@@ -198,7 +198,7 @@ fn volumes_follow_storage_and_pvc_policy() {
 
 #[test]
 fn pods_are_hardened_and_pull_with_the_cluster_settings() {
-    let objects = build_fixture(&fixture(), Scope::Global, &pull());
+    let objects = build_fixture(&fixture(), Level::Global, &pull());
     let pod = objects
         .statefulset
         .spec
@@ -242,8 +242,8 @@ fn pods_are_hardened_and_pull_with_the_cluster_settings() {
 
 #[test]
 fn a_cell_local_topo_server_selects_only_its_own_pods() {
-    let global = build_fixture(&fixture(), Scope::Global, &pull());
-    let local = build_fixture(&fixture(), Scope::Cell("zone-a".into()), &pull());
+    let global = build_fixture(&fixture(), Level::Global, &pull());
+    let local = build_fixture(&fixture(), Level::Cell("zone-a".into()), &pull());
     let selector = |o: &TopoObjects| {
         o.statefulset
             .spec
@@ -270,7 +270,7 @@ fn even_or_missing_members_are_refused() {
     let owner = Owner::of(&even).unwrap();
     let input = TopoInput {
         owner: &owner,
-        scope: Scope::Global,
+        level: Level::Global,
         spec: &even.spec,
         pull: &pull(),
         tls: false,
@@ -316,7 +316,7 @@ fn topology_tls_serves_clients_and_peers_with_the_etcd_certificate_and_requires_
     let owner = Owner::of(&topo).unwrap();
     let input = TopoInput {
         owner: &owner,
-        scope: Scope::Global,
+        level: Level::Global,
         spec: &topo.spec,
         pull: &pull(),
         tls: true,
@@ -372,7 +372,7 @@ fn topology_tls_serves_clients_and_peers_with_the_etcd_certificate_and_requires_
         volume.secret.as_ref().unwrap().secret_name.as_deref(),
         Some("etcd.prod.db.multigres.internal")
     );
-    let plain = build_fixture(&topo, Scope::Global, &pull());
+    let plain = build_fixture(&topo, Level::Global, &pull());
     let plain_args = etcd_container(&plain).args.clone().unwrap();
     assert!(
         plain_args
