@@ -14,6 +14,7 @@ pub mod managed_roles;
 pub mod names;
 pub mod network;
 pub mod observability;
+pub mod owner;
 pub mod postgres;
 pub mod quantity;
 pub mod resolver;

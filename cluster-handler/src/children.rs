@@ -12,7 +12,7 @@ use multigres_api::v1alpha1::{
 use multigres_common::apply::Applicable;
 use multigres_common::guard::Guarded;
 
-use crate::cluster::build::INHERITED_ANNOTATIONS;
+use multigres_api::owner::INHERITED_ANNOTATIONS;
 
 /// A child custom resource: applied whole by its owner's controller, status written by
 /// another handler.

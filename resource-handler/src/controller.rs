@@ -18,6 +18,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use multigres_api::labels::{COMPONENT, Component, MANAGED_SELECTOR};
 use multigres_api::observability::InheritedEnv;
+use multigres_api::owner::Owner;
 use multigres_api::v1alpha1::MultigresCluster;
 use multigres_common::controller::Kit;
 use multigres_common::events::Recorder;
@@ -27,7 +28,6 @@ use multigres_common::status_pacer::StatusPacer;
 use multigres_common::templates::TemplateStores;
 use multigres_common::watch::Scope;
 
-use crate::owner::Owner;
 use crate::slim_cache::SlimStore;
 
 /// Name under which events are reported: the field manager, as every handler reports.

@@ -30,6 +30,7 @@ use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, Component, Placement};
 use multigres_api::managed_roles::{self, PASSWORD_KEY};
+use multigres_api::owner::Owner;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
     MONITOR_ROLE, MultigresClusterSpec, ObservabilityConfig, PostgresExporterConfig,
@@ -39,7 +40,6 @@ use time::OffsetDateTime;
 
 use crate::contract::{POOLER_DIR, POSTGRES_EXPORTER_PORT, POSTGRES_PORT, flag};
 use crate::controller::{Ctx, owned};
-use crate::owner::Owner;
 use crate::podspec::{RunAs, container_port, container_security, env, mount};
 use crate::sync;
 use crate::tls::{CA_CRT, SecretFor, TLS_CRT, TLS_KEY, TlsError};

@@ -18,7 +18,6 @@ pub mod gauges;
 pub mod multiadmin;
 pub mod names;
 pub mod netpol;
-pub mod owner;
 pub mod podspec;
 pub mod readiness;
 pub mod role_secrets;

@@ -34,6 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
 use multigres_api::labels::{self, CLUSTER, COMPONENT, Component, Placement};
+use multigres_api::owner::Owner;
 use multigres_api::v1alpha1::{MultigresCluster, NetworkPolicyConfig};
 
 use crate::contract::{
@@ -43,7 +44,6 @@ use crate::contract::{
 };
 use crate::controller::{Ctx, owned};
 use crate::multiadmin::web::MULTIADMIN_WEB_HTTP;
-use crate::owner::Owner;
 use crate::sync::{self, SyncError};
 
 /// The label Kubernetes puts on every namespace: its name.

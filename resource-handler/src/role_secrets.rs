@@ -41,6 +41,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use multigres_api::labels::{self, COMPONENT, Component, Placement};
 use multigres_api::managed_roles::{self, PASSWORD_KEY};
+use multigres_api::owner::Owner;
 use multigres_api::v1alpha1::{
     ApplicationRoleConfig, GatewayTlsConfig, MONITOR_ROLE, MultigresClusterSpec, WEB_UI_ROLE,
 };
@@ -50,7 +51,6 @@ use rand::rngs::OsRng;
 
 use crate::contract::POSTGRES_PORT;
 use crate::controller::Ctx;
-use crate::owner::Owner;
 use crate::sync::{self, SyncError};
 
 /// `app.kubernetes.io/component` of the generated role Secrets. No other component's prune

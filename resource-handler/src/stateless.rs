@@ -13,9 +13,9 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use multigres_api::labels::{DRAINED_NODE, merge_user};
+use multigres_api::owner::Owner;
 use multigres_api::v1alpha1::StatelessSpec;
 
-use crate::owner::Owner;
 use crate::podspec::{
     Probes, PullSettings, RunAs, TMP_DIR, TMP_VOLUME, container_security, mount, pod_identity_env,
     pod_security, tmp_volume,

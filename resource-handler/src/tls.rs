@@ -33,6 +33,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use multigres_api::labels::{self, COMPONENT, Component, Placement};
+use multigres_api::owner::Owner;
 use multigres_api::resolver::{GlobalTopo, ResolvedCluster};
 use multigres_api::v1alpha1::{
     BackupConfig, GatewayTlsConfig, GlobalTopoServerRef, InternalTlsConfig, MultigresClusterSpec,
@@ -45,7 +46,6 @@ use time::OffsetDateTime;
 use crate::conditions::{Computed, FALSE, TRUE};
 use crate::contract::{PGBACKREST_CERT_DIR, flag};
 use crate::controller::{Ctx, owned};
-use crate::owner::Owner;
 use crate::podspec::mount;
 use crate::sync::{self, SyncError};
 
@@ -500,7 +500,7 @@ pub fn mount_external_topology(pod: &mut PodSpec, process: Process, topo: &Globa
 pub fn mount_process_tls(
     pod: &mut PodSpec,
     process: Process,
-    owner: &crate::owner::Owner,
+    owner: &multigres_api::owner::Owner,
     internal: Option<&InternalTlsConfig>,
     topo: &GlobalTopoServerRef,
 ) {
@@ -513,7 +513,7 @@ pub fn mount_process_tls(
 pub fn mount_process_tls_deployment(
     deployment: &mut Deployment,
     process: Process,
-    owner: &crate::owner::Owner,
+    owner: &multigres_api::owner::Owner,
     internal: Option<&InternalTlsConfig>,
     topo: &GlobalTopoServerRef,
 ) {

@@ -26,13 +26,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use multigres_api::labels::CELL;
+use multigres_api::owner::Owner;
 use multigres_api::resolver::cohort::{Durability, survives_any_pod_loss};
 use multigres_api::resolver::{self, ResolvedCluster, Templates, ZONE_NODE_LABEL, defaults};
 use multigres_api::v1alpha1::{
     Cell, CellTemplate, CoreTemplate, GatewayTlsConfig, InternalTlsConfig, MultigresCluster, Shard,
     ShardTemplate, TopoServer,
 };
-use resource_handler::owner::Owner;
 use resource_handler::podspec::PullSettings;
 use resource_handler::shard::pgconfig::CONFIG_KEY;
 use resource_handler::toposerver::build::{Level, TopoInput};
@@ -392,12 +392,12 @@ fn children(cluster: &MultigresCluster, resolved: &ResolvedCluster) -> Children 
     let stored = |meta: &mut ObjectMeta| {
         meta.uid = Some(format!("uid-{}", meta.name.as_deref().unwrap()));
     };
-    let owner = cluster_build::Owner::of(cluster).unwrap();
+    let owner = cluster_build::owner(cluster).unwrap();
     let mut built = cluster_build::children(&owner, resolved);
     let mut shards = Vec::new();
     for tg in &mut built.table_groups {
         stored(&mut tg.metadata);
-        let owner = tablegroup_build::Owner::of(tg).unwrap();
+        let owner = tablegroup_build::owner(tg).unwrap();
         shards.extend(tablegroup_build::shards(&owner, &tg.spec));
     }
     let mut children = Children {

@@ -206,12 +206,12 @@ mod tests {
     use multigres_api::v1alpha1::{MultigresCluster, ShardTemplateSpec};
 
     use super::*;
-    use crate::cluster::build::{self, Owner};
+    use crate::cluster::build;
     use crate::fixtures;
 
     fn children(cluster: &MultigresCluster, templates: &Templates) -> Children {
         let resolved = resolver::resolve(cluster, templates).unwrap();
-        build::children(&Owner::of(cluster).unwrap(), &resolved)
+        build::children(&build::owner(cluster).unwrap(), &resolved)
     }
 
     fn observed(children: Children) -> Observed {

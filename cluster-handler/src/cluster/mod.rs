@@ -29,7 +29,8 @@ use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 use crate::children::{Child, Slot, is_orphan, owned_by, slot};
 use crate::watch::{Guarded, in_namespace};
 use crate::writes::{self, Writer};
-use build::{Children, Incomplete, Owner};
+use build::Children;
+use multigres_api::owner::{Owner, OwnerError};
 use status::{Observed, Outcome};
 
 /// Name of this controller in metrics and `HandlerInfo`.
@@ -51,7 +52,7 @@ pub enum Error {
     },
     /// The cluster was not read from the API server.
     #[error(transparent)]
-    Incomplete(#[from] Incomplete),
+    Owner(#[from] OwnerError),
     /// A template the cluster uses does not match the API types.
     #[error("{kind} {name:?} cannot be read: {message}; fix or recreate it")]
     MalformedTemplate {
@@ -118,7 +119,7 @@ pub enum Error {
 impl Classify for Error {
     fn category(&self) -> Category {
         match self {
-            Error::Malformed { .. } | Error::Incomplete(_) => Category::Malformed,
+            Error::Malformed { .. } | Error::Owner(_) => Category::Malformed,
             Error::MalformedTemplate { .. }
             | Error::Resolve(_)
             | Error::Rejected { .. }
@@ -132,7 +133,7 @@ impl Classify for Error {
     /// The reason of the cluster's `Progressing` condition too.
     fn reason(&self) -> &'static str {
         match self {
-            Error::Malformed { .. } | Error::Incomplete(_) => "InvalidObject",
+            Error::Malformed { .. } | Error::Owner(_) => "InvalidObject",
             Error::MalformedTemplate { .. } => "InvalidTemplate",
             Error::Resolve(ResolveError::MissingTemplates(_)) => "TemplateNotFound",
             Error::Resolve(_) | Error::Rejected { .. } => "InvalidSpec",
@@ -223,7 +224,7 @@ async fn reconcile_cluster(
         // Children go with the cluster through their owner references.
         return Ok(Action::await_change());
     }
-    let owner = Owner::of(cluster)?;
+    let owner = build::owner(cluster)?;
     let referenced = resolver::referenced_templates(cluster);
 
     let decision = images::decide(cluster, &ctx.images);

@@ -14,7 +14,7 @@ use multigres_common::conditions::{FALSE, TRUE, find_condition};
 use multigres_common::controller::Classify;
 use serde_json::{Value, json};
 
-use super::build::{self, Children, Owner};
+use super::build::{self, Children};
 use super::status::{self, Observed, Outcome};
 use super::{Error, uses_template};
 use crate::fixtures::{self, NAMESPACE, from_yaml, stored};
@@ -23,7 +23,7 @@ fn children_of(sample: &str) -> (MultigresCluster, Children) {
     let fixtures::Sample { cluster, templates } = fixtures::sample(sample);
     let resolved = resolver::resolve(&cluster, &templates)
         .unwrap_or_else(|e| panic!("{sample} does not resolve: {e}"));
-    let children = build::children(&Owner::of(&cluster).unwrap(), &resolved);
+    let children = build::children(&build::owner(&cluster).unwrap(), &resolved);
     (cluster, children)
 }
 
@@ -294,7 +294,7 @@ spec:
         4,
     );
     let resolved = resolver::resolve(&cluster, &Default::default()).unwrap();
-    let children = build::children(&Owner::of(&cluster).unwrap(), &resolved);
+    let children = build::children(&build::owner(&cluster).unwrap(), &resolved);
     assert_eq!(
         names(&children.topo_servers),
         ["prod-global-topo", "prod-zone-a-local-topo"]
@@ -332,7 +332,7 @@ spec:
     let build = || {
         let cluster: MultigresCluster = stored(from_yaml(yaml), "uid-long", 1);
         let resolved = resolver::resolve(&cluster, &Default::default()).unwrap();
-        build::children(&Owner::of(&cluster).unwrap(), &resolved)
+        build::children(&build::owner(&cluster).unwrap(), &resolved)
     };
     let children = build();
     let local = children.topo_servers[1].name_any();
@@ -363,8 +363,8 @@ fn a_cluster_never_stored_has_no_children() {
     let mut cluster = fixtures::sample("minimal").cluster;
     cluster.metadata.uid = None;
     assert_eq!(
-        Owner::of(&cluster).unwrap_err().to_string(),
-        "MultigresCluster has no metadata.uid"
+        build::owner(&cluster).unwrap_err().to_string(),
+        "the object has no metadata.uid: only a stored object owns children"
     );
 }
 
@@ -838,7 +838,7 @@ fn a_paused_cluster_says_so_and_its_children_carry_the_annotation_until_resumed(
     cluster
         .annotations_mut()
         .insert(multigres_api::labels::PAUSED.into(), "true".into());
-    let owner = Owner::of(&cluster).unwrap();
+    let owner = build::owner(&cluster).unwrap();
     let templates = resolver::Templates::default();
     let resolved = resolver::resolve(&cluster, &templates).unwrap();
     let children = build::children(&owner, &resolved);
@@ -884,7 +884,7 @@ fn a_paused_cluster_says_so_and_its_children_carry_the_annotation_until_resumed(
         multigres_common::conditions::find_condition(&after.status.conditions, status::PAUSED)
             .is_none()
     );
-    let owner = Owner::of(&resumed).unwrap();
+    let owner = build::owner(&resumed).unwrap();
     let children = build::children(&owner, &resolver::resolve(&resumed, &templates).unwrap());
     assert!(
         children.cells[0]
@@ -900,7 +900,7 @@ fn a_hibernating_cluster_passes_the_switch_on_and_is_hibernated_once_its_childre
     cluster
         .annotations_mut()
         .insert(multigres_api::labels::HIBERNATE.into(), "true".into());
-    let owner = Owner::of(&cluster).unwrap();
+    let owner = build::owner(&cluster).unwrap();
     let resolved = resolver::resolve(&cluster, &resolver::Templates::default()).unwrap();
     let children = build::children(&owner, &resolved);
     for annotations in children

@@ -21,7 +21,7 @@ use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 use crate::children::{Slot, owned_by, slot};
 use crate::watch::{Guarded, in_namespace};
 use crate::writes::{self, Writer};
-use build::{Incomplete, Owner};
+use multigres_api::owner::OwnerError;
 use status::Outcome;
 
 /// Name of this controller in metrics and `HandlerInfo`.
@@ -41,9 +41,9 @@ pub enum Error {
         /// The deserializer's message.
         message: String,
     },
-    /// The TableGroup lacks its identity or cluster label.
+    /// The TableGroup lacks its identity, or says of no cluster that it belongs to it.
     #[error(transparent)]
-    Incomplete(#[from] Incomplete),
+    Owner(#[from] OwnerError),
     /// The API server refused a Shard built from the spec.
     #[error("Shard {name} was refused by the API server: {message}")]
     Rejected {
@@ -84,7 +84,7 @@ pub enum Error {
 impl Classify for Error {
     fn category(&self) -> Category {
         match self {
-            Error::Malformed { .. } | Error::Incomplete(_) => Category::Malformed,
+            Error::Malformed { .. } | Error::Owner(_) => Category::Malformed,
             Error::Rejected { .. } => Category::InvalidSpec,
             Error::Foreign { .. } => Category::Conflict,
             Error::Apply(_) | Error::Delete { .. } | Error::Status(_) => Category::KubeApi,
@@ -94,7 +94,7 @@ impl Classify for Error {
     /// The reason of the TableGroup's `Progressing` condition too.
     fn reason(&self) -> &'static str {
         match self {
-            Error::Malformed { .. } | Error::Incomplete(_) => "InvalidObject",
+            Error::Malformed { .. } | Error::Owner(_) => "InvalidObject",
             Error::Rejected { .. } => "InvalidSpec",
             Error::Foreign { .. } => "NameConflict",
             Error::Apply(_) => "ApplyFailed",
@@ -222,7 +222,7 @@ struct Realized {
 /// Applies every Shard that differs from its cached version and deletes the Shards this
 /// TableGroup controls that it no longer lists (none while the cluster is paused).
 async fn realize(tg: &TableGroup, ctx: &Context) -> Result<Realized, Error> {
-    let owner = Owner::of(tg)?;
+    let owner = build::owner(tg)?;
     let shards = build::shards(&owner, &tg.spec);
     let mut terminating = false;
     for desired in &shards {

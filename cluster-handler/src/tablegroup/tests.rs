@@ -10,7 +10,7 @@ use multigres_common::conditions::{FALSE, TRUE, find_condition};
 use multigres_common::controller::Classify;
 use serde_json::{Value, json};
 
-use super::build::{self, Owner};
+use super::build;
 use super::status::{self, Outcome};
 use crate::cluster::build as cluster_build;
 use crate::fixtures::{self, NAMESPACE, stored};
@@ -19,7 +19,7 @@ use crate::fixtures::{self, NAMESPACE, stored};
 fn table_group(sample: &str) -> TableGroup {
     let fixtures::Sample { cluster, templates } = fixtures::sample(sample);
     let resolved = resolver::resolve(&cluster, &templates).unwrap();
-    let owner = cluster_build::Owner::of(&cluster).unwrap();
+    let owner = cluster_build::owner(&cluster).unwrap();
     let tg = cluster_build::children(&owner, &resolved)
         .table_groups
         .remove(0);
@@ -33,7 +33,7 @@ fn at(seconds: i64) -> Timestamp {
 #[test]
 fn one_shard_per_entry_named_labelled_and_owned_by_the_table_group() {
     let tg = table_group("overrides");
-    let shards = build::shards(&Owner::of(&tg).unwrap(), &tg.spec);
+    let shards = build::shards(&build::owner(&tg).unwrap(), &tg.spec);
     assert_eq!(shards.len(), 1);
     let shard = &shards[0];
     assert_eq!(shard.name_any(), "overrides-postgres-default-0-inf");
@@ -85,18 +85,26 @@ fn one_shard_per_entry_named_labelled_and_owned_by_the_table_group() {
 }
 
 #[test]
-fn a_table_group_without_its_cluster_label_cannot_have_shards() {
+fn a_table_group_that_names_no_cluster_cannot_have_shards() {
     let mut tg = table_group("minimal");
-    tg.metadata
+    let cluster = tg
+        .metadata
         .labels
         .as_mut()
         .unwrap()
         .remove("multigres.com/cluster");
-    let error = super::Error::from(Owner::of(&tg).unwrap_err());
+    assert_eq!(
+        build::owner(&tg).unwrap().cluster,
+        cluster.unwrap(),
+        "without its label, its owner reference names the cluster"
+    );
+    tg.metadata.owner_references = None;
+    let error = super::Error::from(build::owner(&tg).unwrap_err());
     assert!(error.is_invalid_spec());
     assert_eq!(
         error.to_string(),
-        "TableGroup has no multigres.com/cluster label"
+        "cannot tell which MultigresCluster this belongs to: set the multigres.com/cluster label \
+         or a controller owner reference to the MultigresCluster"
     );
 }
 
@@ -107,7 +115,7 @@ fn reported(
     generation: i64,
     observed: i64,
 ) -> BTreeMap<String, Shard> {
-    build::shards(&Owner::of(tg).unwrap(), &tg.spec)
+    build::shards(&build::owner(tg).unwrap(), &tg.spec)
         .into_iter()
         .map(|shard| {
             let mut value: Value = serde_json::to_value(&shard).unwrap();
@@ -121,7 +129,7 @@ fn reported(
 #[test]
 fn status_counts_ready_shards_and_a_recompute_writes_nothing() {
     let tg = table_group("minimal");
-    let shards = build::shards(&Owner::of(&tg).unwrap(), &tg.spec);
+    let shards = build::shards(&build::owner(&tg).unwrap(), &tg.spec);
 
     let waiting = status::compute(&tg, &Outcome::Applied(&shards), &BTreeMap::new(), at(10));
     assert!(!waiting.changed.is_empty());
@@ -170,7 +178,7 @@ fn status_counts_ready_shards_and_a_recompute_writes_nothing() {
 #[test]
 fn a_degraded_shard_or_a_refused_apply_degrades_the_table_group() {
     let tg = table_group("minimal");
-    let shards = build::shards(&Owner::of(&tg).unwrap(), &tg.spec);
+    let shards = build::shards(&build::owner(&tg).unwrap(), &tg.spec);
     let degraded = status::compute(
         &tg,
         &Outcome::Applied(&shards),
@@ -222,7 +230,7 @@ fn the_inherited_annotations_of_the_cluster_reach_every_cell_table_group_and_sha
         templates,
     } = fixtures::sample("overrides");
     let resolved = resolver::resolve(&cluster, &templates).unwrap();
-    let plain = cluster_build::children(&cluster_build::Owner::of(&cluster).unwrap(), &resolved);
+    let plain = cluster_build::children(&cluster_build::owner(&cluster).unwrap(), &resolved);
     assert!(
         plain.cells.iter().all(|c| c.annotations().is_empty()),
         "no project, no annotation"
@@ -238,7 +246,7 @@ fn the_inherited_annotations_of_the_cluster_reach_every_cell_table_group_and_sha
     cluster
         .annotations_mut()
         .insert("unrelated.example/key".to_owned(), "x".to_owned());
-    let children = cluster_build::children(&cluster_build::Owner::of(&cluster).unwrap(), &resolved);
+    let children = cluster_build::children(&cluster_build::owner(&cluster).unwrap(), &resolved);
     let project =
         |annotations: &BTreeMap<String, String>| annotations.get(PROJECT_REF_ANNOTATION).cloned();
     for cell in &children.cells {
@@ -249,7 +257,7 @@ fn the_inherited_annotations_of_the_cluster_reach_every_cell_table_group_and_sha
     }
     let tg = stored(children.table_groups[0].clone(), "tg-uid", 1);
     assert_eq!(project(tg.annotations()).as_deref(), Some("proj-1"));
-    let shards = build::shards(&Owner::of(&tg).unwrap(), &tg.spec);
+    let shards = build::shards(&build::owner(&tg).unwrap(), &tg.spec);
     assert!(!shards.is_empty());
     for shard in &shards {
         assert_eq!(project(shard.annotations()).as_deref(), Some("proj-1"));

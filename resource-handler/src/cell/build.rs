@@ -7,6 +7,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use multigres_api::labels::{self, Component, Placement};
+use multigres_api::owner::Owner;
 use multigres_api::resolver::cell_node_label;
 use multigres_api::v1alpha1::CellSpec;
 
@@ -14,7 +15,6 @@ use crate::contract::{
     MULTIGATEWAY_GRPC, MULTIGATEWAY_HTTP, POSTGRES_PORT, POSTGRES_REPLICA_PORT, flag,
     flag_expanding, log_level_flag, multigres_bin, topo_flags,
 };
-use crate::owner::Owner;
 use crate::podspec::{Probes, PullSettings, container_port, service_port};
 use crate::stateless::{self, Process, Workload};
 

@@ -20,6 +20,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use multigres_api::labels::{CLUSTER, COMPONENT, Component};
 use multigres_api::observability::PROJECT_REF_ANNOTATION;
+use multigres_api::owner::{Owner, OwnerError};
 use multigres_api::v1alpha1::{Cell, CellStatus, GatewayTlsConfig};
 use multigres_common::controller as kit;
 use multigres_common::guard::Guarded;
@@ -33,7 +34,6 @@ use crate::conditions::{
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
 use crate::controller::{Category, Classify, Ctx, owned};
-use crate::owner::{Owner, OwnerError};
 use crate::readiness::{self, Counts};
 use crate::sync::{self, SyncError};
 

@@ -5,13 +5,13 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use multigres_api::labels::{self, Component, Placement};
+use multigres_api::owner::Owner;
 use multigres_api::resolver::{ResolvedCluster, defaults};
 
 use crate::contract::{
     MULTIADMIN_GRPC, MULTIADMIN_HTTP, flag, flag_expanding, log_level_flag, multigres_bin,
     topo_flags,
 };
-use crate::owner::Owner;
 use crate::podspec::{Probes, PullSettings, container_port, service_port};
 use crate::stateless::{self, Process, Workload};
 

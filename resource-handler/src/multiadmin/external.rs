@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use multigres_api::labels::{self, Component, Placement};
+use multigres_api::owner::Owner;
 use multigres_api::v1alpha1::{
     ExternalEndpointStatus, ExternalServiceConfig, MultigresCluster, MultigresClusterStatus,
 };
@@ -29,7 +30,6 @@ use crate::conditions::{
     ADMIN_WEB_EXTERNAL_READY, Computed, FALSE, GATEWAY_EXTERNAL_READY, TRUE, merge,
 };
 use crate::contract::{POSTGRES_PORT, POSTGRES_REPLICA_PORT};
-use crate::owner::Owner;
 use crate::podspec::service_port;
 use crate::stateless;
 

@@ -25,6 +25,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use multigres_api::labels::{CLUSTER, COMPONENT, Component};
 use multigres_api::observability::{InheritedEnv, PROJECT_REF_ANNOTATION, Process};
+use multigres_api::owner::{Owner, OwnerError};
 use multigres_api::resolver::{ResolveError, ResolvedCluster, images, resolve};
 use multigres_api::v1alpha1::{
     CellTemplate, CoreTemplate, GatewayTlsConfig, MultigresCluster, ShardTemplate,
@@ -38,7 +39,6 @@ use multigres_common::shutdown::Shutdown;
 
 use crate::conditions::Computed;
 use crate::controller::{Category, Classify, Ctx, owned};
-use crate::owner::{Owner, OwnerError};
 use crate::sync::{self, FIELD_MANAGER, SyncError};
 use external::{Exposed, InvalidExposure};
 
@@ -203,7 +203,7 @@ async fn reconcile_inner(guard: &Guard, ctx: &Ctx<Guard>) -> Result<Action, Erro
     {
         return Err(invalid.into());
     }
-    let owner = Owner::with_cluster(cluster, cluster.name_any())?;
+    let owner = Owner::of_cluster(cluster)?;
     // A paused cluster's workloads and network policies stay as they are. Its certificates
     // and role Secrets are still kept (an expired certificate would stop it), and nothing
     // restarts for them while it is paused.

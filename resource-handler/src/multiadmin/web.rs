@@ -15,11 +15,11 @@ use k8s_openapi::api::core::v1::{
 };
 use multigres_api::labels::{self, Component, Placement};
 use multigres_api::managed_roles::PASSWORD_KEY;
+use multigres_api::owner::Owner;
 use multigres_api::resolver::{ResolvedCluster, defaults};
 use multigres_api::v1alpha1::WEB_UI_ROLE;
 
 use crate::contract::{MULTIADMIN_HTTP, POSTGRES_PORT};
-use crate::owner::Owner;
 use crate::podspec::{
     Probes, PullSettings, RunAs, container_port, container_security, env, mount, pod_security,
     service_port,

@@ -13,6 +13,7 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
+use multigres_api::owner::Owner;
 use multigres_api::v1alpha1::{CohortStatus, Shard};
 use multigres_api::volumes::AutoGrow;
 
@@ -24,7 +25,6 @@ use super::template_changes;
 use super::{Desired, Error, Guard, NAME, pgconfig, quarantine, switchover};
 use crate::conditions::Computed;
 use crate::controller::{Ctx, owned};
-use crate::owner::Owner;
 use crate::readiness::{self, Counts};
 use crate::storage::{self, ResizeOutcome};
 use crate::sync::{self, SyncError};

@@ -22,6 +22,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use multigres_api::confirm;
 use multigres_api::labels::{self, Component, Placement, ROLE, ROLE_PRIMARY};
+use multigres_api::owner::Owner;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
     BackupConfig, BackupType, CellName, PoolSpec, PvcDeletionPolicy, PvcRetentionPolicyType, Shard,
@@ -34,7 +35,6 @@ use crate::contract::{
     PGCTLD_GRPC, PGCTLD_HTTP, PGDATA, POOLER_DIR, POSTGRES_PORT, flag, flag_expanding,
     log_level_flag, multigres_bin, topo_flags,
 };
-use crate::owner::Owner;
 use crate::podspec::{
     POSTGRES_ID, Probes, PullSettings, RunAs, container_port, container_security, env,
     env_from_secret, mount, pod_identity_env, pod_security, service_port,

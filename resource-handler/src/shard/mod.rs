@@ -34,6 +34,7 @@ use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::{ObjectRef, Store};
 use multigres_api::observability::{InheritedEnv, PROJECT_REF_ANNOTATION};
+use multigres_api::owner::{Owner, OwnerError};
 use multigres_api::postgres::Rendered;
 use multigres_api::postgres::standby::StandbySettings;
 use multigres_api::v1alpha1::Shard;
@@ -43,7 +44,6 @@ use multigres_common::shared_watch::{Changes, SharedWatch};
 use multigres_common::shutdown::Shutdown;
 
 use crate::controller::{Category, Classify, Ctx};
-use crate::owner::{Owner, OwnerError};
 use crate::sync::SyncError;
 use build::ShardObjects;
 use rollout::PodView;

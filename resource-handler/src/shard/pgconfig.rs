@@ -21,6 +21,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use multigres_api::labels::{self, Component, Placement};
+use multigres_api::owner::Owner;
 use multigres_api::postgres::standby::{self, StandbySettings};
 use multigres_api::postgres::{RenderError, Rendered, render_shard};
 use multigres_api::v1alpha1::{PostgresConfigRef, PostgresConfigStatus, Shard, ShardSpec};
@@ -31,7 +32,6 @@ use super::rollout::PodView;
 use multigres_common::shared_watch::SharedWatch;
 
 use crate::controller::Ctx;
-use crate::owner::Owner;
 use crate::podspec::{env, mount};
 use crate::sync::{self, SyncError};
 

@@ -16,13 +16,13 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use multigres_api::labels::{self, Component};
+use multigres_api::owner::Owner;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{PoolSpec, S3BackupConfig, ShardSpec};
 
 use super::Guard;
 use super::build::{self, BuildError};
 use crate::controller::Ctx;
-use crate::owner::Owner;
 use crate::podspec::{container_security, env, env_from_secret, pod_security};
 
 /// How long a finished Job, its pod and any scratch volume are kept (what the pod said is in

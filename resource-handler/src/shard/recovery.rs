@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
+use multigres_api::owner::Owner;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{RecoveryConfig, RecoveryTarget, Shard, ShardSpec};
 
@@ -27,7 +28,6 @@ use super::{Error, Guard, prestart, repository};
 use crate::conditions::{Computed, FALSE, TRUE};
 use crate::contract::{PASSWORD_DIR, PASSWORD_FILE, POOLER_DIR};
 use crate::controller::Ctx;
-use crate::owner::Owner;
 use crate::podspec::{env, mount};
 
 /// Condition type: where the recovery of a shard's data from its `backup.recovery` source is.

@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
 use multigres_api::names;
+use multigres_api::owner::Owner;
 use multigres_api::v1alpha1::{BACKUP_REPOSITORY, BackupType, S3BackupConfig, Shard, ShardSpec};
 
 use super::build::BuildError;
@@ -28,7 +29,6 @@ use super::{Error, Guard, prestart};
 use crate::conditions::{Computed, FALSE, TRUE};
 use crate::contract::POOLER_DIR;
 use crate::controller::Ctx;
-use crate::owner::Owner;
 use crate::podspec::{env, mount};
 
 /// Its reason once another cluster's marker was found.

@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 
 use kube::api::{Api, DeleteParams};
 use kube::{CustomResource, ResourceExt};
+use multigres_api::owner::Owner;
 use multigres_common::pki::workload::LeafSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::controller::Ctx;
-use crate::owner::Owner;
 use crate::sync::{self, SyncError};
 
 /// The API group of cert-manager, for the issuer reference.

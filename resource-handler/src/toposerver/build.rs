@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use multigres_api::labels::{self, Component, Placement};
 use multigres_api::names::topo_peer_service;
+use multigres_api::owner::Owner;
 use multigres_api::resolver::defaults;
 use multigres_api::v1alpha1::{
     EtcdSpec, PvcDeletionPolicy, PvcRetentionPolicyType, TopoServerSpec,
@@ -28,7 +29,6 @@ use crate::contract::{
     ETCD_BIN, ETCD_CLIENT, ETCD_DATA_DIR, ETCD_METRICS, ETCD_PEER, ETCD_VOLUME_DIR, flag,
     flag_expanding,
 };
-use crate::owner::Owner;
 use crate::podspec::{
     Probes, PullSettings, RunAs, TMP_DIR, TMP_VOLUME, container_port, container_security,
     env_from_field, mount, pod_security, service_port, spread_across_zones_and_nodes, tmp_volume,

@@ -18,6 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use multigres_api::labels::CELL;
 use multigres_api::names::topo_peer_service;
+use multigres_api::owner::{Owner, OwnerError};
 use multigres_api::v1alpha1::{InternalTlsConfig, MultigresCluster, TopoServer, TopoServerStatus};
 use multigres_common::controller as kit;
 use multigres_common::guard::Guarded;
@@ -29,7 +30,6 @@ use crate::conditions::{AVAILABLE, Computed, FALSE, TRUE, merge, paused, phase, 
 use multigres_common::shared_watch::{Changes, SharedWatch};
 
 use crate::controller::{Category, Classify, Ctx, owned};
-use crate::owner::{Owner, OwnerError};
 use crate::podspec::PullSettings;
 use crate::readiness::{self, Counts};
 use crate::storage::{self, ResizeOutcome, STORAGE_SYNCED};
