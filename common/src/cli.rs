@@ -11,6 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, ValueEnum};
+use multigres_api::duration::parse_go;
 
 /// What distinguishes one handler binary from another at startup.
 ///
@@ -92,13 +93,6 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("invalid listen address {s:?}: expected HOST:PORT or :PORT"))
 }
 
-/// Parses a Go duration such as `15s`, `500ms` or `1m30s` (`multigres_api::duration`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    multigres_api::duration::parse(s).ok_or_else(|| {
-        format!("invalid duration {s:?}: expected a Go duration such as 500ms, 15s, 2m or 1h30m")
-    })
-}
-
 /// Flags shared by all four binaries.
 #[derive(Debug, Clone, Args)]
 pub struct CommonArgs {
@@ -147,15 +141,15 @@ pub struct LeaderElectionArgs {
     pub leader_election_id: String,
 
     /// How long a Lease stays valid after its last renewal before standbys may take it over.
-    #[arg(long, value_parser = parse_duration, default_value = "15s")]
+    #[arg(long, value_parser = parse_go, default_value = "15s")]
     pub leader_election_lease_duration: Duration,
 
     /// How long the leader keeps trying to renew before it gives up leadership.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = parse_go, default_value = "10s")]
     pub leader_election_renew_deadline: Duration,
 
     /// Interval between attempts to acquire or renew the Lease.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    #[arg(long, value_parser = parse_go, default_value = "2s")]
     pub leader_election_retry_period: Duration,
 }
 
@@ -442,17 +436,5 @@ mod tests {
         assert!(parse_listen_addr(":").is_err());
         assert!(parse_listen_addr("localhost:80").is_err());
         assert_eq!("0".parse::<BindAddress>().unwrap(), BindAddress::Disabled);
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("15s").unwrap(), Duration::from_secs(15));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
-        assert!(parse_duration("15").is_err());
-        assert!(parse_duration("s").is_err());
-        assert!(parse_duration("1d").is_err());
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
     }
 }

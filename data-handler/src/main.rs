@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use clap::Args;
 use data_handler::Settings;
-use multigres_common::cli::{HandlerSpec, parse_duration};
+use multigres_api::duration::parse_go;
+use multigres_common::cli::HandlerSpec;
 
 const SPEC: HandlerSpec = HandlerSpec {
     name: data_handler::NAME,
@@ -21,24 +22,24 @@ const SPEC: HandlerSpec = HandlerSpec {
 struct TopologyArgs {
     /// How often a registered cluster and its cells are checked against etcd (reachability,
     /// records edited behind the operator's back).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_go, default_value = "30s")]
     topo_check_period: Duration,
     /// How long a deleted cluster or cell may fail to deregister (for example while its etcd is
     /// unreachable) before its finalizer is released anyway, with a Warning event.
-    #[arg(long, value_parser = parse_duration, default_value = "2m")]
+    #[arg(long, value_parser = parse_go, default_value = "2m")]
     topo_unreachable_timeout: Duration,
     /// Longest retry delay while the topology server is failing; registration resumes within
     /// this long after it is back.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_go, default_value = "30s")]
     topo_retry_max: Duration,
     /// Time allowed to connect to an etcd endpoint.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[arg(long, value_parser = parse_go, default_value = "5s")]
     topo_connect_timeout: Duration,
     /// Time allowed for each etcd request.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = parse_go, default_value = "10s")]
     topo_request_timeout: Duration,
     /// How often pool pod roles (primary / replica) are read from the pooler records.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = parse_go, default_value = "10s")]
     roles_poll_period: Duration,
 }
 

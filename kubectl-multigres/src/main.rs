@@ -55,7 +55,7 @@ enum Command {
         #[arg(long)]
         wait: bool,
         /// How long `--wait` waits (a duration such as 30m or 1h30m).
-        #[arg(long, default_value = "30m", value_parser = parse_duration)]
+        #[arg(long, default_value = "30m", value_parser = multigres_api::duration::parse_go)]
         timeout: Duration,
     },
     /// Stops the operator from changing the cluster's workloads (annotation
@@ -163,10 +163,4 @@ async fn main() -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A duration such as `30m`, `1h30m` or `90s`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    multigres_api::duration::parse(text)
-        .ok_or_else(|| format!("{text:?} is not a duration such as 30m, 1h30m or 90s"))
 }

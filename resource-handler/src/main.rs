@@ -26,13 +26,8 @@ struct WorkloadArgs {
     /// multipooler quarantines it (`--postgres-unrecoverable-timeout`) and the handler replaces
     /// the pod and its volume from the newest backup; a Go duration, `0s` turns both off.
     /// Changing it changes every pool pod's template (an ordered restart).
-    #[arg(long, env = "POOLER_UNRECOVERABLE_TIMEOUT", default_value = "5m", value_parser = unrecoverable_timeout)]
+    #[arg(long, env = "POOLER_UNRECOVERABLE_TIMEOUT", default_value = "5m", value_parser = multigres_api::duration::parse_go)]
     pooler_unrecoverable_timeout: std::time::Duration,
-}
-
-fn unrecoverable_timeout(value: &str) -> Result<std::time::Duration, String> {
-    multigres_api::duration::parse(value)
-        .ok_or_else(|| format!("{value:?} is not a Go duration such as 5m or 90s"))
 }
 
 fn main() -> anyhow::Result<()> {

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgAction, Args, Parser};
+use multigres_api::duration::parse_go;
 use multigres_common::HandlerRuntime;
-use multigres_common::cli::{self, CommonArgs, HandlerSpec, parse_duration, parse_listen_addr};
+use multigres_common::cli::{self, CommonArgs, HandlerSpec, parse_listen_addr};
 use multigres_common::pki::webhook::{Lifetimes, Sans};
 use multigres_common::process::Threads;
 use webhook_server::rules::children::{Operators, ServiceAccount};
@@ -83,7 +84,7 @@ struct WebhookArgs {
 
     /// How often the certificate is checked: renewal of the generated one, or changes of the
     /// mounted files.
-    #[arg(long, value_parser = parse_duration, default_value = "1m")]
+    #[arg(long, value_parser = parse_go, default_value = "1m")]
     webhook_cert_check_interval: Duration,
 
     /// ServiceAccounts allowed to write Cell, TableGroup, Shard and TopoServer, comma-separated,
