@@ -11,6 +11,13 @@
 //! watch delay (milliseconds; about a second more when the API server ends a watch with 410 Gone
 //! and it lists again): a template edited or deleted that recently may be seen as it was.
 //!
+//! Node labels come from a watch of the Nodes' metadata (their labels kept, annotations and
+//! managed fields dropped) when [`Lookups::cached`] started one, for the same reason: every
+//! cluster written with a zone, zone ID or region lists the Nodes carrying that label, and that
+//! round trip was the webhook's tail (p99 about 50 ms at 50 requests a second beside a busy API
+//! server). The answer only chooses whether to warn, so the cache's absence is trusted; while
+//! the watch is not delivering, the Nodes are listed as before.
+//!
 //! Clusters are always listed from the API server: a template's edit or deletion is checked
 //! against them, a cluster created a moment before must block it, and these requests are rare
 //! enough that a cache of every cluster (and list/watch permission on them) would not pay.
@@ -25,6 +32,7 @@ use futures::StreamExt;
 use futures::future::try_join_all;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
@@ -46,11 +54,12 @@ pub struct LookupError {
     source: kube::Error,
 }
 
-/// Lookups through one client, with templates served from a cache when one was started.
+/// Lookups through one client, with templates and Node labels served from caches when they
+/// were started.
 #[derive(Clone)]
 pub struct Lookups {
     client: Client,
-    cache: Option<Arc<TemplateCache>>,
+    cache: Option<Arc<Caches>>,
 }
 
 impl Lookups {
@@ -62,20 +71,26 @@ impl Lookups {
         }
     }
 
-    /// Lookups with templates cached from watches of every namespace, started here and stopped
-    /// when the returned [`TemplateWatches`] is dropped.
-    pub fn cached(client: Client) -> (Self, TemplateWatches) {
-        let (core, core_task) = Cached::start(&client);
-        let (cell, cell_task) = Cached::start(&client);
-        let (shard, shard_task) = Cached::start(&client);
-        let cache = TemplateCache { core, cell, shard };
+    /// Lookups with templates (of every namespace) and Node labels cached from watches,
+    /// started here and stopped when the returned [`CacheWatches`] is dropped.
+    pub fn cached(client: Client) -> (Self, CacheWatches) {
+        let (core, core_task) = Cached::templates(&client);
+        let (cell, cell_task) = Cached::templates(&client);
+        let (shard, shard_task) = Cached::templates(&client);
+        let (nodes, nodes_task) = Cached::node_labels(&client);
+        let cache = Caches {
+            core,
+            cell,
+            shard,
+            nodes,
+        };
         let lookups = Self {
             client,
             cache: Some(Arc::new(cache)),
         };
         (
             lookups,
-            TemplateWatches(vec![core_task, cell_task, shard_task]),
+            CacheWatches(vec![core_task, cell_task, shard_task, nodes_task]),
         )
     }
 
@@ -186,9 +201,16 @@ impl Lookups {
         })
     }
 
-    /// Whether at least one Node carries the label `key=value`: a list of at most one Node's
-    /// metadata, selected by the API server.
+    /// Whether at least one Node carries the label `key=value`: from the cache while its watch
+    /// delivers, else a list of at most one Node's metadata, selected by the API server.
     pub async fn node_labelled(&self, key: &str, value: &str) -> Result<bool, kube::Error> {
+        if let Some(found) = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.nodes.any_labelled(key, value))
+        {
+            return Ok(found);
+        }
         let params = ListParams::default()
             .labels(&format!("{key}={value}"))
             .limit(1);
@@ -233,10 +255,10 @@ fn existing<K, S>(
         .collect()
 }
 
-/// The watches filling a template cache; dropping this stops them.
-pub struct TemplateWatches(Vec<JoinHandle<()>>);
+/// The watches filling the caches; dropping this stops them.
+pub struct CacheWatches(Vec<JoinHandle<()>>);
 
-impl Drop for TemplateWatches {
+impl Drop for CacheWatches {
     fn drop(&mut self) {
         for task in &self.0 {
             task.abort();
@@ -244,21 +266,22 @@ impl Drop for TemplateWatches {
     }
 }
 
-/// One cache per template kind.
-struct TemplateCache {
+/// One cache per template kind, and the Nodes' labels.
+struct Caches {
     core: Cached<CoreTemplate>,
     cell: Cached<CellTemplate>,
     shard: Cached<ShardTemplate>,
+    nodes: Cached<PartialObjectMeta<Node>>,
 }
 
-/// Delays before a failed template watch is started again.
+/// Delays before a failed watch is started again.
 const RESTART: BackoffPolicy = BackoffPolicy {
     base: Duration::from_secs(1),
     max: Duration::from_secs(30),
     jitter: 0.0,
 };
 
-/// The templates of one kind as its watch last delivered them, and whether that watch is
+/// The objects of one kind as its watch last delivered them, and whether that watch is
 /// delivering (listed, and no error since).
 struct Cached<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
@@ -275,13 +298,46 @@ where
         + Sync
         + 'static,
 {
-    /// Starts watching `K` in every namespace. A watch that fails is started over, with a fresh
-    /// list, rather than resumed: the cache is trusted again only once that list is in.
-    fn start(client: &Client) -> (Self, JoinHandle<()>) {
+    /// Starts watching the templates `K` of every namespace, without their managed fields.
+    fn templates(client: &Client) -> (Self, JoinHandle<()>) {
+        Self::start(Api::all(client.clone()), |template| {
+            template.managed_fields_mut().clear();
+        })
+    }
+}
+
+impl Cached<PartialObjectMeta<Node>> {
+    /// Starts watching the Nodes' metadata, keeping their labels only.
+    fn node_labels(client: &Client) -> (Self, JoinHandle<()>) {
+        // `Api<PartialObjectMeta<_>>` lists and watches metadata only.
+        Self::start(Api::all(client.clone()), |node| {
+            node.managed_fields_mut().clear();
+            node.annotations_mut().clear();
+        })
+    }
+
+    /// Whether a Node carries the label `key=value`; `None` while the watch is not delivering.
+    fn any_labelled(&self, key: &str, value: &str) -> Option<bool> {
+        self.current.load(Ordering::Acquire).then(|| {
+            self.store
+                .state()
+                .iter()
+                .any(|node| node.labels().get(key).is_some_and(|v| v == value))
+        })
+    }
+}
+
+impl<K> Cached<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// Watches every object of `api` into the cache, each trimmed by `trim`. A watch that fails
+    /// is started over, with a fresh list, rather than resumed: the cache is trusted again only
+    /// once that list is in.
+    fn start(api: Api<K>, trim: fn(&mut K)) -> (Self, JoinHandle<()>) {
         let (store, mut writer) = reflector::store();
         let current = Arc::new(AtomicBool::new(false));
         let flag = current.clone();
-        let api = Api::<K>::all(client.clone());
         let task = tokio::spawn(async move {
             let kind = K::kind(&());
             let mut failures = 0;
@@ -293,7 +349,7 @@ where
                 while let Some(event) = events.next().await {
                     match event {
                         Ok(event) => {
-                            let event = event.modify(|t| t.managed_fields_mut().clear());
+                            let event = event.modify(trim);
                             writer.apply_watcher_event(&event);
                             let listing = matches!(event, Event::Init | Event::InitApply(_));
                             flag.store(!listing, Ordering::Release);
@@ -307,7 +363,7 @@ where
                             tracing::warn!(
                                 %error,
                                 %kind,
-                                "template watch failed; reading these templates with GETs until \
+                                "watch failed; reading these objects from the API server until \
                                  it has listed them again"
                             );
                             break;

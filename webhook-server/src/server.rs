@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::admission::{self, AdmissionState};
-use crate::lookup::{Lookups, TemplateWatches};
+use crate::lookup::{CacheWatches, Lookups};
 use crate::rules::children::Operators;
 use crate::tls::manager::{self, CertificateSource};
 use crate::tls::{self, CertStore, TlsListener};
@@ -55,7 +55,7 @@ pub struct RunningWebhook {
     shutdown: Shutdown,
     server: JoinHandle<std::io::Result<()>>,
     certificates: JoinHandle<()>,
-    template_watches: TemplateWatches,
+    cache_watches: CacheWatches,
 }
 
 impl RunningWebhook {
@@ -94,7 +94,7 @@ impl RunningWebhook {
             state,
             shutdown.clone(),
         ));
-        let (lookups, template_watches) = Lookups::cached(client);
+        let (lookups, cache_watches) = Lookups::cached(client);
         let router = admission::router(AdmissionState::new(lookups, options.operators));
         let server = tokio::spawn(
             axum::serve(listener, router)
@@ -108,7 +108,7 @@ impl RunningWebhook {
             shutdown,
             server,
             certificates,
-            template_watches,
+            cache_watches,
         })
     }
 
@@ -128,7 +128,7 @@ impl RunningWebhook {
         self.shutdown.trigger();
         self.certificates.await?;
         let served = self.server.await?.map_err(WebhookError::Serve);
-        drop(self.template_watches);
+        drop(self.cache_watches);
         served
     }
 }

@@ -1,13 +1,15 @@
-//! The template cache of `Lookups::cached` against a real local API server. Its client acts as a
-//! user who may list and watch templates but not get them: a template found without an error can
-//! only have come from the cache, and a name the cache lacks shows up as the (forbidden) GET the
-//! cache falls back to.
+//! The caches of `Lookups::cached` against a real local API server. For templates, its client
+//! acts as a user who may list and watch templates but not get them: a template found without an
+//! error can only have come from the cache, and a name the cache lacks shows up as the
+//! (forbidden) GET the cache falls back to. For Node labels, the user loses its right to list
+//! Nodes once the cache has them: an answer after that can only have come from the watch.
 
 mod support;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, Error};
@@ -145,6 +147,88 @@ async fn cached_templates_are_served_without_a_get_and_misses_are_read_from_the_
         "the deleted template read with a GET again",
         forbidden_get,
     )
+    .await;
+
+    drop(watches);
+}
+
+/// Polls `check` every 50 ms for up to 30 s until it holds.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn node_labels_are_served_from_the_watch() {
+    let cluster = control_plane().await;
+    let admin = cluster.client().unwrap();
+    let user = format!("webhook-lookup-test-node-watcher-{}", std::process::id());
+    let rule = json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]});
+    ensure::<ClusterRole>(
+        &Api::all(admin.clone()),
+        json!({"metadata": {"name": user}, "rules": [rule]}),
+    )
+    .await;
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    ensure(
+        &bindings,
+        json!({
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }),
+    )
+    .await;
+    let mut config = cluster.config().clone();
+    config.auth_info.impersonate = Some(user.clone());
+    let client = Client::try_from(config).unwrap();
+    let (lookups, watches) = Lookups::cached(client.clone());
+    let uncached = Lookups::new(client);
+
+    let (label, zone) = (
+        "multigres-test/zone",
+        format!("zone-{}", std::process::id()),
+    );
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": format!("lookup-{zone}"), "labels": {label: zone}},
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    eventually("the new Node's label served", async || {
+        matches!(lookups.node_labelled(label, &zone).await, Ok(true))
+    })
+    .await;
+    assert!(matches!(
+        lookups.node_labelled(label, "elsewhere").await,
+        Ok(false)
+    ));
+
+    bindings
+        .delete(&user, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("listing Nodes forbidden to the user", async || {
+        uncached
+            .node_labelled(label, &zone)
+            .await
+            .is_err_and(|e| e.to_string().contains("forbidden"))
+    })
+    .await;
+    assert!(
+        matches!(lookups.node_labelled(label, &zone).await, Ok(true)),
+        "answered without a list: from the watch"
+    );
+    nodes
+        .delete(&format!("lookup-{zone}"), &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the deleted Node's label gone", async || {
+        matches!(lookups.node_labelled(label, &zone).await, Ok(false))
+    })
     .await;
 
     drop(watches);
