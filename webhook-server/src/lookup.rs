@@ -14,9 +14,10 @@
 //! Node labels come from a watch of the Nodes' metadata (their labels kept, annotations and
 //! managed fields dropped) when [`Lookups::cached`] started one, for the same reason: every
 //! cluster written with a zone, zone ID or region lists the Nodes carrying that label, and that
-//! round trip was the webhook's tail (p99 about 50 ms at 50 requests a second beside a busy API
-//! server). The answer only chooses whether to warn, so the cache's absence is trusted; while
-//! the watch is not delivering, the Nodes are listed as before.
+//! round trip was the webhook's tail (`just bench`, 50 requests a second: p99 68 ms with the
+//! list, 3.3 ms from the watch). The answer only chooses whether to warn, so the cache's
+//! absence is trusted; while the watch is not delivering, the Nodes are listed as before. It
+//! holds about a kilobyte of labels per Node.
 //!
 //! Clusters are always listed from the API server: a template's edit or deletion is checked
 //! against them, a cluster created a moment before must block it, and these requests are rare
