@@ -500,7 +500,7 @@ pub fn mount_external_topology(pod: &mut PodSpec, process: Process, topo: &Globa
 pub fn mount_process_tls(
     pod: &mut PodSpec,
     process: Process,
-    owner: &multigres_api::owner::Owner,
+    owner: &Owner,
     internal: Option<&InternalTlsConfig>,
     topo: &GlobalTopoServerRef,
 ) {
@@ -513,7 +513,7 @@ pub fn mount_process_tls(
 pub fn mount_process_tls_deployment(
     deployment: &mut Deployment,
     process: Process,
-    owner: &multigres_api::owner::Owner,
+    owner: &Owner,
     internal: Option<&InternalTlsConfig>,
     topo: &GlobalTopoServerRef,
 ) {

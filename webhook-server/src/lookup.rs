@@ -321,9 +321,8 @@ impl Cached<PartialObjectMeta<Node>> {
     fn any_labelled(&self, key: &str, value: &str) -> Option<bool> {
         self.current.load(Ordering::Acquire).then(|| {
             self.store
-                .state()
-                .iter()
-                .any(|node| node.labels().get(key).is_some_and(|v| v == value))
+                .find(|node| node.labels().get(key).is_some_and(|v| v == value))
+                .is_some()
         })
     }
 }

@@ -16,6 +16,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use multigres_api::labels;
+use multigres_api::owner::{Owner, OwnerError};
 use multigres_api::resolver::{self, ResolveError, TemplateKind, Templates};
 use multigres_api::v1alpha1::{
     CellTemplate, CoreTemplate, MultigresCluster, ResolvedTemplates, ShardTemplate, TableGroup,
@@ -30,7 +31,6 @@ use crate::children::{Child, Slot, is_orphan, owned_by, slot};
 use crate::watch::{Guarded, in_namespace};
 use crate::writes::{self, Writer};
 use build::Children;
-use multigres_api::owner::{Owner, OwnerError};
 use status::{Observed, Outcome};
 
 /// Name of this controller in metrics and `HandlerInfo`.

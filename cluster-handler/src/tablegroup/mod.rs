@@ -12,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
+use multigres_api::owner::OwnerError;
 use multigres_api::v1alpha1::{Shard, TableGroup};
 use multigres_common::apply::ApplyError;
 use multigres_common::controller::{self, Category, Classify, Ctx};
@@ -21,7 +22,6 @@ use multigres_common::status_pacer::{self, FirstStatus, StatusPacer};
 use crate::children::{Slot, owned_by, slot};
 use crate::watch::{Guarded, in_namespace};
 use crate::writes::{self, Writer};
-use multigres_api::owner::OwnerError;
 use status::Outcome;
 
 /// Name of this controller in metrics and `HandlerInfo`.
