@@ -14,10 +14,12 @@ build:
 crds:
     cargo run -q -p multigres-api --bin crdgen
 
-# Formatting check and clippy with warnings denied.
+# Formatting check, clippy with warnings denied, and workspace-hack/ current (.config/hakari.toml).
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+    command -v cargo-hakari >/dev/null || cargo install --locked --quiet cargo-hakari@0.9.39
+    cargo hakari verify
 
 # The operator's image as an OCI archive, without Docker (from the Dockerfile; e2e/images/operator.sh); prints "<ref> <archive>".
 image:
@@ -27,9 +29,11 @@ image:
 toolchain:
     bash e2e/toolchain/build.sh
 
-# Unit and component tests (real etcd on loopback for the topology tests).
+# Unit and component tests (real etcd on loopback for the topology tests). multigres-api's run
+# apart: its tests' CEL interpreter (kube's `cel` feature) would otherwise recompile every crate.
 unit:
-    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" cargo test --workspace --exclude multigres-e2e
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" cargo test --workspace --exclude multigres-e2e --exclude multigres-api
+    cargo test -p multigres-api
 
 # End-to-end tests against a real local control plane: kwok fake nodes, and real nodes running the images.
 e2e:

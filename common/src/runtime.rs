@@ -31,8 +31,17 @@ use crate::watch::Scope;
 /// so abandoning in-flight ones is safe; a handler must exit on SIGTERM either way.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
-/// Runs `work` to completion, or until `STOP_GRACE` after `shutdown` fires.
+/// Runs `work` to completion, or until [`STOP_GRACE`] after `shutdown` fires.
 async fn until_stopped<E>(
+    shutdown: Shutdown,
+    work: impl Future<Output = Result<(), E>>,
+) -> Result<(), E> {
+    until_stopped_within(STOP_GRACE, shutdown, work).await
+}
+
+/// Runs `work` to completion, or until `grace` after `shutdown` fires.
+async fn until_stopped_within<E>(
+    grace: Duration,
     shutdown: Shutdown,
     work: impl Future<Output = Result<(), E>>,
 ) -> Result<(), E> {
@@ -41,9 +50,9 @@ async fn until_stopped<E>(
         result = &mut work => result,
         () = async {
             shutdown.wait().await;
-            tokio::time::sleep(STOP_GRACE).await;
+            tokio::time::sleep(grace).await;
         } => {
-            tracing::warn!(grace = ?STOP_GRACE, "controllers did not stop in time; abandoning them");
+            tracing::warn!(?grace, "controllers did not stop in time; abandoning them");
             Ok(())
         }
     }
@@ -307,28 +316,37 @@ impl HandlerRuntime {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
+    /// A grace short enough for a test, long enough to tell from no wait at all.
+    const GRACE: Duration = Duration::from_millis(200);
+
+    #[tokio::test]
     async fn work_that_ignores_shutdown_is_abandoned_after_the_grace_period() {
         let shutdown = Shutdown::new();
-        let stuck = until_stopped(shutdown.clone(), std::future::pending::<Result<(), ()>>());
+        let stuck = until_stopped_within(
+            GRACE,
+            shutdown.clone(),
+            std::future::pending::<Result<(), ()>>(),
+        );
         tokio::pin!(stuck);
         assert!(
-            tokio::time::timeout(Duration::from_secs(60), &mut stuck)
-                .await
-                .is_err(),
+            tokio::time::timeout(GRACE * 2, &mut stuck).await.is_err(),
             "no shutdown yet: work keeps running"
         );
         shutdown.trigger();
         let started = tokio::time::Instant::now();
         assert_eq!(stuck.await, Ok(()));
-        assert_eq!(started.elapsed(), STOP_GRACE);
+        let waited = started.elapsed();
+        assert!(
+            waited >= GRACE && waited < STOP_GRACE / 2,
+            "abandoned after {waited:?}, the grace being {GRACE:?}"
+        );
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn work_that_stops_returns_its_own_result() {
         let shutdown = Shutdown::new();
         let waiting = shutdown.wait();
-        let work = until_stopped(shutdown.clone(), async move {
+        let work = until_stopped_within(GRACE, shutdown.clone(), async move {
             waiting.await;
             Err::<(), _>("stopped with an error")
         });

@@ -61,7 +61,7 @@ use std::time::Duration;
 use kube::runtime::controller::Action;
 use serde::Serialize;
 use serde_json::Value;
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// Least time between two progress-only status writes of one object. Short enough that a
 /// person watching `kubectl get` sees counts move, long enough that a pool of pods becoming
@@ -220,7 +220,7 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
             budget,
             state: Mutex::new(State {
                 last_write: HashMap::new(),
-                budget: Bucket::full(Instant::now()),
+                budget: Bucket::full(now()),
             }),
         }
     }
@@ -241,7 +241,7 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
         desired: &Value,
         first: FirstStatus,
     ) -> Pace {
-        let now = Instant::now();
+        let now = now();
         let change = classify(stored, desired);
         if change == Change::News {
             return Pace::Write;
@@ -293,7 +293,7 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
 
     /// Records a status write of `key` now, and forgets objects written long ago.
     pub fn wrote(&self, key: &K) {
-        let now = Instant::now();
+        let now = now();
         let mut state = self.lock();
         self.forget_old(&mut state.last_write, now);
         state.last_write.insert(key.clone(), now);
@@ -329,6 +329,18 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// The pacer's clock: the monotonic clock, or in this module's tests one they move by hand
+/// (`tests::advance`), so a test of minutes of pacing takes no time and no test runtime.
+#[cfg(not(test))]
+fn now() -> Instant {
+    Instant::now()
+}
+
+#[cfg(test)]
+fn now() -> Instant {
+    tests::clock()
 }
 
 /// What a status change is, for pacing (see the module documentation).
@@ -407,9 +419,27 @@ pub fn classify(stored: Option<&Value>, desired: &Value) -> Change {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
+
     use serde_json::json;
 
     use super::*;
+
+    thread_local! {
+        /// Where this test's clock started, and how far the test has moved it (each test runs
+        /// on a thread of its own).
+        static CLOCK: (Instant, Cell<Duration>) = (Instant::now(), Cell::new(Duration::ZERO));
+    }
+
+    /// The time on this test's clock.
+    pub(super) fn clock() -> Instant {
+        CLOCK.with(|(start, moved)| *start + moved.get())
+    }
+
+    /// Moves this test's clock `by` on.
+    fn advance(by: Duration) {
+        CLOCK.with(|(_, moved)| moved.set(moved.get() + by));
+    }
 
     fn status(phase: &str, ready: i64, available: &str) -> Value {
         json!({
@@ -540,8 +570,8 @@ mod tests {
         assert!(news(&stored, &more), "a condition appears");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_converging_first_status_is_written_an_interval_after_first_sight() {
+    #[test]
+    fn a_converging_first_status_is_written_an_interval_after_first_sight() {
         let pacer = StatusPacer::new(Duration::from_secs(5));
         let key = "ns/cell";
         let waiting = status("Progressing", 0, "False");
@@ -549,7 +579,7 @@ mod tests {
             pacer.pace(&key, None, &waiting),
             Pace::Defer(Duration::from_secs(5))
         );
-        tokio::time::advance(Duration::from_secs(2)).await;
+        advance(Duration::from_secs(2));
         assert_eq!(
             pacer.pace(&key, None, &status("Progressing", 1, "False")),
             Pace::Defer(Duration::from_secs(3)),
@@ -560,12 +590,12 @@ mod tests {
             Pace::Write,
             "settled before the interval passed: written at once"
         );
-        tokio::time::advance(Duration::from_secs(3)).await;
+        advance(Duration::from_secs(3));
         assert_eq!(pacer.pace(&key, None, &waiting), Pace::Write);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn progress_is_written_at_most_once_per_interval() {
+    #[test]
+    fn progress_is_written_at_most_once_per_interval() {
         let pacer = StatusPacer::new(Duration::from_secs(5));
         let key = "ns/shard".to_owned();
         let stored = status("Progressing", 1, "False");
@@ -573,7 +603,7 @@ mod tests {
         assert_eq!(pacer.pace(&key, Some(&stored), &desired), Pace::Write);
         pacer.wrote(&key);
 
-        tokio::time::advance(Duration::from_secs(2)).await;
+        advance(Duration::from_secs(2));
         assert_eq!(
             pacer.pace(&key, Some(&desired), &status("Progressing", 3, "False")),
             Pace::Defer(Duration::from_secs(3))
@@ -589,26 +619,26 @@ mod tests {
             Pace::Write
         );
 
-        tokio::time::advance(Duration::from_secs(3)).await;
+        advance(Duration::from_secs(3));
         assert_eq!(
             pacer.pace(&key, Some(&desired), &status("Progressing", 3, "False")),
             Pace::Write
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn objects_are_forgotten_long_after_their_last_write() {
+    #[test]
+    fn objects_are_forgotten_long_after_their_last_write() {
         let interval = Duration::from_secs(5);
         let forget = interval * FORGET_AFTER_INTERVALS;
         let pacer = StatusPacer::new(interval);
         pacer.wrote(&"a");
-        tokio::time::advance(forget / 2).await;
+        advance(forget / 2);
         pacer.wrote(&"b");
         assert_eq!(pacer.len(), 2);
-        tokio::time::advance(forget / 2).await;
+        advance(forget / 2);
         pacer.wrote(&"c");
         assert_eq!(pacer.len(), 2, "a is forgotten");
-        tokio::time::advance(forget).await;
+        advance(forget);
         pacer.wrote(&"c");
         assert_eq!(pacer.len(), 1);
     }
@@ -655,8 +685,8 @@ mod tests {
         assert_eq!(token_period() * PROGRESS_BURST, MIN_INTERVAL);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_budget_allows_the_burst_then_defers_progress_until_a_token_is_there() {
+    #[test]
+    fn the_budget_allows_the_burst_then_defers_progress_until_a_token_is_there() {
         let pacer = StatusPacer::new(MIN_INTERVAL);
         spend_the_burst(&pacer);
         let Pace::Defer(delay) = progress_write(&pacer, "late") else {
@@ -666,15 +696,15 @@ mod tests {
             delay >= token_period() && delay < token_period() + MIN_INTERVAL,
             "{delay:?}"
         );
-        tokio::time::advance(delay).await;
+        advance(delay);
         assert_eq!(progress_write(&pacer, "late"), Pace::Write);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_budget_refills_at_its_rate_up_to_the_burst() {
+    #[test]
+    fn the_budget_refills_at_its_rate_up_to_the_burst() {
         let pacer = StatusPacer::new(MIN_INTERVAL);
         spend_the_burst(&pacer);
-        tokio::time::advance(Duration::from_secs(1)).await;
+        advance(Duration::from_secs(1));
         let writes = |round: &str| {
             (0..2 * PROGRESS_BURST)
                 .filter(|n| progress_write(&pacer, &format!("{round}-{n}")) == Pace::Write)
@@ -684,7 +714,7 @@ mod tests {
             writes("after-a-second"),
             PROGRESS_WRITES_PER_SECOND as usize
         );
-        tokio::time::advance(MIN_INTERVAL * 4).await;
+        advance(MIN_INTERVAL * 4);
         assert_eq!(
             writes("after-a-long-pause"),
             PROGRESS_BURST as usize,
@@ -692,8 +722,8 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_smaller_budget_allows_its_own_burst_and_rate() {
+    #[test]
+    fn a_smaller_budget_allows_its_own_burst_and_rate() {
         let budget = Budget {
             token_period: Duration::from_secs(2),
             burst: 3,
@@ -705,14 +735,14 @@ mod tests {
                 .count()
         };
         assert_eq!(written(&pacer, 0), 3, "the burst");
-        tokio::time::advance(Duration::from_secs(10)).await;
+        advance(Duration::from_secs(10));
         assert_eq!(written(&pacer, 1), 3, "refilled up to the burst, not five");
-        tokio::time::advance(Duration::from_secs(4)).await;
+        advance(Duration::from_secs(4));
         assert_eq!(written(&pacer, 2), 2, "one token per period");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_budget_never_holds_back_news_nor_is_spent_by_it() {
+    #[test]
+    fn the_budget_never_holds_back_news_nor_is_spent_by_it() {
         let pacer = StatusPacer::new(MIN_INTERVAL);
         let converging = status("Progressing", 2, "False");
         let healthy = status("Healthy", 3, "True");
@@ -732,36 +762,36 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_converging_first_status_draws_on_the_budget() {
+    #[test]
+    fn a_converging_first_status_draws_on_the_budget() {
         let pacer = StatusPacer::new(MIN_INTERVAL);
         let key = "first".to_owned();
         let waiting = status("Progressing", 0, "False");
         assert_eq!(pacer.pace(&key, None, &waiting), Pace::Defer(MIN_INTERVAL));
-        tokio::time::advance(MIN_INTERVAL).await;
+        advance(MIN_INTERVAL);
         spend_the_burst(&pacer);
         let Pace::Defer(delay) = pacer.pace(&key, None, &waiting) else {
             panic!("the budget is spent");
         };
         assert!(delay >= token_period(), "{delay:?}");
-        tokio::time::advance(delay).await;
+        advance(delay);
         assert_eq!(pacer.pace(&key, None, &waiting), Pace::Write);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_first_status_is_written_by_its_deadline_however_spent_the_budget() {
+    #[test]
+    fn a_first_status_is_written_by_its_deadline_however_spent_the_budget() {
         let pacer = pacer_with_its_one_token_spent(Duration::from_secs(60));
         let key = "new".to_owned();
         let waiting = status("Initializing", 0, "False");
         assert_eq!(pacer.pace(&key, None, &waiting), Pace::Defer(MIN_INTERVAL));
-        tokio::time::advance(MIN_INTERVAL).await;
+        advance(MIN_INTERVAL);
         let deadline = MIN_INTERVAL * FIRST_STATUS_DEADLINE_INTERVALS;
         assert_eq!(
             pacer.pace(&key, None, &waiting),
             Pace::Defer(deadline - MIN_INTERVAL),
             "no token for a minute: it wakes at its deadline instead"
         );
-        tokio::time::advance(deadline - MIN_INTERVAL).await;
+        advance(deadline - MIN_INTERVAL);
         assert_eq!(pacer.pace(&key, None, &waiting), Pace::Write);
         pacer.wrote(&key);
         // The one token is spent until 60 s; had the late first status taken another, the next
@@ -774,7 +804,7 @@ mod tests {
             delay >= until_token && delay < until_token + MIN_INTERVAL,
             "the late first status took no token: {delay:?}"
         );
-        tokio::time::advance(MIN_INTERVAL).await;
+        advance(MIN_INTERVAL);
         assert!(
             matches!(
                 pacer.pace(&key, Some(&waiting), &status("Initializing", 1, "False")),
@@ -784,8 +814,8 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_first_status_without_a_deadline_waits_for_a_token() {
+    #[test]
+    fn a_first_status_without_a_deadline_waits_for_a_token() {
         let pacer = pacer_with_its_one_token_spent(Duration::from_secs(30));
         let key = "summary".to_owned();
         let waiting = status("Initializing", 0, "False");
@@ -793,7 +823,7 @@ mod tests {
             pacer.pace_with(&key, None, &waiting, FirstStatus::WhenBudgetAllows)
         };
         assert_eq!(pace(&pacer), Pace::Defer(MIN_INTERVAL));
-        tokio::time::advance(MIN_INTERVAL * FIRST_STATUS_DEADLINE_INTERVALS).await;
+        advance(MIN_INTERVAL * FIRST_STATUS_DEADLINE_INTERVALS);
         let Pace::Defer(delay) = pace(&pacer) else {
             panic!("past the deadline, but it has none: it waits for the token");
         };
@@ -802,12 +832,12 @@ mod tests {
             delay >= until_token && delay < until_token + MIN_INTERVAL,
             "it wakes when the token is expected: {delay:?}"
         );
-        tokio::time::advance(delay).await;
+        advance(delay);
         assert_eq!(pace(&pacer), Pace::Write);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn objects_deferred_together_wake_spread_out() {
+    #[test]
+    fn objects_deferred_together_wake_spread_out() {
         let pacer = StatusPacer::new(MIN_INTERVAL);
         spend_the_burst(&pacer);
         let delays: Vec<Duration> = (0..20)
@@ -834,8 +864,8 @@ mod tests {
         assert_ne!(again, Pace::Defer(delays[0]), "a new turn, a new spread");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_few_objects_converging_together_are_paced_as_without_a_budget() {
+    #[test]
+    fn a_few_objects_converging_together_are_paced_as_without_a_budget() {
         let pacer = StatusPacer::new(MIN_INTERVAL);
         let keys: Vec<String> = (0..PROGRESS_BURST).map(|n| format!("object-{n}")).collect();
         let mut writes = 0;
@@ -849,13 +879,13 @@ mod tests {
                     ),
                 }
             }
-            tokio::time::advance(Duration::from_secs(1)).await;
+            advance(Duration::from_secs(1));
         }
         assert_eq!(writes, keys.len() * 12, "one write per object per interval");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn many_objects_converging_together_share_the_budget() {
+    #[test]
+    fn many_objects_converging_together_share_the_budget() {
         let pacer = StatusPacer::new(MIN_INTERVAL);
         let objects = 100;
         let converged_at = |n: usize| 60 + n % 10;
@@ -892,7 +922,7 @@ mod tests {
                     assert!(!news, "news is written at once");
                 }
             }
-            tokio::time::advance(Duration::from_secs(1)).await;
+            advance(Duration::from_secs(1));
         }
         assert_eq!(news_writes, objects, "each object's Healthy status");
         let budget = PROGRESS_BURST as usize + 70 * PROGRESS_WRITES_PER_SECOND as usize;
