@@ -14,12 +14,13 @@ build:
 crds:
     cargo run -q -p multigres-api --bin crdgen
 
-# Formatting check, clippy with warnings denied, and workspace-hack/ current (.config/hakari.toml).
+# Formatting check, clippy with warnings denied, and workspace-hack/ current with every member depending on it (.config/hakari.toml).
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     command -v cargo-hakari >/dev/null || cargo install --locked --quiet cargo-hakari@0.9.39
-    cargo hakari verify
+    cargo hakari generate --diff
+    cargo hakari manage-deps --dry-run
 
 # The operator's image as an OCI archive, without Docker (from the Dockerfile; e2e/images/operator.sh); prints "<ref> <archive>".
 image:
