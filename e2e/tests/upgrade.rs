@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -27,7 +27,8 @@ use multigres_e2e::manifest::{self, Mode};
 use multigres_e2e::nodes;
 use multigres_e2e::real::{self, Endpoint, OPERATOR_NAMESPACE, RELEASE, is_ready};
 use multigres_e2e::sample::{
-    NAME, WAIT, apply_sample_at, pool_pod_uids, settled_roles, wait_restarted, wait_serving,
+    NAME, POOL_PODS, WAIT, apply_sample_at, pool_pod_uids, settled_roles, wait_restarted,
+    wait_serving,
 };
 use serde_json::json;
 
@@ -127,6 +128,25 @@ async fn handlers_run(client: &Client, image: &str) {
     .await;
 }
 
+/// The pool StatefulSets whose template is a newer revision than their pods run (`OnDelete`:
+/// the pods change only when the operator's rollout replaces them).
+async fn pool_templates_ahead_of_pods(
+    statefulsets: &Api<StatefulSet>,
+) -> Result<Vec<String>, String> {
+    Ok(statefulsets
+        .list(&ListParams::default().labels(POOL_PODS))
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .iter()
+        .filter(|sts| {
+            let status = sts.status.clone().unwrap_or_default();
+            status.update_revision != status.current_revision
+        })
+        .map(ResourceExt::name_any)
+        .collect())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_upgrade_restarts_no_database_and_a_changed_pod_template_waits_for_release() {
     let began = Instant::now();
@@ -197,9 +217,26 @@ async fn an_operator_upgrade_restarts_no_database_and_a_changed_pod_template_wai
         format!("{:.1}", started.elapsed().as_secs_f64()),
     );
 
-    // 3. The new handlers have read every object the old ones wrote: the Shard reports what
-    // waits, the cluster is Available, its spec reads back unchanged, and no pod restarted.
+    // 3. The new handlers have read every object the old ones wrote: no pod restarts, the Shard
+    // reports what waits, the cluster is Available and its spec reads back unchanged. The Shard
+    // is read after a 20 s watch of the pods, time enough for the new resource-handler to
+    // reconcile it; what it says must agree with the pool StatefulSets: one whose pods run an
+    // older revision than its template (OnDelete) is a restart the new version waits to be
+    // released for, never "nothing waits" (read too early, the old version's status said so,
+    // and the released rollout went untested).
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let pods_after = cluster_pods(&client, &namespace).await;
+    let restarted: Vec<&String> = pods_before
+        .iter()
+        .filter(|(pod, before)| pods_after.get(*pod) != Some(before))
+        .map(|(pod, _)| pod)
+        .collect();
+    assert!(
+        restarted.is_empty(),
+        "the upgrade restarted {restarted:?}: before {pods_before:?}, after {pods_after:?}"
+    );
     let shards: Api<Shard> = Api::namespaced(client.clone(), &namespace);
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
     let waiting = eventually(
         "the Shard says what the new version restarts, or that nothing waits",
         WAIT,
@@ -209,6 +246,7 @@ async fn an_operator_upgrade_restarts_no_database_and_a_changed_pod_template_wai
                 .await
                 .map_err(|e| e.to_string())?;
             let shard = shard.items.into_iter().next().ok_or("no Shard")?;
+            let behind = pool_templates_ahead_of_pods(&statefulsets).await?;
             let status = shard.status.clone().unwrap_or_default();
             let rolling = status
                 .conditions
@@ -222,24 +260,16 @@ async fn an_operator_upgrade_restarts_no_database_and_a_changed_pod_template_wai
                 {
                     Ok(Some((pending.clone(), c.message.clone())))
                 }
-                (None, Some(c)) if c.status == "False" => Ok(None),
-                (pending, c) => Err(format!("pendingRestart {pending:?}, RollingUpdate {c:?}")),
+                (None, Some(c)) if c.status == "False" && behind.is_empty() => Ok(None),
+                (pending, c) => Err(format!(
+                    "pendingRestart {pending:?}, RollingUpdate {c:?}, pool StatefulSets ahead \
+                     of their pods {behind:?}"
+                )),
             }
         },
     )
     .await;
     println!("after the upgrade, the Shard holds: {waiting:?}");
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    let pods_after = cluster_pods(&client, &namespace).await;
-    let restarted: Vec<&String> = pods_before
-        .iter()
-        .filter(|(pod, before)| pods_after.get(*pod) != Some(before))
-        .map(|(pod, _)| pod)
-        .collect();
-    assert!(
-        restarted.is_empty(),
-        "the upgrade restarted {restarted:?}: before {pods_before:?}, after {pods_after:?}"
-    );
     let stored = clusters.get(NAME).await.unwrap();
     assert_eq!(
         stored.spec, spec_before,
