@@ -56,12 +56,11 @@
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::runtime::controller::Action;
 use serde::Serialize;
 use serde_json::Value;
-use std::time::Instant;
 
 /// Least time between two progress-only status writes of one object. Short enough that a
 /// person watching `kubectl get` sees counts move, long enough that a pool of pods becoming
@@ -331,8 +330,9 @@ impl<K: Eq + Hash + Clone> StatusPacer<K> {
     }
 }
 
-/// The pacer's clock: the monotonic clock, or in this module's tests one they move by hand
-/// (`tests::advance`), so a test of minutes of pacing takes no time and no test runtime.
+/// The pacer's clock: the monotonic clock, or in this crate's unit tests a clock each test
+/// thread moves by hand (`tests::advance`), so a test of minutes of pacing takes no time and
+/// needs no runtime with a paused clock (tokio's `test-util`, which every build would then carry).
 #[cfg(not(test))]
 fn now() -> Instant {
     Instant::now()
