@@ -64,8 +64,8 @@ fi
 # of the fresh-clone run of 2026-12-05 on 2 cores: about 1,470 s and 1,340 s): one takes the S3
 # backups and the data-plane story; the other the kwok-tier files, then Prometheus, the
 # operator's own pods, a teardown, the multi-cell sample, an operator upgrade and a zone's loss
-# (real nodes too). The image checks open the second lane: the first is the longer (the
-# fresh-clone run of 2026-12-06: 1,453 s against about 1,400), so there they cost no time. The
+# (real nodes too). The image checks open the second lane instead of holding both up; the
+# lanes then end close together (within 15 s in the fresh-clone runs of 2026-12-06). The
 # data-plane story meets mostly kwok-tier files that way; it asserts what must hold under any
 # load, and its figures of record come from `just data-plane-runs`, which runs it alone. Each
 # sandbox names its cgroups (e2e/sandbox.sh) and the S3 server's sockets (e2e/src/s3.rs) apart,
