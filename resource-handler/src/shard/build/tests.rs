@@ -1,6 +1,6 @@
 use k8s_openapi::api::core::v1::Probe;
 use multigres_api::names::MAX_STATEFULSET;
-use multigres_api::v1alpha1::{GoDuration, Shard};
+use multigres_api::v1alpha1::{GoDuration, ImageRef, Shard};
 
 use super::*;
 
@@ -892,4 +892,49 @@ fn user_text_reaches_args_and_env_with_every_dollar_doubled() {
         "{orch_args:?}"
     );
     assert!(orch_args.contains(&"--hostname=$(POD_IP)".to_owned()));
+}
+
+/// Each data-plane image changes its own container of every pool pod template and nothing
+/// else, so each alone makes the pool pods outdated and starts the cohort-gated rollout. The
+/// kwok tier rolls a multipooler image change (`e2e/tests/resource_handler.rs`); real pods roll
+/// both images changed at once (`e2e/tests/data_plane.rs`).
+#[test]
+fn each_data_plane_image_changes_only_its_own_container_of_the_pool_pods() {
+    let before = objects(&fixture());
+    let next = || ImageRef::new("registry.example/next:2");
+    for container in ["multipooler", "postgres"] {
+        let mut shard = fixture();
+        let images = &mut shard.spec.images;
+        match container {
+            "multipooler" => images.multipooler = next(),
+            _ => images.postgres = next(),
+        }
+        let after = objects(&shard);
+        assert_eq!(after.pools.len(), before.pools.len());
+        for (old, new) in before.pools.iter().zip(&after.pools) {
+            let old_pod = pod(old);
+            let old_image = |name: &str| {
+                let all = old_pod.init_containers.iter().flatten();
+                all.chain(&old_pod.containers)
+                    .find(|c| c.name == name)
+                    .and_then(|c| c.image.clone())
+            };
+            let mut restored = pod(new).clone();
+            let mut changed = Vec::new();
+            let init = restored.init_containers.iter_mut().flatten();
+            for c in init.chain(restored.containers.iter_mut()) {
+                let was = old_image(&c.name);
+                if c.image != was {
+                    changed.push((c.name.clone(), c.image.clone()));
+                    c.image = was;
+                }
+            }
+            let want = (container.to_owned(), Some(next().as_str().to_owned()));
+            assert_eq!(changed, [want], "{}", old.cell);
+            assert_eq!(
+                &restored, old_pod,
+                "{container}: nothing but its image changed"
+            );
+        }
+    }
 }
