@@ -2107,23 +2107,31 @@ async fn a_pool_volume_past_its_threshold_grows_by_the_step_up_to_the_ceiling_an
                 .collect::<Vec<String>>()
         }
     };
-    // One series for the claim: its first note, and two occurrences.
-    let growths: Vec<(String, i32)> = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("VolumeAutoGrown"))
-        .map(|e| {
-            let count = e.series.map_or(1, |s| s.count);
-            (e.note.unwrap_or_default(), count)
-        })
-        .collect();
-    assert!(
-        matches!(growths.as_slice(), [(note, 2)] if note.contains("uses 871Mi of 1024Mi (threshold 80 %): requested 1536Mi")),
-        "{growths:?}"
-    );
+    // One series for the claim: its first note, and two occurrences. The Event is published
+    // after the claim's write, so it is waited for.
+    eventually("one VolumeAutoGrown series of two", WAIT, || async {
+        let growths: Vec<(String, i32)> = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("VolumeAutoGrown"))
+            .map(|e| {
+                let count = e.series.map_or(1, |s| s.count);
+                (e.note.unwrap_or_default(), count)
+            })
+            .collect();
+        match growths.as_slice() {
+            [(note, 2)]
+                if note.contains("uses 871Mi of 1024Mi (threshold 80 %): requested 1536Mi") =>
+            {
+                Ok(())
+            }
+            _ => Err(format!("{growths:?}")),
+        }
+    })
+    .await;
 
     // At the ceiling and past 80 %: nothing grows, and the condition and one event say so.
     expanded(&pvcs, &claim, "2Gi").await;
@@ -2156,7 +2164,14 @@ async fn a_pool_volume_past_its_threshold_grows_by_the_step_up_to_the_ceiling_an
     let conditions = shard_conditions(&s);
     let synced = condition(&conditions, "StorageSynced").unwrap();
     assert_eq!(synced.reason, "UpToDate", "{synced:?}");
-    let at_ceiling = notes("AtCeiling").await;
+    let at_ceiling = eventually("the AtCeiling Event", WAIT, || async {
+        let at_ceiling = notes("AtCeiling").await;
+        match at_ceiling.is_empty() {
+            true => Err("not yet".to_owned()),
+            false => Ok(at_ceiling),
+        }
+    })
+    .await;
     assert_eq!(at_ceiling.len(), 1, "announced once: {at_ceiling:?}");
 
     // The webhook is not in this tier; the handler reports a setting it cannot read.
