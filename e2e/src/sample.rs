@@ -203,10 +203,12 @@ pub async fn wait_restarted(
     let mut order: Vec<String> = Vec::new();
     let deadline = Instant::now() + WAIT * 2;
     while order.len() < before.len() {
-        assert!(
-            Instant::now() < deadline,
-            "rollout incomplete: restarted {order:?} of {before:?}"
-        );
+        if Instant::now() >= deadline {
+            panic!(
+                "rollout incomplete: restarted {order:?} of {before:?}; {}",
+                shard_summary(client, namespace).await
+            );
+        }
         for (pod, uid) in pool_pod_uids(client, namespace).await {
             if before.get(&pod) != Some(&uid) && !order.contains(&pod) {
                 order.push(pod);
@@ -215,6 +217,35 @@ pub async fn wait_restarted(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     order
+}
+
+/// The Shards' roles, cohort and conditions on one line: what a panic message carries, which
+/// CI's summary keeps when it cuts the test's output.
+pub async fn shard_summary(client: &Client, namespace: &str) -> String {
+    let shards: Api<Shard> = Api::namespaced(client.clone(), namespace);
+    match shards.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .iter()
+            .map(|shard| {
+                let status = shard.status.clone().unwrap_or_default();
+                let conditions: Vec<String> = status
+                    .conditions
+                    .iter()
+                    .map(|c| format!("{} {} {}: {}", c.type_, c.status, c.reason, c.message))
+                    .collect();
+                format!(
+                    "Shard {}: roles {:?}, cohort {:?}, conditions [{}]",
+                    shard.name_any(),
+                    status.pod_roles,
+                    status.cohort.map(|c| c.summary),
+                    conditions.join("; ")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" | "),
+        Err(e) => format!("listing Shards: {e}"),
+    }
 }
 
 /// The sample's one Shard.

@@ -145,7 +145,13 @@ async fn roll_under_load(
     let load = Load::start(gateway.clone(), first_id);
     let started = Instant::now();
     patch_cluster(client, namespace, patch).await;
-    let order = wait_restarted(client, namespace, &before).await;
+    let order = diagnosed_if_slow(
+        client,
+        namespace,
+        Duration::from_secs(240),
+        wait_restarted(client, namespace, &before),
+    )
+    .await;
     let (_, roles) = settled_roles(client, namespace, &gateway.password, 3).await;
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
