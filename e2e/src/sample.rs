@@ -399,13 +399,23 @@ pub async fn shard_events(client: &Client, namespace: &str) -> Vec<String> {
 }
 
 /// Runs `story`; when it panics (a wait that timed out, a failed assertion), first prints what
-/// explains the state of the cluster in `namespace` ([`print_diagnostics`]), then panics on.
+/// explains the state of the cluster in `namespace` ([`print_diagnostics`]), then panics again
+/// with the first panic's message and the Shards' state ([`shard_summary`]): CI keeps panic
+/// messages but cuts a long test's output, diagnostics included.
 pub async fn diagnosed<T>(client: &Client, namespace: &str, story: impl Future<Output = T>) -> T {
     match AssertUnwindSafe(story).catch_unwind().await {
         Ok(value) => value,
         Err(panic) => {
             print_diagnostics(client, namespace).await;
-            std::panic::resume_unwind(panic)
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(a panic without a message)");
+            panic!(
+                "{message}\nthe Shards then: {}",
+                shard_summary(client, namespace).await
+            )
         }
     }
 }
