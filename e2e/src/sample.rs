@@ -575,3 +575,23 @@ pub async fn print_diagnostics(client: &Client, namespace: &str) {
     }
     println!("==== end of diagnostics");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What CI keeps of a failed story: the panic's own message, then the Shards' state (here
+    /// the error that hid it: nothing listens on the address).
+    #[tokio::test]
+    async fn a_diagnosed_panic_carries_its_message_and_the_shards_state() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let story = diagnosed(&client, "nowhere", async { panic!("the wait timed out") });
+        let panic = AssertUnwindSafe(story).catch_unwind().await.unwrap_err();
+        let message = panic.downcast_ref::<String>().expect("a formatted message");
+        assert!(
+            message.starts_with("the wait timed out\nthe Shards then: listing Shards: "),
+            "{message}"
+        );
+    }
+}
