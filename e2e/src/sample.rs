@@ -586,11 +586,17 @@ mod tests {
     async fn a_diagnosed_panic_carries_its_message_and_the_shards_state() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = Client::try_from(config).unwrap();
-        let story = diagnosed(&client, "nowhere", async { panic!("the wait timed out") });
+        // run-e2e.sh repeats every panic at the end of the log: this one says it is deliberate.
+        let story = diagnosed(&client, "nowhere", async {
+            panic!("deliberate, in a passing unit test: the wait timed out")
+        });
         let panic = AssertUnwindSafe(story).catch_unwind().await.unwrap_err();
         let message = panic.downcast_ref::<String>().expect("a formatted message");
         assert!(
-            message.starts_with("the wait timed out\nthe Shards then: listing Shards: "),
+            message.starts_with(
+                "deliberate, in a passing unit test: the wait timed out\nthe Shards then: \
+                 listing Shards: "
+            ),
             "{message}"
         );
     }
