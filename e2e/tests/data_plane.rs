@@ -81,6 +81,10 @@ async fn new_primary(client: &Client, namespace: &str, old: &str) -> String {
 /// is stuck, or about to be.
 const SLOW: Duration = Duration::from_secs(60);
 
+/// A rolling restart of the three pool pods takes 50-125 s (docs/dev/perf-history.md): one
+/// still waiting after this is stuck, or about to be.
+const SLOW_ROLLOUT: Duration = Duration::from_secs(240);
+
 /// The PersistentVolumes bound to the namespace's claims.
 async fn bound_volumes(claims: &Api<PersistentVolumeClaim>) -> BTreeSet<String> {
     claims
@@ -148,7 +152,7 @@ async fn roll_under_load(
     let order = diagnosed_if_slow(
         client,
         namespace,
-        Duration::from_secs(240),
+        SLOW_ROLLOUT,
         wait_restarted(client, namespace, &before),
     )
     .await;
