@@ -1,5 +1,5 @@
 //! Backups to S3 on real nodes: the minimal sample with `backup.type: s3` against a real S3
-//! server (SeaweedFS over TLS, SigV4 with the keys of a Secret; `multigres_e2e::s3`), three
+//! server (Versity's S3 gateway over TLS, SigV4 with the keys of a Secret; `multigres_e2e::s3`), three
 //! pool pods, and what a user sees, under a steady writer: the bootstrap backup and the WAL
 //! archive in the bucket under the cluster's key prefix, the backup in the Shard status;
 //! backups on a schedule (`backup.schedule`), taken on a replica and expired by `retainFull`

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real control-plane binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl, etcd, kwok, helm), the real-node binaries (kubelet, kube-proxy, CoreDNS,
-# kube-network-policies as `netpol` (NetworkPolicy enforcement, wrapped in ./netpol), SeaweedFS's
-# `weed` as the S3 server of backups), cert-manager's controller (issues the gateway certificates
+# kube-network-policies as `netpol` (NetworkPolicy enforcement, wrapped in ./netpol), Versity's
+# S3 gateway `versitygw` as the S3 server of backups), cert-manager's controller (issues the gateway certificates
 # of spec.issuerName; ./cert-manager), Prometheus's promtool (checks and unit-tests the chart's
 # alerts) and Prometheus itself (scrapes the handlers, receives the data plane's OTLP metrics and
 # evaluates the alerts in the real-node tier) from the Go module proxy into a cache outside the
@@ -15,13 +15,13 @@ KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.21.4
 COREDNS_VERSION=v1.15.0
 PROMETHEUS_VERSION=v0.316.0
-# SeaweedFS publishes no Go module versions; the pseudo-version in seaweedfs/go.mod pins a commit.
+VERSITYGW_VERSION=v1.8.0  # as in versitygw/go.mod
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache_root=${MULTIGRES_TOOLCHAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigres-operator}
 bin="$cache_root/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin"
 k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
-wanted=("${k8s_cmds[@]}" etcd kwok helm coredns weed)
+wanted=("${k8s_cmds[@]}" etcd kwok helm coredns versitygw)
 # promtool and prometheus live in directories of their own version, linked into $bin, so a new
 # version rebuilds them alone and not the control plane.
 promtool_dir="$cache_root/promtool-$PROMETHEUS_VERSION"
@@ -66,7 +66,7 @@ for cmd in "${k8s_cmds[@]}"; do [ -x "$bin/$cmd" ] || k8s_missing+=("k8s.io/kube
 if [ ${#k8s_missing[@]} -gt 0 ]; then
   # One module and one go build for all of them: the kubelet shares most packages with the
   # control plane, and a separate module would resolve some dependencies differently.
-  log "building Kubernetes $KUBE_VERSION: ${k8s_missing[*]##*/} (first time on this machine: 10-25 minutes)"
+  log "building Kubernetes $KUBE_VERSION: ${k8s_missing[*]##*/} (first time on this machine: about 5 minutes on 2 cores)"
   minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   ldflags=""
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -94,7 +94,7 @@ if [ ! -x "$bin/coredns" ]; then
   (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$bin/coredns" github.com/coredns/coredns)
 fi
 if [ ! -x "$netpol_dir/netpol" ]; then
-  log "building kube-network-policies (netpol, about 2 minutes)"
+  log "building kube-network-policies (netpol, about a minute)"
   mkdir -p "$netpol_dir"
   (cd "$here/netpol" && go build -trimpath -ldflags "-s -w" -o "$netpol_dir/netpol.tmp" .)
   mv "$netpol_dir/netpol.tmp" "$netpol_dir/netpol"
@@ -102,7 +102,7 @@ fi
 ln -sfn "$netpol_dir/netpol" "$bin/netpol"
 if [ ! -x "$cert_manager_dir/cert-manager" ] || [ ! -d "$cert_manager_dir/crds" ]; then
   # Its CRDs ship in the module; a copy beside the binary (crds/) lets the tests install them.
-  log "building cert-manager's controller (about 3 minutes)"
+  log "building cert-manager's controller (about a minute)"
   mkdir -p "$cert_manager_dir"
   (cd "$here/cert-manager" && go build -trimpath -ldflags "-s -w" -o "$cert_manager_dir/cert-manager.tmp" .)
   src=$(cd "$here/cert-manager" && go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)
@@ -112,15 +112,15 @@ if [ ! -x "$cert_manager_dir/cert-manager" ] || [ ! -d "$cert_manager_dir/crds" 
   mv "$cert_manager_dir/cert-manager.tmp" "$cert_manager_dir/cert-manager"
 fi
 ln -sfn "$cert_manager_dir/cert-manager" "$bin/cert-manager"
-if [ ! -x "$bin/weed" ]; then
-  log "building SeaweedFS weed (first time on this machine: ~10 minutes)"
-  (cd "$here/seaweedfs" && go build -trimpath -ldflags "-s -w" -o "$bin/weed" github.com/seaweedfs/seaweedfs/weed)
+if [ ! -x "$bin/versitygw" ]; then
+  log "building versitygw $VERSITYGW_VERSION"
+  (cd "$here/versitygw" && go build -trimpath -ldflags "-s -w -X main.Version=$VERSITYGW_VERSION" -o "$bin/versitygw" github.com/versity/versitygw/cmd/versitygw)
 fi
 if [ ! -x "$promtool_dir/promtool" ]; then
   # Without the service-discovery plugins (remove_all_sd): rule checks and rule unit tests need
   # none, and leaving out their cloud SDKs makes the build about a fifth smaller.
   mkdir -p "$promtool_dir"
-  log "building promtool $PROMETHEUS_VERSION (first time on this machine: ~5 minutes; log in $promtool_dir/build.log)"
+  log "building promtool $PROMETHEUS_VERSION (first time on this machine: about a minute; log in $promtool_dir/build.log)"
   (cd "$here/prometheus" && go build -trimpath -tags remove_all_sd \
     -ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION#v}" \
     -o "$promtool_dir/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool) >"$promtool_dir/build.log" 2>&1 ||
@@ -133,7 +133,7 @@ if [ ! -x "$prometheus_dir/prometheus" ]; then
   # ServiceMonitor would); the web UI's assets are not embedded (builtinassets): the tests use
   # the HTTP API, which needs none.
   mkdir -p "$prometheus_dir"
-  log "building Prometheus $PROMETHEUS_VERSION (first time on this machine: ~5 minutes; log in $prometheus_dir/build.log)"
+  log "building Prometheus $PROMETHEUS_VERSION (first time on this machine: about a minute after promtool; log in $prometheus_dir/build.log)"
   (cd "$here/prometheus" && go build -trimpath -tags remove_all_sd,enable_kubernetes_sd \
     -ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION#v}" \
     -o "$prometheus_dir/prometheus.tmp" github.com/prometheus/prometheus/cmd/prometheus) >"$prometheus_dir/build.log" 2>&1 ||
