@@ -108,8 +108,6 @@ impl S3Server {
         let path = |p: &Path| p.display().to_string();
         let args: Vec<String> = vec![
             format!("--port={CONTROL_PLANE_IP}:{S3_PORT}"),
-            format!("--access={ACCESS_KEY_ID}"),
-            format!("--secret={SECRET_ACCESS_KEY}"),
             format!("--region={REGION}"),
             format!("--cert={}", path(&cert)),
             format!("--key={}", path(&key)),
@@ -117,11 +115,17 @@ impl S3Server {
             path(&root),
         ];
         let program = toolchain::binary("versitygw").map_err(|e| e.to_string())?;
+        // The account's keys go in its environment, not on a command line every process of the
+        // sandbox can read.
+        let keys = [
+            ("ROOT_ACCESS_KEY_ID", ACCESS_KEY_ID),
+            ("ROOT_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY),
+        ];
         let process = Supervised::spawn(
             "versitygw",
             &program,
             &args,
-            &[],
+            &keys,
             &logs.join("versitygw.log"),
         )
         .map_err(|e| e.to_string())?;
