@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::{Api, Client};
+use multigres_api::v1alpha1::MultigresCluster;
 use serde_json::{Value, json};
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
@@ -121,6 +122,52 @@ pub async fn install_operator(
     }
     let out = harness::helm(&args, Some(cluster.kubeconfig())).await;
     assert!(out.contains("STATUS: deployed"), "{out}");
+    webhook_reachable(cluster).await;
+}
+
+/// How long the webhook's route may take after its pod is Ready (seconds in the runs seen; the
+/// bound leaves room for a loaded machine).
+const WEBHOOK_ROUTE: Duration = Duration::from_secs(120);
+
+/// Waits until the API server reaches the webhook-server through its Service. `helm --wait`
+/// returns once the pod is Ready, but the route to it on the nodes (kube-proxy's rules, the
+/// NetworkPolicy enforcement) can follow later, and an admission sent before then times out
+/// after 10 s (`failed calling webhook ... context deadline exceeded`), as a user's first
+/// `kubectl apply` right after the install would. A server-side dry run of a MultigresCluster
+/// passes through both of its webhooks and stores nothing; any answer but that failure (the
+/// webhook's own denial included) shows the route works.
+async fn webhook_reachable(cluster: &LocalCluster) {
+    let client = cluster.client().expect("a client of the real-node cluster");
+    let resource = kube::discovery::ApiResource::erase::<MultigresCluster>(&());
+    let clusters: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client, OPERATOR_NAMESPACE, &resource);
+    let probe: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "multigres.com/v1alpha1",
+        "kind": "MultigresCluster",
+        "metadata": {"name": "webhook-probe"},
+        "spec": {},
+    }))
+    .expect("a MultigresCluster literal");
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    harness::eventually(
+        "the API server reaches the webhook through its Service",
+        WEBHOOK_ROUTE,
+        || async {
+            match clusters.create(&dry_run, &probe).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status))
+                    if !status.message.contains("failed calling webhook") =>
+                {
+                    Ok(())
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
 }
 
 /// Points a document of a sample (JSON) at the locally built images, never pulled: a

@@ -15,17 +15,20 @@ KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.21.4
 COREDNS_VERSION=v1.15.0
 PROMETHEUS_VERSION=v0.316.0
-VERSITYGW_VERSION=v1.8.0  # as in versitygw/go.mod
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache_root=${MULTIGRES_TOOLCHAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigres-operator}
 bin="$cache_root/k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin"
 k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
-wanted=("${k8s_cmds[@]}" etcd kwok helm coredns versitygw)
+wanted=("${k8s_cmds[@]}" etcd kwok helm coredns)
 # promtool and prometheus live in directories of their own version, linked into $bin, so a new
 # version rebuilds them alone and not the control plane.
 promtool_dir="$cache_root/promtool-$PROMETHEUS_VERSION"
 prometheus_dir="$cache_root/prometheus-$PROMETHEUS_VERSION"
+# versitygw, likewise, at the version its wrapper module pins (read from versitygw/go.mod, so
+# the pin lives in one place).
+VERSITYGW_VERSION=$(awk '$1 == "github.com/versity/versitygw" { print $2 }' "$here/versitygw/go.mod")
+versitygw_dir="$cache_root/versitygw-$VERSITYGW_VERSION"
 # netpol and cert-manager are our own wrappers: keyed by their sources, so a change to them
 # rebuilds them.
 source_key() { cat "$here/$1"/main.go "$here/$1"/go.mod "$here/$1"/go.sum | sha256sum | cut -c1-16; }
@@ -38,6 +41,8 @@ for b in "${wanted[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
   missing+=(promtool)
 [ -x "$prometheus_dir/prometheus" ] && [ "$(readlink "$bin/prometheus")" = "$prometheus_dir/prometheus" ] ||
   missing+=(prometheus)
+[ -x "$versitygw_dir/versitygw" ] && [ "$(readlink "$bin/versitygw")" = "$versitygw_dir/versitygw" ] ||
+  missing+=(versitygw)
 [ -x "$netpol_dir/netpol" ] && [ "$(readlink "$bin/netpol")" = "$netpol_dir/netpol" ] || missing+=(netpol)
 [ -x "$cert_manager_dir/cert-manager" ] && [ -d "$cert_manager_dir/crds" ] &&
   [ "$(readlink "$bin/cert-manager")" = "$cert_manager_dir/cert-manager" ] || missing+=(cert-manager)
@@ -112,10 +117,14 @@ if [ ! -x "$cert_manager_dir/cert-manager" ] || [ ! -d "$cert_manager_dir/crds" 
   mv "$cert_manager_dir/cert-manager.tmp" "$cert_manager_dir/cert-manager"
 fi
 ln -sfn "$cert_manager_dir/cert-manager" "$bin/cert-manager"
-if [ ! -x "$bin/versitygw" ]; then
-  log "building versitygw $VERSITYGW_VERSION"
-  (cd "$here/versitygw" && go build -trimpath -ldflags "-s -w -X main.Version=$VERSITYGW_VERSION" -o "$bin/versitygw" github.com/versity/versitygw/cmd/versitygw)
+if [ ! -x "$versitygw_dir/versitygw" ]; then
+  log "building versitygw $VERSITYGW_VERSION (about a minute)"
+  mkdir -p "$versitygw_dir"
+  (cd "$here/versitygw" && go build -trimpath -ldflags "-s -w -X main.Version=$VERSITYGW_VERSION" \
+    -o "$versitygw_dir/versitygw.tmp" github.com/versity/versitygw/cmd/versitygw)
+  mv "$versitygw_dir/versitygw.tmp" "$versitygw_dir/versitygw"
 fi
+ln -sfn "$versitygw_dir/versitygw" "$bin/versitygw"
 if [ ! -x "$promtool_dir/promtool" ]; then
   # Without the service-discovery plugins (remove_all_sd): rule checks and rule unit tests need
   # none, and leaving out their cloud SDKs makes the build about a fifth smaller.
