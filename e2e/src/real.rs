@@ -125,17 +125,18 @@ pub async fn install_operator(
     webhook_reachable(cluster).await;
 }
 
-/// How long the webhook's route may take after its pod is Ready (seconds in the runs seen; the
-/// bound leaves room for a loaded machine).
+/// How long the webhook's route may take after its pod is Ready: a bound for a loaded machine
+/// (one fresh-clone run saw the first admission time out at 10 s; how much longer it would
+/// have taken was not measured).
 const WEBHOOK_ROUTE: Duration = Duration::from_secs(120);
 
 /// Waits until the API server reaches the webhook-server through its Service. `helm --wait`
-/// returns once the pod is Ready, but the route to it on the nodes (kube-proxy's rules, the
-/// NetworkPolicy enforcement) can follow later, and an admission sent before then times out
-/// after 10 s (`failed calling webhook ... context deadline exceeded`), as a user's first
-/// `kubectl apply` right after the install would. A server-side dry run of a MultigresCluster
-/// passes through both of its webhooks and stores nothing; any answer but that failure (the
-/// webhook's own denial included) shows the route works.
+/// returns once the pod is Ready, but the Service's route to it (kube-proxy's rules) can
+/// follow later, and an admission sent before then times out after 10 s (`failed calling
+/// webhook ... context deadline exceeded`), as a user's first `kubectl apply` right after the
+/// install would. A server-side dry run of a MultigresCluster passes through both of its
+/// webhooks and stores nothing; any answer but that failure (the webhook's own denial
+/// included) shows the route works.
 async fn webhook_reachable(cluster: &LocalCluster) {
     let client = cluster.client().expect("a client of the real-node cluster");
     let resource = kube::discovery::ApiResource::erase::<MultigresCluster>(&());
