@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::{Api, Client};
-use multigres_api::v1alpha1::MultigresCluster;
 use serde_json::{Value, json};
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
 use crate::cluster::LocalCluster;
 use crate::harness::{self, repo_path};
+use crate::manifest::{self, Mode};
 use crate::nodes;
 
 /// The chart's release name in the tests.
@@ -139,9 +139,6 @@ const WEBHOOK_ROUTE: Duration = Duration::from_secs(120);
 /// included) shows the route works.
 async fn webhook_reachable(cluster: &LocalCluster) {
     let client = cluster.client().expect("a client of the real-node cluster");
-    let resource = kube::discovery::ApiResource::erase::<MultigresCluster>(&());
-    let clusters: Api<kube::api::DynamicObject> =
-        Api::namespaced_with(client, OPERATOR_NAMESPACE, &resource);
     let probe: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": "multigres.com/v1alpha1",
         "kind": "MultigresCluster",
@@ -149,22 +146,18 @@ async fn webhook_reachable(cluster: &LocalCluster) {
         "spec": {},
     }))
     .expect("a MultigresCluster literal");
-    let dry_run = kube::api::PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
     harness::eventually(
         "the API server reaches the webhook through its Service",
         WEBHOOK_ROUTE,
         || async {
-            match clusters.create(&dry_run, &probe).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(status))
-                    if !status.message.contains("failed calling webhook") =>
-                {
-                    Ok(())
-                }
-                Err(e) => Err(e.to_string()),
+            let Err(e) =
+                manifest::apply(&client, &probe, Some(OPERATOR_NAMESPACE), Mode::DryRun).await
+            else {
+                return Ok(());
+            };
+            match e.rejection_message() {
+                Some(message) if !message.contains("failed calling webhook") => Ok(()),
+                _ => Err(e.to_string()),
             }
         },
     )
