@@ -43,7 +43,7 @@ e2e:
 # Benchmarks against the local control plane, release build (docs/performance.md); e.g. `just bench --clusters 1,10 --runs 1 --idle-minutes 1`.
 bench *ARGS:
     cargo build --release -p cluster-handler -p resource-handler -p data-handler -p webhook-server -p multigres-e2e --bins
-    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" NO_PROXY=127.0.0.1,localhost target/release/bench {{ARGS}}
+    MULTIGRES_TOOLCHAIN_BIN="$(bash e2e/toolchain/build.sh)" NO_PROXY=127.0.0.1,localhost "${CARGO_TARGET_DIR:-target}/release/bench" {{ARGS}}
 
 # The real data plane's figures (apply -> first SELECT 1, failover, rolling restart) on real nodes: runs e2e/tests/data_plane.rs and prints its `[figure]` lines.
 data-plane-figures:

@@ -15,7 +15,7 @@
 //! | one HTTP/2 connection to the API server | [`crate::client::counting_client`] | sockets of the resource-handler while 10 clusters converge: 70 → 6 (session 13). Forced by kube's client, which speaks HTTP/1.1 only (kube-rs pull request 1823, open) |
 //! | managed fields and `last-applied-configuration` not cached | [`crate::shared_watch`] | a copy of the whole object on anything applied with client-side `kubectl apply` (session 17; the benchmark applies server-side) |
 //! | pools boxed in every spec (`api::v1alpha1::Pools`) | api crate | 0.7 MB per 100 Shards in every handler's cache (heaptrack, session 17) |
-//! | slimmed children cached with a digest of what they drop | `resource-handler/src/slim_cache.rs` | the resource-handler's heap in use at 100 clusters 23.5 → 21.7 MB (session 16); its peak at 100, labels nobody reads dropped and pools boxed, 33.7 → 29.8 MiB (session 17); rendered ConfigMaps slimmed too, with kube's event recorder replaced, 30.4 → 27.9 MiB (session 18) |
+//! | slimmed children cached with a digest of what they drop | `resource-handler/src/slim_cache.rs` | the resource-handler's heap in use at 100 clusters 23.5 → 21.7 MB (session 16); its peak at 100, labels nobody reads dropped and pools boxed, 33.7 → 29.8 MiB (session 17); rendered ConfigMaps slimmed too, with kube's event recorder replaced, 30.4 → 27.9 MiB (session 18); NetworkPolicies slimmed too (700 at 100 clusters, 2.6 MB of heap when cached whole, heaptrack), 45.9-46.1 → 43.7 MiB (2026-12-06, perf-history) |
 //!
 //! Not memory work, and so not here: the status pacer ([`crate::status_pacer`], fewer status
 //! writes while objects converge: at 100 clusters cluster statuses 794 → 509, Shard statuses

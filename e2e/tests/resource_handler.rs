@@ -2637,6 +2637,36 @@ async fn a_cluster_gets_network_policies_and_loses_them_when_it_opts_out() {
         "shard-pool"
     );
 
+    // A port opened by hand is closed again: the cache keeps no rules, only a digest of them,
+    // so the edit is noticed by its digest and the stored policy compared and written back.
+    let opened = json!({"spec": {"ingress": [{"ports": [{"port": 22, "protocol": "TCP"}]}]}});
+    policies
+        .patch(
+            "admin-pool-ingress",
+            &PatchParams::default(),
+            &Patch::Merge(opened),
+        )
+        .await
+        .unwrap();
+    eventually("the hand-opened port is closed", WAIT, || async {
+        let policy = policies
+            .get("admin-pool-ingress")
+            .await
+            .map_err(|e| e.to_string())?;
+        let ingress = policy.spec.and_then(|s| s.ingress).unwrap_or_default();
+        let ports: Vec<_> = ingress
+            .iter()
+            .flat_map(|rule| rule.ports.iter().flatten())
+            .filter_map(|p| p.port.clone())
+            .collect();
+        if ports.contains(&IntOrString::Int(22)) {
+            Err(format!("{ports:?}"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+
     // Opting out deletes them; the exposed gateway's load balancer admits only its ranges.
     let clusters: Api<multigres_api::v1alpha1::MultigresCluster> =
         Api::namespaced(client.clone(), &ns);

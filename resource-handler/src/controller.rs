@@ -51,8 +51,8 @@ pub struct Stores {
     pub services: SlimStore<Service>,
     /// etcd and pool PodDisruptionBudgets, without spec and status.
     pub pdbs: SlimStore<PodDisruptionBudget>,
-    /// Each cluster's NetworkPolicies (small: kept whole).
-    pub network_policies: Store<NetworkPolicy>,
+    /// Each cluster's NetworkPolicies, without spec and labels.
+    pub network_policies: SlimStore<NetworkPolicy>,
     /// Data and backup volumes (for growth).
     pub pvcs: Store<PersistentVolumeClaim>,
     /// Pool pods only (what the ordered restarts need).
