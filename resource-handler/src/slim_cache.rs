@@ -3,9 +3,9 @@
 //! Services (but their type), of PodDisruptionBudgets and of NetworkPolicies, the rendered
 //! file of a postgresql.conf ConfigMap, and the labels no reconciler reads (all of a Service's,
 //! a budget's, a policy's or a ConfigMap's). Those parts are much of the cached bytes (about
-//! 4,700 children at 100 clusters) and only the write-skipping check reads them, so the cache keeps a digest
-//! of what it dropped instead (with the applied hash, in a [`Stamp`]), and remembers which
-//! stamps were checked against a full copy from the API server. A dropped part whose digest is
+//! 4,700 children at 100 clusters) and only the write-skipping check reads them, so the cache
+//! keeps a digest of what it dropped instead (with the applied hash, in a [`Stamp`]), and
+//! remembers which stamps were checked against a full copy from the API server. A dropped part whose digest is
 //! not remembered (after a restart, or because someone edited it) is fetched and compared
 //! once; a drifted one is written back as before. `multigres_common::memory` has what this
 //! saves, beside the other memory work.
